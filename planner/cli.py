@@ -1,0 +1,77 @@
+"""The ``clusterplan`` command.
+
+Every subcommand prints a table for people and, with ``--json``, one JSON object for programs.
+Bad input (a missing file, an unknown name, a value out of range) ends with one line naming the
+file, the field and the fix, and exit code 2; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from simulator.errors import ClusterplanError, SpecError
+
+from . import commands
+
+EXAMPLES = """\
+main commands (each has --help):
+  clusterplan topology show selene-a100:nodes=64      GPUs, nodes, tiers, bisection bandwidth
+  clusterplan topology list                            built-in topologies
+  clusterplan gpus                                     the GPU catalog with sources
+  clusterplan collective allreduce --size 1GiB --ranks 64 --topology h100-ib
+  clusterplan simulate dp-step --topology dgx-a100:nodes=2 --trace step.json
+  clusterplan calibrate nccl --topology dgx-a100 --table 8=a100_allreduce_8gpu_lut.txt
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="clusterplan", description="Simulate and plan training on GPU clusters.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    commands.register(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except ClusterplanError as exc:
+        print(f"clusterplan: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("clusterplan: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def emit(args: argparse.Namespace, data: dict, human: str) -> None:
+    """Print ``data`` as JSON when ``--json`` was given, else the human text."""
+    if getattr(args, "json", False):
+        print(json.dumps(data, indent=2, default=_jsonable))
+    else:
+        print(human)
+
+
+def _jsonable(o):
+    import numpy as np
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

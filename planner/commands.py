@@ -1,0 +1,263 @@
+"""Subcommands of ``clusterplan``: each registers its parser and implements ``run(args)``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+from simulator.errors import SpecError
+from simulator.units import format_bandwidth, format_bytes, format_time, parse_bytes
+
+__all__ = ["register"]
+
+
+def register(sub) -> None:
+    for fn in (_topology, _gpus, _collective, _simulate, _calibrate):
+        fn(sub)
+
+
+def _common_topology(p: argparse.ArgumentParser, *, default: str | None = None) -> None:
+    p.add_argument("--topology", default=default, required=default is None, metavar="NAME|FILE",
+                   help="built-in name or YAML file; NAME:key=value,... overrides fields "
+                        "(e.g. selene-a100:nodes=192)")
+    p.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="resize a generated topology to at least N GPUs (sets nodes)")
+
+
+def _load_topology(args):
+    from simulator.topology import load_topology
+    return load_topology(args.topology, gpus=args.gpus)
+
+
+def _emit(args, data, human):
+    from .cli import emit
+    emit(args, data, human)
+
+
+# -- topology -------------------------------------------------------------------------------
+def _topology(sub) -> None:
+    p = sub.add_parser("topology", help="show or list topologies",
+                       description="Show a topology's GPUs, nodes, tiers and bisection bandwidth.")
+    tsub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    s = tsub.add_parser("show", help="summarise a topology")
+    s.add_argument("topology", metavar="NAME|FILE",
+                   help="built-in name or YAML file, with optional :key=value overrides")
+    s.add_argument("--gpus", type=int, default=None, metavar="N", help="resize to N GPUs")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(func=_topology_show)
+    ls = tsub.add_parser("list", help="list built-in topologies")
+    ls.add_argument("--json", action="store_true", help="print JSON")
+    ls.set_defaults(func=_topology_list)
+
+
+def _topology_show(args) -> int:
+    from .summary import format_topology_summary, topology_summary
+    s = topology_summary(_load_topology(args))
+    _emit(args, s, format_topology_summary(s))
+    return 0
+
+
+def _topology_list(args) -> int:
+    from simulator.topology import builtin_topology_names, load_topology
+    rows = []
+    for name in builtin_topology_names():
+        t = load_topology(name)
+        rows.append({"name": name, "gpu": t.gpu.name, "gpus": t.num_gpus, "nodes": t.num_nodes})
+    human = "\n".join(f"{r['name']:<22}{r['gpus']:>7} × {r['gpu']:<10} {r['nodes']:>5} nodes"
+                      for r in rows)
+    _emit(args, {"topologies": rows}, human)
+    return 0
+
+
+# -- gpus -------------------------------------------------------------------------------------
+def _gpus(sub) -> None:
+    p = sub.add_parser("gpus", help="list the GPU catalog with sources")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_gpus_run)
+
+
+def _gpus_run(args) -> int:
+    from simulator.hardware import gpu_names, gpu_spec
+    rows = []
+    for n in gpu_names():
+        g = gpu_spec(n)
+        rows.append({"name": n, "vendor_name": g.vendor_name, "peak_flops": dict(g.peak_flops),
+                     "hbm_bytes": g.hbm_bytes, "hbm_bandwidth_Bps": g.hbm_bandwidth_Bps,
+                     "nvlink_bandwidth_Bps": g.nvlink_bandwidth_Bps, "sources": dict(g.sources)})
+    lines = [f"{'kind':<11}{'bf16 TFLOP/s':>13}{'fp32 TFLOP/s':>13}{'memory':>12}{'HBM GB/s':>10}"
+             f"{'NVLink GB/s':>12}"]
+    for r in rows:
+        pf = r["peak_flops"]
+        lines.append(f"{r['name']:<11}{pf.get('bf16', float('nan')) / 1e12:>13.1f}"
+                     f"{pf.get('fp32', float('nan')) / 1e12:>13.2f}{format_bytes(r['hbm_bytes']):>12}"
+                     f"{r['hbm_bandwidth_Bps'] / 1e9:>10.0f}{r['nvlink_bandwidth_Bps'] / 1e9:>12.0f}")
+    _emit(args, {"gpus": rows}, "\n".join(lines))
+    return 0
+
+
+# -- collective -------------------------------------------------------------------------------
+def _collective(sub) -> None:
+    p = sub.add_parser("collective", help="time one collective on a topology",
+                       description="Simulate one collective alone on an idle network and print "
+                                   "time, algorithm bandwidth and bus bandwidth (nccl-tests "
+                                   "conventions).")
+    p.add_argument("kind", choices=("allreduce", "allgather", "reducescatter", "alltoall",
+                                    "broadcast"))
+    p.add_argument("--size", required=True, metavar="BYTES",
+                   help="message size with unit, e.g. 1GiB, 64MB, 4096")
+    p.add_argument("--ranks", type=int, default=None, metavar="N",
+                   help="group size: ranks 0..N-1 (default: all GPUs)")
+    p.add_argument("--algo", default="auto",
+                   help="auto (NCCL-like choice), ring, tree, hierarchical, halving_doubling, "
+                        "nvls, direct, pairwise")
+    p.add_argument("--mode", default="explicit", choices=("explicit", "symmetric"),
+                   help="flow simulation mode (symmetric: identical flows aggregated)")
+    _common_topology(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_collective_run)
+
+
+def _collective_run(args) -> int:
+    from simulator.collectives import simulate_collective
+    size = parse_bytes(args.size, field="--size")
+    topo = _load_topology(args)
+    n = args.ranks if args.ranks is not None else topo.num_gpus
+    if not 1 <= n <= topo.num_gpus:
+        raise SpecError(f"--ranks {n} but {topo.name} has {topo.num_gpus} GPUs", field="--ranks",
+                        fix=f"use 1..{topo.num_gpus} or a bigger topology (--gpus)")
+    r = simulate_collective(topo, args.kind, range(n), size, algo=args.algo, mode=args.mode)
+    data = r.to_dict() | {"topology": topo.name}
+    human = (f"{args.kind} of {format_bytes(size)} over {n} ranks on {topo.name} "
+             f"({r.algorithm}, {r.channels} channel{'s' if r.channels != 1 else ''}, {r.mode}):\n"
+             f"  time {format_time(r.time_s)}   algbw {format_bandwidth(r.algbw_Bps)}   "
+             f"busbw {format_bandwidth(r.busbw_Bps)}")
+    _emit(args, data, human)
+    return 0
+
+
+# -- simulate ---------------------------------------------------------------------------------
+def _simulate(sub) -> None:
+    p = sub.add_parser("simulate", help="simulate a workload (op DAG) on a topology",
+                       description="Run a workload YAML (see simulator/workload_spec.py) or a "
+                                   "built-in workload by name through the discrete-event engine.")
+    p.add_argument("workload", metavar="WORKLOAD", help="YAML file or built-in name (dp-step)")
+    _common_topology(p)
+    p.add_argument("--mode", default="explicit", choices=("explicit", "symmetric"))
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace JSON")
+    p.add_argument("--trace-ranks", type=int, default=64, metavar="N",
+                   help="ranks to include in the trace (default 64)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_simulate_run)
+
+
+def _simulate_run(args) -> int:
+    from simulator.engine import simulate
+    from simulator.workload_spec import load_workload
+    topo = _load_topology(args)
+    w = load_workload(args.workload, num_gpus=topo.num_gpus)
+    if args.trace and not Path(args.trace).resolve().parent.is_dir():
+        raise SpecError(f"directory of {args.trace} does not exist", field="--trace",
+                        fix="create the directory or write the trace elsewhere")
+    res = simulate(topo, w, mode=args.mode)
+    df = res.ops
+    by_cat = df.groupby("category").duration_s.sum()
+    compute_ops = df[df.kind == "compute"]
+    # exposed communication: step time on rank 0 not covered by its compute
+    r0 = compute_ops[compute_ops.first_rank == 0]
+    exposed = res.step_time_s - float(r0.duration_s.sum())
+    data = {"workload": w.name, "topology": topo.name, "mode": res.mode,
+            "step_time_s": res.step_time_s, "ops": len(df),
+            "compute_time_rank0_s": float(r0.duration_s.sum()),
+            "exposed_comm_rank0_s": exposed,
+            "busy_time_by_category_s": {k: float(v) for k, v in by_cat.items()},
+            "events": res.events, "wall_s": res.wall_s}
+    if args.trace:
+        res.write_chrome_trace(args.trace, max_ranks=args.trace_ranks)
+        data["trace"] = args.trace
+    lines = [f"{w.name} on {topo.name} ({topo.num_gpus} GPUs, {res.mode}): step time "
+             f"{format_time(res.step_time_s)}",
+             f"  rank 0: compute {format_time(data['compute_time_rank0_s'])}, exposed communication "
+             f"{format_time(exposed)}"]
+    comm = df[df.kind != "compute"]
+    if len(comm):
+        lines.append("  collectives (first instance):")
+        for name, g in comm.groupby("name", sort=False):
+            row = g.iloc[0]
+            lines.append(f"    {name:<14}{row.algorithm:<16}{format_bytes(row.bytes):>12}"
+                         f"  {format_time(row.duration_s):>12}  ({len(g)} groups of {row.ranks})")
+    lines.append(f"  {res.events} events in {res.wall_s:.3f} s wall")
+    if args.trace:
+        lines.append(f"  trace: {args.trace} (open in https://ui.perfetto.dev)")
+    _emit(args, data, "\n".join(lines))
+    return 0
+
+
+# -- calibrate --------------------------------------------------------------------------------
+def _calibrate(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit simulator parameters to measurements")
+    csub = p.add_subparsers(dest="what", metavar="WHAT", required=True)
+    n = csub.add_parser("nccl", help="fit collective alpha and link efficiency to nccl-tests tables",
+                        description="Fit the per-step latency of an algorithm and the protocol "
+                                    "efficiency of a link kind to measured nccl-tests tables, by "
+                                    "running the simulator in a least-squares loop.")
+    n.add_argument("--table", action="append", required=True, metavar="RANKS=FILE",
+                   help="an nccl-tests CSV for a group of RANKS GPUs (repeatable)")
+    n.add_argument("--kind", default="allreduce")
+    n.add_argument("--algo", default="ring")
+    n.add_argument("--link", default="nvlink", help="link kind whose efficiency is fitted")
+    n.add_argument("--out", metavar="FILE", help="write the fitted values as YAML")
+    _common_topology(n)
+    n.add_argument("--json", action="store_true")
+    n.set_defaults(func=_calibrate_nccl)
+
+
+def _calibrate_nccl(args) -> int:
+    import pandas as pd
+    import yaml
+    from simulator.calibration import fit_collective_profile, read_nccl_table
+    topo = _load_topology(args)
+    parts = []
+    for item in args.table:
+        ranks, eq, path = item.partition("=")
+        if not eq or not ranks.isdigit():
+            raise SpecError(f"--table {item!r} is not RANKS=FILE", field="--table",
+                            fix="write e.g. --table 8=a100_allreduce_8gpu_lut.txt")
+        df = read_nccl_table(path)
+        parts.append(df.assign(ranks=int(ranks)))
+    pts = pd.concat(parts, ignore_index=True)
+    fit = fit_collective_profile(topo, pts, kind=args.kind, algo=args.algo, link_kind=args.link)
+    per = {int(n): {"mape_all": fit.mape(ranks=int(n)),
+                    "mape_ge_64MiB": fit.mape(ranks=int(n), min_bytes=64 * 2**20)}
+           for n in sorted(pts.ranks.unique())}
+    data = {"topology": topo.name, "kind": args.kind, "algorithm": args.algo,
+            "alpha_s": fit.alpha_s, "link_kind": args.link, "efficiency": fit.efficiency,
+            "local_Bps": fit.local_Bps, "mape_by_ranks": per}
+    if args.out:
+        _atomic_write(args.out, yaml.safe_dump(
+            {"fitted_to": [str(t) for t in args.table], "topology": topo.name,
+             "kind": args.kind, "algorithm": args.algo, "alpha_s": fit.alpha_s,
+             "efficiency": {args.link: fit.efficiency}, "local_bandwidth_Bps": fit.local_Bps,
+             "mape_by_ranks": per}, sort_keys=False))
+    lines = [f"fitted {args.kind}/{args.algo} on {topo.name}: alpha = {fit.alpha_s * 1e6:.2f} µs per "
+             f"step, {args.link} efficiency = {fit.efficiency:.4f}, local pass "
+             f"{fit.local_Bps / 1e9:.1f} GB/s",
+             f"  {'ranks':>5}{'MAPE all':>10}{'MAPE ≥64MiB':>13}"]
+    for nr, m in per.items():
+        lines.append(f"  {nr:>5}{m['mape_all'] * 100:>9.2f}%{m['mape_ge_64MiB'] * 100:>12.2f}%")
+    _emit(args, data, "\n".join(lines))
+    return 0
+
+
+def _atomic_write(path: str, text: str) -> None:
+    p = Path(path)
+    if not p.resolve().parent.is_dir():
+        raise SpecError(f"directory of {path} does not exist", field="--out",
+                        fix="create the directory first")
+    fd, tmp = tempfile.mkstemp(dir=p.resolve().parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, p)

@@ -1,0 +1,328 @@
+"""Collective algorithms decomposed into flows on the topology.
+
+Each function takes the topology, the ranks (global GPU indices, in the collective's rank
+order) and the size, and returns a :class:`CollectivePlan`. Conventions follow NCCL:
+
+* **ring**: one ring in rank order, split into channels; inside a node the ring hops over NVLink,
+  between nodes channel ``k`` crosses on rail ``k`` (NCCL keeps a channel on one NIC rail), so a
+  full node uses all its NICs. Pipelined: one phase, ``steps × alpha`` of latency.
+* **tree**: NCCL's tree: a chain through each node's GPUs and a double binary tree over the
+  nodes (each tree carries half the data, reduce and broadcast pipelined together).
+* **hierarchical**: reduce-scatter inside each node, ring all-reduce across nodes between GPUs of
+  the same local index (size / GPUs per node each), all-gather inside each node.
+* **halving_doubling**: recursive halving reduce-scatter then recursive doubling all-gather
+  (Rabenseifner), one phase per step; needs a power-of-two group.
+* **nvls**: in-switch reduction (NVLink SHARP): every GPU sends its data to the node switch,
+  which reduces and multicasts; one node, a switch with ``in_switch_reduction``.
+* **direct** / **pairwise** all-to-all: all pairs at once, or ``n − 1`` rounds of shifted pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import SpecError
+from ..network.route import Routes, route, route_to_node_switch
+from ..topology import Topology
+from .plan import CollectivePlan, Phase
+
+__all__ = ["ring", "tree", "hierarchical", "halving_doubling", "nvls", "alltoall_direct",
+           "alltoall_pairwise", "sendrecv", "dbt_parents"]
+
+_RING_FACTOR = {"allreduce": (2.0, 2), "allgather": (1.0, 1), "reducescatter": (1.0, 1)}
+
+
+def _nodes(topo: Topology, ranks: np.ndarray) -> np.ndarray:
+    h = topo.hierarchy
+    if h is not None:
+        return h.node_of_gpu[ranks]
+    return np.array([topo.node_of(int(r)) for r in ranks])
+
+
+def _rails_per_node(topo: Topology, ranks: np.ndarray) -> list[int]:
+    """Rails a group can use on every one of its nodes: distinct NIC rails of its GPUs there."""
+    h = topo.hierarchy
+    if h is None or h.nics_per_node == 0:
+        return [-1]
+    nodes = h.node_of_gpu[ranks]
+    rails = None
+    for n in np.unique(nodes):
+        rs = set(h.rail_of_gpu[ranks[nodes == n]].tolist())
+        rails = rs if rails is None else rails & rs
+    return sorted(rails) if rails else [int(h.rail_of_gpu[ranks[0]])]
+
+
+def _edge_flows(topo: Topology, src: np.ndarray, dst: np.ndarray, rails: list[int]) -> Routes:
+    """Route edges once per channel; inter-node edges of channel k ride rail ``rails[k]``."""
+    nodes_s, nodes_d = _nodes(topo, src), _nodes(topo, dst)
+    cross = nodes_s != nodes_d
+    parts = []
+    for r in rails:
+        if r < 0 or not cross.any():
+            parts.append(route(topo, src, dst))
+        else:
+            rail = np.where(cross, r, -1)
+            rail = np.where(cross, rail, topo.hierarchy.rail_of_gpu[src])
+            parts.append(route(topo, src, dst, rail))
+    return Routes.concat(parts)
+
+
+def _latency(topo: Topology, routes: Routes, algo: str, steps: float, size: float = 0.0) -> float:
+    """``steps × (alpha + path latency)`` plus the algorithm's local per-byte pass over ``size``."""
+    path = float(routes.latency_s.max()) if routes.n_flows else 0.0
+    return steps * (topo.comm.alpha(algo) + path) + topo.comm.local_time(algo, size)
+
+
+def ring(topo: Topology, ranks: Sequence[int], size: float, kind: str) -> CollectivePlan:
+    """Ring all-reduce / all-gather / reduce-scatter / broadcast (pipelined chain)."""
+    r = np.asarray(ranks, dtype=np.int64)
+    n = len(r)
+    if n == 1:
+        return CollectivePlan(kind, "ring", tuple(r.tolist()), size, ())
+    rails = _rails_per_node(topo, r)
+    c = len(rails)
+    if kind == "broadcast":
+        src, dst = r[:-1], r[1:]
+        per_edge, steps = float(size), n - 1
+    else:
+        mult, sf = _RING_FACTOR[kind]
+        src, dst = r, np.roll(r, -1)
+        per_edge, steps = mult * (n - 1) / n * size, sf * (n - 1)
+    routes = _edge_flows(topo, src, dst, rails)
+    nbytes = np.full(routes.n_flows, per_edge / c)
+    phase = Phase(routes, nbytes, _latency(topo, routes, "ring", steps, size), "ring")
+    return CollectivePlan(kind, "ring", tuple(r.tolist()), size, (phase,), channels=c)
+
+
+def dbt_parents(m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Parents (−1 for the root) of positions 0..m−1 in the two trees of a double binary tree.
+
+    Tree A, as NCCL builds it: position ``p ≥ 1`` with lowest set bit ``b`` has children
+    ``p ± b/2``, so odd positions are leaves; the largest power of two below ``m`` is the top,
+    hung under position 0. Tree B mirrors A (``p → m − 1 − p``) when ``m`` is even and shifts it
+    by one when odd, so a position interior in one tree is a leaf in the other and every rank
+    sends and receives at most twice its share: the bandwidth of a ring at log latency.
+
+    >>> [int(x) for x in dbt_parents(8)[0]]
+    [-1, 2, 4, 2, 0, 6, 4, 6]
+    """
+    pa = np.full(m, -1)
+
+    def up(q: int) -> int:          # in-order parent: q ± lowbit(q), toward lowbit 2·lowbit
+        b = q & -q
+        return q - b if q & (b << 1) else q + b
+
+    if m > 1:
+        top = 1 << ((m - 1).bit_length() - 1)
+        pa[top] = 0
+        for p in range(1, m):
+            if p != top:
+                q = up(p)
+                while q >= m:       # parent missing in a short tree: climb to an ancestor
+                    q = up(q)
+                pa[p] = q
+    if m % 2 == 0:
+        perm = m - 1 - np.arange(m)
+    else:
+        perm = (np.arange(m) + 1) % m
+    pb = np.full(m, -1)
+    pb[perm] = np.where(pa >= 0, perm[np.maximum(pa, 0)], -1)
+    return pa, pb
+
+
+def _depth(parents: np.ndarray) -> int:
+    depth = 0
+    for i in range(len(parents)):
+        d, p = 0, parents[i]
+        while p >= 0:
+            d, p = d + 1, parents[p]
+        depth = max(depth, d)
+    return depth
+
+
+def tree(topo: Topology, ranks: Sequence[int], size: float, kind: str = "allreduce"
+         ) -> CollectivePlan:
+    """NCCL-style tree all-reduce: intra-node chains plus a double binary tree across nodes."""
+    if kind != "allreduce":
+        raise SpecError(f"the tree algorithm implements allreduce, not {kind}",
+                        field="--algo", fix="use --algo ring")
+    r = np.asarray(ranks, dtype=np.int64)
+    n = len(r)
+    if n == 1:
+        return CollectivePlan(kind, "tree", tuple(r.tolist()), size, ())
+    nodes = _nodes(topo, r)
+    order = list(dict.fromkeys(nodes.tolist()))
+    members = [r[nodes == nd] for nd in order]
+    rails = _rails_per_node(topo, r)
+    c = len(rails)
+    h = topo.hierarchy
+    src_l, dst_l, byt_l, rail_l = [], [], [], []
+    chain_len = 0
+    for k, rail in enumerate(rails):
+        # leader of each node for this channel: the member on that rail, else the first one
+        leaders = []
+        for mem in members:
+            if h is not None and rail >= 0:
+                on = mem[h.rail_of_gpu[mem] == rail]
+                lead = on[0] if len(on) else mem[0]
+            else:
+                lead = mem[0]
+            leaders.append(lead)
+            rest = [x for x in mem.tolist() if x != lead]
+            chain = [lead] + rest
+            chain_len = max(chain_len, len(chain) - 1)
+            for a, b in zip(chain[:-1], chain[1:]):     # reduce toward the leader and back
+                src_l += [b, a]
+                dst_l += [a, b]
+                byt_l += [size / c, size / c]
+                rail_l += [-1, -1]
+        m = len(leaders)
+        if m > 1:
+            for parents in dbt_parents(m):
+                for i, p in enumerate(parents):
+                    if p >= 0:
+                        src_l += [leaders[i], leaders[p]]
+                        dst_l += [leaders[p], leaders[i]]
+                        byt_l += [size / (2 * c)] * 2
+                        rail_l += [rail, rail]
+    src, dst = np.array(src_l), np.array(dst_l)
+    rail_arr = np.array(rail_l)
+    if h is not None:
+        rail_arr = np.where(rail_arr >= 0, rail_arr, h.rail_of_gpu[src])
+        routes = route(topo, src, dst, rail_arr)
+    else:
+        routes = route(topo, src, dst)
+    depth = _depth(dbt_parents(len(members))[0]) if len(members) > 1 else 0
+    steps = 2 * (depth + chain_len)
+    phase = Phase(routes, np.array(byt_l, dtype=float), _latency(topo, routes, "tree", steps, size), "tree")
+    return CollectivePlan(kind, "tree", tuple(r.tolist()), size, (phase,), channels=c)
+
+
+def hierarchical(topo: Topology, ranks: Sequence[int], size: float, kind: str = "allreduce"
+                 ) -> CollectivePlan:
+    """Intra-node reduce-scatter, inter-node ring all-reduce per local index, intra all-gather."""
+    if kind != "allreduce":
+        raise SpecError(f"the hierarchical algorithm implements allreduce, not {kind}",
+                        field="--algo", fix="use --algo ring")
+    r = np.asarray(ranks, dtype=np.int64)
+    nodes = _nodes(topo, r)
+    order = list(dict.fromkeys(nodes.tolist()))
+    members = [r[nodes == nd] for nd in order]
+    g = len(members[0])
+    if any(len(m) != g for m in members):
+        raise SpecError("hierarchical all-reduce needs the same number of ranks on every node",
+                        field="--algo", fix="use --algo ring")
+    phases = []
+    if g > 1:
+        intra = [ring(topo, m, size, "reducescatter").phases[0] for m in members]
+        phases.append(_merge(intra, "intra reduce-scatter"))
+    if len(members) > 1:
+        inter = [ring(topo, [m[i] for m in members], size / g, "allreduce").phases[0]
+                 for i in range(g)]
+        phases.append(_merge(inter, "inter all-reduce"))
+    if g > 1:
+        intra = [ring(topo, m, size, "allgather").phases[0] for m in members]
+        phases.append(_merge(intra, "intra all-gather"))
+    return CollectivePlan(kind, "hierarchical", tuple(r.tolist()), size, tuple(phases))
+
+
+def _merge(phases: list[Phase], label: str) -> Phase:
+    return Phase(Routes.concat([p.routes for p in phases]),
+                 np.concatenate([p.nbytes for p in phases]),
+                 max(p.latency_s for p in phases), label)
+
+
+def halving_doubling(topo: Topology, ranks: Sequence[int], size: float, kind: str
+                     ) -> CollectivePlan:
+    """Recursive halving (reduce-scatter) and doubling (all-gather); power-of-two groups."""
+    r = np.asarray(ranks, dtype=np.int64)
+    n = len(r)
+    if n & (n - 1):
+        raise SpecError(f"halving-doubling needs a power-of-two group, got {n} ranks",
+                        field="--algo", fix="use --algo ring or a power-of-two group")
+    if kind not in ("allreduce", "allgather", "reducescatter"):
+        raise SpecError(f"halving-doubling does not implement {kind}", field="--algo",
+                        fix="use --algo ring")
+    idx = np.arange(n)
+    phases = []
+    steps = int(math.log2(n)) if n > 1 else 0
+    rs = [(n >> (k + 1), size / (2 ** (k + 1))) for k in range(steps)]
+    seq = []
+    if kind in ("allreduce", "reducescatter"):
+        seq += [("rs", d, b) for d, b in rs]
+    if kind in ("allreduce", "allgather"):
+        seq += [("ag", d, b) for d, b in reversed(rs)]
+    for tag, d, b in seq:
+        routes = route(topo, r, r[idx ^ d])
+        phases.append(Phase(routes, np.full(n, b), _latency(topo, routes, "halving_doubling", 1),
+                            f"{tag} distance {d}"))
+    return CollectivePlan(kind, "halving_doubling", tuple(r.tolist()), size, tuple(phases))
+
+
+def nvls(topo: Topology, ranks: Sequence[int], size: float, kind: str = "allreduce"
+         ) -> CollectivePlan:
+    """In-switch reduction inside one node: each GPU sends S(1 + 1/n) up and receives it back."""
+    r = np.asarray(ranks, dtype=np.int64)
+    h = topo.hierarchy
+    nodes = _nodes(topo, r)
+    if h is None or not h.node_switch_reduces or len(set(nodes.tolist())) != 1:
+        raise SpecError("nvls needs all ranks on one node whose switch has in_switch_reduction",
+                        field="--algo", fix="use --algo ring, or a topology with NVLink SHARP")
+    n = len(r)
+    factor = {"allreduce": 1 + 1 / n, "allgather": 1 / n, "reducescatter": 1.0}[kind]
+    back = {"allreduce": 1 + 1 / n, "allgather": 1.0, "reducescatter": 1 / n}[kind]
+    routes = Routes.concat([route_to_node_switch(topo, r, to_switch=True),
+                            route_to_node_switch(topo, r, to_switch=False)])
+    nbytes = np.concatenate([np.full(n, factor * size), np.full(n, back * size)])
+    phase = Phase(routes, nbytes, _latency(topo, routes, "nvls", 2, size), "nvls")
+    return CollectivePlan(kind, "nvls", tuple(r.tolist()), size, (phase,))
+
+
+def _a2a_matrix(n: int, size: float, splits) -> np.ndarray:
+    if splits is None:
+        m = np.full((n, n), size / n)
+    else:
+        m = np.asarray(splits, dtype=float)
+        if m.shape != (n, n) or (m < 0).any():
+            raise SpecError(f"all-to-all splits must be a non-negative {n}×{n} byte matrix",
+                            field="splits", fix="give one row of byte counts per sending rank")
+    m = m.copy()
+    np.fill_diagonal(m, 0.0)
+    return m
+
+
+def alltoall_direct(topo: Topology, ranks: Sequence[int], size: float, kind: str = "alltoall",
+                    *, splits=None) -> CollectivePlan:
+    """All pairs at once (NCCL's grouped send/recv); ``splits[i][j]`` bytes from i to j."""
+    r = np.asarray(ranks, dtype=np.int64)
+    n = len(r)
+    m = _a2a_matrix(n, size, splits)
+    i, j = np.nonzero(m)
+    routes = route(topo, r[i], r[j])
+    phase = Phase(routes, m[i, j], _latency(topo, routes, "direct", 1), "direct")
+    return CollectivePlan("alltoall", "direct", tuple(r.tolist()), size, (phase,))
+
+
+def alltoall_pairwise(topo: Topology, ranks: Sequence[int], size: float, kind: str = "alltoall",
+                      *, splits=None) -> CollectivePlan:
+    """``n − 1`` rounds; in round k rank i sends to rank (i + k) mod n."""
+    r = np.asarray(ranks, dtype=np.int64)
+    n = len(r)
+    m = _a2a_matrix(n, size, splits)
+    idx = np.arange(n)
+    phases = []
+    for k in range(1, n):
+        j = (idx + k) % n
+        routes = route(topo, r, r[j])
+        phases.append(Phase(routes, m[idx, j], _latency(topo, routes, "pairwise", 1), f"round {k}"))
+    return CollectivePlan("alltoall", "pairwise", tuple(r.tolist()), size, tuple(phases))
+
+
+def sendrecv(topo: Topology, src: int, dst: int, size: float) -> CollectivePlan:
+    """One point-to-point message from global rank ``src`` to ``dst``."""
+    routes = route(topo, [src], [dst])
+    phase = Phase(routes, np.array([float(size)]), _latency(topo, routes, "p2p", 1), "p2p")
+    return CollectivePlan("sendrecv", "p2p", (src, dst), size, (phase,))

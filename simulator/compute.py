@@ -1,0 +1,393 @@
+"""Roofline op times with size-dependent efficiency.
+
+One op (a GEMM, an elementwise kernel, an attention block) costs a fixed launch overhead plus the
+larger of its compute time and its memory time, each at the fraction of peak that an op of its
+size actually reaches::
+
+    t = launch + max(flops / (peak[dtype] * eff_matmul[dtype](flops)),
+                     bytes / (hbm_bandwidth * eff_memory(bytes)))
+
+Efficiency curves are piecewise linear in log10(size) and clamped at both ends; they are read
+from ``traces/efficiency/<gpu>.yaml`` (published priors for GPUs, measurements for ``cpu``):
+
+>>> prof = load_compute_profile("h100-sxm")
+>>> t = op_time(prof, flops=2 * 8192**3, bytes_moved=3 * 2 * 8192**2)   # seconds
+
+All quantities are SI: FLOPs, bytes, seconds, FLOP/s, bytes/s.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import importlib.resources
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import yaml
+
+from .errors import SpecError
+from .hardware import GPUSpec, gpu_names, gpu_spec
+from .units import parse_time
+
+__all__ = ["EfficiencyCurve", "ComputeProfile", "op_time", "op_times", "achieved_flops",
+           "load_compute_profile", "generic_profile", "profile_path", "monotone_time_points"]
+
+_PROFILE_KEYS = {"gpu", "source", "launch_overhead", "matmul", "memory", "notes", "measured"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EfficiencyCurve:
+    """Fraction of peak reached by one op, as a function of its size.
+
+    Attributes
+    ----------
+    points : tuple of (float, float)
+        ``(size, efficiency)`` pairs with strictly increasing positive sizes (FLOPs for matmul
+        curves, bytes for memory curves) and efficiencies in (0, 1]. Between points the
+        efficiency is linear in log10(size); outside them it is clamped to the end values.
+        Efficiency may not rise faster than size (``e1 - e0 <= e0 * ln(s1 / s0)``), so the
+        time of an op, size / (peak · efficiency), never falls as the op grows.
+    """
+
+    points: tuple[tuple[float, float], ...]
+    _logx: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _eff: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        pts = _validate_points(self.points)
+        object.__setattr__(self, "points", pts)
+        object.__setattr__(self, "_logx", tuple(math.log10(s) for s, _ in pts))
+        object.__setattr__(self, "_eff", tuple(e for _, e in pts))
+
+    @classmethod
+    def from_points(cls, points: Any, *, source: str | None = None,
+                    field: str | None = None) -> EfficiencyCurve:
+        """Build from a list of ``[size, efficiency]`` pairs; errors located at source/field."""
+        try:
+            return cls(points=points)
+        except SpecError as exc:
+            inner = exc.field or ""
+            where = f"{field or ''}{inner}" if inner.startswith("[") else (
+                ".".join(p for p in (field, inner) if p))
+            raise SpecError(exc.message, source=source or exc.source, field=where or None,
+                            fix=exc.fix) from None
+
+    @classmethod
+    def constant(cls, efficiency: float) -> EfficiencyCurve:
+        """A flat curve (efficiency independent of size)."""
+        return cls(points=((1.0, efficiency),))
+
+    def __call__(self, size: float) -> float:
+        """Efficiency (dimensionless, in (0, 1]) of one op of ``size`` FLOPs or bytes."""
+        lx, ef = self._logx, self._eff
+        if size <= self.points[0][0]:
+            return ef[0]
+        x = math.log10(size)
+        i = bisect.bisect_right(lx, x)
+        if i >= len(lx):
+            return ef[-1]
+        x0, x1 = lx[i - 1], lx[i]
+        return ef[i - 1] + (ef[i] - ef[i - 1]) * (x - x0) / (x1 - x0)
+
+    def many(self, sizes: np.ndarray) -> np.ndarray:
+        """Vectorised :meth:`__call__` over an array of sizes (FLOPs or bytes)."""
+        s = np.maximum(np.asarray(sizes, dtype=float), self.points[0][0])
+        return np.interp(np.log10(s), self._logx, self._eff)
+
+
+def _number(v: Any) -> float | None:
+    """A float from a number or a numeric string (YAML 1.1 reads ``1e9`` as a string)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float, np.number)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return None
+    return None
+
+
+def _validate_points(points: Any) -> tuple[tuple[float, float], ...]:
+    fix = "write a list of [size, efficiency] pairs, sizes increasing, efficiencies in (0, 1]"
+    if isinstance(points, (str, bytes, Mapping)) or not isinstance(points, Sequence) or not points:
+        raise SpecError(f"expected a non-empty list of [size, efficiency] pairs, got {points!r}",
+                        fix=fix)
+    out: list[tuple[float, float]] = []
+    for i, p in enumerate(points):
+        pair = None
+        if not isinstance(p, (str, bytes)) and isinstance(p, Sequence) and len(p) == 2:
+            pair = (_number(p[0]), _number(p[1]))
+        if pair is None or None in pair:
+            raise SpecError(f"expected a [size, efficiency] pair of numbers, got {p!r}",
+                            field=f"[{i}]", fix=fix)
+        size, eff = pair
+        if not math.isfinite(size) or size <= 0:
+            raise SpecError(f"size must be positive and finite, got {p[0]!r}", field=f"[{i}][0]",
+                            fix=fix)
+        if not math.isfinite(eff) or not 0 < eff <= 1:
+            raise SpecError(f"efficiency must be in (0, 1], got {p[1]!r}", field=f"[{i}][1]",
+                            fix=fix)
+        if out and size <= out[-1][0]:
+            what = "repeats" if size == out[-1][0] else "is smaller than"
+            raise SpecError(f"size {p[0]!r} {what} the previous size {out[-1][0]!r}",
+                            field=f"[{i}][0]", fix="list points once each, in increasing size")
+        if out and eff - out[-1][1] > out[-1][1] * math.log(size / out[-1][0]) + 1e-12:
+            limit = out[-1][1] * (1 + math.log(size / out[-1][0]))
+            raise SpecError(
+                f"efficiency rises from {out[-1][1]:g} at size {out[-1][0]:g} to {eff:g} at "
+                f"size {size:g}, faster than the size grows, so a bigger op would finish sooner",
+                field=f"[{i}][1]",
+                fix=f"use at most {math.floor(limit * 1000) / 1000:g} here or raise the previous "
+                    "point (monotone_time_points does this)")
+        out.append((size, eff))
+    return tuple(out)
+
+
+def monotone_time_points(points: Sequence[Sequence[float]], digits: int = 3
+                         ) -> list[list[float]]:
+    """Raise efficiencies of smaller sizes so that op time never falls as size grows.
+
+    Between points the efficiency is linear in ln(size), and time ∝ size / efficiency is
+    non-decreasing on a rising segment iff ``e1 - e0 <= e0 * ln(s1 / s0)``. Walking down from
+    the largest size, each point is raised to at least ``e1 / (1 + ln(s1 / s0))`` (rounded up
+    to ``digits`` decimals). Points must be sorted by size; efficiencies are dimensionless.
+    """
+    pts = [[float(s), float(e)] for s, e in points]
+    scale = 10**digits
+    for i in range(len(pts) - 2, -1, -1):
+        (s0, e0), (s1, e1) = pts[i], pts[i + 1]
+        need = e1 / (1 + math.log(s1 / s0))
+        if e0 < need:
+            pts[i][1] = min(1.0, math.ceil(need * scale - 1e-9) / scale)
+    return pts
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeProfile:
+    """How fast one GPU kind runs ops of each size.
+
+    Attributes
+    ----------
+    gpu : GPUSpec
+        Peak rates (FLOP/s) and HBM bandwidth (bytes/s) the efficiencies multiply.
+    matmul : Mapping[str, EfficiencyCurve]
+        Per dtype: efficiency of the compute term vs FLOPs of one op.
+    memory : EfficiencyCurve
+        Efficiency of the HBM bandwidth vs bytes moved by one op.
+    launch_overhead_s : float
+        Fixed cost of every non-empty op, seconds.
+    source : str
+        Where the curves come from (publication or measurement).
+    """
+
+    gpu: GPUSpec
+    matmul: Mapping[str, EfficiencyCurve]
+    memory: EfficiencyCurve
+    launch_overhead_s: float
+    source: str
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.launch_overhead_s) or self.launch_overhead_s < 0:
+            raise SpecError(f"launch overhead must be non-negative seconds, got "
+                            f"{self.launch_overhead_s!r}", field="launch_overhead",
+                            fix="write e.g. launch_overhead: 5 us")
+        for dtype in self.matmul:
+            if dtype not in self.gpu.peak_flops:
+                raise SpecError(f"matmul curve for dtype {dtype!r}, but GPU {self.gpu.name!r} "
+                                f"has no peak for it (has: {', '.join(self.gpu.peak_flops)})",
+                                field=f"matmul.{dtype}",
+                                fix="remove the curve or add the peak to the GPU entry")
+
+    def matmul_curve(self, dtype: str) -> EfficiencyCurve:
+        """The matmul efficiency curve of ``dtype``; SpecError naming the ones available."""
+        try:
+            return self.matmul[dtype]
+        except KeyError:
+            raise SpecError(f"no matmul efficiency curve for dtype {dtype!r} on "
+                            f"{self.gpu.name!r}; available: {', '.join(self.matmul)}",
+                            field="dtype",
+                            fix=f"use one of: {', '.join(self.matmul)}, or add matmul.{dtype} "
+                                "to the efficiency file") from None
+
+
+def op_time(profile: ComputeProfile, *, flops: float, bytes_moved: float,
+            dtype: str = "bf16") -> float:
+    """Seconds one op takes: launch overhead + max(compute time, memory time).
+
+    Parameters
+    ----------
+    profile:
+        The GPU's compute profile.
+    flops:
+        Floating-point operations of the op, FLOPs (0 for a pure data movement).
+    bytes_moved:
+        Bytes the op reads plus writes in device memory, bytes.
+    dtype:
+        Data type of the compute (key of ``profile.matmul``); ignored when ``flops`` is 0.
+
+    Returns
+    -------
+    float
+        Seconds; 0.0 for an empty op (no FLOPs, no bytes), which launches nothing.
+    """
+    if not (flops >= 0 and bytes_moved >= 0) or math.isinf(flops) or math.isinf(bytes_moved):
+        raise SpecError(f"op needs non-negative finite flops and bytes, got flops={flops!r}, "
+                        f"bytes_moved={bytes_moved!r}", source="op_time",
+                        fix="check the op's cost model")
+    if flops == 0 and bytes_moved == 0:
+        return 0.0
+    t_compute = 0.0
+    if flops > 0:
+        t_compute = flops / (profile.gpu.peak(dtype) * profile.matmul_curve(dtype)(flops))
+    t_memory = 0.0
+    if bytes_moved > 0:
+        t_memory = bytes_moved / (profile.gpu.hbm_bandwidth_Bps * profile.memory(bytes_moved))
+    return profile.launch_overhead_s + max(t_compute, t_memory)
+
+
+def op_times(profile: ComputeProfile, flops: np.ndarray, bytes_moved: np.ndarray,
+             dtype: str = "bf16") -> np.ndarray:
+    """Vectorised :func:`op_time` over broadcastable arrays of FLOPs and bytes; seconds."""
+    f, b = np.broadcast_arrays(np.asarray(flops, dtype=float), np.asarray(bytes_moved, dtype=float))
+    if not (np.all(np.isfinite(f)) and np.all(np.isfinite(b)) and np.all(f >= 0)
+            and np.all(b >= 0)):
+        raise SpecError("op needs non-negative finite flops and bytes", source="op_times",
+                        fix="check the ops' cost model")
+    t_compute = np.zeros(f.shape)
+    busy_f = f > 0
+    if np.any(busy_f):
+        rate = profile.gpu.peak(dtype) * profile.matmul_curve(dtype).many(f)
+        np.divide(f, rate, out=t_compute, where=busy_f)
+    t_memory = np.zeros(b.shape)
+    busy_b = b > 0
+    if np.any(busy_b):
+        rate = profile.gpu.hbm_bandwidth_Bps * profile.memory.many(b)
+        np.divide(b, rate, out=t_memory, where=busy_b)
+    return np.where(busy_f | busy_b, profile.launch_overhead_s + np.maximum(t_compute, t_memory),
+                    0.0)
+
+
+def achieved_flops(profile: ComputeProfile, flops: float, bytes_moved: float,
+                   dtype: str = "bf16") -> float:
+    """FLOP/s the op reaches end to end (``flops / op_time``); 0.0 for an empty op."""
+    t = op_time(profile, flops=flops, bytes_moved=bytes_moved, dtype=dtype)
+    return flops / t if t > 0 else 0.0
+
+
+def profile_path(gpu: str) -> Path:
+    """Path of the shipped efficiency file of catalog kind ``gpu`` (may not exist)."""
+    return Path(str(importlib.resources.files("traces").joinpath("efficiency", f"{gpu}.yaml")))
+
+
+def load_compute_profile(gpu: str | GPUSpec, path: str | Path | None = None) -> ComputeProfile:
+    """Read a compute profile: ``traces/efficiency/<gpu>.yaml`` or the file at ``path``.
+
+    Parameters
+    ----------
+    gpu:
+        Catalog kind or a GPUSpec (e.g. a custom GPU from a topology file). The file's ``gpu:``
+        field must equal its name. A custom GPU (not in the catalog) with no ``path`` gets
+        :func:`generic_profile`, whose ``source`` says so.
+    path:
+        An efficiency file to read instead of the shipped one.
+
+    Raises
+    ------
+    SpecError
+        If the file is missing, is not YAML, or has a bad field; the error names both.
+    """
+    if path is None:
+        if isinstance(gpu, str):
+            return _load_builtin(gpu)
+        if gpu.name in gpu_names():
+            if gpu == gpu_spec(gpu.name):
+                return _load_builtin(gpu.name)
+            return _read(gpu, profile_path(gpu.name), f"traces/efficiency/{gpu.name}.yaml")
+        return generic_profile(gpu)
+    spec = gpu if isinstance(gpu, GPUSpec) else gpu_spec(gpu, source="load_compute_profile")
+    return _read(spec, Path(path), str(path))
+
+
+def generic_profile(gpu: GPUSpec, *, like: str = "h100-sxm") -> ComputeProfile:
+    """A prior for a GPU without an efficiency file: ``like``'s curves rescaled to ``gpu``.
+
+    Matmul sizes are scaled by the ratio of peak rates per dtype (``like``'s bf16 curve for dtypes
+    it lacks) and memory sizes by the ratio of HBM bandwidths, so each efficiency is reached at
+    the same op duration as on ``like``; the launch overhead is ``like``'s.
+    """
+    base = _load_builtin(like)
+    matmul = {}
+    for dtype, peak in gpu.peak_flops.items():
+        ref = dtype if dtype in base.matmul else "bf16"
+        scale = peak / base.gpu.peak(ref)
+        matmul[dtype] = EfficiencyCurve(points=[(s * scale, e)
+                                                for s, e in base.matmul[ref].points])
+    scale = gpu.hbm_bandwidth_Bps / base.gpu.hbm_bandwidth_Bps
+    memory = EfficiencyCurve(points=[(s * scale, e) for s, e in base.memory.points])
+    return ComputeProfile(gpu=gpu, matmul=matmul, memory=memory,
+                          launch_overhead_s=base.launch_overhead_s,
+                          source=f"generic prior: {like} efficiency curves rescaled to "
+                                 f"{gpu.name}'s peaks (no traces/efficiency/{gpu.name}.yaml)")
+
+
+@functools.cache
+def _load_builtin(name: str) -> ComputeProfile:
+    spec = gpu_spec(name, source="load_compute_profile")
+    return _read(spec, profile_path(name), f"traces/efficiency/{name}.yaml")
+
+
+def _read(spec: GPUSpec, path: Path, label: str) -> ComputeProfile:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"no compute-efficiency file for GPU {spec.name!r}", source=label,
+                        fix="run 'clusterplan calibrate' on that GPU, or copy a similar GPU's "
+                            "file from traces/efficiency/ and set its gpu: field") from None
+    except OSError as exc:
+        raise SpecError(f"cannot read the file: {exc.strerror}", source=label,
+                        fix="check the path") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"not valid YAML: {exc}".replace("\n", " "), source=label,
+                        fix="repair the YAML syntax") from None
+    if not isinstance(doc, dict):
+        raise SpecError(f"expected a mapping, got {type(doc).__name__}", source=label,
+                        fix="write gpu:, source:, launch_overhead:, matmul:, memory:")
+    unknown = sorted(str(k) for k in doc if k not in _PROFILE_KEYS)
+    if unknown:
+        raise SpecError(f"unknown field {unknown[0]!r}", source=label, field=unknown[0],
+                        fix=f"use only: {', '.join(sorted(_PROFILE_KEYS))}")
+    for key in ("gpu", "source", "launch_overhead", "matmul", "memory"):
+        if doc.get(key) is None:
+            raise SpecError("missing field", source=label, field=key,
+                            fix=f"add {key}: (see traces/efficiency/h100-sxm.yaml)")
+    if doc["gpu"] != spec.name:
+        raise SpecError(f"file is for GPU {doc['gpu']!r}, not {spec.name!r}", source=label,
+                        field="gpu", fix=f"use the file for {spec.name!r} or set gpu: {spec.name}")
+    if not isinstance(doc["source"], str) or not doc["source"].strip():
+        raise SpecError(f"expected text naming the source, got {doc['source']!r}", source=label,
+                        field="source", fix="name the publication or measurement")
+    try:
+        launch = parse_time(doc["launch_overhead"], field="launch_overhead")
+    except SpecError as exc:
+        raise exc.at(source=label) from None
+    matmul_doc = doc["matmul"]
+    if not isinstance(matmul_doc, dict) or not matmul_doc:
+        raise SpecError(f"expected a mapping dtype → [[flops, efficiency], ...], got "
+                        f"{matmul_doc!r}", source=label, field="matmul",
+                        fix="write e.g. matmul: {bf16: [[1e9, 0.5], [1e11, 0.8]]}")
+    matmul = {str(dt): EfficiencyCurve.from_points(pts, source=label, field=f"matmul.{dt}")
+              for dt, pts in matmul_doc.items()}
+    memory = EfficiencyCurve.from_points(doc["memory"], source=label, field="memory")
+    try:
+        return ComputeProfile(gpu=spec, matmul=matmul, memory=memory, launch_overhead_s=launch,
+                              source=f"{label}: {doc['source'].strip()}")
+    except SpecError as exc:
+        raise exc.at(source=label) from None

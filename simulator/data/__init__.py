@@ -1,0 +1,1 @@
+"""Package data of the simulator: the GPU catalog (``gpus.yaml``)."""

@@ -1,0 +1,13 @@
+"""Topologies as data: YAML specs, generators for real fabrics, and the graph they build.
+
+>>> topo = load_topology("dgx-a100")
+>>> topo.num_gpus, topo.gpu.name
+(8, 'a100-80gb')
+"""
+
+from .build import DEFAULT_COMM, build_topology, load_topology
+from .model import CommProfile, Hierarchy, LinkTable, Tier, Topology
+from .spec import builtin_topology_names, parse_topology_ref
+
+__all__ = ["load_topology", "build_topology", "builtin_topology_names", "parse_topology_ref",
+           "Topology", "LinkTable", "Hierarchy", "Tier", "CommProfile", "DEFAULT_COMM"]

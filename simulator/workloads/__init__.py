@@ -1,0 +1,1 @@
+"""Built-in example workloads (YAML), loadable by name: see simulator.workload_spec."""

@@ -1,0 +1,89 @@
+"""The clusterplan command: JSON keys, human output, and exit 2 with one message on bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from planner.cli import main
+
+
+def run(*args, cwd=None):
+    p = subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True,
+                       text=True, cwd=cwd, timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_no_arguments_lists_commands(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "clusterplan collective allreduce" in out and "topology show" in out
+
+
+def test_topology_show_json(capsys):
+    assert main(["topology", "show", "selene-a100:nodes=64", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["gpus"] == 512 and d["nodes"] == 64
+    assert [t["name"] for t in d["tiers"]] == ["leaf", "spine", "core"]
+    assert all(t["bisection_Bps"] > 0 for t in d["tiers"])
+
+
+def test_topology_show_gpus_flag(capsys):
+    assert main(["topology", "show", "h100-ib", "--gpus", "1024", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpus"] == 1024
+
+
+def test_collective_json_keys(capsys):
+    assert main(["collective", "allreduce", "--size", "1GiB", "--ranks", "64", "--topology",
+                 "h100-ib", "--algo", "ring", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert {"time_s", "algbw_Bps", "busbw_Bps", "algorithm"} <= set(d)
+    assert d["algorithm"] == "ring"
+    assert d["busbw_Bps"] == pytest.approx(d["algbw_Bps"] * 2 * 63 / 64)
+
+
+def test_simulate_writes_trace(tmp_path, capsys):
+    trace = tmp_path / "step.json"
+    assert main(["simulate", "dp-step", "--topology", "dgx-a100:nodes=2", "--trace", str(trace),
+                 "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["step_time_s"] > 0 and trace.exists()
+    assert json.loads(trace.read_text())["traceEvents"]
+
+
+BAD = [
+    (["topology", "show", "no-such-topology"], "unknown topology"),
+    (["topology", "show", "selene-a100:nodes=-3"], "nodes"),
+    (["collective", "allreduce", "--size", "1 GiBB", "--topology", "dgx-a100"], "--size"),
+    (["collective", "allreduce", "--size", "1GiB", "--ranks", "99", "--topology", "dgx-a100"],
+     "--ranks"),
+    (["collective", "alltoall", "--size", "1GiB", "--algo", "ring", "--topology", "dgx-a100"],
+     "--algo"),
+    (["simulate", "nope.yaml", "--topology", "dgx-a100"], "nope.yaml"),
+    (["calibrate", "nccl", "--table", "8=missing.csv", "--topology", "dgx-a100"], "missing.csv"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD)
+def test_bad_input_exits_2_with_one_message(args, needle):
+    code, out, err = run(*args)
+    assert code == 2
+    assert "Traceback" not in err
+    assert needle in err and "fix:" in err
+
+
+def test_bad_topology_files_exit_2(tmp_path):
+    cases = {
+        "gpu.yaml": "name: x\ngpu: h300\nnode: {gpus: 8}\n",
+        "neg.yaml": "name: x\ngpu: a100-80gb\nnodes: 2\nnode: {gpus: 8, nics: 8, nic_bandwidth: -200 Gb/s}\n"
+                    "fabric: {tiers: [{name: leaf}]}\n",
+        "syntax.yaml": "name: x\nnode: [gpus: 8\n",
+        "noroute.yaml": "name: x\ngpu: a100-80gb\ndevices: [{id: a, kind: gpu}, {id: b, kind: gpu}]\n"
+                        "links: [{a: a, b: b, bandwidth: 1 GB/s, duplex: half}]\n",
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        code, _, err = run("topology", "show", name, cwd=tmp_path)
+        assert code == 2, (name, err)
+        assert "Traceback" not in err and name in err and "fix:" in err, (name, err)

@@ -1,0 +1,1 @@
+"""Built-in topology files (YAML); see README.md in this folder for the schema."""

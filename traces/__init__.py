@@ -1,0 +1,1 @@
+"""Measured and published traces shipped as package data (efficiency tables, ...)."""

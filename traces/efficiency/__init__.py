@@ -1,0 +1,1 @@
+"""Compute-efficiency tables per GPU kind, read by :func:`simulator.compute.load_compute_profile`."""
