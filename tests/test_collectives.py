@@ -63,7 +63,25 @@ def test_tree_beats_ring_latency_on_many_nodes_small_messages():
     ring = simulate_collective(topo, "allreduce", range(1024), small, algo="ring").time_s
     tree = simulate_collective(topo, "allreduce", range(1024), small, algo="tree").time_s
     assert tree < ring / 10
-    assert plan_collective(topo, "allreduce", range(1024), small).algorithm == "tree"
+    # NCCL's tuner: tree (or NVLSTree where the node switch reduces) for small messages at scale
+    assert plan_collective(topo, "allreduce", range(1024), small).algorithm == "hier:nvls+tree"
+    selene = load_topology("selene-a100:nodes=128")
+    assert plan_collective(selene, "allreduce", range(1024), small).algorithm == "tree"
+
+
+def test_per_tier_algorithms():
+    topo = load_topology("h100-ib:nodes=4")
+    stages = {}
+    for algo in ("hierarchical", "nvls_tree", "hier:nvls+ring", "hier:ring+tree"):
+        plan = plan_collective(topo, "allreduce", range(32), GiB, algo=algo)
+        assert len(plan.phases) == 1                     # tiers pipelined as NCCL does
+        stages[algo] = simulate_collective(topo, "allreduce", range(32), GiB, algo=algo).time_s
+    # pipelining: the whole is no slower than its slowest stage run alone plus all latencies
+    inter = simulate_collective(topo, "allreduce", list(range(0, 32, 8)), GiB / 8).time_s
+    assert stages["hierarchical"] >= inter
+    for bad in ("hier:ring", "hier:tree+ring", "hier:ring+nvls"):
+        with pytest.raises(SpecError):
+            plan_collective(topo, "allreduce", range(32), GiB, algo=bad)
 
 
 def test_auto_picks_nvls_inside_h100_node():

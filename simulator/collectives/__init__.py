@@ -29,6 +29,8 @@ ALGORITHMS: dict[str, tuple[Callable[..., CollectivePlan], tuple[str, ...]]] = {
     "ring": (alg.ring, ("allreduce", "allgather", "reducescatter", "broadcast")),
     "tree": (alg.tree, ("allreduce",)),
     "hierarchical": (alg.hierarchical, ("allreduce",)),
+    "nvls_tree": (lambda t, r, s, k: alg.hierarchical(t, r, s, k, intra="nvls", inter="tree"),
+                  ("allreduce",)),
     "halving_doubling": (alg.halving_doubling, ("allreduce", "allgather", "reducescatter")),
     "nvls": (alg.nvls, ("allreduce", "allgather", "reducescatter")),
     "direct": (alg.alltoall_direct, ("alltoall",)),
@@ -36,16 +38,31 @@ ALGORITHMS: dict[str, tuple[Callable[..., CollectivePlan], tuple[str, ...]]] = {
 }
 
 #: NCCL's default candidates per kind (NCCL_ALGO unset); the fastest predicted one wins.
-_AUTO = {"allreduce": ("ring", "tree", "nvls"), "allgather": ("ring", "nvls"),
+_AUTO = {"allreduce": ("ring", "tree", "nvls", "nvls_tree"), "allgather": ("ring", "nvls"),
          "reducescatter": ("ring", "nvls"), "broadcast": ("ring",), "alltoall": ("direct",)}
 
 
 def _eligible(topo: Topology, name: str, ranks: Sequence[int]) -> bool:
-    if name == "nvls":
-        h = topo.hierarchy
-        return bool(h is not None and h.node_switch_reduces
-                    and len({int(h.node_of_gpu[r]) for r in ranks}) == 1)
+    h = topo.hierarchy
+    if name in ("nvls", "nvls_tree"):
+        if h is None or not h.node_switch_reduces:
+            return False
+        per_node: dict[int, int] = {}
+        for r in ranks:
+            per_node[int(h.node_of_gpu[r])] = per_node.get(int(h.node_of_gpu[r]), 0) + 1
+        if name == "nvls":
+            return len(per_node) == 1
+        return len(per_node) > 1 and len(set(per_node.values())) == 1 and min(per_node.values()) > 1
     return True
+
+
+def _parse_hier(algo: str):
+    """``hier:INTRA+INTER`` → a builder of the per-tier hierarchical all-reduce."""
+    intra, plus, inter = algo[5:].partition("+")
+    if not plus:
+        raise SpecError(f"bad per-tier algorithm {algo!r}", field="--algo",
+                        fix="write hier:INTRA+INTER, e.g. hier:nvls+tree or hier:ring+ring")
+    return lambda t, r, s, k, **kw: alg.hierarchical(t, r, s, k, intra=intra, inter=inter)
 
 
 def plan_collective(topo: Topology, kind: str, ranks: Sequence[int], size_bytes: float, *,
@@ -85,9 +102,14 @@ def plan_collective(topo: Topology, kind: str, ranks: Sequence[int], size_bytes:
         plans = [ALGORITHMS[a][0](topo, ranks, size_bytes, kind, **kw) for a in cands]
         times = [_uncontended_time(topo, p) for p in plans]
         return plans[int(np.argmin(times))]
+    if algo.startswith("hier:"):
+        if kind != "allreduce":
+            raise SpecError(f"per-tier algorithms implement allreduce, not {kind}",
+                            field="--algo", fix="use --algo ring")
+        return _parse_hier(algo)(topo, ranks, size_bytes, kind)
     if algo not in ALGORITHMS:
         raise SpecError(f"unknown algorithm {algo!r}", field="--algo",
-                        fix=f"use auto or one of: {', '.join(ALGORITHMS)}")
+                        fix=f"use auto, hier:INTRA+INTER or one of: {', '.join(ALGORITHMS)}")
     builder, kinds = ALGORITHMS[algo]
     if kind not in kinds:
         raise SpecError(f"algorithm {algo} does not implement {kind}", field="--algo",

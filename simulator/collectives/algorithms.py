@@ -76,6 +76,15 @@ def _latency(topo: Topology, routes: Routes, algo: str, steps: float, size: floa
     return steps * (topo.comm.alpha(algo) + path) + topo.comm.local_time(algo, size)
 
 
+def _ring_latency(topo: Topology, routes: Routes, n_edges: int, steps: float, size: float) -> float:
+    """A pipelined ring's first chunk travels ``steps`` hops around the ring, so it pays the
+    mean hop latency of the ring's edges ``steps`` times (intra-node hops are cheap, the few
+    inter-node ones dear), plus ``alpha`` per step and the local pass."""
+    mean_path = float(routes.latency_s.sum()) / routes.n_flows if routes.n_flows else 0.0
+    del n_edges
+    return steps * (topo.comm.alpha("ring") + mean_path) + topo.comm.local_time("ring", size)
+
+
 def ring(topo: Topology, ranks: Sequence[int], size: float, kind: str) -> CollectivePlan:
     """Ring all-reduce / all-gather / reduce-scatter / broadcast (pipelined chain)."""
     r = np.asarray(ranks, dtype=np.int64)
@@ -93,7 +102,7 @@ def ring(topo: Topology, ranks: Sequence[int], size: float, kind: str) -> Collec
         per_edge, steps = mult * (n - 1) / n * size, sf * (n - 1)
     routes = _edge_flows(topo, src, dst, rails)
     nbytes = np.full(routes.n_flows, per_edge / c)
-    phase = Phase(routes, nbytes, _latency(topo, routes, "ring", steps, size), "ring")
+    phase = Phase(routes, nbytes, _ring_latency(topo, routes, len(src), steps, size), "ring")
     return CollectivePlan(kind, "ring", tuple(r.tolist()), size, (phase,), channels=c)
 
 
@@ -201,12 +210,23 @@ def tree(topo: Topology, ranks: Sequence[int], size: float, kind: str = "allredu
     return CollectivePlan(kind, "tree", tuple(r.tolist()), size, (phase,), channels=c)
 
 
-def hierarchical(topo: Topology, ranks: Sequence[int], size: float, kind: str = "allreduce"
-                 ) -> CollectivePlan:
-    """Intra-node reduce-scatter, inter-node ring all-reduce per local index, intra all-gather."""
+_INTRA = {"ring": lambda t, m, s, k: ring(t, m, s, k), "nvls": lambda t, m, s, k: nvls(t, m, s, k)}
+
+
+def hierarchical(topo: Topology, ranks: Sequence[int], size: float, kind: str = "allreduce", *,
+                 intra: str = "ring", inter: str = "ring") -> CollectivePlan:
+    """All-reduce by tier: reduce-scatter inside each node (``intra``: ring or nvls), all-reduce
+    of each 1/G shard across nodes between GPUs of the same local index (``inter``: ring, tree
+    or halving_doubling), all-gather inside each node. ``intra=nvls, inter=tree`` is NCCL's
+    NVLSTree."""
     if kind != "allreduce":
         raise SpecError(f"the hierarchical algorithm implements allreduce, not {kind}",
                         field="--algo", fix="use --algo ring")
+    inter_fn = {"ring": ring, "tree": tree, "halving_doubling": halving_doubling}.get(inter)
+    if intra not in _INTRA or inter_fn is None:
+        raise SpecError(f"unknown tier algorithms intra={intra!r}, inter={inter!r}",
+                        field="--algo", fix="use hier:INTRA+INTER with INTRA in ring|nvls and "
+                                            "INTER in ring|tree|halving_doubling")
     r = np.asarray(ranks, dtype=np.int64)
     nodes = _nodes(topo, r)
     order = list(dict.fromkeys(nodes.tolist()))
@@ -217,16 +237,23 @@ def hierarchical(topo: Topology, ranks: Sequence[int], size: float, kind: str = 
                         field="--algo", fix="use --algo ring")
     phases = []
     if g > 1:
-        intra = [ring(topo, m, size, "reducescatter").phases[0] for m in members]
-        phases.append(_merge(intra, "intra reduce-scatter"))
+        parts = [_INTRA[intra](topo, m, size, "reducescatter").phases for m in members]
+        phases += [_merge(list(ph), f"intra reduce-scatter ({intra})") for ph in zip(*parts)]
     if len(members) > 1:
-        inter = [ring(topo, [m[i] for m in members], size / g, "allreduce").phases[0]
+        parts = [inter_fn(topo, [m[i] for m in members], size / g, "allreduce").phases
                  for i in range(g)]
-        phases.append(_merge(inter, "inter all-reduce"))
+        phases += [_merge(list(ph), f"inter all-reduce ({inter})") for ph in zip(*parts)]
     if g > 1:
-        intra = [ring(topo, m, size, "allgather").phases[0] for m in members]
-        phases.append(_merge(intra, "intra all-gather"))
-    return CollectivePlan(kind, "hierarchical", tuple(r.tolist()), size, tuple(phases))
+        parts = [_INTRA[intra](topo, m, size, "allgather").phases for m in members]
+        phases += [_merge(list(ph), f"intra all-gather ({intra})") for ph in zip(*parts)]
+    name = "hierarchical" if (intra, inter) == ("ring", "ring") else f"hier:{intra}+{inter}"
+    if inter != "halving_doubling":
+        # NCCL pipelines the stages (chunks flow through all of them at once): one phase whose
+        # flows carry each stage's bytes, paying every stage's latency once.
+        phases = [Phase(Routes.concat([p.routes for p in phases]),
+                        np.concatenate([p.nbytes for p in phases]),
+                        sum(p.latency_s for p in phases), "pipelined tiers")]
+    return CollectivePlan(kind, name, tuple(r.tolist()), size, tuple(phases))
 
 
 def _merge(phases: list[Phase], label: str) -> Phase:
