@@ -24,6 +24,7 @@ main commands (each has --help):
   clusterplan collective allreduce --size 1GiB --ranks 64 --topology h100-ib
   clusterplan simulate dp-step --topology dgx-a100:nodes=2 --trace step.json
   clusterplan calibrate nccl --topology dgx-a100 --table 8=a100_allreduce_8gpu_lut.txt
+  clusterplan calibrate compute --gpu h100-sxm --measurements kernels.csv --out h100.yaml
 """
 
 

@@ -213,6 +213,19 @@ def _calibrate(sub) -> None:
     _common_topology(n)
     n.add_argument("--json", action="store_true")
     n.set_defaults(func=_calibrate_nccl)
+    c = csub.add_parser("compute", help="efficiency curves from kernel timings, or measure this CPU",
+                        description="Fit a compute-efficiency file (traces/efficiency/*.yaml) to "
+                                    "measured kernel timings (CSV: kind,dtype,flops,bytes,seconds; "
+                                    "see simulator/compute_fit.py), or with --measure-cpu time "
+                                    "numpy kernels on this machine.")
+    c.add_argument("--gpu", help="catalog GPU kind the measurements were taken on")
+    c.add_argument("--measurements", metavar="CSV", help="measured kernel timings")
+    c.add_argument("--source", default="measured kernel timings",
+                   help="how the measurements were taken (recorded in the file)")
+    c.add_argument("--measure-cpu", action="store_true", help="measure this CPU instead")
+    c.add_argument("--out", required=True, metavar="FILE", help="efficiency YAML to write")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=_calibrate_compute)
 
 
 def _calibrate_nccl(args) -> int:
@@ -249,6 +262,32 @@ def _calibrate_nccl(args) -> int:
     for nr, m in per.items():
         lines.append(f"  {nr:>5}{m['mape_all'] * 100:>9.2f}%{m['mape_ge_64MiB'] * 100:>12.2f}%")
     _emit(args, data, "\n".join(lines))
+    return 0
+
+
+def _calibrate_compute(args) -> int:
+    import yaml
+    from simulator.calibrate_compute import measure_cpu_profile
+    from simulator.compute import load_compute_profile
+    from simulator.compute_fit import profile_from_measurements, read_measurements
+    if args.measure_cpu == bool(args.measurements):
+        raise SpecError("give either --measurements CSV (with --gpu) or --measure-cpu",
+                        field="--measurements", fix="pass exactly one of them")
+    if args.measure_cpu:
+        prof = measure_cpu_profile()
+    else:
+        if not args.gpu:
+            raise SpecError("--measurements needs --gpu", field="--gpu",
+                            fix="name the catalog kind, e.g. --gpu h100-sxm")
+        prof = profile_from_measurements(args.gpu, read_measurements(args.measurements),
+                                         source=args.source)
+    text = yaml.safe_dump(prof, sort_keys=False)
+    _atomic_write(args.out, text)
+    check = load_compute_profile(prof["gpu"], args.out)      # the file loads as written
+    data = {"out": args.out, "gpu": prof["gpu"], "launch_overhead_s": check.launch_overhead_s,
+            "matmul_dtypes": sorted(check.matmul)}
+    _emit(args, data, f"wrote {args.out} for {prof['gpu']}: matmul curves for "
+                      f"{', '.join(sorted(check.matmul))}, launch {format_time(check.launch_overhead_s)}")
     return 0
 
 
