@@ -35,8 +35,8 @@ from .workload import Op, Workload
 
 __all__ = ["simulate", "SimResult"]
 
-_COLUMNS = ["op", "name", "kind", "category", "stream", "ranks", "first_rank", "start_s", "end_s",
-            "duration_s", "bytes", "flops", "algorithm"]
+_COLUMNS = ["op", "name", "kind", "category", "stream", "ranks", "first_rank", "device",
+            "start_s", "end_s", "duration_s", "bytes", "flops", "algorithm"]
 
 
 @dataclass
@@ -47,7 +47,8 @@ class SimResult:
     ----------
     ops : pandas.DataFrame
         One row per op: ``op, name, kind, category, stream, ranks`` (count), ``first_rank``,
-        ``start_s, end_s, duration_s`` (seconds), ``bytes``, ``flops``, ``algorithm``.
+        ``device`` (of the first rank), ``start_s, end_s, duration_s`` (seconds), ``bytes``,
+        ``flops``, ``algorithm``. :meth:`per_device` expands collectives to one row per member.
     step_time_s : float
         Time at which the last op ended, seconds.
     events : int
@@ -65,7 +66,7 @@ class SimResult:
     topology: str
     mode: str
     workload: Workload = field(repr=False, default=None)
-    rank_of_row: list = field(repr=False, default_factory=list)
+    device_names: tuple = field(repr=False, default=())
 
     @property
     def events_per_s(self) -> float:
@@ -79,6 +80,23 @@ class SimResult:
         if kind is not None:
             df = df[df.kind == kind]
         return float(df.duration_s.sum())
+
+    def per_device(self, ranks=None) -> pd.DataFrame:
+        """One row per (op, rank it ran on), with ``rank`` and ``device`` columns.
+
+        ``ranks`` limits the expansion (a 16k-rank collective is 16k rows otherwise).
+        """
+        keep = None if ranks is None else set(int(r) for r in ranks)
+        rows_op, rows_rank = [], []
+        for op in self.workload.ops:
+            for r in op.ranks:
+                if keep is None or r in keep:
+                    rows_op.append(op.id)
+                    rows_rank.append(r)
+        df = self.ops.iloc[rows_op].drop(columns=["first_rank", "device"]).reset_index(drop=True)
+        df.insert(1, "rank", rows_rank)
+        df.insert(2, "device", [self.device_names[r] for r in rows_rank])
+        return df
 
     def chrome_trace(self, *, max_ranks: int = 64) -> dict:
         """The timeline as a Chrome/Perfetto trace dict (see :mod:`simulator.trace`)."""
@@ -194,6 +212,7 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
         "op": np.arange(n), "name": [o.name for o in ops], "kind": [o.kind for o in ops],
         "category": [o.category for o in ops], "stream": [o.stream for o in ops],
         "ranks": [len(o.ranks) for o in ops], "first_rank": [o.ranks[0] for o in ops],
+        "device": [topo.gpus[o.ranks[0]] for o in ops],
         "start_s": start, "end_s": end, "duration_s": end - start,
         "bytes": [o.bytes_moved for o in ops], "flops": [o.flops for o in ops],
         "algorithm": algo}, columns=_COLUMNS)
@@ -201,4 +220,4 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
     events = counter["events"] + st.flows_started + st.flows_finished
     return SimResult(ops=df, step_time_s=float(np.nanmax(end)) if n else 0.0, events=events,
                      wall_s=time.perf_counter() - t0, network=st, topology=topo.name,
-                     mode=net.mode, workload=workload)
+                     mode=net.mode, workload=workload, device_names=topo.gpus)

@@ -25,6 +25,7 @@ def chrome_trace(result, *, max_ranks: int = 64) -> dict:
     events: list[dict] = []
     tids: dict[tuple[int, str], int] = {}
     shown: set[int] = set()
+    names = result.device_names
 
     def tid(rank: int, stream: str) -> int:
         key = (rank, stream)
@@ -53,7 +54,7 @@ def chrome_trace(result, *, max_ranks: int = 64) -> dict:
             if r not in shown:
                 shown.add(r)
                 events.append({"ph": "M", "name": "process_name", "pid": r,
-                               "args": {"name": f"rank {r}"}})
+                               "args": {"name": f"rank {r} ({names[r]})" if names else f"rank {r}"}})
                 events.append({"ph": "M", "name": "process_sort_index", "pid": r,
                                "args": {"sort_index": r}})
             events.append({"ph": "X", "name": op.name, "cat": cat, "pid": r,

@@ -86,6 +86,9 @@ def test_results_frame_and_trace(tmp_path):
     cols = {"op", "name", "kind", "stream", "start_s", "end_s", "bytes", "flops"}
     assert cols <= set(res.ops.columns)
     assert (res.ops.end_s >= res.ops.start_s).all()
+    per = res.per_device(ranks=[0, 9])
+    assert set(per["rank"]) == {0, 9} and set(per.device) == {"n0/gpu0", "n1/gpu1"}
+    assert len(per[per["rank"] == 9]) == len([o for o in w.ops if 9 in o.ranks])
     path = tmp_path / "t.json"
     res.write_chrome_trace(path, max_ranks=4)
     trace = json.loads(path.read_text())
