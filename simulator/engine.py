@@ -192,7 +192,11 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
                                                          op.bytes_moved, algo=op.algo,
                                                          splits=op.splits)
         else:
-            plan = _sendrecv_plan(topo, op.ranks[0], op.ranks[1], op.bytes_moved)
+            key = ("p2p", op.ranks, op.bytes_moved)
+            plan = plan_cache.get(key)
+            if plan is None:
+                plan = plan_cache[key] = _sendrecv_plan(topo, op.ranks[0], op.ranks[1],
+                                                        op.bytes_moved)
         algo[i] = plan.algorithm
         env.process(run_comm(i, plan))
 

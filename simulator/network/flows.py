@@ -90,9 +90,12 @@ def symmetric_reduce(routes: Routes, nbytes: np.ndarray, space: _ClassSpace
                      ) -> tuple[Routes, np.ndarray, np.ndarray]:
     """Collapse identical flows into classes; return (class routes, bytes, multiplicity).
 
-    A link class whose touched links all carry the same load from this batch stays as it is,
-    so concurrent regular batches share it; otherwise it is split by per-link load (a tree's
-    busy and idle NICs), which keeps the reduction exact for the batch. Coefficients are
+    Links of one class (tier, kind, direction, bandwidth) touched by the batch become one class
+    row keyed by the exact set of links, so concurrent batches on the same links share it and
+    batches on disjoint links (the DP groups of different rails) do not; if the batch loads
+    those links unevenly the set is split further by per-link load (a tree's busy and idle
+    NICs), which keeps the reduction exact for the batch. Concurrent batches whose link sets
+    overlap only in part do not see each other: use explicit mode for such traffic. Coefficients are
     ``multiplicity × fraction / links in the (sub)class``, so one class row stands for all its
     flows under the even-spread assumption.
     """
@@ -112,12 +115,16 @@ def symmetric_reduce(routes: Routes, nbytes: np.ndarray, space: _ClassSpace
     for grp in np.split(np.arange(tl.size), bounds):
         links = tl[grp]
         ld, ct = load[links], cnt[links]
-        if np.ptp(ld) <= 1e-9 * ld.max() and np.ptp(ct) <= 1e-9 * ct.max():
-            continue
         c = int(cls[links[0]])
+        # a class row stands for load spread over exactly these links: batches touching the
+        # same link set share it, batches on other links of the same kind do not
+        where = hash(links.tobytes())
+        if np.ptp(ld) <= 1e-9 * ld.max() and np.ptp(ct) <= 1e-9 * ct.max():
+            link_cls[links] = space.refine(("set", c, where), float(cap[c]))
+            continue
         key_l = np.round(ld / max(ld.max(), 1e-300), 9)
         key_c = np.round(ct, 9)
-        for kl, kc in set(zip(key_l.tolist(), key_c.tolist())):
+        for kl, kc in sorted(set(zip(key_l.tolist(), key_c.tolist()))):
             sel = links[(key_l == kl) & (key_c == kc)]
             link_cls[sel] = space.refine((space.batches, c, kl, kc), float(cap[c]))
     lc = link_cls[routes.link]

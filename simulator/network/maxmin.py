@@ -3,7 +3,7 @@
 All unfrozen flows grow at the same rate until some link saturates; the flows crossing it freeze
 at that rate; repeat. With a coefficient ``a[f, l]`` (the fraction of flow ``f`` that crosses
 link ``l``; ECMP splits and symmetry multiplicities make it differ from 1) a link saturates when
-``Σ_f a[f, l] · rate[f] = capacity[l]``. Each round is two sparse mat-vecs, and the number of
+``Σ_f a[f, l] · rate[f] = capacity[l]``. Each round is two weighted bincounts, and the number of
 rounds is the number of distinct bottleneck levels, so a million flows solve in well under a
 second. Flows that cross no link get ``inf`` (they are limited by nothing in the network).
 """
@@ -11,7 +11,6 @@ second. Flows that cross no link get ``inf`` (they are limited by nothing in the
 from __future__ import annotations
 
 import numpy as np
-import scipy.sparse as sp
 
 __all__ = ["maxmin_rates"]
 
@@ -45,21 +44,27 @@ def maxmin_rates(flow: np.ndarray, link: np.ndarray, coef: np.ndarray, capacity:
     used = np.flatnonzero(mark)
     lidx = (np.cumsum(mark) - 1)[link]
     cap = capacity[used].astype(float)
-    A = sp.csr_matrix((coef.astype(float), (flow, lidx)), shape=(n_flows, used.size))
-    AT = A.T.tocsr()
+    coef = coef.astype(float)
+    nl = used.size
     active = np.bincount(flow, minlength=n_flows) > 0
     rates[active] = 0.0
-    load = np.zeros(used.size)
-    while active.any():
-        w = AT @ active.astype(float)
+    load = np.zeros(nl)
+    while True:
+        act_e = active[flow]
+        if not act_e.any():
+            break
+        w = np.bincount(lidx[act_e], weights=coef[act_e], minlength=nl)
         valid = w > 0
-        resid = np.maximum(cap - load, 0.0)
-        level = np.full(used.size, np.inf)
-        level[valid] = resid[valid] / w[valid]
+        level = np.full(nl, np.inf)
+        level[valid] = np.maximum(cap[valid] - load[valid], 0.0) / w[valid]
         t = level.min()
         sat = valid & (level <= t * (1 + rel_tol) + 1e-300)
-        hit = (A @ sat.astype(float) > 0) & active
+        hit_e = act_e & sat[lidx]
+        hit = np.zeros(n_flows, dtype=bool)
+        hit[flow[hit_e]] = True
         rates[hit] = t
         active &= ~hit
-        load = AT @ np.where(active, 0.0, np.where(np.isinf(rates), 0.0, rates))
+        # links carry the frozen flows' rates from now on
+        fe = hit[flow]
+        load += np.bincount(lidx[fe], weights=coef[fe] * t, minlength=nl)
     return rates

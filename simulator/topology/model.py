@@ -199,5 +199,13 @@ class Topology:
 
     def effective_capacity_Bps(self) -> np.ndarray:
         """Per-link capacity a collective can use: line rate × protocol efficiency of its kind."""
-        eff = np.array([self.comm.efficiency.get(k, 1.0) for k in self.links.kind])
-        return self.links.bandwidth_Bps * eff
+        return self._effective_capacity
+
+    @cached_property
+    def _effective_capacity(self) -> np.ndarray:
+        kinds = {k: self.comm.efficiency.get(k, 1.0) for k in set(self.links.kind)}
+        eff = np.fromiter((kinds[k] for k in self.links.kind), dtype=float,
+                          count=len(self.links.kind))
+        cap = self.links.bandwidth_Bps * eff
+        cap.setflags(write=False)
+        return cap

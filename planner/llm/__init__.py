@@ -1,0 +1,1 @@
+"""LLM training: model specs, parallel layouts, the step workload, memory, and metrics."""

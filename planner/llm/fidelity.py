@@ -1,0 +1,134 @@
+"""Fidelity against published measurements: Narayanan 2021 Table 1, Korthikanti 2022, vTrain.
+
+Every row is simulated as published (model, GPUs, TP/PP/DP, batch) on a Selene-like topology;
+what a paper does not state is an assumption named here and applied to every row of its set
+alike, never fitted per row:
+
+* Narayanan 2021 Table 1 (GPT, V = 51,200, s = 2,048, fp16, ``selene-a100``): full activation
+  recompute (the paper's setting), micro-batch 1, non-interleaved 1F1B, no ZeRO. Measured
+  iteration time derived as ``F / (GPUs × TFLOP/s)`` with Narayanan's FLOP formula.
+* Korthikanti 2022 (same GPT family, DP = 1): the table's two modes, full recompute and
+  selective recompute with sequence parallelism; micro-batch 1; 175B and 530B interleaved with 3
+  virtual stages as in Calculon's execution files.
+* vTrain multi-node (Megatron-DeepSpeed, A100 nodes with 800 Gb/s each: ``dgx-a100`` with
+  8 × 100 Gb/s NICs): V = 51,200 (not recorded), fp16, no recompute, 1F1B.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simulator.errors import SpecError
+from simulator.topology import load_topology
+
+from .metrics import simulate_llm
+from .spec import LLMSpec, ModelSpec, ParallelSpec, TrainingSpec
+
+__all__ = ["NARAYANAN", "KORTHIKANTI", "narayanan_rows", "korthikanti_rows", "vtrain_rows",
+           "run_set", "kendall_tau_by_group"]
+
+# params(B), heads, hidden, layers, TP, PP, GPUs, batch, TFLOP/s per GPU (recompute-inclusive)
+NARAYANAN = [
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137), (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142), (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138), (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148), (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163), (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+]
+# model, h, heads, layers, TP, PP, GPUs, batch, full recompute s, seq-parallel + selective s, vpp
+KORTHIKANTI = [
+    ("22B", 6144, 64, 48, 8, 1, 8, 4, 1.42, 1.10, 1),
+    ("175B", 12288, 96, 96, 8, 8, 64, 64, 18.13, 13.75, 3),
+    ("530B", 20480, 128, 105, 8, 35, 280, 280, 49.05, 37.83, 3),
+    ("1T", 25600, 160, 128, 8, 64, 512, 512, 94.42, 71.49, 1),
+]
+
+
+def _gpt(name: str, h: int, heads: int, layers: int, *, s: int = 2048, V: int = 51200) -> ModelSpec:
+    return ModelSpec(name=name, layers=layers, hidden_size=h, ffn_hidden_size=4 * h,
+                     num_heads=heads, num_kv_heads=heads, vocab_size=V, seq_len=s, ffn="gelu")
+
+
+def narayanan_flops(B: int, s: int, l: int, h: int, V: int) -> float:
+    return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+
+
+def narayanan_rows() -> list[dict]:
+    rows = []
+    for params, heads, h, l, tp, pp, gpus, B, tflops in NARAYANAN:
+        measured = narayanan_flops(B, 2048, l, h, 51200) / (gpus * tflops * 1e12)
+        spec = LLMSpec(model=_gpt(f"gpt-{params}B", h, heads, l),
+                       training=TrainingSpec(global_batch_size=B, micro_batch_size=1,
+                                             precision="fp16", activation_recompute="full"),
+                       parallel=None, source="Narayanan 2021 Table 1")
+        rows.append({"set": "narayanan", "group": "all", "row": f"{params}B", "spec": spec,
+                     "parallel": ParallelSpec(tp=tp, pp=pp, dp=gpus // (tp * pp)),
+                     "topology": f"selene-a100:nodes={gpus // 8}", "measured_s": measured})
+    return rows
+
+
+def korthikanti_rows() -> list[dict]:
+    rows = []
+    for name, h, heads, l, tp, pp, gpus, B, full, sel, vpp in KORTHIKANTI:
+        for mode, measured in (("full", full), ("selective", sel)):
+            spec = LLMSpec(model=_gpt(f"gpt-{name}", h, heads, l),
+                           training=TrainingSpec(global_batch_size=B, micro_batch_size=1,
+                                                 precision="fp16", activation_recompute=mode),
+                           parallel=None, source="Korthikanti 2022")
+            rows.append({"set": "korthikanti", "group": "all", "row": f"{name} {mode}",
+                         "spec": spec, "parallel": ParallelSpec(tp=tp, pp=pp, dp=1, vpp=vpp),
+                         "topology": f"selene-a100:nodes={gpus // 8}", "measured_s": measured})
+    return rows
+
+
+def vtrain_rows(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        raise SpecError("vTrain data not found", source=str(path),
+                        fix="pass --vtrain-dir pointing at shared/data/vtrain")
+    df = pd.read_csv(path, encoding="utf-8-sig")
+    rows = []
+    for i, r in df.iterrows():
+        h, heads, l = int(r["hidden size"]), int(r["attention heads"]), int(r["# layers"])
+        spec = LLMSpec(model=_gpt(f"gpt-{r['Parameters (billion)']}B", h, heads, l,
+                                  s=int(r["sequence length"])),
+                       training=TrainingSpec(global_batch_size=int(r["global batch"]),
+                                             micro_batch_size=int(r["micro batch"]),
+                                             precision="fp16", activation_recompute="none"),
+                       parallel=None, source="vTrain ground_truth_multi.csv")
+        gpus = int(r["# GPUs"])
+        rows.append({"set": "vtrain", "group": f"{r['Parameters (billion)']}B",
+                     "row": f"tp{int(r['tensor parallelism'])} dp{int(r['data parallelism'])} "
+                            f"pp{int(r['pipeline parallelism'])} mbs{int(r['micro batch'])}",
+                     "spec": spec,
+                     "parallel": ParallelSpec(tp=int(r["tensor parallelism"]),
+                                              pp=int(r["pipeline parallelism"]),
+                                              dp=int(r["data parallelism"])),
+                     "topology": f"dgx-a100:nodes={gpus // 8},node.nic_bandwidth=100Gb/s",
+                     "measured_s": float(r["iteration time (ms)"]) / 1e3})
+    return rows
+
+
+def run_set(rows: list[dict], *, progress=None) -> pd.DataFrame:
+    """Simulate every row; columns set, group, row, measured_s, predicted_s, error."""
+    out = []
+    topo_cache: dict[str, object] = {}
+    for k, r in enumerate(rows):
+        topo = topo_cache.setdefault(r["topology"], load_topology(r["topology"]))
+        res = simulate_llm(r["spec"], r["parallel"], topo)
+        pred = res.step_time_s
+        out.append({"set": r["set"], "group": r["group"], "row": r["row"],
+                    "measured_s": r["measured_s"], "predicted_s": pred,
+                    "error": pred / r["measured_s"] - 1, "mfu": res.to_dict()["mfu_megatron"]})
+        if progress:
+            progress(k + 1, len(rows))
+    return pd.DataFrame(out)
+
+
+def kendall_tau_by_group(df: pd.DataFrame) -> dict[str, float]:
+    from scipy.stats import kendalltau
+    return {g: float(kendalltau(d.measured_s, d.predicted_s).statistic)
+            for g, d in df.groupby("group") if len(d) > 2}

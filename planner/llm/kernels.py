@@ -1,0 +1,101 @@
+"""FLOPs, bytes and times of one transformer block, per micro-batch, on one GPU.
+
+Each block is a list of kernels (GEMMs, flash attention, memory-bound elementwise work) whose
+times come from the roofline compute model, so GEMM size effects on efficiency are kept.
+Shapes are per tensor-parallel rank (``tp``) and per context-parallel shard (``cp``).
+
+FLOP conventions (forward, one block, micro-batch b, sequence s, hidden h, FFN f, KV width k):
+QKV ``2bs·h(h + 2k)``, attention ``4bs²h`` counted full (Megatron/PaLM convention; the causal
+kernel does half of it, which is what is timed), output ``2bsh²``, MLP ``2bshf × (3 for SwiGLU,
+2 for GELU)``; backward is twice forward. For GPT with f = 4h and k = h this gives the
+Korthikanti model-FLOPs formula ``72bslh²(1 + s/6h) + 6bshV`` per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.compute import ComputeProfile, op_time
+
+from .spec import ModelSpec
+
+__all__ = ["Kernel", "block_kernels", "logits_kernels", "block_model_flops", "logits_model_flops",
+           "kernels_time", "bytes_per_element"]
+
+_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
+
+
+def bytes_per_element(precision: str) -> int:
+    return _BYTES[precision]
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    name: str
+    flops: float      # FLOPs actually executed
+    bytes: float      # bytes moved to and from HBM
+    dtype: str
+
+
+def _act_dtype(precision: str) -> str:
+    return "bf16" if precision == "fp8" else precision
+
+
+def block_kernels(m: ModelSpec, *, b: int, tp: int, cp: int, precision: str) -> list[Kernel]:
+    """Forward kernels of one transformer block on one rank."""
+    e = _BYTES[_act_dtype(precision)]
+    s_loc = m.seq_len / cp
+    T = b * s_loc                    # tokens on this rank
+    h, f = m.hidden_size, m.ffn_hidden_size
+    kv = m.num_kv_heads * m.head_dim
+    mats = 3 if m.ffn == "swiglu" else 2
+    gemm = "fp8" if precision == "fp8" else precision
+    experts = max(1, m.top_k if m.num_experts else 1)
+    ks = [
+        Kernel("qkv", 2 * T * h * (h + 2 * kv) / tp, e * (T * h + h * (h + 2 * kv) / tp
+                                                       + T * (h + 2 * kv) / tp), gemm),
+        # flash attention, causal: half of the 4·T·s·h/tp full-score FLOPs
+        Kernel("attention", 2 * T * m.seq_len * h / tp,
+               e * (T * (h + 2 * kv) / tp + T * h / tp), _act_dtype(precision)),
+        Kernel("attn_out", 2 * T * h * h / tp, e * (T * h / tp + h * h / tp + T * h), gemm),
+        Kernel("mlp", experts * mats * 2 * T * h * f / tp,
+               e * experts * (2 * T * h + mats * h * f / tp + (mats - 1) * T * f / tp), gemm),
+        # norms, residual adds, activation function, dropout: memory-bound passes
+        Kernel("elementwise", 0.0, e * (10 * T * h / tp + 3 * experts * T * f / tp),
+               _act_dtype(precision)),
+    ]
+    return ks
+
+
+def logits_kernels(m: ModelSpec, *, b: int, tp: int, cp: int, precision: str) -> list[Kernel]:
+    """Forward of the output layer and loss on the last stage."""
+    e = _BYTES[_act_dtype(precision)]
+    T = b * m.seq_len / cp
+    V, h = m.vocab_size, m.hidden_size
+    return [Kernel("logits", 2 * T * h * V / tp, e * (T * h + h * V / tp + T * V / tp),
+                   "fp8" if precision == "fp8" else precision),
+            Kernel("loss", 0.0, 4 * 3 * T * V / tp, "fp32")]
+
+
+def block_model_flops(m: ModelSpec, *, tokens: float) -> float:
+    """Model FLOPs (forward + backward, no recompute, attention counted full) of one block."""
+    h, f = m.hidden_size, m.ffn_hidden_size
+    kv = m.num_kv_heads * m.head_dim
+    mats = 3 if m.ffn == "swiglu" else 2
+    experts = max(1, m.top_k if m.num_experts else 1)
+    fwd = 2 * tokens * h * (h + 2 * kv) + 4 * tokens * m.seq_len * h + 2 * tokens * h * h \
+        + experts * mats * 2 * tokens * h * f
+    return 3 * fwd
+
+
+def logits_model_flops(m: ModelSpec, *, tokens: float) -> float:
+    return 3 * 2 * tokens * m.hidden_size * m.vocab_size
+
+
+def kernels_time(profile: ComputeProfile, kernels: list[Kernel], *, backward: bool = False) -> float:
+    """Seconds for the kernels in forward or (×2 FLOPs and bytes; flash ×2.5) backward."""
+    total = 0.0
+    for k in kernels:
+        mult = (2.5 if k.name == "attention" else 2.0) if backward else 1.0
+        total += op_time(profile, flops=mult * k.flops, bytes_moved=mult * k.bytes, dtype=k.dtype)
+    return total

@@ -1,0 +1,118 @@
+"""Simulate one LLM step and report what a user asks: step time, tokens/s, MFU, memory, breakdown.
+
+MFU is given in two named conventions, both against the GPU's dense peak in the training
+precision: ``palm`` (6N + 12·l·h·s FLOPs per token, N = non-embedding parameters) and
+``megatron`` (model FLOPs of every GEMM incl. logits, attention counted full:
+72bslh²(1 + s/6h) + 6bshV for GPT). ``hfu`` adds recomputation (hardware FLOPs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.engine import SimResult, simulate
+from simulator.topology import Topology
+
+from .kernels import block_kernels, block_model_flops, logits_model_flops
+from .memory import MemoryEstimate, memory_per_gpu
+from .spec import LLMSpec, ParallelSpec
+from .step import StepPlan, build_step, resolve_parallel
+
+__all__ = ["LLMResult", "simulate_llm", "model_flops"]
+
+
+def model_flops(spec: LLMSpec) -> dict[str, float]:
+    """FLOPs of one step in each convention (no recompute)."""
+    m, t = spec.model, spec.training
+    tokens = t.global_batch_size * m.seq_len
+    megatron = m.layers * block_model_flops(m, tokens=tokens) + logits_model_flops(m, tokens=tokens)
+    palm = tokens * (6 * m.non_embedding_params + 12 * m.layers * m.hidden_size * m.seq_len)
+    # hardware FLOPs: + one extra forward of every block (full) or of attention (selective)
+    fwd_block = block_model_flops(m, tokens=tokens) / 3
+    attn_fwd = 4 * tokens * m.seq_len * m.hidden_size
+    extra = {"none": 0.0, "selective": m.layers * attn_fwd,
+             "full": m.layers * fwd_block}[t.activation_recompute]
+    return {"megatron": megatron, "palm": palm, "hardware": megatron + extra}
+
+
+@dataclass
+class LLMResult:
+    spec: LLMSpec
+    parallel: ParallelSpec
+    plan: StepPlan
+    sim: SimResult
+    memory: MemoryEstimate
+    flops: dict
+
+    @property
+    def step_time_s(self) -> float:
+        return self.sim.step_time_s
+
+    def to_dict(self) -> dict:
+        m, t = self.spec.model, self.spec.training
+        st = self.step_time_s
+        n = self.parallel.world()
+        peak = self.sim_peak
+        tokens = t.global_batch_size * m.seq_len
+        return {
+            "model": m.name, "topology": self.sim.topology, "gpus": n,
+            "parallel": {k: getattr(self.parallel, k) for k in ("tp", "cp", "pp", "dp", "vpp",
+                                                                "fsdp")},
+            "micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
+            "microbatches": self.plan.microbatches,
+            "step_time_s": st, "tokens_per_s": tokens / st,
+            "tflops_per_gpu": self.flops["megatron"] / st / n / 1e12,
+            "hardware_tflops_per_gpu": self.flops["hardware"] / st / n / 1e12,
+            "mfu": self.flops["palm"] / st / n / peak,
+            "mfu_megatron": self.flops["megatron"] / st / n / peak,
+            "hfu": self.flops["hardware"] / st / n / peak,
+            "mfu_conventions": {
+                "mfu": "PaLM: 6N + 12·l·h·s FLOPs per token, N non-embedding parameters",
+                "mfu_megatron": "Korthikanti/Megatron model FLOPs (all GEMMs, logits, full attention)",
+                "hfu": "hardware FLOPs: Megatron model FLOPs plus recomputation",
+                "peak_flops_per_gpu": peak},
+            "memory_per_gpu_bytes": self.memory.total_bytes,
+            "memory": self.memory.to_dict(),
+            "breakdown": self.breakdown(),
+            "simulation": {"events": self.sim.events, "wall_s": self.sim.wall_s,
+                           "mode": self.sim.mode, "ops": len(self.sim.ops)},
+        }
+
+    sim_peak: float = 0.0
+
+    def breakdown(self) -> dict:
+        """Seconds on the busiest pipeline stage's critical rank, by kind."""
+        df = self.sim.ops
+        best = None
+        for s, r in enumerate(self.plan.representatives):
+            comp = df[(df.first_rank == r) & (df.kind == "compute")]
+            busy = float(comp.duration_s.sum())
+            if best is None or busy > best[0]:
+                best = (busy, s, r, comp)
+        busy, s, r, comp = best
+        tpc = sum(self.plan.tp_comm_s[s]) * self.plan.microbatches
+        opt = float(comp[comp.category == "optimizer"].duration_s.sum())
+        fb = busy - opt
+        last_b = float(comp[comp.category == "bwd"].end_s.max())
+        opt_start = float(comp[comp.category == "optimizer"].start_s.min())
+        dp_exposed = max(0.0, opt_start - last_b)
+        st = self.step_time_s
+        bubble = max(0.0, st - busy - dp_exposed - max(0.0, st - float(comp.end_s.max())))
+        return {"stage": s, "compute_s": fb - tpc, "tp_cp_comm_s": tpc,
+                "optimizer_s": opt, "dp_comm_exposed_s": dp_exposed,
+                "pipeline_bubble_s": bubble,
+                "tail_after_stage_s": max(0.0, st - float(comp.end_s.max()))}
+
+
+def simulate_llm(spec: LLMSpec, parallel: ParallelSpec, topo: Topology, *, mode: str = "auto",
+                 order: str = "tp-cp-dp-pp", schedule_name: str = "1f1b") -> LLMResult:
+    p = resolve_parallel(spec, parallel, topo.num_gpus)
+    plan = build_step(spec, p, topo, order=order, schedule_name=schedule_name)
+    if mode == "auto":
+        mode = "symmetric" if topo.num_gpus > 8192 else "explicit"
+    sim = simulate(topo, plan.workload, mode=mode)
+    mem = memory_per_gpu(spec.model, spec.training, p, capacity_bytes=topo.gpu.hbm_bytes)
+    res = LLMResult(spec=spec, parallel=p, plan=plan, sim=sim, memory=mem,
+                    flops=model_flops(spec))
+    res.sim_peak = topo.gpu.peak(spec.training.precision)
+    return res

@@ -1,0 +1,205 @@
+"""Transformer training specs (YAML): ``model``, ``training`` and optional ``parallel`` sections.
+
+Exactly these fields (MoE fields are an extension)::
+
+    model: {kind: transformer, name, layers, hidden_size, ffn_hidden_size, num_heads,
+            num_kv_heads, vocab_size, seq_len, ffn: swiglu|gelu}
+    training: {global_batch_size (sequences), micro_batch_size, precision: bf16|fp16|fp8|fp32,
+               activation_recompute: none|selective|full}
+    parallel: {tp, cp, pp, dp, vpp, fsdp: none|zero1|zero2|zero3|hsdp}
+
+Built-in specs (``planner/models/``) load by name: ``llama3-405b``, ``gpt3-175b`` ...
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from simulator.errors import SpecError
+from simulator.topology.spec import Fields
+
+__all__ = ["ModelSpec", "TrainingSpec", "ParallelSpec", "LLMSpec", "load_llm_spec",
+           "builtin_model_names", "parse_parallel"]
+
+PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+RECOMPUTE = ("none", "selective", "full")
+FSDP = ("none", "zero1", "zero2", "zero3", "hsdp")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """A dense (optionally MoE) decoder-only transformer; sizes are counts, not bytes."""
+
+    name: str
+    layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    seq_len: int
+    ffn: str = "swiglu"
+    num_experts: int = 0
+    top_k: int = 1
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def params_per_layer(self) -> int:
+        """Weights of one block: attention (Q, K, V, O) + MLP + 2 norms."""
+        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
+        attn = h * h + 2 * h * kv + h * h
+        mats = 3 if self.ffn == "swiglu" else 2
+        mlp = mats * h * self.ffn_hidden_size * max(1, self.num_experts)
+        return attn + mlp + 2 * h
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def total_params(self) -> int:
+        """All weights, with untied input and output embeddings."""
+        return self.layers * self.params_per_layer + 2 * self.embedding_params + self.hidden_size
+
+    @property
+    def non_embedding_params(self) -> int:
+        return self.layers * self.params_per_layer
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingSpec:
+    global_batch_size: int
+    micro_batch_size: int = 1
+    precision: str = "bf16"
+    activation_recompute: str = "none"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelSpec:
+    """Degrees of each axis; ``dp = 0`` means "whatever the GPU count leaves"."""
+
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    dp: int = 0
+    vpp: int = 1
+    fsdp: str = "none"
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.cp * self.pp
+
+    def world(self) -> int:
+        return self.model_parallel * self.dp
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LLMSpec:
+    model: ModelSpec
+    training: TrainingSpec
+    parallel: ParallelSpec | None
+    source: str
+
+
+def builtin_model_names() -> list[str]:
+    root = importlib.resources.files("planner.models")
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_llm_spec(ref: str | Path) -> LLMSpec:
+    """Load a model spec by path or built-in name."""
+    ref = str(ref)
+    p = Path(ref)
+    if p.exists():
+        source, text = str(p), p.read_text()
+    elif ref in builtin_model_names():
+        source = f"planner/models/{ref}.yaml"
+        text = (importlib.resources.files("planner.models") / f"{ref}.yaml").read_text()
+    else:
+        raise SpecError(f"no model file or built-in model named {ref!r}", source=ref,
+                        fix=f"pass a YAML path or one of: {', '.join(builtin_model_names())}")
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        raise SpecError(f"YAML syntax error at {where}", source=source,
+                        fix="fix the YAML syntax (indentation, colons, quotes)") from None
+    if not isinstance(doc, Mapping):
+        raise SpecError("the document must be a mapping", source=source,
+                        fix="write model:, training: and optionally parallel: sections")
+    return parse_llm_spec(doc, source=source)
+
+
+def parse_llm_spec(doc: Mapping[str, Any], *, source: str) -> LLMSpec:
+    f = Fields(doc, source)
+    f.check_keys({"model", "training", "parallel", "description", "notes"})
+    m = f.sub("model", required=True)
+    m.check_keys({"kind", "name", "layers", "hidden_size", "ffn_hidden_size", "num_heads",
+                  "num_kv_heads", "vocab_size", "seq_len", "ffn", "num_experts", "top_k"})
+    m.str("kind", "transformer", choices=("transformer",))
+    model = ModelSpec(
+        name=m.str("name", "model"), layers=m.int("layers", required=True, minimum=1),
+        hidden_size=m.int("hidden_size", required=True, minimum=1),
+        ffn_hidden_size=m.int("ffn_hidden_size", required=True, minimum=1),
+        num_heads=m.int("num_heads", required=True, minimum=1),
+        num_kv_heads=m.int("num_kv_heads", m.data.get("num_heads"), minimum=1),
+        vocab_size=m.int("vocab_size", required=True, minimum=1),
+        seq_len=m.int("seq_len", required=True, minimum=1),
+        ffn=m.str("ffn", "swiglu", choices=("swiglu", "gelu")),
+        num_experts=m.int("num_experts", 0, minimum=0), top_k=m.int("top_k", 1, minimum=1))
+    if model.hidden_size % model.num_heads:
+        raise m.err("num_heads", f"hidden_size {model.hidden_size} is not divisible by "
+                    f"num_heads {model.num_heads}", "choose heads that divide hidden_size")
+    if model.num_heads % model.num_kv_heads:
+        raise m.err("num_kv_heads", f"num_heads {model.num_heads} is not a multiple of "
+                    f"num_kv_heads {model.num_kv_heads}", "use a divisor of num_heads")
+    t = f.sub("training", required=True)
+    t.check_keys({"global_batch_size", "micro_batch_size", "precision", "activation_recompute"})
+    training = TrainingSpec(
+        global_batch_size=t.int("global_batch_size", required=True, minimum=1),
+        micro_batch_size=t.int("micro_batch_size", 1, minimum=1),
+        precision=t.str("precision", "bf16", choices=PRECISIONS),
+        activation_recompute=t.str("activation_recompute", "none", choices=RECOMPUTE))
+    parallel = None
+    if f.has("parallel"):
+        pf = f.sub("parallel")
+        parallel = _parallel_fields(pf)
+    return LLMSpec(model=model, training=training, parallel=parallel, source=source)
+
+
+def _parallel_fields(pf: Fields) -> ParallelSpec:
+    pf.check_keys({"tp", "cp", "pp", "dp", "vpp", "fsdp"})
+    return ParallelSpec(tp=pf.int("tp", 1, minimum=1), cp=pf.int("cp", 1, minimum=1),
+                        pp=pf.int("pp", 1, minimum=1), dp=pf.int("dp", 0, minimum=0),
+                        vpp=pf.int("vpp", 1, minimum=1),
+                        fsdp=pf.str("fsdp", "none", choices=FSDP))
+
+
+def parse_parallel(text: str, base: ParallelSpec | None = None) -> ParallelSpec:
+    """``'tp=8,cp=1,pp=16,dp=128,vpp=1,fsdp=zero1'`` → :class:`ParallelSpec` (``--parallel``)."""
+    values: dict[str, Any] = {}
+    for item in text.split(","):
+        key, eq, val = item.partition("=")
+        key = key.strip()
+        if not eq or key not in ("tp", "cp", "pp", "dp", "vpp", "fsdp"):
+            raise SpecError(f"bad item {item!r}", source="--parallel",
+                            fix="write e.g. tp=8,cp=1,pp=16,dp=128,vpp=1,fsdp=zero1")
+        if key == "fsdp":
+            values[key] = val.strip()
+        else:
+            try:
+                values[key] = int(val)
+            except ValueError:
+                raise SpecError(f"{key}={val!r} is not an integer", source="--parallel",
+                                field=key, fix=f"write {key}=N") from None
+    doc = {**({} if base is None else {k: getattr(base, k) for k in base.__slots__}), **values}
+    return _parallel_fields(Fields(doc, "--parallel"))

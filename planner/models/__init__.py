@@ -1,0 +1,1 @@
+"""Built-in transformer model specs (YAML), loadable by name."""

@@ -1,0 +1,1 @@
+"""Embedding-table sharding: specs, layouts, memory, cost, planners, plans, simulation."""

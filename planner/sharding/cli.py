@@ -1,0 +1,208 @@
+"""``clusterplan plan``: shard embedding tables over N GPUs.
+
+::
+
+    clusterplan plan TABLES --devices N [--topology NAME] [--planner NAME] [--seed S]
+                     [--time-limit S] [--memory BYTES] [--sharding-types LIST]
+                     [--batch-size B] [--optimizer OPT] [--simulate] [--json] [--out FILE]
+
+``TABLES`` is a built-in spec (``criteo-dlrm``, ``mlperf-dcnv2``), a YAML spec or a CSV of tables
+(see :mod:`planner.sharding.spec`). Prints per-rank cost and memory (``--json``: one object, the
+plan file's content); ``--out`` writes the plan JSON atomically. Exit codes: 0 valid plan,
+1 the planner produced an invalid plan (over memory; try another planner), 2 bad input or a task
+that cannot fit (one line naming the file, the field, the table, the numbers and the fix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from simulator.errors import ClusterplanError, SpecError
+from simulator.units import format_bytes, format_time, parse_bytes
+
+from .planners import PLANNER_NAMES, get_planner
+from .shards import parse_sharding_types
+from .spec import OPTIMIZERS, load_model_spec
+from .task import ShardingTask, default_topology_ref
+
+__all__ = ["add_arguments", "run", "main", "build_parser"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``plan`` command's arguments to ``p``."""
+    p.add_argument("tables", metavar="TABLES",
+                   help="built-in spec (criteo-dlrm, mlperf-dcnv2), a YAML spec or a CSV with "
+                        "columns name,num_embeddings,embedding_dim,pooling_factor")
+    p.add_argument("--devices", type=int, required=True, metavar="N", help="number of GPUs")
+    p.add_argument("--topology", default=None, metavar="NAME|FILE",
+                   help="topology (default dgx-a100:nodes=ceil(N/8)); ranks 0..N-1 are used")
+    p.add_argument("--planner", default="greedy", metavar="NAME",
+                   help=f"one of {', '.join(PLANNER_NAMES)} (default greedy)")
+    p.add_argument("--seed", type=int, default=0, help="seed (same inputs and seed: same plan)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="seconds for mip (default 10; whole call within 110%%) and local_search")
+    p.add_argument("--memory", default=None, metavar="BYTES",
+                   help="memory per device for embeddings, e.g. 4GiB (default: HBM less 15%% "
+                        "and the dense model's state)")
+    p.add_argument("--sharding-types", default=None, metavar="LIST",
+                   help="allowed types, e.g. table_wise,column_wise,row_wise (tw, cw, rw, twrw, "
+                        "dp); default all")
+    p.add_argument("--batch-size", type=int, default=None, metavar="B",
+                   help="global batch (samples per step), overriding the spec")
+    p.add_argument("--optimizer", default=None, choices=OPTIMIZERS,
+                   help="embedding optimizer, overriding the spec")
+    p.add_argument("--mip-solver", default="cbc", choices=("cbc", "highs"),
+                   help="MIP solver (highs needs highspy)")
+    p.add_argument("--simulate", action="store_true",
+                   help="also simulate one training step of the plan")
+    p.add_argument("--reproducible", action="store_true",
+                   help="leave wall-clock time out of the JSON (byte-identical reruns)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", default=None, metavar="FILE", help="write the plan JSON here")
+
+
+def _task(args) -> ShardingTask:
+    model = load_model_spec(args.tables)
+    if args.batch_size is not None and args.batch_size < 1:
+        raise SpecError(f"--batch-size must be ≥ 1, got {args.batch_size}", source="--batch-size",
+                        fix="pass the global batch, e.g. --batch-size 65536")
+    model = model.with_overrides(batch_size=args.batch_size, optimizer=args.optimizer)
+    memory = None
+    if args.memory is not None:
+        memory = parse_bytes(args.memory, field="--memory", allow_zero=False)
+    types = parse_sharding_types(args.sharding_types) if args.sharding_types else None
+    return ShardingTask(model=model, topology=args.topology, memory_bytes=memory,
+                        sharding_types=types)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan, print, optionally write; returns the exit code (SpecError propagates)."""
+    if args.devices is None or args.devices < 1:
+        raise SpecError(f"--devices must be ≥ 1, got {args.devices}", source="--devices",
+                        fix="pass the number of GPUs, e.g. --devices 8")
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise SpecError(f"--time-limit must be positive, got {args.time_limit}",
+                        source="--time-limit", fix="pass seconds, e.g. --time-limit 10")
+    if args.planner not in PLANNER_NAMES:
+        raise SpecError(f"unknown planner {args.planner!r}", source="--planner",
+                        fix=f"use one of: {', '.join(PLANNER_NAMES)}")
+    task = _task(args)
+    opts = {"solver": args.mip_solver} if args.planner == "mip" else {}
+    planner = get_planner(args.planner, **opts)
+    plan = planner.plan(task, args.devices, seed=args.seed, time_limit_s=args.time_limit)
+    doc = plan.to_dict(stable=args.reproducible)
+    sim = None
+    if args.simulate:
+        from .simulate import simulate_plan
+        sim = simulate_plan(plan, task)
+        doc["simulation"] = {"step_time_s": sim.step_time_s, "breakdown_s": sim.breakdown_s,
+                             "a2a_bytes": sim.a2a_bytes}
+    if args.out:
+        from .plan import Plan  # noqa: F401  (documentation link)
+        _write_json(args.out, doc)
+    if args.json:
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+    else:
+        print(format_plan(plan, sim))
+        if args.out:
+            print(f"wrote {args.out}")
+    return 0 if plan.valid else 1
+
+
+def _write_json(path: str, doc: dict) -> None:
+    import os
+    import tempfile
+    from pathlib import Path
+    p = Path(path)
+    if p.parent and not p.parent.exists():
+        raise SpecError(f"folder {str(p.parent)!r} does not exist", source="--out",
+                        fix="create the folder or give another path")
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=str(p.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def format_plan(plan, sim=None) -> str:
+    """The human-readable summary: per-rank cost and memory, types, dense part, validity."""
+    t = plan.task
+    st = plan.stats
+    status = st.status
+    if st.gap is not None:
+        status += f", gap {100 * st.gap:.2f}%"
+    lines = [f"{t['name']}: {t['num_tables']} tables ({format_bytes(t['total_weight_bytes'])} of "
+             f"weights, {t['optimizer']}), batch {t['batch_size']:,} on {plan.devices} × "
+             f"{plan.gpu} ({plan.topology})",
+             f"planner {plan.planner} ({status}) in {st.wall_s:.2f} s, seed {st.seed}", ""]
+    b = plan.breakdown_s
+    hdr = (f"{'rank':>4} {'cost':>11} {'lookups':>11} {'all-to-all':>11} {'other comm':>11} "
+           f"{'memory':>11} {'of':>10} {'shards':>6}")
+    lines.append(hdr)
+    shards_on = [0] * plan.devices
+    for ts in plan.shardings:
+        for s in ts.shards:
+            shards_on[s.rank] += 1
+    for r in range(plan.devices):
+        look = b["lookup_fwd_s"][r] + b["lookup_bwd_s"][r]
+        a2a = b["input_a2a_s"][r] + b["output_a2a_fwd_s"][r] + b["output_a2a_bwd_s"][r]
+        other = (b["row_wise_comm_s"][r] + b["table_row_wise_comm_s"][r]
+                 + b["data_parallel_allreduce_s"][r])
+        lines.append(f"{r:>4} {format_time(plan.per_rank_cost_s[r]):>11} {format_time(look):>11} "
+                     f"{format_time(a2a):>11} {format_time(other):>11} "
+                     f"{format_bytes(plan.memory_per_rank_bytes[r]):>11} "
+                     f"{format_bytes(plan.memory_capacity_bytes[r]):>10} {shards_on[r]:>6}")
+    mean = sum(plan.per_rank_cost_s) / plan.devices
+    lines.append("")
+    lines.append(f"max {format_time(plan.max_cost_s)}, mean {format_time(mean)}, imbalance "
+                 f"{plan.imbalance:.3f}; types: "
+                 + ", ".join(f"{v} {k}" for k, v in plan.type_counts().items()))
+    d = plan.dense_s
+    if any(d.values()):
+        lines.append(f"dense part (every rank): MLP forward {format_time(d['mlp_fwd_s'])}, "
+                     f"backward {format_time(d['mlp_bwd_s'])}, all-reduce "
+                     f"{format_time(d['dense_allreduce_s'])}")
+    if sim is not None:
+        lines.append(f"simulated step: {format_time(sim.step_time_s)} ("
+                     + ", ".join(f"{k} {format_time(v)}" for k, v in sim.breakdown_s.items() if v)
+                     + ")")
+    if plan.valid:
+        lines.append("valid: every table placed once, every rank within its memory")
+    else:
+        lines.append("INVALID: " + "; ".join(plan.problems[:5])
+                     + " (try --planner mip or local_search, or more devices)")
+    for note in st.notes[:6]:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="clusterplan plan",
+                                description="Shard embedding tables over N GPUs.")
+    add_arguments(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Stand-alone entry point: parse, run, and turn bad input into one line and exit code 2."""
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except ClusterplanError as exc:
+        print(f"clusterplan plan: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

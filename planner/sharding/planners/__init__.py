@@ -1,0 +1,67 @@
+"""Planners behind one interface: ``plan(task, devices, *, seed, time_limit_s) -> Plan``.
+
+=================  ==========================================================================
+name               what it does
+=================  ==========================================================================
+``random``         each table table-wise on a random device with room (seeded)
+``size``           NeuroShard baselines: sort tables by a key, largest first, each onto the
+``dim``            device with the smallest sum of that key that still has room
+``lookup``         (size = rows·dim, dim, lookup = dim·pooling, size_lookup =
+``size_lookup``    dim·pooling·log10(rows)); table-wise only
+``greedy``         LPT on the analytic cost: heavy tables cut into column parts, each unit onto
+                   the rank that keeps the maximum per-rank cost lowest
+``local_search``   ``greedy``, then moves, swaps, splits and merges that lower the maximum
+``mip``            PuLP/CBC: minimise the maximum per-rank cost under memory caps over
+                   table-wise, column-wise (2/4/8 parts), row-wise, data-parallel (and
+                   table-row-wise across hosts); warm-started from ``local_search``
+=================  ==========================================================================
+
+Every planner falls back to row-wise for a table that fits no single device, when row-wise is
+allowed; a table that fits nowhere under the allowed types raises
+:class:`~planner.sharding.memory.InfeasibleError` (exit code 2 in the CLI) naming the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from ..plan import Plan
+from ..task import ShardingTask
+
+__all__ = ["Planner", "PLANNER_NAMES", "get_planner"]
+
+PLANNER_NAMES = ("random", "size", "dim", "lookup", "size_lookup", "greedy", "local_search", "mip")
+
+
+@runtime_checkable
+class Planner(Protocol):
+    """One planning strategy."""
+
+    name: str
+
+    def plan(self, task: ShardingTask, devices: int, *, seed: int = 0,
+             time_limit_s: float | None = None) -> Plan:
+        """A plan for ``task`` on ``devices`` ranks; same inputs and seed → same plan."""
+        ...
+
+
+def get_planner(name: str, **options) -> Planner:
+    """The planner called ``name`` (see the module docstring); ``options`` go to its constructor."""
+    from simulator.errors import SpecError
+    if name == "random":
+        from .random_placement import RandomPlanner
+        return RandomPlanner(**options)
+    if name in ("size", "dim", "lookup", "size_lookup"):
+        from .baselines import KeyGreedyPlanner
+        return KeyGreedyPlanner(name, **options)
+    if name == "greedy":
+        from .greedy import GreedyPlanner
+        return GreedyPlanner(**options)
+    if name == "local_search":
+        from .local_search import LocalSearchPlanner
+        return LocalSearchPlanner(**options)
+    if name == "mip":
+        from .mip import MipPlanner
+        return MipPlanner(**options)
+    raise SpecError(f"unknown planner {name!r}", source="--planner",
+                    fix=f"use one of: {', '.join(PLANNER_NAMES)}")

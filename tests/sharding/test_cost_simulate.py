@@ -1,0 +1,111 @@
+"""Analytic cost model and the simulated DLRM step."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from planner.sharding.cost import F_BWD, F_FWD, F_IDS, F_OUT
+from planner.sharding.planners import get_planner
+from planner.sharding.planners.common import catalog
+from planner.sharding.shards import Shard, ShardingType
+from planner.sharding.simulate import build_step_workload, simulate_step
+from planner.sharding.spec import ModelSpec, TableSpec, load_model_spec
+from planner.sharding.task import ShardingTask, prepare
+
+
+@pytest.mark.parametrize("ref,n", [("dgx-a100", 8), ("dgx-a100:nodes=2", 16)])
+def test_a2a_closed_form_matches_simulator(ref, n):
+    from simulator.collectives import simulate_collective
+    task = ShardingTask(model=load_model_spec("criteo-dlrm"), topology=ref)
+    problem = prepare(task, n)
+    comm = problem.cost.comm
+    rng = np.random.default_rng(0)
+    for trial in range(3):
+        y = rng.uniform(0, 1, n) ** 3 * 2e6 * (trial + 1)
+        m = np.tile(y[:, None], (1, n))
+        np.fill_diagonal(m, 0.0)
+        sim = simulate_collective(problem.topology, "alltoall", range(n), 1.0, splits=m).time_s
+        pred = float(comm.a2a_times(y).max())
+        assert pred == pytest.approx(sim, rel=0.10)
+
+
+def _one_table_model(**kw):
+    t = TableSpec(name="t", num_embeddings=1_000_000, embedding_dim=64, pooling_factor=10, **kw)
+    return ModelSpec(name="m", tables=(t,), batch_size=65536)
+
+
+def test_lookup_cost_terms():
+    hot = prepare(ShardingTask(model=_one_table_model(zipf_exponent=1.2)), 4).cost
+    flat = prepare(ShardingTask(model=_one_table_model(zipf_exponent=0.0)), 4).cost
+    s = Shard(0, 0, 0, 1_000_000, 64)
+    fh = hot.shard_features(0, s, ShardingType.TABLE_WISE)
+    ff = flat.shard_features(0, s, ShardingType.TABLE_WISE)
+    assert fh[F_FWD] < ff[F_FWD]                         # cache-hit discount for skewed access
+    assert ff[F_BWD] == pytest.approx(2 * ff[F_FWD], rel=0.05)   # SGD: backward ≈ 2× forward
+    assert ff[F_OUT] == 64 * 4 and ff[F_IDS] == 10 * 8 + 4
+    # roughly bandwidth-bound: 655k ids × (~256 B + 64 B + 8 B) at 80% of 2.039 TB/s
+    ids = 65536 * 10
+    assert 0.5 < ff[F_FWD] / (ids * 330 / (0.8 * 2.039e12)) < 1.5
+    # column-wise halves: each half reads half the rows' bytes but all ids
+    half = flat.shard_features(0, Shard(0, 0, 0, 1_000_000, 32), ShardingType.COLUMN_WISE)
+    assert 0.5 * ff[F_FWD] < half[F_FWD] < ff[F_FWD]
+    # row-wise: a quarter of the ids per rank, reduce-scatter instead of the pooled all-to-all
+    rw = flat.sharding_features(catalog(prepare(ShardingTask(model=_one_table_model(
+        zipf_exponent=0.0)), 4)).layout(0, ("rw",)))
+    assert rw[:, F_FWD].max() < 0.5 * ff[F_FWD] and rw[:, F_OUT].sum() == 0
+
+
+def test_breakdown_sums_and_dense_part():
+    m = load_model_spec("mlperf-dcnv2")
+    task = ShardingTask(model=m)
+    plan = get_planner("greedy").plan(task, 8)
+    total = np.sum([plan.breakdown_s[k] for k in plan.breakdown_s], axis=0)
+    assert np.allclose(total, plan.per_rank_cost_s, rtol=1e-12)
+    assert plan.dense_s["mlp_fwd_s"] > 0 and plan.dense_s["dense_allreduce_s"] > 0
+    assert plan.dense_s["mlp_bwd_s"] == pytest.approx(2 * plan.dense_s["mlp_fwd_s"])
+
+
+def test_workload_a2a_bytes_equal_the_plans():
+    task = ShardingTask(model=load_model_spec("mlperf-dcnv2"))
+    plan = get_planner("local_search").plan(task, 8)
+    problem = prepare(task, 8)
+    w, mats = build_step_workload(problem, plan.shardings)
+    F = problem.cost.plan_features(plan.shardings)
+    b = problem.cost.local_batch
+    a2a = {op.name: np.array(op.splits) for op in w.ops if op.collective == "alltoall"}
+    assert set(a2a) == {"input_a2a", "output_a2a_fwd", "output_a2a_bwd"}
+    # pooled outputs: rank i sends b × (its owned bytes per sample) to each peer
+    assert a2a["output_a2a_fwd"].sum(axis=1) == pytest.approx(7 * b * F[:, F_OUT])
+    assert a2a["output_a2a_bwd"].sum(axis=0) == pytest.approx(7 * b * F[:, F_OUT])
+    assert a2a["input_a2a"].sum(axis=0) == pytest.approx(7 * b * F[:, F_IDS])
+    for k, name in (("input", "input_a2a"), ("output_fwd", "output_a2a_fwd"),
+                    ("output_bwd", "output_a2a_bwd")):
+        assert np.array_equal(a2a[name], mats[k])
+    total_out = sum(b * m.tables[ts.table].embedding_dim * 4 * 7 for ts in plan.shardings
+                    for m in [problem.model] if ts.sharding_type == ShardingType.TABLE_WISE)
+    total_out += sum(b * s.cols * 4 * 7 for ts in plan.shardings for s in ts.shards
+                     if ts.sharding_type == ShardingType.COLUMN_WISE)
+    assert a2a["output_a2a_fwd"].sum() == pytest.approx(total_out)
+    sim = simulate_step(problem, plan.shardings)
+    assert sim.a2a_bytes["output_fwd"] == pytest.approx(total_out)
+    assert sim.step_time_s > plan.dense_s["mlp_fwd_s"]
+
+
+def test_more_imbalance_simulates_slower(make_task):
+    task = make_task(16, seed=4)
+    problem = prepare(task, 4)
+    cat = catalog(problem)
+    balanced = cat.layouts(cat.choices_of(get_planner("local_search").plan(task, 4).shardings))
+    skewed = cat.layouts([("tw", 0 if t < 10 else 1 + t % 3) for t in range(16)])
+    worst = cat.layouts([("tw", 0) for _ in range(16)])
+    times = [simulate_step(problem, s).step_time_s for s in (balanced, skewed, worst)]
+    assert times[0] < times[1] < times[2]
+    # the analytic maximum orders them the same way and the simulation agrees within 35%
+    cm = problem.cost
+    est = [float(cm.rank_costs(cm.plan_features(s)).max()) for s in (balanced, skewed, worst)]
+    assert est[0] < est[1] < est[2]
+    for e, t in zip(est, times):
+        assert t == pytest.approx(e, rel=0.35)
