@@ -16,7 +16,7 @@ __all__ = ["register"]
 
 
 def register(sub) -> None:
-    for fn in (_topology, _gpus, _collective, _simulate, _calibrate):
+    for fn in (_topology, _gpus, _collective, _simulate, _fidelity, _calibrate):
         fn(sub)
 
 
@@ -141,12 +141,20 @@ def _collective_run(args) -> int:
 
 # -- simulate ---------------------------------------------------------------------------------
 def _simulate(sub) -> None:
-    p = sub.add_parser("simulate", help="simulate a workload (op DAG) on a topology",
-                       description="Run a workload YAML (see simulator/workload_spec.py) or a "
-                                   "built-in workload by name through the discrete-event engine.")
-    p.add_argument("workload", metavar="WORKLOAD", help="YAML file or built-in name (dp-step)")
+    p = sub.add_parser("simulate", help="simulate a training step (model or op DAG) on a topology",
+                       description="Simulate one training step: a transformer spec (model:, "
+                                   "training:, parallel:; see planner/llm/spec.py) or a workload "
+                                   "YAML (an op DAG; see simulator/workload_spec.py), by path or "
+                                   "built-in name (llama3-405b, gpt3-175b, dp-step ...).")
+    p.add_argument("workload", metavar="MODEL|WORKLOAD", help="YAML file or built-in name")
     _common_topology(p)
-    p.add_argument("--mode", default="explicit", choices=("explicit", "symmetric"))
+    p.add_argument("--parallel", metavar="SPEC", help="e.g. tp=8,cp=1,pp=16,dp=128,vpp=1")
+    p.add_argument("--global-batch", type=int, metavar="N", help="sequences per step")
+    p.add_argument("--micro-batch", type=int, metavar="N", help="sequences per micro-batch")
+    p.add_argument("--order", default="tp-cp-dp-pp",
+                   help="placement of parallel axes, innermost first (default tp-cp-dp-pp)")
+    p.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe", "interleaved"))
+    p.add_argument("--mode", default="auto", choices=("auto", "explicit", "symmetric"))
     p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace JSON")
     p.add_argument("--trace-ranks", type=int, default=64, metavar="N",
                    help="ranks to include in the trace (default 64)")
@@ -154,15 +162,35 @@ def _simulate(sub) -> None:
     p.set_defaults(func=_simulate_run)
 
 
+def _is_model(ref: str) -> bool:
+    import yaml
+    from planner.llm.spec import builtin_model_names
+    if ref in builtin_model_names():
+        return True
+    p = Path(ref)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        try:
+            doc = yaml.safe_load(p.read_text())
+        except yaml.YAMLError:
+            return False
+        return isinstance(doc, dict) and "model" in doc
+    return False
+
+
 def _simulate_run(args) -> int:
     from simulator.engine import simulate
     from simulator.workload_spec import load_workload
-    topo = _load_topology(args)
-    w = load_workload(args.workload, num_gpus=topo.num_gpus)
     if args.trace and not Path(args.trace).resolve().parent.is_dir():
         raise SpecError(f"directory of {args.trace} does not exist", field="--trace",
                         fix="create the directory or write the trace elsewhere")
-    res = simulate(topo, w, mode=args.mode)
+    topo = _load_topology(args)
+    if _is_model(args.workload):
+        from planner.llm.cli import simulate_model
+        from planner.llm.spec import load_llm_spec
+        from .cli import emit
+        return simulate_model(args, load_llm_spec(args.workload), topo, emit)
+    w = load_workload(args.workload, num_gpus=topo.num_gpus)
+    res = simulate(topo, w, mode="explicit" if args.mode == "auto" else args.mode)
     df = res.ops
     by_cat = df.groupby("category").duration_s.sum()
     compute_ops = df[df.kind == "compute"]
@@ -194,6 +222,23 @@ def _simulate_run(args) -> int:
         lines.append(f"  trace: {args.trace} (open in https://ui.perfetto.dev)")
     _emit(args, data, "\n".join(lines))
     return 0
+
+
+# -- fidelity ---------------------------------------------------------------------------------
+def _fidelity(sub) -> None:
+    p = sub.add_parser("fidelity", help="iteration-time error against published LLM runs",
+                       description="Simulate the published configurations of Narayanan 2021 "
+                                   "Table 1, Korthikanti 2022 and the vTrain multi-node runs and "
+                                   "print the error per row and the MAPE per set (assumptions in "
+                                   "planner/llm/fidelity.py).")
+    p.add_argument("--set", action="append", choices=("narayanan", "korthikanti", "vtrain"))
+    p.add_argument("--vtrain-dir", default=str(Path(__file__).resolve().parents[2] / "shared"
+                                               / "data" / "vtrain"),
+                   help="folder with ground_truth_multi.csv (default ../shared/data/vtrain)")
+    p.add_argument("--limit", type=int, default=None, help="first N rows of each set")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: __import__("planner.llm.cli", fromlist=["fidelity"]).fidelity(
+        a, _emit))
 
 
 # -- calibrate --------------------------------------------------------------------------------

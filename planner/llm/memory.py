@@ -5,8 +5,9 @@ Adam state (fp32 master weights, m, v: 12 bytes per parameter), as Megatron's mi
 defaults; ZeRO-1 shards the optimizer state over data-parallel ranks, ZeRO-2 also the
 gradients, ZeRO-3 (and HSDP inside its shard group) also the weights. Activations per block
 follow Korthikanti et al. 2022: ``s·b·h·(34 + 5·a·s/h)`` bytes without recompute, sequence
-parallelism dividing everything by ``tp``; selective recompute drops the ``5as/h`` term, full
-recompute keeps only the block input ``2·s·b·h``. A 1F1B stage ``i`` holds ``pp − i``
+parallelism dividing everything by ``tp``; the attention kernels modelled here are flash
+attention, which stores no ``s × s`` scores, so the ``5as/h`` term is dropped (as selective
+recompute drops it); full recompute keeps only the block input ``2·s·b·h``. A 1F1B stage ``i`` holds ``pp − i``
 micro-batches in flight, the interleaved schedule ``× (1 + (pp − 1)/(pp·vpp))``.
 """
 
@@ -55,9 +56,9 @@ def memory_per_gpu(m: ModelSpec, t: TrainingSpec, p: ParallelSpec, *, capacity_b
     e_w = 2 if t.precision == "fp8" else e
     dp = max(1, p.dp)
     h, s, b = m.hidden_size, m.seq_len / p.cp, t.micro_batch_size
-    a = m.num_heads
+    # the kernels are flash attention: no s×s scores are stored, so the 5as/h term is gone
     per_block_act = {
-        "none": s * b * h * (34 + 5 * a * m.seq_len / h) / p.tp,
+        "none": s * b * h * 34 / p.tp,
         "selective": s * b * h * 34 / p.tp,
         "full": 2 * s * b * h / p.tp,
     }[t.activation_recompute] * (e / 2)

@@ -47,16 +47,19 @@ class StepPlan:
 def resolve_parallel(spec: LLMSpec, p: ParallelSpec, num_gpus: int) -> ParallelSpec:
     """Fill ``dp`` from the GPU count and check every divisibility rule (SpecError, exit 2)."""
     m, t = spec.model, spec.training
-    mp = p.tp * p.cp * p.pp
-    dp = p.dp or (num_gpus // mp if num_gpus % mp == 0 else 0)
-    if dp == 0 or mp * dp != num_gpus:
-        raise SpecError(f"tp·cp·pp·dp = {p.tp}·{p.cp}·{p.pp}·{p.dp or '?'} = "
-                        f"{mp * (p.dp or 1) if p.dp else 'not a divisor'} does not match the "
-                        f"{num_gpus} GPUs of the topology", source="--parallel", field="dp",
-                        fix=f"choose degrees whose product is {num_gpus}, or resize with --gpus")
     if m.num_heads % p.tp:
         raise SpecError(f"num_heads {m.num_heads} is not divisible by tp {p.tp}",
                         source="--parallel", field="tp", fix="use a tp that divides num_heads")
+    mp = p.tp * p.cp * p.pp
+    if p.dp and mp * p.dp != num_gpus:
+        raise SpecError(f"tp·cp·pp·dp = {p.tp}·{p.cp}·{p.pp}·{p.dp} = {mp * p.dp} does not match "
+                        f"the {num_gpus} GPUs of the topology", source="--parallel", field="dp",
+                        fix=f"choose degrees whose product is {num_gpus}, or resize with --gpus")
+    if not p.dp and num_gpus % mp:
+        raise SpecError(f"tp·cp·pp = {p.tp}·{p.cp}·{p.pp} = {mp} does not divide the {num_gpus} "
+                        "GPUs of the topology", source="--parallel", field="tp",
+                        fix=f"choose tp·cp·pp dividing {num_gpus}, or resize with --gpus")
+    dp = p.dp or num_gpus // mp
     if p.tp > m.num_kv_heads and p.tp % m.num_kv_heads:
         raise SpecError(f"tp {p.tp} does not divide or get divided by num_kv_heads "
                         f"{m.num_kv_heads}", source="--parallel", field="tp",

@@ -1,0 +1,100 @@
+"""``clusterplan simulate MODEL.yaml`` for transformers and ``clusterplan fidelity``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from simulator.errors import SpecError
+from simulator.units import format_bytes, format_time
+
+from .spec import LLMSpec, parse_parallel
+
+__all__ = ["simulate_model", "fidelity"]
+
+
+def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
+    from dataclasses import replace
+    from .metrics import simulate_llm
+    from .spec import ParallelSpec
+    par = spec.parallel or ParallelSpec()
+    if args.parallel:
+        par = parse_parallel(args.parallel, spec.parallel)
+    elif spec.parallel is None:
+        raise SpecError("no parallel layout: the model file has no parallel: section",
+                        source=spec.source, field="parallel",
+                        fix="pass --parallel tp=8,pp=4,... or add a parallel: section")
+    tr = spec.training
+    if args.global_batch:
+        tr = replace(tr, global_batch_size=args.global_batch)
+    if args.micro_batch:
+        tr = replace(tr, micro_batch_size=args.micro_batch)
+    spec = replace(spec, training=tr)
+    res = simulate_llm(spec, par, topo, mode=args.mode, order=args.order,
+                       schedule_name=args.schedule)
+    d = res.to_dict()
+    if args.trace:
+        res.sim.write_chrome_trace(args.trace, max_ranks=args.trace_ranks)
+        d["trace"] = args.trace
+    mem = res.memory
+    if not mem.fits:
+        print(f"clusterplan: warning: out of memory on stage {mem.stage}: "
+              f"{format_bytes(mem.total_bytes)} needed, {format_bytes(mem.capacity_bytes)} "
+              "usable", file=sys.stderr)
+    p = d["parallel"]
+    bd = d["breakdown"]
+    lines = [
+        f"{d['model']} on {d['topology']} ({d['gpus']} GPUs), tp={p['tp']} cp={p['cp']} "
+        f"pp={p['pp']} dp={p['dp']} vpp={p['vpp']} fsdp={p['fsdp']}, "
+        f"{d['microbatches']} micro-batches of {d['micro_batch_size']}",
+        f"  step time {format_time(d['step_time_s'])}   {d['tokens_per_s']:,.0f} tokens/s   "
+        f"{d['tflops_per_gpu']:.1f} TFLOP/s per GPU",
+        f"  MFU {d['mfu']:.1%} (PaLM 6N+attention)   {d['mfu_megatron']:.1%} (Megatron model "
+        f"FLOPs)   HFU {d['hfu']:.1%}   peak {d['mfu_conventions']['peak_flops_per_gpu'] / 1e12:.0f}"
+        " TFLOP/s",
+        f"  memory per GPU {format_bytes(d['memory_per_gpu_bytes'])} "
+        f"({'fits' if mem.fits else 'OUT OF MEMORY'}: weights {format_bytes(mem.weights_bytes)}, "
+        f"grads {format_bytes(mem.gradients_bytes)}, optimizer {format_bytes(mem.optimizer_bytes)},"
+        f" activations {format_bytes(mem.activations_bytes)})",
+        f"  stage {bd['stage']}: compute {format_time(bd['compute_s'])}, TP/CP comm "
+        f"{format_time(bd['tp_cp_comm_s'])}, bubble {format_time(bd['pipeline_bubble_s'])}, "
+        f"exposed DP {format_time(bd['dp_comm_exposed_s'])}, optimizer "
+        f"{format_time(bd['optimizer_s'])}",
+    ]
+    emit(args, d, "\n".join(lines))
+    return 0 if mem.fits else 2
+
+
+def fidelity(args, emit) -> int:
+    import pandas as pd
+    from .fidelity import (kendall_tau_by_group, korthikanti_rows, narayanan_rows, run_set,
+                           vtrain_rows)
+    sets = args.set or ["narayanan", "korthikanti", "vtrain"]
+    frames = []
+    for name in sets:
+        if name == "narayanan":
+            rows = narayanan_rows()
+        elif name == "korthikanti":
+            rows = korthikanti_rows()
+        else:
+            rows = vtrain_rows(Path(args.vtrain_dir) / "ground_truth_multi.csv")
+        if args.limit:
+            rows = rows[: args.limit]
+        frames.append(run_set(rows))
+    df = pd.concat(frames, ignore_index=True)
+    summary = {s: {"mape": float(g.error.abs().mean()), "rows": len(g)}
+               for s, g in df.groupby("set", sort=False)}
+    if "vtrain" in summary:
+        summary["vtrain"]["kendall_tau_by_group"] = kendall_tau_by_group(df[df.set == "vtrain"])
+    lines = [f"{'set':<12}{'row':<28}{'measured':>11}{'predicted':>11}{'error':>9}"]
+    for r in df.itertuples():
+        lines.append(f"{r.set:<12}{r.row:<28}{r.measured_s:>10.3f}s{r.predicted_s:>10.3f}s"
+                     f"{r.error * 100:>8.1f}%")
+    for s, v in summary.items():
+        extra = ""
+        if "kendall_tau_by_group" in v:
+            extra = "  Kendall tau " + ", ".join(f"{g} {t:.2f}" for g, t in
+                                                  v["kendall_tau_by_group"].items())
+        lines.append(f"{s}: MAPE {v['mape'] * 100:.1f}% over {v['rows']} rows{extra}")
+    emit(args, {"rows": df.to_dict(orient="records"), "summary": summary}, "\n".join(lines))
+    return 0
