@@ -1,0 +1,43 @@
+"""LLM step-simulation speed (not part of the default test run).
+
+Run:  python tests/bench/bench_llm.py [--repeats 3]
+
+Wall time to simulate one training step of Llama-3 405B (seq 8,192, global batch 2,048
+sequences, TP8 PP16 DP128 = 16,384 GPUs of ``llama3-h100-24k``) including the workload build,
+and of GPT-3 175B on 512 A100 (TP8 PP8 DP8); medians of the repeats. Target: 405B ≤ 5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from planner.llm.metrics import simulate_llm
+from planner.llm.spec import load_llm_spec, parse_parallel
+from simulator.topology import load_topology
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    cases = [("llama3-405b", "llama3-h100-24k", 16384, "tp=8,cp=1,pp=16,dp=128,vpp=1"),
+             ("gpt3-175b", "selene-a100", 512, "tp=8,pp=8,dp=8")]
+    print(f"{'model':<14}{'topology':<18}{'GPUs':>7}{'wall s (median)':>17}{'events':>9}"
+          f"{'step s':>9}{'MFU':>7}")
+    for model, topo_name, gpus, par in cases:
+        topo = load_topology(topo_name, gpus=gpus)
+        spec = load_llm_spec(model)
+        walls = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            res = simulate_llm(spec, parse_parallel(par, spec.parallel), topo)
+            walls.append(time.perf_counter() - t0)
+        d = res.to_dict()
+        print(f"{model:<14}{topo_name:<18}{gpus:>7}{statistics.median(walls):>17.2f}"
+              f"{res.sim.events:>9}{d['step_time_s']:>9.2f}{d['mfu']:>7.1%}")
+
+
+if __name__ == "__main__":
+    main()
