@@ -16,7 +16,7 @@ __all__ = ["register"]
 
 
 def register(sub) -> None:
-    for fn in (_topology, _gpus, _collective, _simulate, _fidelity, _calibrate):
+    for fn in (_topology, _gpus, _collective, _simulate, _plan, _fidelity, _calibrate):
         fn(sub)
 
 
@@ -222,6 +222,18 @@ def _simulate_run(args) -> int:
         lines.append(f"  trace: {args.trace} (open in https://ui.perfetto.dev)")
     _emit(args, data, "\n".join(lines))
     return 0
+
+
+# -- plan ---------------------------------------------------------------------------------------
+def _plan(sub) -> None:
+    from planner.sharding.cli import add_arguments
+    p = sub.add_parser("plan", help="plan embedding-table sharding (DLRM)",
+                       description="Shard embedding tables over N devices so the slowest device "
+                                   "is as fast as possible and everything fits (table spec: "
+                                   "YAML or CSV, see planner/sharding/spec.py; built-in: "
+                                   "criteo-dlrm, mlperf-dcnv2).")
+    add_arguments(p)
+    p.set_defaults(func=lambda a: __import__("planner.sharding.cli", fromlist=["run"]).run(a))
 
 
 # -- fidelity ---------------------------------------------------------------------------------
