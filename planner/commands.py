@@ -227,13 +227,38 @@ def _simulate_run(args) -> int:
 # -- plan ---------------------------------------------------------------------------------------
 def _plan(sub) -> None:
     from planner.sharding.cli import add_arguments
-    p = sub.add_parser("plan", help="plan embedding-table sharding (DLRM)",
-                       description="Shard embedding tables over N devices so the slowest device "
-                                   "is as fast as possible and everything fits (table spec: "
-                                   "YAML or CSV, see planner/sharding/spec.py; built-in: "
-                                   "criteo-dlrm, mlperf-dcnv2).")
+    p = sub.add_parser("plan", help="plan LLM parallelism or embedding-table sharding",
+                       description="With a model spec (llama3-70b, MODEL.yaml): search TP/CP/PP/"
+                                   "DP/vpp/micro-batch/FSDP layouts on --topology and print the "
+                                   "best by simulated step time. With a table spec (YAML or CSV; "
+                                   "built-in criteo-dlrm, mlperf-dcnv2): shard the tables over "
+                                   "--devices N so the slowest device is as fast as possible.")
     add_arguments(p)
-    p.set_defaults(func=lambda a: __import__("planner.sharding.cli", fromlist=["run"]).run(a))
+    for action in p._actions:      # --devices is for tables; a model plan takes the topology
+        if action.dest == "devices":
+            action.required = False
+    p.add_argument("--top", type=int, default=5, metavar="K", help="model plans: layouts to show")
+    p.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="model plans: resize the topology to N GPUs")
+    p.set_defaults(func=_plan_run)
+
+
+def _plan_run(args) -> int:
+    if _is_model(args.tables):
+        from planner.llm.cli import plan_model
+        from planner.llm.spec import load_llm_spec
+        from simulator.topology import load_topology
+        from .cli import emit
+        if not args.topology:
+            raise SpecError("a model plan needs --topology", field="--topology",
+                            fix="pass e.g. --topology h100-ib --gpus 1024")
+        topo = load_topology(args.topology, gpus=args.gpus)
+        return plan_model(args, load_llm_spec(args.tables), topo, emit)
+    if args.devices is None:
+        raise SpecError("a sharding plan needs --devices", field="--devices",
+                        fix="pass --devices N")
+    from planner.sharding.cli import run
+    return run(args)
 
 
 # -- fidelity ---------------------------------------------------------------------------------

@@ -98,3 +98,58 @@ def fidelity(args, emit) -> int:
         lines.append(f"{s}: MAPE {v['mape'] * 100:.1f}% over {v['rows']} rows{extra}")
     emit(args, {"rows": df.to_dict(orient="records"), "summary": summary}, "\n".join(lines))
     return 0
+
+
+def plan_model(args, spec: LLMSpec, topo, emit) -> int:
+    """``clusterplan plan MODEL.yaml --topology NAME``: the top layouts and a plan JSON."""
+    import json
+    import os
+    import tempfile
+
+    from .search import search
+    results, stats = search(spec, topo, top=args.top)
+    best = results[0]
+    doc = plan_document(best, topo)
+    doc["alternatives"] = [r.to_dict() for r in results[1:]]
+    doc["search"] = stats
+    if args.out:
+        out = Path(args.out)
+        if not out.resolve().parent.is_dir():
+            raise SpecError(f"directory of {args.out} does not exist", field="--out",
+                            fix="create the directory first")
+        fd, tmp = tempfile.mkstemp(dir=out.resolve().parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(doc, fh, indent=1)
+        os.replace(tmp, out)
+    lines = [f"{spec.model.name} on {topo.name} ({topo.num_gpus} × {topo.gpu.name}): "
+             f"{stats['enumerated']} layouts, {stats['out_of_memory']} out of memory, "
+             f"{stats['estimated']} estimated, {stats['simulated']} simulated in "
+             f"{stats['wall_s']:.1f} s",
+             f"  {'#':>2} {'tp':>3}{'cp':>3}{'pp':>4}{'dp':>5}{'vpp':>4}{'mbs':>4} {'fsdp':<6}"
+             f"{'step':>11}{'MFU':>7}{'memory':>12}{'bubble':>10}{'exposed DP':>12}"]
+    for i, r in enumerate(results, 1):
+        d = r.to_dict()
+        p, bd = d["parallel"], d["breakdown"]
+        lines.append(f"  {i:>2} {p['tp']:>3}{p['cp']:>3}{p['pp']:>4}{p['dp']:>5}{p['vpp']:>4}"
+                     f"{d['micro_batch_size']:>4} {p['fsdp']:<6}{format_time(d['step_time_s']):>11}"
+                     f"{d['mfu']:>7.1%}{format_bytes(d['memory_per_gpu_bytes']):>12}"
+                     f"{format_time(bd['pipeline_bubble_s']):>10}"
+                     f"{format_time(bd['dp_comm_exposed_s']):>12}")
+    if args.out:
+        lines.append(f"  plan: {args.out}")
+    emit(args, doc, "\n".join(lines))
+    return 0
+
+
+def plan_document(res, topo) -> dict:
+    """Versioned plan JSON: layout, rank order and rank → (building, host, GPU)."""
+    d = res.to_dict()
+    lay = res.plan.layout
+    ranks = []
+    for r in range(lay.world):
+        dev = topo.devices[topo.gpus[r]]
+        ranks.append({"rank": r, **lay.coords(r), "building": int(dev.get("building", 0)),
+                      "host": int(dev.get("node", r)), "gpu": int(dev.get("local", 0)),
+                      "device": topo.gpus[r]})
+    return {"format_version": 1, "kind": "llm-plan", "order": lay.order,
+            "model": res.spec.model.name, "topology": topo.name, **d, "ranks": ranks}

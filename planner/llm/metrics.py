@@ -97,10 +97,12 @@ class LLMResult:
         opt_start = float(comp[comp.category == "optimizer"].start_s.min())
         dp_exposed = max(0.0, opt_start - last_b)
         st = self.step_time_s
-        bubble = max(0.0, st - busy - dp_exposed - max(0.0, st - float(comp.end_s.max())))
+        idle = max(0.0, st - busy - dp_exposed - max(0.0, st - float(comp.end_s.max())))
+        # idle time of a pipelined rank is its bubble; without PP it is waiting on FSDP gathers
+        bubble = idle if self.parallel.pp > 1 else 0.0
         return {"stage": s, "compute_s": fb - tpc, "tp_cp_comm_s": tpc,
                 "optimizer_s": opt, "dp_comm_exposed_s": dp_exposed,
-                "pipeline_bubble_s": bubble,
+                "pipeline_bubble_s": bubble, "other_wait_s": idle - bubble,
                 "tail_after_stage_s": max(0.0, st - float(comp.end_s.max()))}
 
 

@@ -26,7 +26,7 @@ from .memory import stage_layers
 from .schedule import schedule
 from .spec import LLMSpec, ParallelSpec
 
-__all__ = ["StepPlan", "build_step", "resolve_parallel"]
+__all__ = ["StepPlan", "build_step", "resolve_parallel", "pass_times"]
 
 
 @dataclass
@@ -93,56 +93,7 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
     T = b * m.seq_len / p.cp
     reps = [lay.rank(pp=s) for s in range(p.pp)]
 
-    comm_cache: dict = {}
-
-    def coll(kind: str, ranks: list[int], size: float) -> float:
-        key = (kind, tuple(ranks), size)
-        if key not in comm_cache:
-            comm_cache[key] = simulate_collective(topo, kind, ranks, size).time_s \
-                if len(ranks) > 1 and size > 0 else 0.0
-        return comm_cache[key]
-
-    blk = block_kernels(m, b=b, tp=p.tp, cp=p.cp, precision=t.precision)
-    blk_f, blk_b = kernels_time(prof, blk), kernels_time(prof, blk, backward=True)
-    attn = [k for k in blk if k.name == "attention"]
-    attn_f = kernels_time(prof, attn)
-    logit = logits_kernels(m, b=b, tp=p.tp, cp=p.cp, precision=t.precision)
-    logit_f, logit_b = kernels_time(prof, logit), kernels_time(prof, logit, backward=True)
-
-    layers_per_stage = stage_layers(m.layers, p.pp)
-    fwd_s, bwd_s, tpc_s = [], [], []
-    chunk_layers = []
-    for s in range(p.pp):
-        tp_group = lay.group("tp", reps[s])
-        cp_group = lay.group("cp", reps[s])
-        tp_ar = coll("allreduce", tp_group, T * m.hidden_size * e)
-        kv = m.num_kv_heads * m.head_dim
-        cp_ag = coll("allgather", cp_group, p.cp * 2 * T * kv * e / min(p.tp, m.num_kv_heads))
-        comm_f = 2 * tp_ar + cp_ag
-        comm_b = 2 * tp_ar + 2 * cp_ag
-        recompute = {"none": 0.0, "selective": attn_f, "full": blk_f + comm_f}[
-            t.activation_recompute]
-        base, extra = divmod(layers_per_stage[s], p.vpp)
-        per_chunk = [base + (1 if c < extra else 0) for c in range(p.vpp)]
-        chunk_layers.append(per_chunk)
-        f_row, b_row, c_row = [], [], []
-        for c, n in enumerate(per_chunk):
-            vs = c * p.pp + s
-            f = n * (blk_f + comm_f)
-            bw = n * (blk_b + comm_b + recompute)
-            if vs == 0:
-                f += op_time(prof, flops=0, bytes_moved=2 * T * m.hidden_size * e)
-                bw += op_time(prof, flops=0, bytes_moved=3 * T * m.hidden_size * e)
-            if vs == p.pp * p.vpp - 1:
-                f += logit_f
-                bw += logit_b + (logit_f if t.activation_recompute == "full" else 0.0)
-            f_row.append(f)
-            b_row.append(bw)
-            c_row.append(n * (comm_f + comm_b + (comm_f if t.activation_recompute == "full"
-                                                 else 0.0)))
-        fwd_s.append(f_row)
-        bwd_s.append(b_row)
-        tpc_s.append(c_row)
+    fwd_s, bwd_s, tpc_s, chunk_layers = pass_times(spec, p, topo, lay, prof)
 
     w = Workload(name=f"{m.name} step")
     # parameters held per rank in each (stage, chunk), for DP traffic and the optimizer
@@ -246,6 +197,70 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
     return StepPlan(workload=w, layout=lay, parallel=p, microbatches=micro, fwd_s=fwd_s,
                     bwd_s=bwd_s, tp_comm_s=tpc_s, representatives=reps,
                     info={"chunk_layers": chunk_layers})
+
+
+def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
+               prof: ComputeProfile, comm_cache: dict | None = None):
+    """Per (stage, chunk): forward and backward seconds of one micro-batch on the stage's
+    representative (TP/CP collectives included, timed on their actual groups), the TP/CP part
+    of it, and the blocks per chunk. ``comm_cache`` may be shared across calls."""
+    m, t = spec.model, spec.training
+    b = t.micro_batch_size
+    e = bytes_per_element("bf16" if t.precision == "fp8" else t.precision)
+    T = b * m.seq_len / p.cp
+    reps = [lay.rank(pp=s) for s in range(p.pp)]
+    comm_cache = {} if comm_cache is None else comm_cache
+
+    def coll(kind: str, ranks: list[int], size: float) -> float:
+        key = (kind, tuple(ranks), size)
+        if key not in comm_cache:
+            comm_cache[key] = simulate_collective(topo, kind, ranks, size).time_s \
+                if len(ranks) > 1 and size > 0 else 0.0
+        return comm_cache[key]
+
+    blk = block_kernels(m, b=b, tp=p.tp, cp=p.cp, precision=t.precision)
+    blk_f, blk_b = kernels_time(prof, blk), kernels_time(prof, blk, backward=True)
+    attn = [k for k in blk if k.name == "attention"]
+    attn_f = kernels_time(prof, attn)
+    logit = logits_kernels(m, b=b, tp=p.tp, cp=p.cp, precision=t.precision)
+    logit_f, logit_b = kernels_time(prof, logit), kernels_time(prof, logit, backward=True)
+
+    layers_per_stage = stage_layers(m.layers, p.pp)
+    fwd_s, bwd_s, tpc_s = [], [], []
+    chunk_layers = []
+    for s in range(p.pp):
+        tp_group = lay.group("tp", reps[s])
+        cp_group = lay.group("cp", reps[s])
+        tp_ar = coll("allreduce", tp_group, T * m.hidden_size * e)
+        kv = m.num_kv_heads * m.head_dim
+        cp_ag = coll("allgather", cp_group, p.cp * 2 * T * kv * e / min(p.tp, m.num_kv_heads))
+        comm_f = 2 * tp_ar + cp_ag
+        comm_b = 2 * tp_ar + 2 * cp_ag
+        recompute = {"none": 0.0, "selective": attn_f, "full": blk_f + comm_f}[
+            t.activation_recompute]
+        base, extra = divmod(layers_per_stage[s], p.vpp)
+        per_chunk = [base + (1 if c < extra else 0) for c in range(p.vpp)]
+        chunk_layers.append(per_chunk)
+        f_row, b_row, c_row = [], [], []
+        for c, n in enumerate(per_chunk):
+            vs = c * p.pp + s
+            f = n * (blk_f + comm_f)
+            bw = n * (blk_b + comm_b + recompute)
+            if vs == 0:
+                f += op_time(prof, flops=0, bytes_moved=2 * T * m.hidden_size * e)
+                bw += op_time(prof, flops=0, bytes_moved=3 * T * m.hidden_size * e)
+            if vs == p.pp * p.vpp - 1:
+                f += logit_f
+                bw += logit_b + (logit_f if t.activation_recompute == "full" else 0.0)
+            f_row.append(f)
+            b_row.append(bw)
+            c_row.append(n * (comm_f + comm_b + (comm_f if t.activation_recompute == "full"
+                                                 else 0.0)))
+        fwd_s.append(f_row)
+        bwd_s.append(b_row)
+        tpc_s.append(c_row)
+
+    return fwd_s, bwd_s, tpc_s, chunk_layers
 
 
 def _p2p(w: Workload, p: ParallelSpec, reps: list[int], src_vs: int, dst_vs: int, nbytes: float,

@@ -130,3 +130,24 @@ def test_simulate_json_keys(capsys):
                 "breakdown"):
         assert key in d
     assert 0 < d["mfu"] < 1 and d["memory_per_gpu_bytes"] > 0
+
+
+def test_plan_model_writes_a_versioned_plan(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "llama3-8b", "--topology", "h100-ib", "--gpus", "32", "--top", "3",
+                 "--out", str(out), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    doc = json.loads(out.read_text())
+    assert doc["format_version"] == 1 and doc["kind"] == "llm-plan"
+    assert d["search"]["enumerated"] >= d["search"]["estimated"] >= d["search"]["simulated"] >= 3
+    p = doc["parallel"]
+    assert p["tp"] * p["cp"] * p["pp"] * p["dp"] == 32 == len(doc["ranks"])
+    assert doc["ranks"][9]["host"] == 1 and doc["ranks"][9]["gpu"] == 1
+    times = [doc["step_time_s"]] + [a["step_time_s"] for a in doc["alternatives"]]
+    assert times == sorted(times)
+    assert doc["memory"]["fits"]
+
+
+def test_plan_without_a_fitting_layout_exits_2(capsys):
+    assert main(["plan", "llama3-405b", "--topology", "h100-ib", "--gpus", "8"]) == 2
+    assert "no layout" in capsys.readouterr().err

@@ -1,0 +1,132 @@
+"""Search TP/CP/PP/DP/vpp/micro-batch/FSDP layouts: prune with closed forms, simulate survivors.
+
+1. **Enumerate** every layout whose product is the GPU count: TP dividing the GPUs per node and
+   the heads, CP with ``seq % 2cp == 0``, PP dividing nothing in particular (uneven stages are
+   allowed) but at most the layer count, vpp ∈ {1, 2, 4} where the interleaved schedule applies,
+   micro-batch ∈ {1, 2, 4, 8}, FSDP level ∈ {none, zero1, zero3}.
+2. **Prune** layouts that break a divisibility rule or do not fit in memory.
+3. **Estimate** each survivor in closed form from its per-micro-batch pass times (the same
+   kernel and collective models the simulator uses): ``(m + (pp − 1)/vpp) · W`` with ``W`` the
+   busiest stage's forward + backward per micro-batch, plus its last gradient bucket's reduction
+   and the optimizer.
+4. **Simulate** the best ``simulate_top`` estimates with the discrete-event engine and rank them
+   by simulated step time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, replace
+
+from simulator.collectives import simulate_collective
+from simulator.compute import load_compute_profile, op_time
+from simulator.errors import SpecError
+from simulator.topology import Topology
+
+from .layout import Layout
+from .memory import memory_per_gpu
+from .metrics import LLMResult, simulate_llm
+from .spec import LLMSpec, ParallelSpec
+from .step import pass_times, resolve_parallel
+
+__all__ = ["Candidate", "search"]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    parallel: ParallelSpec
+    micro_batch_size: int
+    estimate_s: float
+    memory_bytes: float
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_layouts(spec: LLMSpec, num_gpus: int, gpus_per_node: int):
+    m, t = spec.model, spec.training
+    for tp in _divisors(gpus_per_node):
+        if m.num_heads % tp or (tp > m.num_kv_heads and tp % m.num_kv_heads):
+            continue
+        for cp in (1, 2, 4, 8):
+            if cp > 1 and m.seq_len % (2 * cp):
+                continue
+            if num_gpus % (tp * cp):
+                continue
+            for pp in _divisors(num_gpus // (tp * cp)):
+                if pp > m.layers:
+                    continue
+                dp = num_gpus // (tp * cp * pp)
+                for mbs in (1, 2, 4, 8):
+                    if t.global_batch_size % (mbs * dp):
+                        continue
+                    micro = t.global_batch_size // (mbs * dp)
+                    for vpp in ((1, 2, 4) if pp > 1 else (1,)):
+                        if vpp > 1 and (micro % pp or m.layers < pp * vpp):
+                            continue
+                        for fsdp in ("none", "zero1", "zero3"):
+                            if dp == 1 and fsdp != "none":
+                                continue
+                            yield ParallelSpec(tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp, fsdp=fsdp), mbs
+
+
+def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8,
+           order: str = "tp-cp-dp-pp") -> tuple[list[LLMResult], dict]:
+    """Best layouts by simulated step time, and statistics of the search."""
+    t0 = time.perf_counter()
+    prof = load_compute_profile(topo.gpu)
+    cache: dict = {}
+    stats = {"enumerated": 0, "invalid": 0, "out_of_memory": 0, "estimated": 0, "simulated": 0}
+    cands: list[Candidate] = []
+    for par, mbs in enumerate_layouts(spec, topo.num_gpus, topo.gpus_per_node):
+        stats["enumerated"] += 1
+        s = replace(spec, training=replace(spec.training, micro_batch_size=mbs))
+        try:
+            p = resolve_parallel(s, par, topo.num_gpus)
+        except SpecError:
+            stats["invalid"] += 1
+            continue
+        mem = memory_per_gpu(s.model, s.training, p, capacity_bytes=topo.gpu.hbm_bytes)
+        if not mem.fits:
+            stats["out_of_memory"] += 1
+            continue
+        cands.append(Candidate(p, mbs, _estimate(s, p, topo, prof, cache, order), mem.total_bytes))
+        stats["estimated"] += 1
+    if not cands:
+        raise SpecError(f"no layout of {spec.model.name} fits on {topo.num_gpus} × {topo.gpu.name}"
+                        f" ({stats['out_of_memory']} out of memory, {stats['invalid']} invalid)",
+                        source=spec.source, field="training",
+                        fix="add GPUs (--gpus), enable activation_recompute, or lower the batch")
+    cands.sort(key=lambda c: (c.estimate_s, c.parallel.tp, c.parallel.pp, c.micro_batch_size,
+                              c.parallel.fsdp))
+    results = []
+    for c in cands[:simulate_top]:
+        s = replace(spec, training=replace(spec.training, micro_batch_size=c.micro_batch_size))
+        results.append(simulate_llm(s, c.parallel, topo, order=order,
+                                    schedule_name="interleaved" if c.parallel.vpp > 1 else "1f1b"))
+        stats["simulated"] += 1
+    results.sort(key=lambda r: r.step_time_s)
+    stats["wall_s"] = time.perf_counter() - t0
+    return results[:top], stats
+
+
+def _estimate(spec: LLMSpec, p: ParallelSpec, topo: Topology, prof, cache: dict, order: str) -> float:
+    lay = Layout(p.tp, p.cp, p.dp, p.pp, order)
+    fwd, bwd, _, chunks = pass_times(spec, p, topo, lay, prof, cache)
+    w = max(sum(f) + sum(b) for f, b in zip(fwd, bwd))
+    micro = spec.training.global_batch_size // (spec.training.micro_batch_size * p.dp)
+    est = (micro + (p.pp - 1) / p.vpp) * w
+    m = spec.model
+    params = max(sum(c) for c in chunks) * m.params_per_layer / p.tp + m.embedding_params / p.tp
+    if p.dp > 1:
+        group = lay.group("dp", 0)
+        kind = "allreduce" if p.fsdp == "none" else "reducescatter"
+        size = 4 * params / max(1, min(4, max(sum(c) for c in chunks)))
+        key = (kind, tuple(group), size)
+        if key not in cache:
+            cache[key] = simulate_collective(topo, kind, group, size).time_s
+        est += cache[key]
+    est += op_time(prof, flops=0, bytes_moved=30 * params / (p.dp if p.fsdp != "none" else 1))
+    return est
