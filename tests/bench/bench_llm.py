@@ -4,7 +4,9 @@ Run:  python tests/bench/bench_llm.py [--repeats 3]
 
 Wall time to simulate one training step of Llama-3 405B (seq 8,192, global batch 2,048
 sequences, TP8 PP16 DP128 = 16,384 GPUs of ``llama3-h100-24k``) including the workload build,
-and of GPT-3 175B on 512 A100 (TP8 PP8 DP8); medians of the repeats. Target: 405B ≤ 5 s.
+and of GPT-3 175B on 512 A100 (TP8 PP8 DP8); medians of the repeats. Then a planner sweep for
+Llama-3 70B on 1,024 H100 (``h100-ib``): layouts enumerated, estimated and simulated, and its
+wall time. Targets: 405B ≤ 5 s; a sweep of ≥ 500 configurations ≤ 60 s.
 """
 
 from __future__ import annotations
@@ -37,6 +39,14 @@ def main() -> None:
         d = res.to_dict()
         print(f"{model:<14}{topo_name:<18}{gpus:>7}{statistics.median(walls):>17.2f}"
               f"{res.sim.events:>9}{d['step_time_s']:>9.2f}{d['mfu']:>7.1%}")
+    from planner.llm.search import search
+    t0 = time.perf_counter()
+    results, stats = search(load_llm_spec("llama3-70b"), load_topology("h100-ib", gpus=1024))
+    wall = time.perf_counter() - t0
+    print(f"\nplanner sweep llama3-70b on 1,024 GPUs: {stats['enumerated']} layouts enumerated, "
+          f"{stats['out_of_memory']} out of memory, {stats['estimated']} estimated, "
+          f"{stats['simulated']} simulated, {wall:.1f} s wall (target ≥ 500 in ≤ 60 s: "
+          f"{'met' if stats['estimated'] >= 500 and wall <= 60 else 'MISSED'})")
 
 
 if __name__ == "__main__":
