@@ -1,1 +1,35 @@
-"""Embedding-table sharding: specs, layouts, memory, cost, planners, plans, simulation."""
+"""Embedding-table sharding for recommendation models: specs, layouts, memory, cost, planners.
+
+Pipeline (each stage a small module)::
+
+    spec.load_model_spec ─► task.ShardingTask ─► task.prepare(task, N) ─► planners.get_planner(name)
+         (YAML / CSV /          (model, topology,     (topology, hosts,        .plan(task, N, seed=,
+          built-in name)         memory, types)        capacity, cost model)         time_limit_s=)
+                                                                                   │
+    simulate.simulate_step ◄── plan.Plan (per-rank cost, memory, layouts, JSON) ◄──┘
+
+>>> from planner.sharding import ShardingTask, get_planner, load_model_spec
+>>> task = ShardingTask(model=load_model_spec("criteo-dlrm"))
+>>> plan = get_planner("greedy").plan(task, 8, seed=0)
+>>> plan.valid, len(plan.shardings)
+(True, 26)
+
+``generate`` makes seeded synthetic tables and NeuroShard/DreamShard-shaped tasks calibrated to
+the dlrm_datasets locality statistics; ``cli`` is ``clusterplan plan``. See README.md here.
+"""
+
+from .cost import CostConfig, CostModel
+from .generate import dreamshard_tasks, neuroshard_tasks, synthesize_tables
+from .memory import InfeasibleError, check_feasible
+from .plan import Plan, PlannerStats
+from .planners import PLANNER_NAMES, Planner, get_planner
+from .shards import Shard, ShardingType, TableSharding
+from .simulate import simulate_plan, simulate_step
+from .spec import DenseSpec, ModelSpec, TableSpec, builtin_spec_names, load_model_spec
+from .task import Problem, ShardingTask, prepare
+
+__all__ = ["CostConfig", "CostModel", "dreamshard_tasks", "neuroshard_tasks",
+           "synthesize_tables", "InfeasibleError", "check_feasible", "Plan", "PlannerStats",
+           "PLANNER_NAMES", "Planner", "get_planner", "Shard", "ShardingType", "TableSharding",
+           "simulate_plan", "simulate_step", "DenseSpec", "ModelSpec", "TableSpec",
+           "builtin_spec_names", "load_model_spec", "Problem", "ShardingTask", "prepare"]

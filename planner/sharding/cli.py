@@ -26,7 +26,7 @@ from simulator.units import format_bytes, format_time, parse_bytes
 from .planners import PLANNER_NAMES, get_planner
 from .shards import parse_sharding_types
 from .spec import OPTIMIZERS, load_model_spec
-from .task import ShardingTask, default_topology_ref
+from .task import ShardingTask
 
 __all__ = ["add_arguments", "run", "main", "build_parser"]
 

@@ -4,10 +4,10 @@ Notation: ``B`` global batch, ``n`` ranks, ``b = B / n`` local batch, a table wi
 pooling factor ``L`` (ids per sample), weight precision ``p`` bytes, pooled-output precision
 ``o`` bytes (``comm_precision``), HBM bandwidth ``H`` (``topo.gpu.hbm_bandwidth_Bps``).
 
-**Lookups (per shard, on its rank).** A table-wise or column-wise shard of ``c`` columns serves
-all ``B·L`` ids of the global batch; a row-wise block of ``r`` rows serves ``B·L·r/R`` of them (ids
-spread over rows in proportion to the block, i.e. hashing spreads hot rows evenly); a
-data-parallel replica serves its local ``b·L``. Forward time ::
+**Lookups (per shard, on its rank).** A table-wise or column-wise shard of ``c`` columns
+serves all ``B·L`` ids of the global batch; a row-wise block of ``r`` rows serves ``B·L·r/R`` of
+them (ids spread over rows in proportion to the block, i.e. hashing spreads hot rows evenly);
+a data-parallel replica serves its local ``b·L``. Forward time ::
 
     ids · (miss · c·p  +  overhead  +  id_bytes)  +  outputs · c·o
     ---------------------------------------------------------------  +  shard_overhead_s
@@ -34,10 +34,10 @@ one way and ``b·Y_q`` from each peer ``q`` the other way; the time is ::
 
     alpha + max(send_intra, recv_intra) / bw_intra + max(send_inter, recv_inter) / bw_inter
 
-with intra = peers in the same node and inter = peers elsewhere (NVLink and NIC traffic of a
-rail-optimised node run concurrently, but a GPU's NVLink also carries its PXN-forwarded NIC
-traffic, so the sum is the better fit; checked against :func:`simulate_collective` within 15% in
-the tests). Row-wise tables cost a reduce-scatter of the ``B × dim`` partial sums forward and an
+with intra = peers in the same node and inter = peers elsewhere. The two terms add (a
+conservative choice); against :func:`simulator.collectives.simulate_collective` with uneven
+splits this is exact inside a DGX node and 3–8% high across 2–4 nodes (checked within 10% in the
+tests). Row-wise tables cost a reduce-scatter of the ``B × dim`` partial sums forward and an
 all-gather backward; table-row-wise the same inside the host plus the cross-host all-to-all of
 its ``1/G`` share; data-parallel tables an all-reduce of their fp32 gradient. All collective times
 are ``alpha + size / bandwidth`` fitted to the simulator's own collectives on the plan's topology
@@ -153,8 +153,9 @@ class CommModel:
         return np.where(s > 0, alpha + s / bw, 0.0)
 
     def a2a_times(self, owned_bytes: np.ndarray) -> np.ndarray:
-        """Per-rank all-to-all time for bytes ``owned_bytes[..., r]`` sent by (or to) rank r to
-        (or from) each peer: ``alpha + max(send, recv)_intra / bw_intra + max(...)_inter / bw_inter``.
+        """Per-rank all-to-all time, seconds, when rank r exchanges ``owned_bytes[..., r]`` with
+        each peer one way and each peer q exchanges ``owned_bytes[..., q]`` with r the other way:
+        ``alpha + max(send, recv)_intra / bw_intra + max(send, recv)_inter / bw_inter``.
         """
         y = np.asarray(owned_bytes, dtype=float)
         total = y.sum(axis=-1, keepdims=True)
@@ -210,7 +211,9 @@ def calibrate_comm(topo: Topology, n: int, *, ref: str | None = None) -> CommMod
             "allreduce": fit("allreduce", ranks),
             "host_reducescatter": fit("reducescatter", host0),
             "host_allgather": fit("allgather", host0)}
-    alpha = simulate_collective(topo, "alltoall", ranks, 64.0 * n, mode=mode).time_s if n > 1 else 0.0
+    alpha = 0.0
+    if n > 1:
+        alpha = simulate_collective(topo, "alltoall", ranks, 64.0 * n, mode=mode).time_s
     intra = math.inf
     if len(host0) > 1:
         m = len(host0)
@@ -229,7 +232,8 @@ def calibrate_comm(topo: Topology, n: int, *, ref: str | None = None) -> CommMod
         inter = float(mat.sum(axis=1).max()) / max(t - a0, 1e-15)
     return CommModel(n=n, node_of=node_of, node_size=node_size, a2a_alpha_s=float(alpha),
                      intra_Bps=float(intra), inter_Bps=float(inter), fits=fits,
-                     source=f"fitted to simulate_collective on {ref or topo.name}, ranks 0..{n - 1}")
+                     source=f"fitted to simulate_collective on {ref or topo.name}, "
+                            f"ranks 0..{n - 1}")
 
 
 class CostModel:

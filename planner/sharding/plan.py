@@ -48,7 +48,9 @@ class PlannerStats:
 
     ``status``: ``heuristic`` (a constructive or local-search planner), ``optimal`` (a MIP
     proved it), ``time_limit`` (a MIP's incumbent when time ran out; ``gap`` says how far from
-    the best bound), ``fallback`` (the MIP produced nothing better than its warm start in time).
+    the best bound), ``optimal_reduced`` (proved optimal over the options that could be built
+    within the limit; notes say which were left out), ``fallback`` (the MIP produced nothing
+    better than its warm start in time).
     ``gap`` = (objective − bound) / objective, None where no bound exists.
     """
 

@@ -53,7 +53,7 @@ import hashlib
 import io
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -175,7 +175,8 @@ class DenseSpec:
         ls = self.layers(embedding_dims)
         n = sum(i * o + o for i, o in ls["bottom"] + ls["top"])
         if self.interaction == "dcnv2":
-            n += sum(i * o for i, o in ls["interaction"]) + self.dcn_layers * ls["interaction"][-1][1]
+            n += sum(i * o for i, o in ls["interaction"])
+            n += self.dcn_layers * ls["interaction"][-1][1]          # cross-layer biases
         return n
 
 
@@ -326,7 +327,8 @@ def _model_from_yaml(text: str, *, source: str, base: Path) -> ModelSpec:
                                       source=str(csv_path), defaults=defaults)
     elif isinstance(raw_tables, list):
         if not raw_tables:
-            raise SpecError("no tables", source=source, field="tables", fix="list at least one table")
+            raise SpecError("no tables", source=source, field="tables",
+                            fix="list at least one table")
         tables = []
         for i, row in enumerate(raw_tables):
             if not isinstance(row, dict):
@@ -493,7 +495,8 @@ def _table(rec: Mapping[str, Any], i: int, source: str) -> TableSpec:
         if not isinstance(raw, (list, tuple)) or len(raw) != NUM_REUSE_BINS:
             raise SpecError(f"{label}: reuse_bins needs {NUM_REUSE_BINS} numbers, got {raw!r}",
                             source=source, field=f"{f}.reuse_bins",
-                            fix="give the 17 row-weighted reuse fractions (bins (0,1] … (32768,∞))")
+                            fix="give the 17 row-weighted reuse fractions "
+                                "(bins (0,1] … (32768,∞))")
         vals = [_float(v, source, f"{f}.reuse_bins[{k}]", minimum=0.0,
                        what="a reuse fraction", label=label) for k, v in enumerate(raw)]
         total = sum(vals)

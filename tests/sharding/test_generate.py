@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -46,8 +48,8 @@ def test_bin_means_reproduce_the_csv():
 
 
 def test_packaged_csv_matches_shared_copy():
-    from conftest import SHARED
-    shared = SHARED / "data" / "dlrm_datasets" / "dlrm_datasets_locality_stats.csv"
+    shared = (Path(__file__).resolve().parents[3] / "shared" / "data" / "dlrm_datasets"
+              / "dlrm_datasets_locality_stats.csv")
     if not shared.exists():
         pytest.skip("shared/ not beside the repository")
     assert shared.read_bytes() == locality_csv_path().read_bytes()

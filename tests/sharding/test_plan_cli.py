@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,7 @@ from planner.sharding.planners import get_planner
 from planner.sharding.spec import load_model_spec
 from planner.sharding.task import ShardingTask, prepare
 
-from conftest import REPO
+REPO = Path(__file__).resolve().parents[2]
 
 KEYS = {"planner", "devices", "per_rank_cost_s", "max_cost_s", "memory_per_rank_bytes", "shards",
         "valid", "task", "topology", "planner_stats", "format_version"}

@@ -18,7 +18,6 @@ import numpy as np
 from ..memory import check_feasible
 from ..plan import Plan, PlannerStats, make_plan
 from ..shards import ShardingType
-from ..spec import TableSpec
 from ..task import ShardingTask, prepare
 from .common import catalog, place_table_wise, rowwise_prepass
 

@@ -70,7 +70,7 @@ class Catalog:
         return self._tw[t]
 
     def cw(self, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(base, part)`` features (K,) of table t cut into k parts: c parts cost base + c·part."""
+        """``(base, part)`` features (K,) of table t in k parts; c parts cost base + c·part."""
         key = (t, k)
         if key not in self._cw:
             tab = self.model.tables[t]

@@ -40,11 +40,12 @@ def greedy_choices(cat: Catalog, *, split: bool = True, parts=CW_PARTS
     for t in range(T):
         if cat.tw(t)[F_MEM] <= capmax:
             continue
-        ks = [k for k in cat.cw_parts(t, parts) if cat.cw(t, k)[0][F_MEM] + cat.cw(t, k)[1][F_MEM]
-              <= capmax]
+        ks = [k for k in cat.cw_parts(t, parts)
+              if cat.cw(t, k)[0][F_MEM] + cat.cw(t, k)[1][F_MEM] <= capmax]
         if ks:
             forced_k[t] = ks[0]
-            notes.append(f"{cat.model.tables[t].name}: {ks[0]} column parts (fits no single device)")
+            notes.append(f"{cat.model.tables[t].name}: {ks[0]} column parts (fits no single "
+                         "device)")
         elif cat.can(t, ShardingType.ROW_WISE):
             choices[t] = ("rw",)
             notes.append(f"{cat.model.tables[t].name}: row-wise (fits no single device)")
@@ -58,6 +59,7 @@ def greedy_choices(cat: Catalog, *, split: bool = True, parts=CW_PARTS
     free = [t for t in range(T) if choices[t] is None]
     target = float(standalone[free].sum()) / n if free else 0.0
     units: list[tuple[float, int, int]] = []
+    parts_of: dict[int, int] = {}
     for t in free:
         k = forced_k.get(t, 1)
         if split and k == 1 and standalone[t] > target > 0:
@@ -67,6 +69,7 @@ def greedy_choices(cat: Catalog, *, split: bool = True, parts=CW_PARTS
                 k = fitting[0]
             elif ks:
                 k = ks[-1]
+        parts_of[t] = k
         for _ in range(k):
             units.append((float(standalone[t]) / k, t, k))
     units.sort(key=lambda u: (-u[0], u[1]))
@@ -99,15 +102,8 @@ def greedy_choices(cat: Catalog, *, split: bool = True, parts=CW_PARTS
         else:
             counts[t][d] += 1
     for t, c in counts.items():
-        choices[t] = cat.normalise(("cw", int(units_k(units, t)), tuple(int(x) for x in c)))
+        choices[t] = cat.normalise(("cw", parts_of[t], tuple(int(x) for x in c)))
     return choices, notes
-
-
-def units_k(units, t: int) -> int:
-    for _, u, k in units:
-        if u == t:
-            return k
-    raise KeyError(t)
 
 
 class GreedyPlanner:
