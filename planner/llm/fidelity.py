@@ -4,6 +4,9 @@ Every row is simulated as published (model, GPUs, TP/PP/DP, batch) on a Selene-l
 what a paper does not state is an assumption named here and applied to every row of its set
 alike, never fitted per row:
 
+All three sets predate flash attention, so their rows use standard attention (s×s scores in
+memory); sequence parallelism only where the source says so (Korthikanti's selective rows).
+
 * Narayanan 2021 Table 1 (GPT, V = 51,200, s = 2,048, fp16, ``selene-a100``): full activation
   recompute (the paper's setting), micro-batch 1, non-interleaved 1F1B, no ZeRO. Measured
   iteration time derived as ``F / (GPUs × TFLOP/s)`` with Narayanan's FLOP formula.
@@ -66,7 +69,8 @@ def narayanan_rows() -> list[dict]:
                        parallel=None, source="Narayanan 2021 Table 1")
         rows.append({"set": "narayanan", "group": "all", "row": f"{params}B", "spec": spec,
                      "parallel": ParallelSpec(tp=tp, pp=pp, dp=gpus // (tp * pp)),
-                     "topology": f"selene-a100:nodes={gpus // 8}", "measured_s": measured})
+                     "topology": f"selene-a100:nodes={gpus // 8}", "measured_s": measured,
+                     "attention": "standard", "sequence_parallel": False})
     return rows
 
 
@@ -80,7 +84,8 @@ def korthikanti_rows() -> list[dict]:
                            parallel=None, source="Korthikanti 2022")
             rows.append({"set": "korthikanti", "group": "all", "row": f"{name} {mode}",
                          "spec": spec, "parallel": ParallelSpec(tp=tp, pp=pp, dp=1, vpp=vpp),
-                         "topology": f"selene-a100:nodes={gpus // 8}", "measured_s": measured})
+                         "topology": f"selene-a100:nodes={gpus // 8}", "measured_s": measured,
+                         "attention": "standard", "sequence_parallel": mode == "selective"})
     return rows
 
 
@@ -108,7 +113,8 @@ def vtrain_rows(path: str | Path) -> list[dict]:
                                               pp=int(r["pipeline parallelism"]),
                                               dp=int(r["data parallelism"])),
                      "topology": f"dgx-a100:nodes={gpus // 8},node.nic_bandwidth=100Gb/s",
-                     "measured_s": float(r["iteration time (ms)"]) / 1e3})
+                     "measured_s": float(r["iteration time (ms)"]) / 1e3,
+                     "attention": "standard", "sequence_parallel": False})
     return rows
 
 
@@ -118,7 +124,10 @@ def run_set(rows: list[dict], *, progress=None) -> pd.DataFrame:
     topo_cache: dict[str, object] = {}
     for k, r in enumerate(rows):
         topo = topo_cache.setdefault(r["topology"], load_topology(r["topology"]))
-        res = simulate_llm(r["spec"], r["parallel"], topo)
+        res = simulate_llm(r["spec"], r["parallel"], topo,
+                           schedule_name="interleaved" if r["parallel"].vpp > 1 else "1f1b",
+                           attention=r.get("attention", "flash"),
+                           sequence_parallel=r.get("sequence_parallel", True))
         pred = res.step_time_s
         out.append({"set": r["set"], "group": r["group"], "row": r["row"],
                     "measured_s": r["measured_s"], "predicted_s": pred,

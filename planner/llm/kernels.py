@@ -41,8 +41,18 @@ def _act_dtype(precision: str) -> str:
     return "bf16" if precision == "fp8" else precision
 
 
-def block_kernels(m: ModelSpec, *, b: int, tp: int, cp: int, precision: str) -> list[Kernel]:
-    """Forward kernels of one transformer block on one rank."""
+def block_kernels(m: ModelSpec, *, b: int, tp: int, cp: int, precision: str,
+                  attention: str = "flash", sequence_parallel: bool = True) -> list[Kernel]:
+    """Forward kernels of one transformer block on one rank.
+
+    ``attention="flash"``: one fused causal kernel (half the full-score FLOPs, no s×s traffic).
+    ``attention="standard"`` (Megatron before flash attention): batched score and value GEMMs
+    over the full s×s scores, plus softmax and dropout passes over them in memory.
+    Without ``sequence_parallel`` the norms, dropouts and residual adds run on the whole
+    activation on every tensor-parallel rank instead of a 1/tp slice.
+    """
+    if attention not in ("flash", "standard"):
+        raise ValueError(f"attention must be flash or standard, got {attention!r}")
     e = _BYTES[_act_dtype(precision)]
     s_loc = m.seq_len / cp
     T = b * s_loc                    # tokens on this rank
@@ -51,18 +61,28 @@ def block_kernels(m: ModelSpec, *, b: int, tp: int, cp: int, precision: str) -> 
     mats = 3 if m.ffn == "swiglu" else 2
     gemm = "fp8" if precision == "fp8" else precision
     experts = max(1, m.top_k if m.num_experts else 1)
+    act = _act_dtype(precision)
+    if attention == "flash":
+        # flash attention, causal: half of the 4·T·s·h/tp full-score FLOPs
+        attn = [Kernel("attention", 2 * T * m.seq_len * h / tp,
+                       e * (T * (h + 2 * kv) / tp + T * h / tp), act)]
+    else:
+        scores = b * (m.num_heads / tp) * s_loc * m.seq_len      # elements of the s×s scores
+        attn = [Kernel("attention", 2 * T * m.seq_len * h / tp,
+                       e * (T * (h + kv) / tp + scores), act),
+                Kernel("attention_softmax", 0.0, (2 * e + 2 * e + 1) * scores, act),
+                Kernel("attention", 2 * T * m.seq_len * h / tp,
+                       e * (scores + T * kv / tp + T * h / tp), act)]
+    sp = tp if sequence_parallel else 1
     ks = [
         Kernel("qkv", 2 * T * h * (h + 2 * kv) / tp, e * (T * h + h * (h + 2 * kv) / tp
                                                        + T * (h + 2 * kv) / tp), gemm),
-        # flash attention, causal: half of the 4·T·s·h/tp full-score FLOPs
-        Kernel("attention", 2 * T * m.seq_len * h / tp,
-               e * (T * (h + 2 * kv) / tp + T * h / tp), _act_dtype(precision)),
+        *attn,
         Kernel("attn_out", 2 * T * h * h / tp, e * (T * h / tp + h * h / tp + T * h), gemm),
         Kernel("mlp", experts * mats * 2 * T * h * f / tp,
                e * experts * (2 * T * h + mats * h * f / tp + (mats - 1) * T * f / tp), gemm),
         # norms, residual adds, activation function, dropout: memory-bound passes
-        Kernel("elementwise", 0.0, e * (10 * T * h / tp + 3 * experts * T * f / tp),
-               _act_dtype(precision)),
+        Kernel("elementwise", 0.0, e * (12 * T * h / sp + 2 * experts * T * f / tp), act),
     ]
     return ks
 

@@ -107,9 +107,13 @@ class LLMResult:
 
 
 def simulate_llm(spec: LLMSpec, parallel: ParallelSpec, topo: Topology, *, mode: str = "auto",
-                 order: str = "tp-cp-dp-pp", schedule_name: str = "1f1b") -> LLMResult:
+                 order: str = "tp-cp-dp-pp", schedule_name: str = "1f1b",
+                 attention: str = "flash", sequence_parallel: bool = True) -> LLMResult:
+    """Simulate one step. ``attention`` and ``sequence_parallel`` describe the trainer's
+    kernels (flash attention and Megatron sequence parallelism are today's defaults)."""
     p = resolve_parallel(spec, parallel, topo.num_gpus)
-    plan = build_step(spec, p, topo, order=order, schedule_name=schedule_name)
+    plan = build_step(spec, p, topo, order=order, schedule_name=schedule_name,
+                      attention=attention, sequence_parallel=sequence_parallel)
     if mode == "auto":
         mode = "symmetric" if topo.num_gpus > 8192 else "explicit"
     sim = simulate(topo, plan.workload, mode=mode)

@@ -81,7 +81,8 @@ def resolve_parallel(spec: LLMSpec, p: ParallelSpec, num_gpus: int) -> ParallelS
 
 def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "tp-cp-dp-pp",
                profile: ComputeProfile | None = None, schedule_name: str = "1f1b",
-               dp_buckets: int = 4) -> StepPlan:
+               dp_buckets: int = 4, attention: str = "flash",
+               sequence_parallel: bool = True) -> StepPlan:
     """Build the workload of one step; ``p`` must be resolved (see :func:`resolve_parallel`)."""
     m, t = spec.model, spec.training
     prof = profile or load_compute_profile(topo.gpu)
@@ -93,7 +94,9 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
     T = b * m.seq_len / p.cp
     reps = [lay.rank(pp=s) for s in range(p.pp)]
 
-    fwd_s, bwd_s, tpc_s, chunk_layers = pass_times(spec, p, topo, lay, prof)
+    fwd_s, bwd_s, tpc_s, chunk_layers = pass_times(spec, p, topo, lay, prof,
+                                                   attention=attention,
+                                                   sequence_parallel=sequence_parallel)
 
     w = Workload(name=f"{m.name} step")
     # parameters held per rank in each (stage, chunk), for DP traffic and the optimizer
@@ -200,7 +203,8 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
 
 
 def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
-               prof: ComputeProfile, comm_cache: dict | None = None):
+               prof: ComputeProfile, comm_cache: dict | None = None, *,
+               attention: str = "flash", sequence_parallel: bool = True):
     """Per (stage, chunk): forward and backward seconds of one micro-batch on the stage's
     representative (TP/CP collectives included, timed on their actual groups), the TP/CP part
     of it, and the blocks per chunk. ``comm_cache`` may be shared across calls."""
@@ -218,9 +222,10 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
                 if len(ranks) > 1 and size > 0 else 0.0
         return comm_cache[key]
 
-    blk = block_kernels(m, b=b, tp=p.tp, cp=p.cp, precision=t.precision)
+    blk = block_kernels(m, b=b, tp=p.tp, cp=p.cp, precision=t.precision, attention=attention,
+                        sequence_parallel=sequence_parallel)
     blk_f, blk_b = kernels_time(prof, blk), kernels_time(prof, blk, backward=True)
-    attn = [k for k in blk if k.name == "attention"]
+    attn = [k for k in blk if k.name.startswith("attention")]
     attn_f = kernels_time(prof, attn)
     logit = logits_kernels(m, b=b, tp=p.tp, cp=p.cp, precision=t.precision)
     logit_f, logit_b = kernels_time(prof, logit), kernels_time(prof, logit, backward=True)
