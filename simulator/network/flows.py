@@ -170,6 +170,7 @@ class FlowNetwork:
         self._last = 0.0
         self._wake: simpy.Event | None = None
         self._version = 0
+        self._usage = np.zeros(self.capacity.size, dtype=np.int64)   # active entries per link
 
     def transfer(self, routes: Routes, nbytes) -> simpy.Event:
         """Start a batch of flows now; the returned event fires when all are delivered.
@@ -197,10 +198,23 @@ class FlowNetwork:
                 self.capacity = np.asarray(self._space.capacity)
         else:
             mult = np.ones(routes.n_flows, dtype=np.int64)
+        if self._usage.size < self.capacity.size:
+            self._usage = np.concatenate([self._usage, np.zeros(self.capacity.size
+                                                                 - self._usage.size, np.int64)])
         self._advance()
-        self._active.append(_Batch(routes.flow, routes.link, routes.frac, nbytes, nbytes.copy(),
-                                   mult, ev))
-        self._resolve()
+        batch = _Batch(routes.flow, routes.link, routes.frac, nbytes, nbytes.copy(), mult, ev)
+        self._active.append(batch)
+        # Fast path: a batch whose flows share no link with anything in flight (nor with each
+        # other) leaves every other rate unchanged; each of its flows runs at its bottleneck.
+        if (not self._usage[routes.link].any()
+                and np.unique(routes.link).size == routes.link.size):
+            rate = np.full(routes.n_flows, np.inf)
+            np.minimum.at(rate, routes.flow, self.capacity[routes.link] / routes.frac)
+            batch.rate = rate
+            self._usage[routes.link] += 1
+            self._schedule()
+        else:
+            self._resolve(force=True)
         return ev
 
     # -- internals -------------------------------------------------------------------------
@@ -213,12 +227,14 @@ class FlowNetwork:
             if b.rate is not None:
                 b.remaining -= np.where(np.isinf(b.rate), b.remaining, b.rate * dt)
 
-    def _resolve(self) -> None:
-        # drop finished flows, fire finished batches
+    def _resolve(self, *, force: bool = False) -> None:
+        """Drop finished flows, fire finished batches, re-solve rates if anything could change."""
         still = []
+        freed: list[np.ndarray] = []
         for b in self._active:
             done = b.remaining <= b.size * _DONE_REL
             if done.any():
+                freed.append(b.link[done[b.flow]])
                 self.stats.flows_finished += int(b.mult[done].sum())
                 if done.all():
                     b.event.succeed()
@@ -228,10 +244,18 @@ class FlowNetwork:
                 newid = np.cumsum(keep) - 1
                 b.flow, b.link, b.coef = newid[b.flow[ent]], b.link[ent], b.coef[ent]
                 b.remaining, b.size, b.mult = b.remaining[keep], b.size[keep], b.mult[keep]
+                if b.rate is not None:
+                    b.rate = b.rate[keep]
             still.append(b)
         self._active = still
-        self._version += 1
+        for links in freed:
+            np.subtract.at(self._usage, links, 1)
         if not still:
+            self._version += 1
+            return
+        # rates change only if a freed link is still used by someone, or a batch was added
+        if not force and not any(self._usage[links].any() for links in freed):
+            self._schedule()
             return
         offs = np.cumsum([0] + [len(b.remaining) for b in still])
         rates = maxmin_rates(np.concatenate([b.flow + o for b, o in zip(still, offs)]),
@@ -239,10 +263,19 @@ class FlowNetwork:
                              np.concatenate([b.coef for b in still]),
                              self.capacity, int(offs[-1]))
         self.stats.solves += 1
-        t_next = np.inf
         for b, o in zip(still, offs):
             b.rate = rates[o:o + len(b.remaining)]
-            with np.errstate(divide="ignore"):
+        if force:
+            self._usage[:] = np.bincount(np.concatenate([b.link for b in still]),
+                                         minlength=self._usage.size)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        """Sleep until the next flow completes (superseding any earlier wake-up)."""
+        self._version += 1
+        t_next = np.inf
+        with np.errstate(divide="ignore"):
+            for b in self._active:
                 t_next = min(t_next, float(np.min(b.remaining / b.rate)))
         version = self._version
         wake = self.env.timeout(max(t_next, 0.0))
