@@ -25,6 +25,8 @@ main commands (each has --help):
   clusterplan simulate dp-step --topology dgx-a100:nodes=2 --trace step.json
   clusterplan simulate gpt3-175b --topology selene-a100 --gpus 512 --parallel tp=8,pp=8,dp=8
   clusterplan plan criteo-dlrm --devices 8 --planner mip --json
+  clusterplan plan llama3-70b --topology h100-ib --gpus 1024 --out plan.json
+  clusterplan export plan.json --to megatron
   clusterplan fidelity --set korthikanti
   clusterplan calibrate nccl --topology dgx-a100 --table 8=a100_allreduce_8gpu_lut.txt
   clusterplan calibrate compute --gpu h100-sxm --measurements kernels.csv --out h100.yaml

@@ -16,7 +16,7 @@ __all__ = ["register"]
 
 
 def register(sub) -> None:
-    for fn in (_topology, _gpus, _collective, _simulate, _plan, _fidelity, _calibrate):
+    for fn in (_topology, _gpus, _collective, _simulate, _plan, _export, _fidelity, _calibrate):
         fn(sub)
 
 
@@ -259,6 +259,17 @@ def _plan_run(args) -> int:
                         fix="pass --devices N")
     from planner.sharding.cli import run
     return run(args)
+
+
+# -- export -------------------------------------------------------------------------------------
+def _export(sub) -> None:
+    from planner.export.cli import add_arguments
+    p = sub.add_parser("export", help="write a plan as trainer launch settings",
+                       description="Turn an LLM plan JSON (clusterplan plan MODEL --out plan.json) "
+                                   "into torchtitan, Megatron-LM or DeepSpeed settings, or a "
+                                   "host/rank file that places every rank where the plan put it.")
+    add_arguments(p)
+    p.set_defaults(func=lambda a: __import__("planner.export.cli", fromlist=["run"]).run(a))
 
 
 # -- fidelity ---------------------------------------------------------------------------------

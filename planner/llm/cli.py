@@ -126,14 +126,14 @@ def plan_model(args, spec: LLMSpec, topo, emit) -> int:
              f"{stats['estimated']} estimated, {stats['simulated']} simulated in "
              f"{stats['wall_s']:.1f} s",
              f"  {'#':>2} {'tp':>3}{'cp':>3}{'pp':>4}{'dp':>5}{'vpp':>4}{'mbs':>4} {'fsdp':<6}"
-             f"{'step':>11}{'MFU':>7}{'memory':>12}{'bubble':>10}{'exposed DP':>12}"]
+             f"{'step':>11}{'MFU':>7}{'memory':>12}{'bubble':>12}{'exposed DP':>12}"]
     for i, r in enumerate(results, 1):
         d = r.to_dict()
         p, bd = d["parallel"], d["breakdown"]
         lines.append(f"  {i:>2} {p['tp']:>3}{p['cp']:>3}{p['pp']:>4}{p['dp']:>5}{p['vpp']:>4}"
                      f"{d['micro_batch_size']:>4} {p['fsdp']:<6}{format_time(d['step_time_s']):>11}"
                      f"{d['mfu']:>7.1%}{format_bytes(d['memory_per_gpu_bytes']):>12}"
-                     f"{format_time(bd['pipeline_bubble_s']):>10}"
+                     f"{format_time(bd['pipeline_bubble_s']):>12}"
                      f"{format_time(bd['dp_comm_exposed_s']):>12}")
     if args.out:
         lines.append(f"  plan: {args.out}")
@@ -151,5 +151,8 @@ def plan_document(res, topo) -> dict:
         ranks.append({"rank": r, **lay.coords(r), "building": int(dev.get("building", 0)),
                       "host": int(dev.get("node", r)), "gpu": int(dev.get("local", 0)),
                       "device": topo.gpus[r]})
+    m, t = res.spec.model, res.spec.training
     return {"format_version": 1, "kind": "llm-plan", "order": lay.order,
-            "model": res.spec.model.name, "topology": topo.name, **d, "ranks": ranks}
+            "model": m.name, "topology": topo.name, **d,
+            "num_layers": m.layers, "seq_len": m.seq_len, "precision": t.precision,
+            "activation_recompute": t.activation_recompute, "ranks": ranks}

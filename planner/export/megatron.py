@@ -1,0 +1,129 @@
+"""Megatron-LM / Megatron-Core launch arguments for ``pretrain_gpt.py`` (formats.md §4).
+
+Megatron's default ``RankGenerator`` order ``tp-cp-ep-dp-pp`` (first token stride 1) is the plan's
+``tp-cp-dp-pp``; ``tp-cp-pp-dp`` maps to ``--use-tp-pp-dp-mapping``; other orders are refused.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Mapping
+
+from simulator.errors import SpecError
+
+from . import _plan
+
+__all__ = ["export_megatron", "validate_megatron", "ARGS_FILE", "parse_megatron_args"]
+
+ARGS_FILE = "megatron.args"
+
+_ORDERS = {"tp-cp-dp-pp": [], "tp-cp-pp-dp": ["--use-tp-pp-dp-mapping"]}
+
+
+def export_megatron(plan: dict, *, num_layers: int | None = None,
+                    seq_len: int | None = None, precision: str | None = None) -> dict[str, str]:
+    """Plan → ``{"megatron.args": ...}``: one flag (with its value) per line, shlex-parseable."""
+    _plan.check_plan(plan)
+    p = plan["parallel"]
+    order = plan.get("order", "tp-cp-dp-pp")
+    if order not in _ORDERS:
+        raise SpecError(f"order {order!r} has no Megatron equivalent", field="order",
+                        fix="plan with order tp-cp-dp-pp or tp-cp-pp-dp")
+    layers = _plan.num_layers(plan, num_layers)
+    seq = _plan.seq_len(plan, seq_len)
+    prec = _plan.precision(plan, precision)
+    mode = p.get("fsdp", "none")
+    a: list[list[str]] = []
+    if layers is not None:
+        if layers % p["pp"]:
+            raise SpecError(f"{layers} layers do not split over pp={p['pp']}", field="num_layers",
+                            fix="choose pp dividing the layer count")
+        a.append(["--num-layers", str(layers)])
+    a.append(["--tensor-model-parallel-size", str(p["tp"])])
+    if p["tp"] > 1:
+        a.append(["--sequence-parallel"])
+    a.append(["--pipeline-model-parallel-size", str(p["pp"])])
+    if p["vpp"] > 1:
+        if layers is None:
+            raise SpecError("vpp > 1 needs the model's layer count for "
+                            "--num-layers-per-virtual-pipeline-stage", field="num_layers",
+                            fix="pass --num-layers N (or a plan that records num_layers)")
+        if layers % (p["pp"] * p["vpp"]):
+            raise SpecError(f"{layers} layers do not split into pp*vpp = {p['pp'] * p['vpp']} "
+                            "virtual stages", field="parallel.vpp",
+                            fix="choose vpp so that layers divide by pp*vpp")
+        a.append(["--num-layers-per-virtual-pipeline-stage", str(layers // (p["pp"] * p["vpp"]))])
+    a.append(["--context-parallel-size", str(p["cp"])])
+    for flag in _ORDERS[order]:
+        a.append([flag])
+    a.append(["--micro-batch-size", str(plan["micro_batch_size"])])
+    a.append(["--global-batch-size", str(plan["global_batch_size"])])
+    if seq is not None:
+        if p["cp"] > 1 and seq % (2 * p["cp"]):
+            raise SpecError(f"seq_len {seq} is not a multiple of 2*cp", field="seq_len",
+                            fix="pick a sequence length divisible by 2*cp")
+        a.append(["--seq-length", str(seq)])
+    if prec in ("bf16", "fp16"):
+        a.append([f"--{prec}"])
+    elif prec == "fp8":
+        a += [["--bf16"], ["--fp8-format", "hybrid"]]
+    if mode in ("zero1", "zero2"):
+        # Megatron's distributed optimizer shards optimizer state and reduce-scatters gradients
+        a.append(["--use-distributed-optimizer"])
+    elif mode in ("zero3", "hsdp"):
+        a += [["--use-megatron-fsdp"],
+              ["--data-parallel-sharding-strategy", "optim_grads_params"]]
+    if p["dp"] > 1:
+        a.append(["--overlap-grad-reduce"])
+        if mode != "none":
+            a.append(["--overlap-param-gather"])
+    header = (f"# clusterplan export: Megatron-LM pretrain_gpt.py arguments for "
+              f"{plan.get('model')} on {plan.get('topology')}; world {_plan.world(plan)} "
+              f"(dp = {p['dp']}, micro-batches per step = {plan.get('microbatches')}), "
+              f"fsdp={mode}\n")
+    if mode == "hsdp":
+        header += ("# hsdp: Megatron FSDP shards over the whole DP group here; "
+                   "the plan's replicate split is not expressed\n")
+    text = header + "\n".join(" ".join(shlex.quote(t) for t in line) for line in a) + "\n"
+    files = {ARGS_FILE: text}
+    validate_megatron(files, plan)
+    return files
+
+
+def parse_megatron_args(text: str) -> dict[str, str | bool]:
+    """``--flag value`` / ``--switch`` tokens → dict (switches map to True)."""
+    toks = shlex.split(text, comments=True)
+    out: dict[str, str | bool] = {}
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        if not t.startswith("--"):
+            raise SpecError(f"stray token {t!r}", source=ARGS_FILE, fix="report this exporter bug")
+        if i + 1 < len(toks) and not toks[i + 1].startswith("--"):
+            out[t[2:]] = toks[i + 1]
+            i += 2
+        else:
+            out[t[2:]] = True
+            i += 1
+    return out
+
+
+def validate_megatron(files: Mapping[str, str], plan: Mapping | None = None) -> dict:
+    """Re-parse the arguments; check dp, micro-batches and vpp as Megatron derives them."""
+    args = parse_megatron_args(files[ARGS_FILE])
+    if plan is not None:
+        p = plan["parallel"]
+        tp, pp, cp = (int(args[k]) for k in ("tensor-model-parallel-size",
+                                             "pipeline-model-parallel-size",
+                                             "context-parallel-size"))
+        dp, rem = divmod(_plan.world(plan), tp * pp * cp)
+        mb = int(args["global-batch-size"]) // (int(args["micro-batch-size"]) * max(dp, 1))
+        vpp = 1
+        if "num-layers-per-virtual-pipeline-stage" in args:
+            vpp = int(args["num-layers"]) // pp // int(args["num-layers-per-virtual-pipeline-stage"])
+        got = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "vpp": vpp}
+        want = {k: p[k] for k in got}
+        if rem or got != want or ("microbatches" in plan and mb != plan["microbatches"]):
+            raise SpecError(f"arguments give {got} and {mb} micro-batches, plan has {want}",
+                            source=ARGS_FILE, fix="report this exporter bug")
+    return args
