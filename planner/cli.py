@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Sequence
 
-from simulator.errors import ClusterplanError, SpecError
+from simulator.errors import ClusterplanError
 
 from . import commands
 

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import os
-import tempfile
 from pathlib import Path
 
 from simulator.errors import SpecError
@@ -385,11 +381,5 @@ def _calibrate_compute(args) -> int:
 
 
 def _atomic_write(path: str, text: str) -> None:
-    p = Path(path)
-    if not p.resolve().parent.is_dir():
-        raise SpecError(f"directory of {path} does not exist", field="--out",
-                        fix="create the directory first")
-    fd, tmp = tempfile.mkstemp(dir=p.resolve().parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, p)
+    from simulator.fileio import atomic_write_text
+    atomic_write_text(path, text)

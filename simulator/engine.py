@@ -31,7 +31,7 @@ from .compute import ComputeProfile, load_compute_profile, op_time
 from .errors import SimulationError, SpecError
 from .network import FlowNetwork, NetworkStats
 from .topology import Topology
-from .workload import Op, Workload
+from .workload import Workload
 
 __all__ = ["simulate", "SimResult"]
 

@@ -11,9 +11,8 @@ traces of 16k-GPU runs openable.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from pathlib import Path
+
+from .fileio import atomic_write_text
 
 __all__ = ["chrome_trace", "write_chrome_trace"]
 
@@ -67,15 +66,5 @@ def chrome_trace(result, *, max_ranks: int = 64) -> dict:
 
 
 def write_chrome_trace(result, path, *, max_ranks: int = 64) -> None:
-    """Write the trace atomically (a temporary file renamed into place: nothing half-written)."""
-    path = Path(path)
-    data = chrome_trace(result, max_ranks=max_ranks)
-    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write the trace atomically (nothing half-written if anything fails)."""
+    atomic_write_text(path, json.dumps(chrome_trace(result, max_ranks=max_ranks)), field="--trace")

@@ -25,10 +25,10 @@ import importlib.resources
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
 
 from .collectives import KINDS
 from .errors import SpecError
+from .fileio import parse_yaml
 from .topology.spec import Fields
 from .workload import Workload
 
@@ -72,13 +72,7 @@ def load_workload(ref: str | Path, *, num_gpus: int) -> Workload:
     else:
         raise SpecError(f"no workload file or built-in workload named {ref!r}", source=ref,
                         fix=f"pass a YAML path or one of: {', '.join(builtin_workload_names())}")
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        raise SpecError(f"YAML syntax error at {where}", source=source,
-                        fix="fix the YAML syntax (indentation, colons, quotes)") from None
+    doc = parse_yaml(text, source=source)
     if not isinstance(doc, Mapping):
         raise SpecError("the document must be a mapping", source=source,
                         fix="start with 'name:' and 'ops:'")

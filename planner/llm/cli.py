@@ -103,8 +103,8 @@ def fidelity(args, emit) -> int:
 def plan_model(args, spec: LLMSpec, topo, emit) -> int:
     """``clusterplan plan MODEL.yaml --topology NAME``: the top layouts and a plan JSON."""
     import json
-    import os
-    import tempfile
+
+    from simulator.fileio import atomic_write_text
 
     from .search import search
     results, stats = search(spec, topo, top=args.top)
@@ -113,14 +113,7 @@ def plan_model(args, spec: LLMSpec, topo, emit) -> int:
     doc["alternatives"] = [r.to_dict() for r in results[1:]]
     doc["search"] = stats
     if args.out:
-        out = Path(args.out)
-        if not out.resolve().parent.is_dir():
-            raise SpecError(f"directory of {args.out} does not exist", field="--out",
-                            fix="create the directory first")
-        fd, tmp = tempfile.mkstemp(dir=out.resolve().parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(doc, fh, indent=1)
-        os.replace(tmp, out)
+        atomic_write_text(args.out, json.dumps(doc, indent=1))
     lines = [f"{spec.model.name} on {topo.name} ({topo.num_gpus} × {topo.gpu.name}): "
              f"{stats['enumerated']} layouts, {stats['out_of_memory']} out of memory, "
              f"{stats['estimated']} estimated, {stats['simulated']} simulated in "

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from simulator.errors import SpecError

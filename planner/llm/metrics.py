@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from simulator.engine import SimResult, simulate
 from simulator.topology import Topology
 
-from .kernels import block_kernels, block_model_flops, logits_model_flops
+from .kernels import block_model_flops, logits_model_flops
 from .memory import MemoryEstimate, memory_per_gpu
 from .spec import LLMSpec, ParallelSpec
 from .step import StepPlan, build_step, resolve_parallel

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass, replace
 

@@ -14,13 +14,13 @@ Built-in specs (``planner/models/``) load by name: ``llama3-405b``, ``gpt3-175b`
 from __future__ import annotations
 
 import importlib.resources
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
 
 from simulator.errors import SpecError
+from simulator.fileio import parse_yaml
 from simulator.topology.spec import Fields
 
 __all__ = ["ModelSpec", "TrainingSpec", "ParallelSpec", "LLMSpec", "load_llm_spec",
@@ -126,13 +126,7 @@ def load_llm_spec(ref: str | Path) -> LLMSpec:
     else:
         raise SpecError(f"no model file or built-in model named {ref!r}", source=ref,
                         fix=f"pass a YAML path or one of: {', '.join(builtin_model_names())}")
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        raise SpecError(f"YAML syntax error at {where}", source=source,
-                        fix="fix the YAML syntax (indentation, colons, quotes)") from None
+    doc = parse_yaml(text, source=source)
     if not isinstance(doc, Mapping):
         raise SpecError("the document must be a mapping", source=source,
                         fix="write model:, training: and optionally parallel: sections")

@@ -11,7 +11,6 @@ last micro-batch's backward, so DP traffic of the whole cluster shares the fabri
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 from simulator.collectives import simulate_collective

@@ -57,9 +57,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import yaml
 
 from simulator.errors import SpecError
+from simulator.fileio import parse_yaml
 
 from .shards import ShardingType, parse_sharding_types
 
@@ -284,13 +284,7 @@ def load_model_spec(ref: str | Path) -> ModelSpec:
 
 
 def _model_from_yaml(text: str, *, source: str, base: Path) -> ModelSpec:
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        raise SpecError(f"YAML syntax error at {where}", source=source,
-                        fix="fix the YAML syntax (indentation, colons, quotes)") from None
+    doc = parse_yaml(text, source=source)
     if not isinstance(doc, dict):
         raise SpecError("the document must be a mapping with a 'tables' field", source=source,
                         fix="see planner/sharding/spec.py for the format")

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import SpecError
 from ..hardware import GPUSpec, gpu_spec, gpu_spec_from_dict
-from .model import DEVICE_KINDS, LINK_KINDS, CommProfile, Hierarchy, LinkTable, Tier, Topology
+from .model import LINK_KINDS, CommProfile, Hierarchy, LinkTable, Tier, Topology
 from .spec import Fields, read_topology_mapping
 
 __all__ = ["load_topology", "build_topology", "DEFAULT_COMM"]

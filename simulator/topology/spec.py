@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import yaml
 
 from ..errors import SpecError
+from ..fileio import parse_yaml
 from ..units import parse_bandwidth, parse_bytes, parse_time
 
 __all__ = ["Fields", "builtin_topology_names", "read_topology_mapping", "parse_topology_ref"]
@@ -98,14 +99,7 @@ def read_topology_mapping(ref: str | Path, overrides: Mapping[str, Any] | None =
                             fix="use a built-in name or a path to a topology YAML file")
         source = f"topologies/{name}.yaml"
         text = (importlib.resources.files("topologies") / f"{name}.yaml").read_text()
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError(f"YAML syntax error at {where}: {problem}", source=source,
-                        fix="fix the YAML syntax (indentation, colons, quotes)") from None
+    doc = parse_yaml(text, source=source)
     if not isinstance(doc, dict):
         raise SpecError("the document must be a mapping of fields", source=source,
                         fix="see topologies/README.md for the schema")

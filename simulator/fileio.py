@@ -1,0 +1,53 @@
+"""Reading YAML specs and writing output files, with the project's error rules.
+
+Every spec loader parses YAML through :func:`parse_yaml` (a syntax error names the file, the line
+and the column, exit 2), and every output goes through :func:`atomic_write_text` (a temporary
+file in the same folder renamed into place, so nothing is ever half-written).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import SpecError
+
+__all__ = ["parse_yaml", "atomic_write_text"]
+
+
+def parse_yaml(text: str, *, source: str) -> Any:
+    """``yaml.safe_load`` with a located :class:`SpecError` on a syntax error."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        problem = getattr(exc, "problem", None)
+        detail = f": {problem}" if problem else ""
+        raise SpecError(f"YAML syntax error at {where}{detail}", source=source,
+                        fix="fix the YAML syntax (indentation, colons, quotes)") from None
+
+
+def atomic_write_text(path: str | Path, text: str, *, field: str = "--out") -> Path:
+    """Write ``text`` to ``path`` atomically; a missing folder is a :class:`SpecError`."""
+    p = Path(path)
+    folder = p.resolve().parent
+    if not folder.is_dir():
+        raise SpecError(f"folder {str(p.parent)!r} does not exist", field=field,
+                        fix="create the folder or give another path")
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return p
