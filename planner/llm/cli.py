@@ -119,7 +119,7 @@ def plan_model(args, spec: LLMSpec, topo, emit) -> int:
              f"{stats['estimated']} estimated, {stats['simulated']} simulated in "
              f"{stats['wall_s']:.1f} s",
              f"  {'#':>2} {'tp':>3}{'cp':>3}{'pp':>4}{'dp':>5}{'vpp':>4}{'mbs':>4} {'fsdp':<6}"
-             f"{'step':>11}{'MFU':>7}{'memory':>12}{'bubble':>12}{'exposed DP':>12}"]
+             f"{'step':>11}{'MFU':>7}{'memory':>12}{'bubble':>12}{'exposed DP':>12}  order"]
     for i, r in enumerate(results, 1):
         d = r.to_dict()
         p, bd = d["parallel"], d["breakdown"]
@@ -127,7 +127,12 @@ def plan_model(args, spec: LLMSpec, topo, emit) -> int:
                      f"{d['micro_batch_size']:>4} {p['fsdp']:<6}{format_time(d['step_time_s']):>11}"
                      f"{d['mfu']:>7.1%}{format_bytes(d['memory_per_gpu_bytes']):>12}"
                      f"{format_time(bd['pipeline_bubble_s']):>12}"
-                     f"{format_time(bd['dp_comm_exposed_s']):>12}")
+                     f"{format_time(bd['dp_comm_exposed_s']):>12}  {r.plan.layout.order}")
+    sa = stats.get("scale_across")
+    if sa:
+        lines.append(f"  across {sa['buildings']} buildings: {sa['crossing_axis'].upper()} crosses; "
+                     f"{sa['gain']:+.1%} over the baseline ({sa['baseline']}: "
+                     f"{format_time(sa['baseline_step_time_s'])})")
     if args.out:
         lines.append(f"  plan: {args.out}")
     emit(args, doc, "\n".join(lines))

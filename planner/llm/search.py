@@ -38,6 +38,19 @@ class Candidate:
     micro_batch_size: int
     estimate_s: float
     memory_bytes: float
+    order: str = "tp-cp-dp-pp"
+
+    @property
+    def crossing_axis(self) -> str:
+        """Outermost axis with degree > 1: the one that crosses buildings."""
+        return _crossing(self.order, self.parallel)
+
+
+def _crossing(order: str, p: ParallelSpec) -> str:
+    for ax in reversed(order.split("-")):
+        if getattr(p, ax) > 1:
+            return ax
+    return "none"
 
 
 def _divisors(n: int) -> list[int]:
@@ -72,8 +85,18 @@ def enumerate_layouts(spec: LLMSpec, num_gpus: int, gpus_per_node: int):
 
 
 def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8,
-           order: str = "tp-cp-dp-pp") -> tuple[list[LLMResult], dict]:
-    """Best layouts by simulated step time, and statistics of the search."""
+           orders: tuple[str, ...] | None = None) -> tuple[list[LLMResult], dict]:
+    """Best layouts by simulated step time, and statistics of the search.
+
+    On a multi-building topology the placement order is searched too (ScaleAcross): PP
+    outermost (``tp-cp-dp-pp``: pipeline stages split across buildings) or DP outermost
+    (``tp-cp-pp-dp``: replicas per building, gradients reduced across). ``stats["scale_across"]``
+    then reports the gain of the best layout over the baseline "DP across buildings, default
+    1F1B schedule" (the best simulated layout with DP outermost and vpp = 1).
+    """
+    buildings = int(topo.params.get("buildings", 1) or 1)
+    if orders is None:
+        orders = ("tp-cp-dp-pp", "tp-cp-pp-dp") if buildings > 1 else ("tp-cp-dp-pp",)
     t0 = time.perf_counter()
     prof = load_compute_profile(topo.gpu)
     cache: dict = {}
@@ -91,22 +114,44 @@ def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8
         if not mem.fits:
             stats["out_of_memory"] += 1
             continue
-        cands.append(Candidate(p, mbs, _estimate(s, p, topo, prof, cache, order), mem.total_bytes))
-        stats["estimated"] += 1
+        # with pp or dp of 1 both orders place ranks identically: keep one
+        for order in (orders if p.pp > 1 and p.dp > 1 else orders[:1]):
+            cands.append(Candidate(p, mbs, _estimate(s, p, topo, prof, cache, order),
+                                   mem.total_bytes, order))
+            stats["estimated"] += 1
     if not cands:
         raise SpecError(f"no layout of {spec.model.name} fits on {topo.num_gpus} × {topo.gpu.name}"
                         f" ({stats['out_of_memory']} out of memory, {stats['invalid']} invalid)",
                         source=spec.source, field="training",
                         fix="add GPUs (--gpus), enable activation_recompute, or lower the batch")
     cands.sort(key=lambda c: (c.estimate_s, c.parallel.tp, c.parallel.pp, c.micro_batch_size,
-                              c.parallel.fsdp))
-    results = []
-    for c in cands[:simulate_top]:
+                              c.parallel.fsdp, c.order))
+    chosen = cands[:simulate_top]
+    baseline = None
+    if buildings > 1:
+        base = [c for c in cands if c.crossing_axis == "dp" and c.parallel.vpp == 1]
+        baseline = base[0] if base else None
+        if baseline is not None and baseline not in chosen:
+            chosen.append(baseline)
+    sims: dict[Candidate, LLMResult] = {}
+    for c in chosen:
         s = replace(spec, training=replace(spec.training, micro_batch_size=c.micro_batch_size))
-        results.append(simulate_llm(s, c.parallel, topo, order=order,
-                                    schedule_name="interleaved" if c.parallel.vpp > 1 else "1f1b"))
+        sims[c] = simulate_llm(s, c.parallel, topo, order=c.order,
+                               schedule_name="interleaved" if c.parallel.vpp > 1 else "1f1b")
         stats["simulated"] += 1
-    results.sort(key=lambda r: r.step_time_s)
+    results = sorted(sims.values(), key=lambda r: r.step_time_s)
+    if baseline is not None:
+        best, base_res = results[0], sims[baseline]
+        stats["scale_across"] = {
+            "buildings": buildings,
+            "crossing_axis": _crossing(best.plan.layout.order, best.parallel),
+            "step_time_s": best.step_time_s,
+            "baseline": "DP across buildings, 1F1B, best such layout",
+            "baseline_step_time_s": base_res.step_time_s,
+            "baseline_parallel": {k: getattr(baseline.parallel, k)
+                                  for k in ("tp", "cp", "pp", "dp", "vpp", "fsdp")},
+            "gain": base_res.step_time_s / best.step_time_s - 1,
+        }
     stats["wall_s"] = time.perf_counter() - t0
     return results[:top], stats
 

@@ -151,3 +151,14 @@ def test_plan_model_writes_a_versioned_plan(tmp_path, capsys):
 def test_plan_without_a_fitting_layout_exits_2(capsys):
     assert main(["plan", "llama3-405b", "--topology", "h100-ib", "--gpus", "8"]) == 2
     assert "no layout" in capsys.readouterr().err
+
+
+def test_scale_across_chooses_the_axis_that_crosses_buildings(capsys):
+    thin = ("two-buildings-h100:nodes=8,buildings.links=4,buildings.link_bandwidth=100Gb/s,"
+            "buildings.latency=2ms")
+    assert main(["plan", "llama3-8b", "--topology", thin, "--top", "3", "--json"]) == 0
+    sa = json.loads(capsys.readouterr().out)["search"]["scale_across"]
+    # a thin inter-building link: gradients must not cross it, pipeline stages may
+    assert sa["crossing_axis"] == "pp"
+    assert sa["gain"] > 0.05
+    assert sa["baseline_step_time_s"] > sa["step_time_s"]
