@@ -7,6 +7,7 @@ file in the same folder renamed into place, so nothing is ever half-written).
 
 from __future__ import annotations
 
+import importlib.resources
 import os
 import tempfile
 from pathlib import Path
@@ -16,7 +17,7 @@ import yaml
 
 from .errors import SpecError
 
-__all__ = ["parse_yaml", "atomic_write_text"]
+__all__ = ["parse_yaml", "atomic_write_text", "builtin_names", "read_spec_mapping"]
 
 
 def parse_yaml(text: str, *, source: str) -> Any:
@@ -51,3 +52,31 @@ def atomic_write_text(path: str | Path, text: str, *, field: str = "--out") -> P
             pass
         raise
     return p
+
+
+def builtin_names(package: str) -> list[str]:
+    """Names of the ``*.yaml`` files shipped in ``package``, sorted."""
+    root = importlib.resources.files(package)
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def read_spec_mapping(ref: str | Path, *, package: str, what: str, fix: str) -> tuple[dict, str]:
+    """Load a YAML spec given by path or by built-in name in ``package``; return it and its source.
+
+    ``what`` names the kind of spec in errors ("model", "workload"); ``fix`` says what a valid
+    document starts with when it is not a mapping.
+    """
+    ref = str(ref)
+    path = Path(ref)
+    if path.exists():
+        source, text = str(path), path.read_text()
+    elif ref in builtin_names(package):
+        source = f"{package.replace('.', '/')}/{ref}.yaml"
+        text = (importlib.resources.files(package) / f"{ref}.yaml").read_text()
+    else:
+        raise SpecError(f"no {what} file or built-in {what} named {ref!r}", source=ref,
+                        fix=f"pass a YAML path or one of: {', '.join(builtin_names(package))}")
+    doc = parse_yaml(text, source=source)
+    if not isinstance(doc, dict):
+        raise SpecError("the document must be a mapping", source=source, fix=fix)
+    return doc, source

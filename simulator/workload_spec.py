@@ -21,14 +21,13 @@ collectives: ``size`` (nccl-tests convention), ``group``, ``algo``.
 
 from __future__ import annotations
 
-import importlib.resources
 from pathlib import Path
 from typing import Any, Mapping
 
 
 from .collectives import KINDS
 from .errors import SpecError
-from .fileio import parse_yaml
+from .fileio import builtin_names, read_spec_mapping
 from .topology.spec import Fields
 from .workload import Workload
 
@@ -38,8 +37,7 @@ _COLL = tuple(k for k in KINDS if k != "sendrecv")
 
 
 def builtin_workload_names() -> list[str]:
-    root = importlib.resources.files("simulator.workloads")
-    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+    return builtin_names("simulator.workloads")
 
 
 def rank_groups(n: int, size: int, stride: int = 1) -> list[list[int]]:
@@ -62,20 +60,8 @@ def rank_groups(n: int, size: int, stride: int = 1) -> list[list[int]]:
 
 def load_workload(ref: str | Path, *, num_gpus: int) -> Workload:
     """Load a workload YAML by path or built-in name and expand it over ``num_gpus`` ranks."""
-    ref = str(ref)
-    path = Path(ref)
-    if path.exists():
-        source, text = str(path), path.read_text()
-    elif ref in builtin_workload_names():
-        source = f"simulator/workloads/{ref}.yaml"
-        text = (importlib.resources.files("simulator.workloads") / f"{ref}.yaml").read_text()
-    else:
-        raise SpecError(f"no workload file or built-in workload named {ref!r}", source=ref,
-                        fix=f"pass a YAML path or one of: {', '.join(builtin_workload_names())}")
-    doc = parse_yaml(text, source=source)
-    if not isinstance(doc, Mapping):
-        raise SpecError("the document must be a mapping", source=source,
-                        fix="start with 'name:' and 'ops:'")
+    doc, source = read_spec_mapping(ref, package="simulator.workloads", what="workload",
+                                    fix="start with 'name:' and 'ops:'")
     return build_workload(doc, num_gpus=num_gpus, source=source)
 
 

@@ -10,11 +10,11 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 from simulator.errors import ClusterplanError, SpecError
+from simulator.fileio import atomic_write_text
 
 from . import TARGETS, export_plan
 from ._plan import check_plan
@@ -80,14 +80,7 @@ def _fill_from_model(plan: dict, args) -> dict:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, text)
 
 
 def write_files(files: dict[str, str], out: str) -> list[str]:

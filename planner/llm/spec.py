@@ -13,14 +13,13 @@ Built-in specs (``planner/models/``) load by name: ``llama3-405b``, ``gpt3-175b`
 
 from __future__ import annotations
 
-import importlib.resources
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 
 from simulator.errors import SpecError
-from simulator.fileio import parse_yaml
+from simulator.fileio import builtin_names, read_spec_mapping
 from simulator.topology.spec import Fields
 
 __all__ = ["ModelSpec", "TrainingSpec", "ParallelSpec", "LLMSpec", "load_llm_spec",
@@ -110,26 +109,13 @@ class LLMSpec:
 
 
 def builtin_model_names() -> list[str]:
-    root = importlib.resources.files("planner.models")
-    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+    return builtin_names("planner.models")
 
 
 def load_llm_spec(ref: str | Path) -> LLMSpec:
     """Load a model spec by path or built-in name."""
-    ref = str(ref)
-    p = Path(ref)
-    if p.exists():
-        source, text = str(p), p.read_text()
-    elif ref in builtin_model_names():
-        source = f"planner/models/{ref}.yaml"
-        text = (importlib.resources.files("planner.models") / f"{ref}.yaml").read_text()
-    else:
-        raise SpecError(f"no model file or built-in model named {ref!r}", source=ref,
-                        fix=f"pass a YAML path or one of: {', '.join(builtin_model_names())}")
-    doc = parse_yaml(text, source=source)
-    if not isinstance(doc, Mapping):
-        raise SpecError("the document must be a mapping", source=source,
-                        fix="write model:, training: and optionally parallel: sections")
+    doc, source = read_spec_mapping(ref, package="planner.models", what="model",
+                                    fix="write model:, training: and optionally parallel: sections")
     return parse_llm_spec(doc, source=source)
 
 

@@ -101,7 +101,6 @@ def run(args: argparse.Namespace) -> int:
         doc["simulation"] = {"step_time_s": sim.step_time_s, "breakdown_s": sim.breakdown_s,
                              "a2a_bytes": sim.a2a_bytes}
     if args.out:
-        from .plan import Plan  # noqa: F401  (documentation link)
         _write_json(args.out, doc)
     if args.json:
         print(json.dumps(doc, indent=2, ensure_ascii=False))
@@ -113,24 +112,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_json(path: str, doc: dict) -> None:
-    import os
-    import tempfile
-    from pathlib import Path
-    p = Path(path)
-    if p.parent and not p.parent.exists():
-        raise SpecError(f"folder {str(p.parent)!r} does not exist", source="--out",
-                        fix="create the folder or give another path")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=str(p.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from simulator.fileio import atomic_write_text
+    atomic_write_text(path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
 
 
 def format_plan(plan, sim=None) -> str:

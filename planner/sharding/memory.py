@@ -17,13 +17,12 @@ state (fp32, 16 bytes per parameter with Adam-like state), unless the task gives
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from simulator.errors import SpecError
 from simulator.units import format_bytes
 
-from .shards import Shard, ShardingType, row_blocks
+from .shards import ShardingType, row_blocks
 from .spec import ModelSpec, TableSpec
 
 if TYPE_CHECKING:

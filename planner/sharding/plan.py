@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from simulator.fileio import atomic_write_text
 
 from .cost import BREAKDOWN_KEYS, F_MEM
 from .shards import Shard, ShardingType, TableSharding, validate_sharding
@@ -188,19 +188,7 @@ class Plan:
 
     def write(self, path: str | os.PathLike, *, stable: bool = False) -> None:
         """Write the JSON atomically (a temporary file in the same folder, then a rename)."""
-        path = Path(path)
-        text = self.to_json(stable=stable)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        atomic_write_text(path, self.to_json(stable=stable))
 
 
 def make_plan(problem: Problem, shardings: Sequence[TableSharding], planner: str,
