@@ -4,9 +4,12 @@ Compute and network come from priors and microbenchmark fits only (traces/effici
 topology collectives: sections); nothing here is fitted to these tables. About a minute.
 """
 
+from pathlib import Path
+
 import pytest
 
-from planner.llm.fidelity import korthikanti_rows, narayanan_rows, run_set
+from planner.llm.fidelity import (kendall_tau_by_group, korthikanti_rows, narayanan_rows,
+                                   run_set, vtrain_rows)
 
 
 @pytest.mark.parametrize("name,rows", [("narayanan", narayanan_rows), ("korthikanti", korthikanti_rows)])
@@ -16,3 +19,27 @@ def test_mape_within_ten_percent(name, rows):
     print(f"\n{name}: MAPE {mape:.1%}\n" + df[["row", "measured_s", "predicted_s", "error"]].to_string())
     assert mape <= 0.10
     assert df.error.abs().max() < 0.20          # no row far off while the mean hides it
+
+
+VTRAIN = Path(__file__).resolve().parents[3] / "shared" / "data" / "vtrain" / "ground_truth_multi.csv"
+# Groups whose measured ranking the model does not yet reproduce (see planner/llm/fidelity.py,
+# "Known gaps"): strict, so the test flags the day a physical fix lifts them over 0.7.
+VTRAIN_KNOWN_GAPS = {"18.4B", "39.1B"}
+
+
+@pytest.fixture(scope="module")
+def vtrain_df():
+    if not VTRAIN.exists():
+        pytest.skip(f"vTrain data not found at {VTRAIN}")
+    return run_set(vtrain_rows(VTRAIN))
+
+
+@pytest.mark.parametrize("group", [
+    pytest.param(g, marks=pytest.mark.xfail(strict=True, reason="known gap: TP2/TP4 rows and "
+                                                                "cross-node TP16 predicted too fast"))
+    if g in VTRAIN_KNOWN_GAPS else g
+    for g in ("3.6B", "18.4B", "39.1B", "175.0B")])
+def test_vtrain_ranking_kendall_tau(vtrain_df, group):
+    tau = kendall_tau_by_group(vtrain_df)[group]
+    print(f"\nvTrain {group}: Kendall tau {tau:.2f}")
+    assert tau >= 0.7
