@@ -56,6 +56,10 @@ def check_plan(plan: Any, source: str | None = None) -> dict:
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise _err(f"{v!r} is not a positive integer", f"parallel.{ax}",
                        f"set parallel.{ax} to an integer >= 1", source)
+    ep = par.get("ep", 1)
+    if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1 or par["dp"] % ep:
+        raise _err(f"{ep!r} is not a positive integer dividing dp {par['dp']}", "parallel.ep",
+                   "set parallel.ep to a divisor of dp (1 for a dense model)", source)
     if par.get("fsdp", "none") not in FSDP_MODES:
         raise _err(f"{par.get('fsdp')!r} is not one of {', '.join(FSDP_MODES)}",
                    "parallel.fsdp", "use none, zero1, zero2, zero3 or hsdp", source)

@@ -54,6 +54,10 @@ def export_megatron(plan: dict, *, num_layers: int | None = None,
                             fix="choose vpp so that layers divide by pp*vpp")
         a.append(["--num-layers-per-virtual-pipeline-stage", str(layers // (p["pp"] * p["vpp"]))])
     a.append(["--context-parallel-size", str(p["cp"])])
+    if plan.get("num_experts", 0) > 1:
+        a.append(["--num-experts", str(plan["num_experts"])])
+        a.append(["--moe-router-topk", str(plan.get("moe_top_k", 1))])
+        a.append(["--expert-model-parallel-size", str(p.get("ep", 1))])
     for flag in _ORDERS[order]:
         a.append([flag])
     a.append(["--micro-batch-size", str(plan["micro_batch_size"])])

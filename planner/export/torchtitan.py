@@ -37,7 +37,8 @@ def torchtitan_degrees(plan: Mapping, hsdp_shard: int | None = None) -> dict[str
         rep, shard = dp, 1
     return {"data_parallel_replicate_degree": rep, "data_parallel_shard_degree": shard,
             "tensor_parallel_degree": p["tp"], "context_parallel_degree": p["cp"],
-            "pipeline_parallel_degree": p["pp"]}
+            "pipeline_parallel_degree": p["pp"],
+            **({"expert_parallel_degree": p["ep"]} if p.get("ep", 1) > 1 else {})}
 
 
 def _model_section(name: str) -> tuple[str, str] | None:

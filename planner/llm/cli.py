@@ -45,7 +45,8 @@ def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
     bd = d["breakdown"]
     lines = [
         f"{d['model']} on {d['topology']} ({d['gpus']} GPUs), tp={p['tp']} cp={p['cp']} "
-        f"pp={p['pp']} dp={p['dp']} vpp={p['vpp']} fsdp={p['fsdp']}, "
+        f"pp={p['pp']} dp={p['dp']} vpp={p['vpp']} fsdp={p['fsdp']}"
+        + (f" ep={p['ep']}" if p['ep'] > 1 else "") + ", "
         f"{d['microbatches']} micro-batches of {d['micro_batch_size']}",
         f"  step time {format_time(d['step_time_s'])}   {d['tokens_per_s']:,.0f} tokens/s   "
         f"{d['tflops_per_gpu']:.1f} TFLOP/s per GPU",
@@ -57,7 +58,9 @@ def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
         f"grads {format_bytes(mem.gradients_bytes)}, optimizer {format_bytes(mem.optimizer_bytes)},"
         f" activations {format_bytes(mem.activations_bytes)})",
         f"  stage {bd['stage']}: compute {format_time(bd['compute_s'])}, TP/CP comm "
-        f"{format_time(bd['tp_cp_comm_s'])}, bubble {format_time(bd['pipeline_bubble_s'])}, "
+        f"{format_time(bd['tp_cp_comm_s'])}, "
+        + (f"EP all-to-all {format_time(bd['ep_comm_s'])}, " if d['parallel']['ep'] > 1 else "")
+        + f"bubble {format_time(bd['pipeline_bubble_s'])}, "
         f"exposed DP {format_time(bd['dp_comm_exposed_s'])}, optimizer "
         f"{format_time(bd['optimizer_s'])}",
     ]
@@ -118,12 +121,12 @@ def plan_model(args, spec: LLMSpec, topo, emit) -> int:
              f"{stats['enumerated']} layouts, {stats['out_of_memory']} out of memory, "
              f"{stats['estimated']} estimated, {stats['simulated']} simulated in "
              f"{stats['wall_s']:.1f} s",
-             f"  {'#':>2} {'tp':>3}{'cp':>3}{'pp':>4}{'dp':>5}{'vpp':>4}{'mbs':>4} {'fsdp':<6}"
+             f"  {'#':>2} {'tp':>3}{'cp':>3}{'pp':>4}{'dp':>5}{'ep':>4}{'vpp':>4}{'mbs':>4} {'fsdp':<6}"
              f"{'step':>11}{'MFU':>7}{'memory':>12}{'bubble':>12}{'exposed DP':>12}  order"]
     for i, r in enumerate(results, 1):
         d = r.to_dict()
         p, bd = d["parallel"], d["breakdown"]
-        lines.append(f"  {i:>2} {p['tp']:>3}{p['cp']:>3}{p['pp']:>4}{p['dp']:>5}{p['vpp']:>4}"
+        lines.append(f"  {i:>2} {p['tp']:>3}{p['cp']:>3}{p['pp']:>4}{p['dp']:>5}{p['ep']:>4}{p['vpp']:>4}"
                      f"{d['micro_batch_size']:>4} {p['fsdp']:<6}{format_time(d['step_time_s']):>11}"
                      f"{d['mfu']:>7.1%}{format_bytes(d['memory_per_gpu_bytes']):>12}"
                      f"{format_time(bd['pipeline_bubble_s']):>12}"
@@ -153,4 +156,5 @@ def plan_document(res, topo) -> dict:
     return {"format_version": 1, "kind": "llm-plan", "order": lay.order,
             "model": m.name, "topology": topo.name, **d,
             "num_layers": m.layers, "seq_len": m.seq_len, "precision": t.precision,
+            **({"num_experts": m.num_experts, "moe_top_k": m.top_k} if m.is_moe else {}),
             "activation_recompute": t.activation_recompute, "ranks": ranks}

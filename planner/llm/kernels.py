@@ -32,9 +32,10 @@ def bytes_per_element(precision: str) -> int:
 @dataclass(frozen=True, slots=True)
 class Kernel:
     name: str
-    flops: float      # FLOPs actually executed
-    bytes: float      # bytes moved to and from HBM
+    flops: float      # FLOPs actually executed (all ``count`` launches together)
+    bytes: float      # bytes moved to and from HBM (all launches together)
     dtype: str
+    count: int = 1    # equal launches the work is split into (one GEMM per local expert)
 
 
 def _act_dtype(precision: str) -> str:
@@ -42,7 +43,8 @@ def _act_dtype(precision: str) -> str:
 
 
 def block_kernels(m: ModelSpec, *, b: int, tp: int, cp: int, precision: str,
-                  attention: str = "flash", sequence_parallel: bool = True) -> list[Kernel]:
+                  attention: str = "flash", sequence_parallel: bool = True,
+                  ep: int = 1) -> list[Kernel]:
     """Forward kernels of one transformer block on one rank.
 
     ``attention="flash"``: one fused causal kernel (half the full-score FLOPs, no s×s traffic).
@@ -50,6 +52,10 @@ def block_kernels(m: ModelSpec, *, b: int, tp: int, cp: int, precision: str,
     over the full s×s scores, plus softmax and dropout passes over them in memory.
     Without ``sequence_parallel`` the norms, dropouts and residual adds run on the whole
     activation on every tensor-parallel rank instead of a 1/tp slice.
+
+    Mixture of experts: a router GEMM, then each rank runs its ``E/ep`` local experts as one GEMM
+    each over the tokens routed to it (balanced routing: ``top_k · T · ep / E`` tokens per
+    expert), so small experts and high ``ep`` give small, less efficient GEMMs.
     """
     if attention not in ("flash", "standard"):
         raise ValueError(f"attention must be flash or standard, got {attention!r}")
@@ -79,12 +85,29 @@ def block_kernels(m: ModelSpec, *, b: int, tp: int, cp: int, precision: str,
                                                        + T * (h + 2 * kv) / tp), gemm),
         *attn,
         Kernel("attn_out", 2 * T * h * h / tp, e * (T * h / tp + h * h / tp + T * h), gemm),
-        Kernel("mlp", experts * mats * 2 * T * h * f / tp,
-               e * experts * (2 * T * h + mats * h * f / tp + (mats - 1) * T * f / tp), gemm),
+        *_mlp_kernels(m, T=T, tp=tp, ep=ep, e=e, gemm=gemm, sp=sp),
         # norms, residual adds, activation function, dropout: memory-bound passes
         Kernel("elementwise", 0.0, e * (12 * T * h / sp + 2 * experts * T * f / tp), act),
     ]
     return ks
+
+
+def _mlp_kernels(m: ModelSpec, *, T: float, tp: int, ep: int, e: int, gemm: str,
+                 sp: int) -> list[Kernel]:
+    h, f = m.hidden_size, m.ffn_hidden_size
+    mats = 3 if m.ffn == "swiglu" else 2
+    if not m.is_moe:
+        return [Kernel("mlp", mats * 2 * T * h * f / tp,
+                       e * (2 * T * h + mats * h * f / tp + (mats - 1) * T * f / tp), gemm)]
+    local = m.num_experts // ep
+    routed = m.top_k * T                      # token copies processed on this rank
+    return [Kernel("router", 2 * (T / sp) * h * m.num_experts,
+                   e * (T / sp) * (h + m.num_experts) + 4 * h * m.num_experts, gemm),
+            # permute tokens into expert order before, and back after (read + write each)
+            Kernel("moe_permute", 0.0, 2 * 2 * e * routed * h / tp, gemm),
+            Kernel("experts", mats * 2 * routed * h * f / tp,
+                   e * (2 * routed * h + local * mats * h * f / tp + (mats - 1) * routed * f / tp),
+                   gemm, count=local)]
 
 
 def logits_kernels(m: ModelSpec, *, b: int, tp: int, cp: int, precision: str) -> list[Kernel]:
@@ -105,6 +128,8 @@ def block_model_flops(m: ModelSpec, *, tokens: float) -> float:
     experts = max(1, m.top_k if m.num_experts else 1)
     fwd = 2 * tokens * h * (h + 2 * kv) + 4 * tokens * m.seq_len * h + 2 * tokens * h * h \
         + experts * mats * 2 * tokens * h * f
+    if m.is_moe:
+        fwd += 2 * tokens * h * m.num_experts           # router
     return 3 * fwd
 
 
@@ -117,5 +142,6 @@ def kernels_time(profile: ComputeProfile, kernels: list[Kernel], *, backward: bo
     total = 0.0
     for k in kernels:
         mult = (2.5 if k.name == "attention" else 2.0) if backward else 1.0
-        total += op_time(profile, flops=mult * k.flops, bytes_moved=mult * k.bytes, dtype=k.dtype)
+        total += k.count * op_time(profile, flops=mult * k.flops / k.count,
+                                   bytes_moved=mult * k.bytes / k.count, dtype=k.dtype)
     return total

@@ -61,3 +61,9 @@ class Layout:
         """Ranks that differ from ``rank`` only along ``axis``, in axis order."""
         c = self.coords(rank)
         return [self.rank(**{**c, axis: i}) for i in range(getattr(self, axis))]
+
+    def ep_group(self, rank: int, ep: int) -> list[int]:
+        """Expert-parallel group of ``rank``: ``ep`` consecutive members of its DP group."""
+        g = self.group("dp", rank)
+        i = g.index(rank) // ep * ep
+        return g[i:i + ep]

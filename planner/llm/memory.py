@@ -62,19 +62,24 @@ def memory_per_gpu(m: ModelSpec, t: TrainingSpec, p: ParallelSpec, *, capacity_b
         "selective": s * b * h * 34 / p.tp,
         "full": 2 * s * b * h / p.tp,
     }[t.activation_recompute] * (e / 2)
+    if m.is_moe and t.activation_recompute != "full":
+        # the MLP's share of the 34 (19·sbh of it) is stored once per routed copy
+        per_block_act *= 1 + (m.top_k - 1) * 19 / 34
+    ep = max(1, p.ep)
     worst = None
     for i, n_layers in enumerate(stage_layers(m.layers, p.pp)):
-        params = n_layers * m.params_per_layer / p.tp
+        params = n_layers * m.dense_params_per_layer / p.tp
         if i == 0:
             params += m.embedding_params / p.tp
         if i == p.pp - 1:
             params += m.embedding_params / p.tp
-        shard_w = dp if p.fsdp in ("zero3", "hsdp") else 1
-        shard_g = dp if p.fsdp in ("zero2", "zero3", "hsdp") else 1
-        shard_o = dp if p.fsdp != "none" else 1
-        weights = params * e_w / shard_w
-        grads = params * 4 / shard_g
-        optim = params * 12 / shard_o
+        # experts: E/ep per rank, their state sharded over the dp/ep expert-data-parallel ranks
+        experts = n_layers * (m.params_per_layer - m.dense_params_per_layer) / (ep * p.tp)
+        weights = grads = optim = 0.0
+        for n, group in ((params, dp), (experts, dp // ep)):
+            weights += n * e_w / (group if p.fsdp in ("zero3", "hsdp") else 1)
+            grads += n * 4 / (group if p.fsdp in ("zero2", "zero3", "hsdp") else 1)
+            optim += n * 12 / (group if p.fsdp != "none" else 1)
         micro = t.global_batch_size // max(1, dp * b)
         in_flight = min(p.pp - i, micro) if p.pp > 1 else 1
         if p.vpp > 1:

@@ -1,7 +1,7 @@
 """Simulate one LLM step and report what a user asks: step time, tokens/s, MFU, memory, breakdown.
 
 MFU is given in two named conventions, both against the GPU's dense peak in the training
-precision: ``palm`` (6N + 12·l·h·s FLOPs per token, N = non-embedding parameters) and
+precision: ``palm`` (6N + 12·l·h·s FLOPs per token, N = non-embedding parameters, active ones for MoE) and
 ``megatron`` (model FLOPs of every GEMM incl. logits, attention counted full:
 72bslh²(1 + s/6h) + 6bshV for GPT). ``hfu`` adds recomputation (hardware FLOPs).
 """
@@ -26,7 +26,9 @@ def model_flops(spec: LLMSpec) -> dict[str, float]:
     m, t = spec.model, spec.training
     tokens = t.global_batch_size * m.seq_len
     megatron = m.layers * block_model_flops(m, tokens=tokens) + logits_model_flops(m, tokens=tokens)
-    palm = tokens * (6 * m.non_embedding_params + 12 * m.layers * m.hidden_size * m.seq_len)
+    # N counts the weights a token uses: for a mixture of experts the active (top_k) ones
+    palm = tokens * (6 * m.active_non_embedding_params
+                     + 12 * m.layers * m.hidden_size * m.seq_len)
     # hardware FLOPs: + one extra forward of every block (full) or of attention (selective)
     fwd_block = block_model_flops(m, tokens=tokens) / 3
     attn_fwd = 4 * tokens * m.seq_len * m.hidden_size
@@ -57,7 +59,7 @@ class LLMResult:
         return {
             "model": m.name, "topology": self.sim.topology, "gpus": n,
             "parallel": {k: getattr(self.parallel, k) for k in ("tp", "cp", "pp", "dp", "vpp",
-                                                                "fsdp")},
+                                                                "fsdp", "ep")},
             "micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
             "microbatches": self.plan.microbatches,
             "step_time_s": st, "tokens_per_s": tokens / st,
@@ -91,6 +93,10 @@ class LLMResult:
                 best = (busy, s, r, comp)
         busy, s, r, comp = best
         tpc = sum(self.plan.tp_comm_s[s]) * self.plan.microbatches
+        # EP all-to-alls (2 forward, 2 backward, 2 more under full recompute) are inside tpc
+        passes = 6 if self.spec.training.activation_recompute == "full" else 4
+        epc = (self.plan.info.get("ep_a2a_s", [0.0] * (s + 1))[s] * passes
+               * sum(self.plan.info["chunk_layers"][s]) * self.plan.microbatches)
         opt = float(comp[comp.category == "optimizer"].duration_s.sum())
         fb = busy - opt
         last_b = float(comp[comp.category == "bwd"].end_s.max())
@@ -100,7 +106,7 @@ class LLMResult:
         idle = max(0.0, st - busy - dp_exposed - max(0.0, st - float(comp.end_s.max())))
         # idle time of a pipelined rank is its bubble; without PP it is waiting on FSDP gathers
         bubble = idle if self.parallel.pp > 1 else 0.0
-        return {"stage": s, "compute_s": fb - tpc, "tp_cp_comm_s": tpc,
+        return {"stage": s, "compute_s": fb - tpc, "tp_cp_comm_s": tpc - epc, "ep_comm_s": epc,
                 "optimizer_s": opt, "dp_comm_exposed_s": dp_exposed,
                 "pipeline_bubble_s": bubble, "other_wait_s": idle - bubble,
                 "tail_after_stage_s": max(0.0, st - float(comp.end_s.max()))}

@@ -3,7 +3,8 @@
 1. **Enumerate** every layout whose product is the GPU count: TP dividing the GPUs per node and
    the heads, CP with ``seq % 2cp == 0``, PP dividing nothing in particular (uneven stages are
    allowed) but at most the layer count, vpp ∈ {1, 2, 4} where the interleaved schedule applies,
-   micro-batch ∈ {1, 2, 4, 8}, FSDP level ∈ {none, zero1, zero3}.
+   micro-batch ∈ {1, 2, 4, 8}, FSDP level ∈ {none, zero1, zero3}, and for a mixture of experts
+   the expert-parallel degree ep ∈ {1, 2, 4, …} dividing both the experts and dp.
 2. **Prune** layouts that break a divisibility rule or do not fit in memory.
 3. **Estimate** each survivor in closed form from its per-micro-batch pass times (the same
    kernel and collective models the simulator uses): ``(m + (pp − 1)/vpp) · W`` with ``W`` the
@@ -81,7 +82,16 @@ def enumerate_layouts(spec: LLMSpec, num_gpus: int, gpus_per_node: int):
                         for fsdp in ("none", "zero1", "zero3"):
                             if dp == 1 and fsdp != "none":
                                 continue
-                            yield ParallelSpec(tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp, fsdp=fsdp), mbs
+                            for ep in _expert_degrees(m.num_experts, dp):
+                                yield ParallelSpec(tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp, fsdp=fsdp,
+                                                   ep=ep), mbs
+
+
+def _expert_degrees(num_experts: int, dp: int) -> list[int]:
+    """EP degrees worth trying: 1 for dense models, else powers of two dividing E and dp."""
+    if num_experts <= 1:
+        return [1]
+    return [e for e in (1, 2, 4, 8, 16, 32, 64) if num_experts % e == 0 and dp % e == 0]
 
 
 def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8,
@@ -149,7 +159,7 @@ def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8
             "baseline": "DP across buildings, 1F1B, best such layout",
             "baseline_step_time_s": base_res.step_time_s,
             "baseline_parallel": {k: getattr(baseline.parallel, k)
-                                  for k in ("tp", "cp", "pp", "dp", "vpp", "fsdp")},
+                                  for k in ("tp", "cp", "pp", "dp", "vpp", "fsdp", "ep")},
             "gain": base_res.step_time_s / best.step_time_s - 1,
         }
     stats["wall_s"] = time.perf_counter() - t0
@@ -163,7 +173,8 @@ def _estimate(spec: LLMSpec, p: ParallelSpec, topo: Topology, prof, cache: dict,
     micro = spec.training.global_batch_size // (spec.training.micro_batch_size * p.dp)
     est = (micro + (p.pp - 1) / p.vpp) * w
     m = spec.model
-    params = max(sum(c) for c in chunks) * m.params_per_layer / p.tp + m.embedding_params / p.tp
+    params = (max(sum(c) for c in chunks) * m.layer_params_per_rank(p.ep) / p.tp
+              + m.embedding_params / p.tp)
     if p.dp > 1:
         group = lay.group("dp", 0)
         kind = "allreduce" if p.fsdp == "none" else "reducescatter"

@@ -8,6 +8,11 @@ Exactly these fields (MoE fields are an extension)::
                activation_recompute: none|selective|full}
     parallel: {tp, cp, pp, dp, vpp, fsdp: none|zero1|zero2|zero3|hsdp}
 
+Mixture of experts (extension): ``model.num_experts`` (E > 1 makes every block's MLP E experts
+of width ``ffn_hidden_size``) and ``model.top_k`` (experts per token); ``parallel.ep`` splits
+the experts over ``ep`` data-parallel ranks (expert parallelism, carved from DP as in
+Megatron-Core), which exchange tokens with an all-to-all before and after the experts.
+
 Built-in specs (``planner/models/``) load by name: ``llama3-405b``, ``gpt3-175b`` ...
 """
 
@@ -51,13 +56,37 @@ class ModelSpec:
         return self.hidden_size // self.num_heads
 
     @property
-    def params_per_layer(self) -> int:
-        """Weights of one block: attention (Q, K, V, O) + MLP + 2 norms."""
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
+    @property
+    def expert_params(self) -> int:
+        """Weights of one expert MLP (one FFN of width ``ffn_hidden_size``)."""
+        return (3 if self.ffn == "swiglu" else 2) * self.hidden_size * self.ffn_hidden_size
+
+    @property
+    def dense_params_per_layer(self) -> int:
+        """Weights of one block outside the experts: attention (Q, K, V, O), 2 norms, router."""
         h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
-        attn = h * h + 2 * h * kv + h * h
-        mats = 3 if self.ffn == "swiglu" else 2
-        mlp = mats * h * self.ffn_hidden_size * max(1, self.num_experts)
-        return attn + mlp + 2 * h
+        router = h * self.num_experts if self.is_moe else 0
+        return h * h + 2 * h * kv + h * h + 2 * h + router
+
+    @property
+    def params_per_layer(self) -> int:
+        """All weights of one block: attention + every expert's MLP (one MLP if dense) + norms."""
+        return self.dense_params_per_layer + self.expert_params * max(1, self.num_experts)
+
+    @property
+    def active_params_per_layer(self) -> int:
+        """Weights one token touches in a block: the dense part and ``top_k`` experts."""
+        k = self.top_k if self.is_moe else 1
+        return self.dense_params_per_layer + self.expert_params * k
+
+    def layer_params_per_rank(self, ep: int = 1) -> float:
+        """Weights of one block held by an expert-parallel rank (before TP sharding)."""
+        if not self.is_moe:
+            return self.params_per_layer
+        return self.dense_params_per_layer + self.expert_params * self.num_experts / ep
 
     @property
     def embedding_params(self) -> int:
@@ -71,6 +100,11 @@ class ModelSpec:
     @property
     def non_embedding_params(self) -> int:
         return self.layers * self.params_per_layer
+
+    @property
+    def active_non_embedding_params(self) -> int:
+        """Non-embedding weights used per token (= all of them for a dense model)."""
+        return self.layers * self.active_params_per_layer
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,6 +125,7 @@ class ParallelSpec:
     dp: int = 0
     vpp: int = 1
     fsdp: str = "none"
+    ep: int = 1
 
     @property
     def model_parallel(self) -> int:
@@ -139,6 +174,11 @@ def parse_llm_spec(doc: Mapping[str, Any], *, source: str) -> LLMSpec:
     if model.hidden_size % model.num_heads:
         raise m.err("num_heads", f"hidden_size {model.hidden_size} is not divisible by "
                     f"num_heads {model.num_heads}", "choose heads that divide hidden_size")
+    if model.num_experts == 1 or (model.num_experts and model.top_k > model.num_experts):
+        raise m.err("num_experts" if model.num_experts == 1 else "top_k",
+                    f"num_experts {model.num_experts}, top_k {model.top_k}: an MoE needs "
+                    "num_experts ≥ 2 and top_k ≤ num_experts",
+                    "set num_experts: 0 for a dense model, or top_k ≤ num_experts")
     if model.num_heads % model.num_kv_heads:
         raise m.err("num_kv_heads", f"num_heads {model.num_heads} is not a multiple of "
                     f"num_kv_heads {model.num_kv_heads}", "use a divisor of num_heads")
@@ -157,11 +197,11 @@ def parse_llm_spec(doc: Mapping[str, Any], *, source: str) -> LLMSpec:
 
 
 def _parallel_fields(pf: Fields) -> ParallelSpec:
-    pf.check_keys({"tp", "cp", "pp", "dp", "vpp", "fsdp"})
+    pf.check_keys({"tp", "cp", "pp", "dp", "vpp", "fsdp", "ep"})
     return ParallelSpec(tp=pf.int("tp", 1, minimum=1), cp=pf.int("cp", 1, minimum=1),
                         pp=pf.int("pp", 1, minimum=1), dp=pf.int("dp", 0, minimum=0),
                         vpp=pf.int("vpp", 1, minimum=1),
-                        fsdp=pf.str("fsdp", "none", choices=FSDP))
+                        fsdp=pf.str("fsdp", "none", choices=FSDP), ep=pf.int("ep", 1, minimum=1))
 
 
 def parse_parallel(text: str, base: ParallelSpec | None = None) -> ParallelSpec:
@@ -170,9 +210,9 @@ def parse_parallel(text: str, base: ParallelSpec | None = None) -> ParallelSpec:
     for item in text.split(","):
         key, eq, val = item.partition("=")
         key = key.strip()
-        if not eq or key not in ("tp", "cp", "pp", "dp", "vpp", "fsdp"):
+        if not eq or key not in ("tp", "cp", "pp", "dp", "vpp", "fsdp", "ep"):
             raise SpecError(f"bad item {item!r}", source="--parallel",
-                            fix="write e.g. tp=8,cp=1,pp=16,dp=128,vpp=1,fsdp=zero1")
+                            fix="write e.g. tp=8,cp=1,pp=16,dp=128,vpp=1,fsdp=zero1,ep=1")
         if key == "fsdp":
             values[key] = val.strip()
         else:

@@ -75,6 +75,15 @@ def resolve_parallel(spec: LLMSpec, p: ParallelSpec, num_gpus: int) -> ParallelS
         raise SpecError(f"global batch {t.global_batch_size} is not divisible by micro-batch "
                         f"{t.micro_batch_size} × dp {dp}", source="--parallel", field="dp",
                         fix="change the global batch, the micro-batch size or dp")
+    if p.ep > 1:
+        if not m.is_moe:
+            raise SpecError(f"ep {p.ep} needs a mixture-of-experts model ({m.name} is dense)",
+                            source="--parallel", field="ep",
+                            fix="set ep=1, or give the model num_experts and top_k")
+        if m.num_experts % p.ep or dp % p.ep:
+            raise SpecError(f"ep {p.ep} must divide num_experts {m.num_experts} and dp {dp}",
+                            source="--parallel", field="ep",
+                            fix="use an ep that divides both (experts are split over DP ranks)")
     return replace(p, dp=dp)
 
 
@@ -93,14 +102,15 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
     T = b * m.seq_len / p.cp
     reps = [lay.rank(pp=s) for s in range(p.pp)]
 
-    fwd_s, bwd_s, tpc_s, chunk_layers = pass_times(spec, p, topo, lay, prof,
+    detail: dict = {}
+    fwd_s, bwd_s, tpc_s, chunk_layers = pass_times(spec, p, topo, lay, prof, detail=detail,
                                                    attention=attention,
                                                    sequence_parallel=sequence_parallel)
 
     w = Workload(name=f"{m.name} step")
     # parameters held per rank in each (stage, chunk), for DP traffic and the optimizer
     def chunk_params(s: int, c: int) -> float:
-        n = chunk_layers[s][c] * m.params_per_layer
+        n = chunk_layers[s][c] * m.layer_params_per_rank(p.ep)
         vs = c * p.pp + s
         if vs == 0 or vs == p.pp * p.vpp - 1:
             n += m.embedding_params
@@ -198,12 +208,13 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
             dp_collectives("allgather", s, params * e_w, [opt], f"param gather s{s}")
     return StepPlan(workload=w, layout=lay, parallel=p, microbatches=micro, fwd_s=fwd_s,
                     bwd_s=bwd_s, tp_comm_s=tpc_s, representatives=reps,
-                    info={"chunk_layers": chunk_layers})
+                    info={"chunk_layers": chunk_layers, **detail})
 
 
 def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
                prof: ComputeProfile, comm_cache: dict | None = None, *,
-               attention: str = "flash", sequence_parallel: bool = True):
+               attention: str = "flash", sequence_parallel: bool = True,
+               detail: dict | None = None):
     """Per (stage, chunk): forward and backward seconds of one micro-batch on the stage's
     representative (TP/CP collectives included, timed on their actual groups), the TP/CP part
     of it, and the blocks per chunk. ``comm_cache`` may be shared across calls."""
@@ -222,7 +233,7 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
         return comm_cache[key]
 
     blk = block_kernels(m, b=b, tp=p.tp, cp=p.cp, precision=t.precision, attention=attention,
-                        sequence_parallel=sequence_parallel)
+                        sequence_parallel=sequence_parallel, ep=p.ep)
     blk_f, blk_b = kernels_time(prof, blk), kernels_time(prof, blk, backward=True)
     attn = [k for k in blk if k.name.startswith("attention")]
     attn_f = kernels_time(prof, attn)
@@ -238,8 +249,14 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
         tp_ar = coll("allreduce", tp_group, T * m.hidden_size * e)
         kv = m.num_kv_heads * m.head_dim
         cp_ag = coll("allgather", cp_group, p.cp * 2 * T * kv * e / min(p.tp, m.num_kv_heads))
-        comm_f = 2 * tp_ar + cp_ag
-        comm_b = 2 * tp_ar + 2 * cp_ag
+        # MoE: token dispatch and combine all-to-alls over the EP group (each rank sends its
+        # top_k copies of its 1/tp token slice), forward and again in backward
+        ep_a2a = coll("alltoall", lay.ep_group(reps[s], p.ep),
+                      m.top_k * T * m.hidden_size * e / p.tp) if m.is_moe else 0.0
+        if detail is not None:   # EP all-to-all seconds per micro-batch and layer, per stage
+            detail.setdefault("ep_a2a_s", []).append(ep_a2a)
+        comm_f = 2 * tp_ar + cp_ag + 2 * ep_a2a
+        comm_b = 2 * tp_ar + 2 * cp_ag + 2 * ep_a2a
         recompute = {"none": 0.0, "selective": attn_f, "full": blk_f + comm_f}[
             t.activation_recompute]
         base, extra = divmod(layers_per_stage[s], p.vpp)
