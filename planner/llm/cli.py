@@ -133,7 +133,9 @@ def plan_model(args, spec: LLMSpec, topo, emit) -> int:
                      f"{format_time(bd['dp_comm_exposed_s']):>12}  {r.plan.layout.order}")
     sa = stats.get("scale_across")
     if sa:
-        lines.append(f"  across {sa['buildings']} buildings: {sa['crossing_axis'].upper()} crosses; "
+        lines.append(f"  across {sa['buildings']} buildings: "
+                     f"{'+'.join(sa['crossing_axes']).upper() or 'nothing'} crosses ({sa['placement']}"
+                     f"; pipeline stages per building {sa['stages_per_building']}); "
                      f"{sa['gain']:+.1%} over the baseline ({sa['baseline']}: "
                      f"{format_time(sa['baseline_step_time_s'])})")
     if args.out:

@@ -26,6 +26,7 @@ from simulator.topology import Topology
 
 from .layout import Layout
 from .memory import memory_per_gpu
+from .placement import crossing_axes, stages_per_building
 from .metrics import LLMResult, simulate_llm
 from .spec import LLMSpec, ParallelSpec
 from .step import pass_times, resolve_parallel
@@ -100,8 +101,9 @@ def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8
 
     On a multi-building topology the placement order is searched too (ScaleAcross): PP
     outermost (``tp-cp-dp-pp``: pipeline stages split across buildings) or DP outermost
-    (``tp-cp-pp-dp``: replicas per building, gradients reduced across). ``stats["scale_across"]``
-    then reports the gain of the best layout over the baseline "DP across buildings, default
+    (``tp-cp-pp-dp``: replicas per building, gradients reduced across); with more buildings than
+    pipeline stages both cross ("mixed"). ``stats["scale_across"]`` reports every crossing axis,
+    the pipeline stages held in each building, and the gain of the best layout over the baseline "DP across buildings, default
     1F1B schedule" (the best simulated layout with DP outermost and vpp = 1).
     """
     buildings = int(topo.params.get("buildings", 1) or 1)
@@ -152,9 +154,14 @@ def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8
     results = sorted(sims.values(), key=lambda r: r.step_time_s)
     if baseline is not None:
         best, base_res = results[0], sims[baseline]
+        axes = crossing_axes(best.plan.layout, topo)
         stats["scale_across"] = {
             "buildings": buildings,
             "crossing_axis": _crossing(best.plan.layout.order, best.parallel),
+            "crossing_axes": axes,
+            "placement": "mixed" if len(axes) > 1 else (f"{axes[0]} across" if axes else
+                                                         "inside one building"),
+            "stages_per_building": stages_per_building(best.plan.layout, topo),
             "step_time_s": best.step_time_s,
             "baseline": "DP across buildings, 1F1B, best such layout",
             "baseline_step_time_s": base_res.step_time_s,

@@ -59,7 +59,7 @@ def main() -> None:
                                  f"buildings.link_bandwidth=400Gb/s,buildings.latency={lat}")
             _, st = search(load_llm_spec("llama3-8b"), topo, top=1)
             sa = st["scale_across"]
-            print(f"{links:>6}{links * 0.4:>7.1f}{lat:>9}{sa['crossing_axis']:>9}"
+            print(f"{links:>6}{links * 0.4:>7.1f}{lat:>9}{'+'.join(sa['crossing_axes']):>9}"
                   f"{sa['step_time_s']:>9.3f}{sa['baseline_step_time_s']:>12.3f}{sa['gain']:>8.1%}")
 
 
