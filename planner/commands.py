@@ -315,6 +315,14 @@ def _calibrate(sub) -> None:
     c.add_argument("--out", required=True, metavar="FILE", help="efficiency YAML to write")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_calibrate_compute)
+    h = csub.add_parser("host", help="measure eager PyTorch's host time per transformer block",
+                        description="Time a Megatron-style block with tiny tensors on this CPU "
+                                    "(forward, backward, full recompute): the host floor a GPU "
+                                    "step cannot go below (planner/llm/host.py). Needs torch.")
+    h.add_argument("--out", metavar="FILE", help="YAML to write (traces/calibration/ format)")
+    h.add_argument("--repeats", type=int, default=40)
+    h.add_argument("--json", action="store_true")
+    h.set_defaults(func=_calibrate_host)
 
 
 def _calibrate_nccl(args) -> int:
@@ -377,6 +385,23 @@ def _calibrate_compute(args) -> int:
             "matmul_dtypes": sorted(check.matmul)}
     _emit(args, data, f"wrote {args.out} for {prof['gpu']}: matmul curves for "
                       f"{', '.join(sorted(check.matmul))}, launch {format_time(check.launch_overhead_s)}")
+    return 0
+
+
+def _calibrate_host(args) -> int:
+    from planner.llm.host import host_overhead_yaml, measure_host_overhead
+    if args.repeats < 5:
+        raise SpecError(f"--repeats {args.repeats} is too few for a median", field="--repeats",
+                        fix="use --repeats 5 or more")
+    doc = measure_host_overhead(repeats=args.repeats)
+    if args.out:
+        _atomic_write(args.out, host_overhead_yaml(doc))
+    per, noise = doc["per_block_s"], doc["noise_iqr_over_median"]
+    _emit(args, doc, f"host time per block (torch {doc['torch']}, 1 thread): forward "
+                     f"{format_time(per['forward'])}, backward {format_time(per['backward'])}, "
+                     f"full-recompute extra {format_time(per['recompute_extra'])} "
+                     f"(IQR/median {noise['forward_backward']:.0%})"
+                     + (f"; wrote {args.out}" if args.out else ""))
     return 0
 
 

@@ -20,6 +20,7 @@ from simulator.topology import Topology
 from simulator.workload import Workload
 
 from .kernels import block_kernels, bytes_per_element, kernels_time, logits_kernels
+from .host import HostOverhead, load_host_overhead
 from .layout import Layout
 from .memory import stage_layers
 from .schedule import schedule
@@ -214,10 +215,14 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
 def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
                prof: ComputeProfile, comm_cache: dict | None = None, *,
                attention: str = "flash", sequence_parallel: bool = True,
-               detail: dict | None = None):
+               detail: dict | None = None, host: HostOverhead | None | str = "measured"):
     """Per (stage, chunk): forward and backward seconds of one micro-batch on the stage's
     representative (TP/CP collectives included, timed on their actual groups), the TP/CP part
-    of it, and the blocks per chunk. ``comm_cache`` may be shared across calls."""
+    of it, and the blocks per chunk. ``comm_cache`` may be shared across calls.
+
+    Each block pass takes at least the trainer's host time (``host``, planner/llm/host.py:
+    eager PyTorch measured by ``clusterplan calibrate host``; ``None`` for a trainer without
+    that floor, e.g. CUDA graphs). CPU devices run ops synchronously and get no floor."""
     m, t = spec.model, spec.training
     b = t.micro_batch_size
     e = bytes_per_element("bf16" if t.precision == "fp8" else t.precision)
@@ -240,6 +245,10 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
     logit = logits_kernels(m, b=b, tp=p.tp, cp=p.cp, precision=t.precision)
     logit_f, logit_b = kernels_time(prof, logit), kernels_time(prof, logit, backward=True)
 
+    if isinstance(host, str):
+        host = load_host_overhead() if topo.gpu.name != "cpu" else None
+    host_f = host.forward_s if host else 0.0
+    host_b = host.backward_pass_s(t.activation_recompute) if host else 0.0
     layers_per_stage = stage_layers(m.layers, p.pp)
     fwd_s, bwd_s, tpc_s = [], [], []
     chunk_layers = []
@@ -265,8 +274,8 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
         f_row, b_row, c_row = [], [], []
         for c, n in enumerate(per_chunk):
             vs = c * p.pp + s
-            f = n * (blk_f + comm_f)
-            bw = n * (blk_b + comm_b + recompute)
+            f = n * max(blk_f + comm_f, host_f)
+            bw = n * max(blk_b + comm_b + recompute, host_b)
             if vs == 0:
                 f += op_time(prof, flops=0, bytes_moved=2 * T * m.hidden_size * e)
                 bw += op_time(prof, flops=0, bytes_moved=3 * T * m.hidden_size * e)
