@@ -12,7 +12,8 @@ __all__ = ["register"]
 
 
 def register(sub) -> None:
-    for fn in (_topology, _gpus, _collective, _simulate, _plan, _export, _fidelity, _calibrate):
+    for fn in (_topology, _gpus, _collective, _simulate, _plan, _measure, _export, _fidelity,
+               _calibrate):
         fn(sub)
 
 
@@ -155,6 +156,8 @@ def _simulate(sub) -> None:
     p.add_argument("--trace-ranks", type=int, default=64, metavar="N",
                    help="ranks to include in the trace (default 64)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    from .reliability import add_arguments as _reliability_arguments
+    _reliability_arguments(p)
     p.set_defaults(func=_simulate_run)
 
 
@@ -185,8 +188,10 @@ def _simulate_run(args) -> int:
         from planner.llm.spec import load_llm_spec
         from .cli import emit
         return simulate_model(args, load_llm_spec(args.workload), topo, emit)
+    from .reliability import reliability_report, stragglers_from_args
     w = load_workload(args.workload, num_gpus=topo.num_gpus)
-    res = simulate(topo, w, mode="explicit" if args.mode == "auto" else args.mode)
+    res = simulate(topo, w, mode="explicit" if args.mode == "auto" else args.mode,
+                   slowdown=stragglers_from_args(args, topo.num_gpus))
     df = res.ops
     by_cat = df.groupby("category").duration_s.sum()
     compute_ops = df[df.kind == "compute"]
@@ -213,6 +218,15 @@ def _simulate_run(args) -> int:
             row = g.iloc[0]
             lines.append(f"    {name:<14}{row.algorithm:<16}{format_bytes(row.bytes):>12}"
                          f"  {format_time(row.duration_s):>12}  ({len(g)} groups of {row.ranks})")
+    if res.slowdown:
+        data["stragglers"] = {str(r): f for r, f in sorted(res.slowdown.items())}
+        lines.append("  stragglers: " + ", ".join(f"rank {r} ×{f:g}"
+                                                   for r, f in sorted(res.slowdown.items())))
+    rel_data, rel_lines = reliability_report(args, gpus=topo.num_gpus,
+                                             step_time_s=res.step_time_s,
+                                             busy_s=res.compute_busy_s())
+    data.update(rel_data)
+    lines += rel_lines
     lines.append(f"  {res.events} events in {res.wall_s:.3f} s wall")
     if args.trace:
         lines.append(f"  trace: {args.trace} (open in https://ui.perfetto.dev)")
@@ -255,6 +269,12 @@ def _plan_run(args) -> int:
                         fix="pass --devices N")
     from planner.sharding.cli import run
     return run(args)
+
+
+# -- measure (embedding sharding plans, run for real) -------------------------------------------
+def _measure(sub) -> None:
+    from planner.sharding.cli import add_measure_command
+    add_measure_command(sub)
 
 
 # -- export -------------------------------------------------------------------------------------
@@ -315,6 +335,8 @@ def _calibrate(sub) -> None:
     c.add_argument("--out", required=True, metavar="FILE", help="efficiency YAML to write")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_calibrate_compute)
+    from planner.sharding.cli import add_calibrate_embedding
+    add_calibrate_embedding(csub)
     h = csub.add_parser("host", help="measure eager PyTorch's host time per transformer block",
                         description="Time a Megatron-style block with tiny tensors on this CPU "
                                     "(forward, backward, full recompute): the host floor a GPU "

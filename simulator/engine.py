@@ -67,6 +67,12 @@ class SimResult:
     mode: str
     workload: Workload = field(repr=False, default=None)
     device_names: tuple = field(repr=False, default=())
+    slowdown: dict = field(default_factory=dict)     # rank → compute slowdown factor applied
+
+    def compute_busy_s(self) -> dict[int, float]:
+        """Seconds of compute per rank that ran any (the input of straggler diagnosis)."""
+        df = self.ops[self.ops.kind == "compute"]
+        return {int(r): float(v) for r, v in df.groupby("first_rank").duration_s.sum().items()}
 
     @property
     def events_per_s(self) -> float:
@@ -132,7 +138,12 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
                                 f"{topo.name} has {n_gpus} GPUs", field=f"ops[{op.id}].ranks",
                                 fix="use ranks 0..N-1 or a bigger topology (--gpus)")
     profile = compute or load_compute_profile(topo.gpu)
-    slow = dict(slowdown or {})
+    slow = {int(r): float(f) for r, f in (slowdown or {}).items()}
+    for r, f in slow.items():
+        if not 0 <= r < n_gpus or not (np.isfinite(f) and f > 0):
+            raise SpecError(f"slowdown {f!r} for rank {r} is not a positive factor on a rank of "
+                            f"{topo.name}", field="slowdown",
+                            fix=f"give rank → factor with ranks 0..{n_gpus - 1}, e.g. {{17: 1.1}}")
     env = simpy.Environment()
     net = FlowNetwork(env, topo, mode=mode)
 
@@ -224,4 +235,5 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
     events = counter["events"] + st.flows_started + st.flows_finished
     return SimResult(ops=df, step_time_s=float(np.nanmax(end)) if n else 0.0, events=events,
                      wall_s=time.perf_counter() - t0, network=st, topology=topo.name,
-                     mode=net.mode, workload=workload, device_names=topo.gpus)
+                     mode=net.mode, workload=workload, device_names=topo.gpus,
+                     slowdown={r: f for r, f in slow.items() if f != 1.0})

@@ -4,7 +4,8 @@ One process per rank (``pid`` = global rank), one thread per stream on it (``tid
 then one per communication stream in order of first use), complete events (``ph: X``) with
 ``ts``/``dur`` in microseconds; overlapping work is on separate tracks, so Perfetto's rule that
 slices on one track nest is kept. Collectives appear on every member rank's stream track with
-``args`` {bytes, algorithm, group size}. Only the first ``max_ranks`` ranks are written, to keep
+``args`` {bytes, algorithm, group size}; a straggler's compute slices carry ``slowdown`` and its
+process is labelled with its factor. Only the first ``max_ranks`` ranks are written, to keep
 traces of 16k-GPU runs openable.
 """
 
@@ -25,6 +26,7 @@ def chrome_trace(result, *, max_ranks: int = 64) -> dict:
     tids: dict[tuple[int, str], int] = {}
     shown: set[int] = set()
     names = result.device_names
+    slow = getattr(result, "slowdown", {}) or {}
 
     def tid(rank: int, stream: str) -> int:
         key = (rank, stream)
@@ -47,13 +49,18 @@ def chrome_trace(result, *, max_ranks: int = 64) -> dict:
         args = {"op": op.id, "category": op.category}
         if op.kind == "compute":
             args.update(flops=op.flops, bytes=op.bytes_moved, dtype=op.dtype)
+            if op.ranks[0] in slow:
+                args["slowdown"] = slow[op.ranks[0]]
         else:
             args.update(bytes=op.bytes_moved, algorithm=algos[op.id], group_size=len(op.ranks))
         for r in members:
             if r not in shown:
                 shown.add(r)
+                label = f"rank {r} ({names[r]})" if names else f"rank {r}"
+                if r in slow:
+                    label += f" straggler ×{slow[r]:g}"
                 events.append({"ph": "M", "name": "process_name", "pid": r,
-                               "args": {"name": f"rank {r} ({names[r]})" if names else f"rank {r}"}})
+                               "args": {"name": label}})
                 events.append({"ph": "M", "name": "process_sort_index", "pid": r,
                                "args": {"sort_index": r}})
             events.append({"ph": "X", "name": op.name, "cat": cat, "pid": r,

@@ -34,7 +34,8 @@ KB, MB, GB, TB = 10**3, 10**6, 10**9, 10**12
 
 _PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
            "Ki": 1024.0, "Mi": 1024.0**2, "Gi": 1024.0**3, "Ti": 1024.0**4, "Pi": 1024.0**5}
-_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0}
+_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0,
+         "d": 86400.0}
 _NUM = r"\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*"
 _RE = re.compile(_NUM + r"([A-Za-zµ/]*)\s*$")
 
@@ -131,8 +132,14 @@ def format_bytes(n: float) -> str:
 
 
 def format_time(t: float) -> str:
-    """Seconds in the most readable unit: ``0.00123`` → ``'1.230 ms'``."""
+    """Seconds in the most readable unit: ``0.00123`` → ``'1.230 ms'``, ``7200`` → ``'2.0 h'``."""
     a = abs(t)
+    if a >= 2 * 86400:
+        return f"{t / 86400:.1f} d"
+    if a >= 2 * 3600:
+        return f"{t / 3600:.1f} h"
+    if a >= 600:
+        return f"{t / 60:.1f} min"
     if a >= 1 or a == 0:
         return f"{t:.3f} s"
     if a >= 1e-3:

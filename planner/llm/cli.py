@@ -30,9 +30,28 @@ def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
     if args.micro_batch:
         tr = replace(tr, micro_batch_size=args.micro_batch)
     spec = replace(spec, training=tr)
+    from planner.reliability import reliability_report, stragglers_from_args
+    slow = stragglers_from_args(args, topo.num_gpus)
     res = simulate_llm(spec, par, topo, mode=args.mode, order=args.order,
-                       schedule_name=args.schedule)
+                       schedule_name=args.schedule, slowdown=slow)
     d = res.to_dict()
+    extra_lines: list[str] = []
+    if slow:
+        healthy = simulate_llm(spec, par, topo, mode=args.mode, order=args.order,
+                               schedule_name=args.schedule)
+        lay = res.plan.layout
+        d["stragglers"] = {str(r): {"slowdown": f, "stage": lay.coords(r)["pp"]}
+                           for r, f in sorted(slow.items())}
+        d["healthy_step_time_s"] = healthy.step_time_s
+        extra_lines.append(
+            "  stragglers: " + ", ".join(f"rank {r} ×{f:g} (stage {lay.coords(r)['pp']})"
+                                         for r, f in sorted(slow.items()))
+            + f": step {format_time(res.step_time_s)} vs {format_time(healthy.step_time_s)} "
+              f"healthy ({res.step_time_s / healthy.step_time_s - 1:+.1%})")
+    rel_data, rel_lines = reliability_report(args, gpus=res.parallel.world(),
+                                             step_time_s=res.step_time_s)
+    d.update(rel_data)
+    extra_lines += rel_lines
     if args.trace:
         res.sim.write_chrome_trace(args.trace, max_ranks=args.trace_ranks)
         d["trace"] = args.trace
@@ -63,7 +82,7 @@ def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
         + f"bubble {format_time(bd['pipeline_bubble_s'])}, "
         f"exposed DP {format_time(bd['dp_comm_exposed_s'])}, optimizer "
         f"{format_time(bd['optimizer_s'])}",
-    ]
+    ] + extra_lines
     emit(args, d, "\n".join(lines))
     return 0 if mem.fits else 2
 

@@ -9,8 +9,10 @@ precision: ``palm`` (6N + 12·l·h·s FLOPs per token, N = non-embedding paramet
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from simulator.engine import SimResult, simulate
+from simulator.errors import SpecError
 from simulator.topology import Topology
 
 from .kernels import block_model_flops, logits_model_flops
@@ -114,15 +116,33 @@ class LLMResult:
 
 def simulate_llm(spec: LLMSpec, parallel: ParallelSpec, topo: Topology, *, mode: str = "auto",
                  order: str = "tp-cp-dp-pp", schedule_name: str = "1f1b",
-                 attention: str = "flash", sequence_parallel: bool = True) -> LLMResult:
+                 attention: str = "flash", sequence_parallel: bool = True,
+                 slowdown: Mapping[int, float] | None = None) -> LLMResult:
     """Simulate one step. ``attention`` and ``sequence_parallel`` describe the trainer's
-    kernels (flash attention and Megatron sequence parallelism are today's defaults)."""
+    kernels (flash attention and Megatron sequence parallelism are today's defaults).
+
+    ``slowdown`` (rank → compute factor ≥ 1) models stragglers. A slow rank holds up its
+    TP/CP group at every block and so its whole pipeline stage in its replica; the step waits
+    for that replica at the gradient reduction. Replicas being alike, the stage's representative
+    runs at the slowest factor among the stage's ranks, which is exact for that critical path."""
     p = resolve_parallel(spec, parallel, topo.num_gpus)
     plan = build_step(spec, p, topo, order=order, schedule_name=schedule_name,
                       attention=attention, sequence_parallel=sequence_parallel)
     if mode == "auto":
         mode = "symmetric" if topo.num_gpus > 8192 else "explicit"
-    sim = simulate(topo, plan.workload, mode=mode)
+    rep_slow: dict[int, float] = {}
+    for r, f in (slowdown or {}).items():
+        if not 0 <= int(r) < p.world():
+            raise SpecError(f"straggler rank {r} is outside 0..{p.world() - 1}",
+                            field="--straggler", fix=f"use a rank below {p.world()}")
+        s = plan.layout.coords(int(r))["pp"]
+        # the folded TP/CP collectives do not slow down with the GPU: scale the compute share
+        total = sum(plan.fwd_s[s]) + sum(plan.bwd_s[s])
+        share = 1.0 - sum(plan.tp_comm_s[s]) / total if total > 0 else 1.0
+        rep = plan.representatives[s]
+        rep_slow[rep] = max(rep_slow.get(rep, 1.0), 1.0 + (float(f) - 1.0) * share)
+    sim = simulate(topo, plan.workload, mode=mode, slowdown=rep_slow)
+    plan.info["stragglers"] = {int(r): float(f) for r, f in (slowdown or {}).items()}
     mem = memory_per_gpu(spec.model, spec.training, p, capacity_bytes=topo.gpu.hbm_bytes)
     res = LLMResult(spec=spec, parallel=p, plan=plan, sim=sim, memory=mem,
                     flops=model_flops(spec))

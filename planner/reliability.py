@@ -1,0 +1,72 @@
+"""`simulate` options for stragglers and failures, shared by model and workload simulations.
+
+``--straggler RANK=FACTOR`` (repeatable) slows a rank's compute; ``--mtbf`` (per GPU) with
+``--checkpoint-every``, ``--checkpoint-cost`` and ``--restart`` adds MegaScale's effective
+training time ratio (simulator/faults.py) and the throughput that survives it.
+"""
+
+from __future__ import annotations
+
+from simulator.errors import SpecError
+from simulator.faults import (Reliability, ettr, find_stragglers, optimal_checkpoint_interval,
+                              parse_stragglers)
+from simulator.units import format_time
+
+__all__ = ["add_arguments", "stragglers_from_args", "reliability_report"]
+
+
+def add_arguments(p) -> None:
+    g = p.add_argument_group("stragglers and failures")
+    g.add_argument("--straggler", action="append", default=[], metavar="RANK=FACTOR",
+                   help="rank RANK computes FACTOR× slower (e.g. 17=1.1); repeatable")
+    g.add_argument("--mtbf", metavar="TIME",
+                   help="mean time between failures of one GPU, e.g. 50000h; adds ETTR")
+    g.add_argument("--checkpoint-every", default="30min", metavar="TIME",
+                   help="training time between checkpoints (default 30min)")
+    g.add_argument("--checkpoint-cost", default="0s", metavar="TIME",
+                   help="stall to write one checkpoint (default 0s: asynchronous)")
+    g.add_argument("--restart", default="10min", metavar="TIME",
+                   help="from a failure to training again (default 10min)")
+
+
+def stragglers_from_args(args, num_gpus: int) -> dict[int, float]:
+    return parse_stragglers(getattr(args, "straggler", None) or [], num_gpus)
+
+
+def reliability_report(args, *, gpus: int, step_time_s: float,
+                       busy_s: dict[int, float] | None = None) -> tuple[dict, list[str]]:
+    """JSON members and printed lines for the straggler diagnosis and the ETTR."""
+    data: dict = {}
+    lines: list[str] = []
+    if busy_s is not None and getattr(args, "straggler", None):
+        found = find_stragglers(busy_s)
+        data["stragglers_found"] = found
+        if found:
+            worst = found[0]
+            lines.append(f"  straggler diagnosis: rank {worst['rank']} busy "
+                         f"{format_time(worst['busy_s'])}, ×{worst['slowdown']:.3f} the median "
+                         f"rank ({len(found)} rank(s) flagged)")
+    if getattr(args, "mtbf", None):
+        rel = Reliability.parse(mtbf=args.mtbf, interval=args.checkpoint_every,
+                                cost=args.checkpoint_cost, restart=args.restart)
+        if rel.checkpoint_interval_s < step_time_s:
+            raise SpecError(f"checkpoint interval {format_time(rel.checkpoint_interval_s)} is "
+                            f"shorter than one step ({format_time(step_time_s)})",
+                            field="--checkpoint-every", fix="checkpoint every few steps at most")
+        r = ettr(gpus, rel)
+        # free checkpoints are best taken as often as possible: no optimum to report
+        best = optimal_checkpoint_interval(gpus, rel) if rel.checkpoint_cost_s > 0 else \
+            max(step_time_s, 0.0)
+        data["reliability"] = {
+            "ettr": r, "gpus": gpus, "mtbf_gpu_s": rel.mtbf_gpu_s,
+            "job_mtbf_s": rel.mtbf_gpu_s / gpus,
+            "checkpoint_interval_s": rel.checkpoint_interval_s,
+            "checkpoint_cost_s": rel.checkpoint_cost_s, "restart_s": rel.restart_s,
+            "best_checkpoint_interval_s": best, "ettr_at_best_interval": ettr(
+                gpus, Reliability(rel.mtbf_gpu_s, best, rel.checkpoint_cost_s, rel.restart_s)),
+            "effective_step_time_s": step_time_s / r}
+        lines.append(f"  failures: one every {format_time(rel.mtbf_gpu_s / gpus)} on {gpus} GPUs; "
+                     f"ETTR {r:.1%} (checkpoint every {format_time(rel.checkpoint_interval_s)}; "
+                     f"best {format_time(best)} → {data['reliability']['ettr_at_best_interval']:.1%}),"
+                     f" effective step {format_time(step_time_s / r)}")
+    return data, lines

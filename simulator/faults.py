@@ -1,0 +1,173 @@
+"""Stragglers, failures and restarts: what they cost a synchronous training job.
+
+* **Stragglers** are per-rank compute slowdown factors (``simulate(..., slowdown=...)``); a
+  synchronous step waits for the slowest rank on its critical path.
+* **Failures and restarts** follow MegaScale's *effective training time ratio* (ETTR): productive
+  training time over wall time. With GPU failures arriving as a Poisson process (rate
+  ``gpus / MTBF``), checkpoints of cost ``C`` every ``τ`` seconds of work and a restart of ``R``
+  seconds (reschedule, reload, warm up), the expected wall time to finish one checkpointed
+  segment is Daly's (2006) exact expression ``e^{λR} (e^{λ(τ + C)} − 1) / λ``, so
+  ``ETTR = τ / that``. The interval that maximises it is close to Young/Daly's ``√(2C/λ)``.
+  :func:`simulate_failures` draws the same process event by event (seeded) to check it.
+* **Diagnosis**: :func:`find_stragglers` names the ranks whose busy time stands out from the rest
+  (robust z-score on the median absolute deviation), as MegaScale's per-rank heat map does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from .errors import SpecError
+from .units import parse_time
+
+__all__ = ["parse_stragglers", "Reliability", "ettr", "optimal_checkpoint_interval",
+           "simulate_failures", "find_stragglers"]
+
+
+def parse_stragglers(items: Iterable[str], num_gpus: int, *, source: str = "--straggler"
+                     ) -> dict[int, float]:
+    """``["17=1.1", "300=1.25"]`` → ``{17: 1.1, 300: 1.25}`` (rank → compute slowdown ≥ 1)."""
+    out: dict[int, float] = {}
+    for item in items:
+        rank, eq, factor = str(item).partition("=")
+        try:
+            r, f = int(rank), float(factor)
+        except ValueError:
+            raise SpecError(f"{item!r} is not RANK=FACTOR", source=source,
+                            fix="write e.g. --straggler 17=1.1 (rank 17 computes 10% slower)") from None
+        if not eq or not 0 <= r < num_gpus:
+            raise SpecError(f"rank {rank} is outside 0..{num_gpus - 1}", source=source,
+                            field="rank", fix=f"use a rank below {num_gpus}")
+        if not (math.isfinite(f) and f >= 1.0):
+            raise SpecError(f"slowdown {factor} for rank {r} must be a finite factor ≥ 1",
+                            source=source, field="factor",
+                            fix="1.1 means 10% slower; use 1 for a healthy rank")
+        out[r] = f
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Reliability:
+    """Failure and checkpoint inputs, seconds.
+
+    ``mtbf_gpu_s``: mean time between failures of one GPU (with its share of host, NIC and
+    software faults). ``checkpoint_interval_s``: training time between checkpoints.
+    ``checkpoint_cost_s``: stall to write one. ``restart_s``: from failure to training again.
+    """
+
+    mtbf_gpu_s: float
+    checkpoint_interval_s: float
+    checkpoint_cost_s: float = 0.0
+    restart_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        for k in ("mtbf_gpu_s", "checkpoint_interval_s"):
+            v = getattr(self, k)
+            if not (math.isfinite(v) and v > 0):
+                raise SpecError(f"{k} must be positive seconds, got {v!r}", field=k,
+                                fix="give a time such as 30min or 5e6s")
+        for k in ("checkpoint_cost_s", "restart_s"):
+            v = getattr(self, k)
+            if not (math.isfinite(v) and v >= 0):
+                raise SpecError(f"{k} must be non-negative seconds, got {v!r}", field=k,
+                                fix="give a time such as 20s")
+
+    @classmethod
+    def parse(cls, *, mtbf: str, interval: str, cost: str = "0s", restart: str = "10min"
+              ) -> "Reliability":
+        return cls(parse_time(mtbf, field="--mtbf"), parse_time(interval, field="--checkpoint-every"),
+                   parse_time(cost, field="--checkpoint-cost"), parse_time(restart, field="--restart"))
+
+
+def ettr(gpus: int, rel: Reliability) -> float:
+    """Expected productive / wall time for ``gpus`` GPUs (Daly's exact renewal expression)."""
+    lam = gpus / rel.mtbf_gpu_s
+    tau, c, r = rel.checkpoint_interval_s, rel.checkpoint_cost_s, rel.restart_s
+    x = lam * (tau + c)
+    wall = math.exp(lam * r) * math.expm1(x) / lam
+    return tau / wall
+
+
+def optimal_checkpoint_interval(gpus: int, rel: Reliability) -> float:
+    """Interval maximising :func:`ettr` (golden-section search around Young/Daly's √(2C/λ))."""
+    lam = gpus / rel.mtbf_gpu_s
+    guess = math.sqrt(2 * max(rel.checkpoint_cost_s, 1e-9) / lam)
+    lo, hi = guess / 20, guess * 20
+    f = lambda t: -ettr(gpus, Reliability(rel.mtbf_gpu_s, t, rel.checkpoint_cost_s,  # noqa: E731
+                                          rel.restart_s))
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    for _ in range(100):
+        if f(c) < f(d):
+            b, d = d, c
+            c = b - g * (b - a)
+        else:
+            a, c = c, d
+            d = a + g * (b - a)
+    return (a + b) / 2
+
+
+def simulate_failures(gpus: int, rel: Reliability, *, work_s: float, seed: int = 0) -> dict:
+    """Run ``work_s`` seconds of training through seeded Poisson failures, event by event.
+
+    Returns wall time, failures, time lost to re-done work, restarts and checkpoint stalls,
+    and the realised ETTR. A failure during a restart restarts the restart.
+    """
+    if not (work_s > 0 and math.isfinite(work_s)):
+        raise SpecError(f"work_s must be positive, got {work_s!r}", field="work_s",
+                        fix="give the training time to simulate in seconds")
+    rng = np.random.default_rng(seed)
+    lam = gpus / rel.mtbf_gpu_s
+    tau, c, r = rel.checkpoint_interval_s, rel.checkpoint_cost_s, rel.restart_s
+    wall = done = lost = restarting = stalls = 0.0
+    failures = 0
+    next_fail = rng.exponential(1 / lam)
+    while done < work_s - 1e-9:
+        seg = min(tau, work_s - done)
+        need = seg + (c if done + seg < work_s - 1e-9 else 0.0)
+        if wall + need <= next_fail:
+            wall += need
+            done += seg
+            stalls += need - seg
+            continue
+        failures += 1
+        lost += next_fail - wall
+        wall = next_fail
+        while True:                       # restart, itself interruptible
+            next_fail = wall + rng.exponential(1 / lam)
+            if wall + r <= next_fail:
+                wall += r
+                restarting += r
+                break
+            failures += 1
+            restarting += next_fail - wall
+            wall = next_fail
+    return {"wall_s": wall, "work_s": work_s, "failures": failures, "lost_work_s": lost,
+            "restart_s": restarting, "checkpoint_stall_s": stalls, "ettr": work_s / wall}
+
+
+def find_stragglers(busy_s: Mapping[int, float], *, min_excess: float = 0.02,
+                    z: float = 3.5) -> list[dict]:
+    """Ranks whose busy time stands out: ``busy / median − 1 ≥ min_excess`` and a robust
+    z-score (0.6745·(x − median)/MAD) ≥ ``z``; slowest first. ``busy_s``: rank → seconds."""
+    if not busy_s:
+        return []
+    ranks = np.fromiter(busy_s.keys(), dtype=np.int64)
+    x = np.fromiter(busy_s.values(), dtype=float)
+    med = float(np.median(x))
+    if med <= 0:
+        return []
+    mad = float(np.median(np.abs(x - med)))
+    # identical healthy ranks give MAD 0: fall back to a tiny fraction of the median
+    scale = mad if mad > 0 else 1e-6 * med
+    score = 0.6745 * (x - med) / scale
+    excess = x / med - 1
+    hit = np.nonzero((excess >= min_excess) & (score >= z))[0]
+    order = hit[np.argsort(-x[hit], kind="stable")]
+    return [{"rank": int(ranks[i]), "busy_s": float(x[i]), "median_s": med,
+             "slowdown": float(x[i] / med)} for i in order]

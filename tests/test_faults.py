@@ -1,0 +1,117 @@
+"""Stragglers on the critical path, failure/restart accounting (ETTR), diagnosis, CLI options."""
+
+import json
+import math
+
+import pytest
+
+from planner.cli import main
+from simulator.engine import simulate
+from simulator.errors import SpecError
+from simulator.faults import (Reliability, ettr, find_stragglers, optimal_checkpoint_interval,
+                              parse_stragglers, simulate_failures)
+from simulator.topology import load_topology
+from simulator.workload import Workload
+
+
+def _sync_step(n: int, compute_s, size: float = 256 * 2**20) -> Workload:
+    """Every rank computes, then one all-reduce over all ranks (a synchronous DP step)."""
+    w = Workload(name="sync")
+    deps = [w.compute(r, "fwd+bwd", duration_s=compute_s(r)) for r in range(n)]
+    w.collective("allreduce", list(range(n)), size, name="grads", deps=deps)
+    return w
+
+
+@pytest.fixture(scope="module")
+def big():
+    return load_topology("h100-ib:nodes=128")          # 1,024 GPUs
+
+
+def test_straggler_on_1024_gpus_follows_the_critical_path(big):
+    C = 0.200
+    healthy = simulate(big, _sync_step(1024, lambda r: C), mode="symmetric")
+    slow = simulate(big, _sync_step(1024, lambda r: C), mode="symmetric", slowdown={517: 1.1})
+    # the all-reduce starts when the last rank is done: the step grows by exactly 10% of C
+    assert slow.step_time_s - healthy.step_time_s == pytest.approx(0.1 * C, rel=1e-3)
+    # a rank with slack (half the work) hides the same slowdown completely
+    slack = simulate(big, _sync_step(1024, lambda r: C / 2 if r == 517 else C), mode="symmetric",
+                     slowdown={517: 1.1})
+    assert slack.step_time_s == pytest.approx(healthy.step_time_s, rel=1e-9)
+    found = find_stragglers(slow.compute_busy_s())
+    assert [f["rank"] for f in found] == [517]
+    assert found[0]["slowdown"] == pytest.approx(1.1, rel=1e-9)
+    assert find_stragglers(healthy.compute_busy_s()) == []
+
+
+def test_diagnosis_ignores_noise_and_ranks_several_stragglers():
+    import numpy as np
+    rng = np.random.default_rng(1)
+    busy = {r: 1.0 + 0.003 * rng.standard_normal() for r in range(512)}
+    assert find_stragglers(busy) == []                  # 0.3% jitter is not a straggler
+    busy[40] *= 1.08
+    busy[300] *= 1.15
+    assert [f["rank"] for f in find_stragglers(busy)] == [300, 40]
+
+
+def test_ettr_closed_form_matches_event_simulation():
+    rel = Reliability(mtbf_gpu_s=50_000 * 3600, checkpoint_interval_s=1800,
+                      checkpoint_cost_s=30, restart_s=600)
+    gpus = 16_384                                      # a failure every ~3 h
+    closed = ettr(gpus, rel)
+    runs = [simulate_failures(gpus, rel, work_s=120 * 86400, seed=s)["ettr"] for s in range(4)]
+    assert sum(runs) / len(runs) == pytest.approx(closed, abs=0.01)
+    # first-order check: ETTR ≈ 1 − C/τ − λ(τ/2 + R)
+    lam = gpus / rel.mtbf_gpu_s
+    first = 1 - 30 / 1800 - lam * (900 + 600)
+    assert closed == pytest.approx(first, abs=0.01)
+
+
+def test_best_interval_is_near_young_daly_and_beats_neighbours():
+    rel = Reliability(mtbf_gpu_s=50_000 * 3600, checkpoint_interval_s=1800, checkpoint_cost_s=60,
+                      restart_s=600)
+    gpus = 8192
+    best = optimal_checkpoint_interval(gpus, rel)
+    young = math.sqrt(2 * 60 * rel.mtbf_gpu_s / gpus)
+    assert best == pytest.approx(young, rel=0.1)
+    at = lambda t: ettr(gpus, Reliability(rel.mtbf_gpu_s, t, 60, 600))  # noqa: E731
+    assert at(best) >= max(at(best * 0.7), at(best * 1.4))
+
+
+def test_bad_inputs_name_the_field():
+    with pytest.raises(SpecError, match="RANK=FACTOR"):
+        parse_stragglers(["17:1.1"], 64)
+    with pytest.raises(SpecError, match="outside"):
+        parse_stragglers(["64=1.1"], 64)
+    with pytest.raises(SpecError, match="≥ 1"):
+        parse_stragglers(["3=0.5"], 64)
+    with pytest.raises(SpecError, match="positive"):
+        Reliability(mtbf_gpu_s=0, checkpoint_interval_s=60)
+
+
+def test_cli_straggler_and_ettr_on_a_workload(tmp_path, capsys):
+    trace = tmp_path / "t.json"
+    assert main(["simulate", "dp-step", "--topology", "dgx-a100:nodes=2", "--straggler", "5=1.2",
+                 "--mtbf", "20000h", "--checkpoint-cost", "20s", "--trace", str(trace),
+                 "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["stragglers"] == {"5": 1.2}
+    assert d["stragglers_found"][0]["rank"] == 5
+    assert 0 < d["reliability"]["ettr"] < 1
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("args", {}).get("slowdown") == 1.2 and e["pid"] == 5 for e in events)
+    assert main(["simulate", "dp-step", "--topology", "dgx-a100:nodes=2",
+                 "--straggler", "99=1.2"]) == 2
+    assert "--straggler" in capsys.readouterr().err
+
+
+def test_cli_straggler_on_an_llm_stage_follows_the_bottleneck(capsys):
+    args = ["simulate", "llama3-8b", "--topology", "h100-ib", "--gpus", "32",
+            "--parallel", "tp=8,pp=4,dp=1", "--global-batch", "64", "--json"]
+    assert main(args) == 0
+    base = json.loads(capsys.readouterr().out)["step_time_s"]
+    assert main(args + ["--straggler", "31=1.1"]) == 0       # a rank of the last stage
+    d = json.loads(capsys.readouterr().out)
+    assert d["healthy_step_time_s"] == pytest.approx(base, rel=1e-9)
+    assert d["stragglers"]["31"]["stage"] == 3
+    growth = d["step_time_s"] / base - 1
+    assert 0.03 < growth < 0.1                  # at most the 10%, diluted by communication
