@@ -188,10 +188,11 @@ def _simulate_run(args) -> int:
         from planner.llm.spec import load_llm_spec
         from .cli import emit
         return simulate_model(args, load_llm_spec(args.workload), topo, emit)
-    from .reliability import reliability_report, stragglers_from_args
+    from .reliability import link_faults_from_args, reliability_report, stragglers_from_args
     w = load_workload(args.workload, num_gpus=topo.num_gpus)
     res = simulate(topo, w, mode="explicit" if args.mode == "auto" else args.mode,
-                   slowdown=stragglers_from_args(args, topo.num_gpus))
+                   slowdown=stragglers_from_args(args, topo.num_gpus),
+                   link_faults=link_faults_from_args(args, topo))
     df = res.ops
     by_cat = df.groupby("category").duration_s.sum()
     compute_ops = df[df.kind == "compute"]
@@ -218,6 +219,10 @@ def _simulate_run(args) -> int:
             row = g.iloc[0]
             lines.append(f"    {name:<14}{row.algorithm:<16}{format_bytes(row.bytes):>12}"
                          f"  {format_time(row.duration_s):>12}  ({len(g)} groups of {row.ranks})")
+    if res.link_faults:
+        data["link_faults"] = [{"link": f.label, "links": len(f.links), "factor": f.factor,
+                                "at_s": f.at_s} for f in res.link_faults]
+        lines.append("  link faults: " + ", ".join(f.label for f in res.link_faults))
     if res.slowdown:
         data["stragglers"] = {str(r): f for r, f in sorted(res.slowdown.items())}
         lines.append("  stragglers: " + ", ".join(f"rank {r} ×{f:g}"

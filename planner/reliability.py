@@ -1,6 +1,7 @@
 """`simulate` options for stragglers and failures, shared by model and workload simulations.
 
-``--straggler RANK=FACTOR`` (repeatable) slows a rank's compute; ``--mtbf`` (per GPU) with
+``--straggler RANK=FACTOR`` (repeatable) slows a rank's compute; ``--link-fault`` scales a
+link's capacity from a moment on; ``--mtbf`` (per GPU) with
 ``--checkpoint-every``, ``--checkpoint-cost`` and ``--restart`` adds MegaScale's effective
 training time ratio (simulator/faults.py) and the throughput that survives it.
 """
@@ -9,16 +10,20 @@ from __future__ import annotations
 
 from simulator.errors import SpecError
 from simulator.faults import (Reliability, ettr, find_stragglers, optimal_checkpoint_interval,
-                              parse_stragglers)
+                              parse_link_faults, parse_stragglers)
 from simulator.units import format_time
 
-__all__ = ["add_arguments", "stragglers_from_args", "reliability_report"]
+__all__ = ["add_arguments", "stragglers_from_args", "link_faults_from_args",
+           "reliability_report"]
 
 
 def add_arguments(p) -> None:
     g = p.add_argument_group("stragglers and failures")
     g.add_argument("--straggler", action="append", default=[], metavar="RANK=FACTOR",
                    help="rank RANK computes FACTOR× slower (e.g. 17=1.1); repeatable")
+    g.add_argument("--link-fault", action="append", default=[], metavar="SRC->DST=FACTOR[@TIME]",
+                   help="from TIME on the link keeps FACTOR of its capacity, e.g. "
+                        "'leaf0/rail0<->spine0=0.5@5ms' (<-> both directions, wildcards ok)")
     g.add_argument("--mtbf", metavar="TIME",
                    help="mean time between failures of one GPU, e.g. 50000h; adds ETTR")
     g.add_argument("--checkpoint-every", default="30min", metavar="TIME",
@@ -31,6 +36,10 @@ def add_arguments(p) -> None:
 
 def stragglers_from_args(args, num_gpus: int) -> dict[int, float]:
     return parse_stragglers(getattr(args, "straggler", None) or [], num_gpus)
+
+
+def link_faults_from_args(args, topo) -> list:
+    return parse_link_faults(getattr(args, "link_fault", None) or [], topo)
 
 
 def reliability_report(args, *, gpus: int, step_time_s: float,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -68,6 +68,7 @@ class SimResult:
     workload: Workload = field(repr=False, default=None)
     device_names: tuple = field(repr=False, default=())
     slowdown: dict = field(default_factory=dict)     # rank → compute slowdown factor applied
+    link_faults: tuple = ()                           # LinkFaults applied during the run
 
     def compute_busy_s(self) -> dict[int, float]:
         """Seconds of compute per rank that ran any (the input of straggler diagnosis)."""
@@ -116,7 +117,8 @@ class SimResult:
 
 def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
              compute: ComputeProfile | None = None,
-             slowdown: Mapping[int, float] | None = None) -> SimResult:
+             slowdown: Mapping[int, float] | None = None,
+             link_faults: Sequence["LinkFault"] = ()) -> SimResult:
     """Simulate ``workload`` on ``topo`` and return per-op timings.
 
     Parameters
@@ -127,6 +129,10 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
         Compute profile for roofline times; by default the topology GPU's shipped profile.
     slowdown:
         Optional per-rank factor ≥ 1 multiplying that rank's compute times (stragglers).
+    link_faults:
+        :class:`~simulator.faults.LinkFault` s: from ``at_s`` on, the links carry ``factor`` of
+        their capacity (a bundle that lost some cables, ECMP spreading over the rest; a flaky or
+        lossy link). Flows in flight are re-rated at that moment. Forces explicit mode.
     """
     t0 = time.perf_counter()
     ops = workload.ops
@@ -145,7 +151,15 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
                             f"{topo.name}", field="slowdown",
                             fix=f"give rank → factor with ranks 0..{n_gpus - 1}, e.g. {{17: 1.1}}")
     env = simpy.Environment()
+    if link_faults:
+        mode = "explicit"       # a fault on one link breaks the symmetry classes rely on
     net = FlowNetwork(env, topo, mode=mode)
+    for fault in link_faults:
+        if fault.at_s <= 0:
+            net.scale_capacity(fault.links, fault.factor)
+        else:
+            ev = env.timeout(fault.at_s)
+            ev.callbacks.append(lambda _e, f=fault: net.scale_capacity(f.links, f.factor))
 
     # dependencies: explicit ones plus the previous op on each (rank, stream)
     n = len(ops)
@@ -236,4 +250,5 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
     return SimResult(ops=df, step_time_s=float(np.nanmax(end)) if n else 0.0, events=events,
                      wall_s=time.perf_counter() - t0, network=st, topology=topo.name,
                      mode=net.mode, workload=workload, device_names=topo.gpus,
-                     slowdown={r: f for r, f in slow.items() if f != 1.0})
+                     slowdown={r: f for r, f in slow.items() if f != 1.0},
+                     link_faults=tuple(link_faults))

@@ -2,6 +2,8 @@
 
 * **Stragglers** are per-rank compute slowdown factors (``simulate(..., slowdown=...)``); a
   synchronous step waits for the slowest rank on its critical path.
+* **Link faults** scale a link's capacity from a moment on (``simulate(..., link_faults=...)``):
+  flows in flight are re-rated, so a collective that used the link slows and others do not.
 * **Failures and restarts** follow MegaScale's *effective training time ratio* (ETTR): productive
   training time over wall time. With GPU failures arriving as a Poisson process (rate
   ``gpus / MTBF``), checkpoints of cost ``C`` every ``τ`` seconds of work and a restart of ``R``
@@ -24,8 +26,8 @@ import numpy as np
 from .errors import SpecError
 from .units import parse_time
 
-__all__ = ["parse_stragglers", "Reliability", "ettr", "optimal_checkpoint_interval",
-           "simulate_failures", "find_stragglers"]
+__all__ = ["parse_stragglers", "LinkFault", "parse_link_faults", "Reliability", "ettr",
+           "optimal_checkpoint_interval", "simulate_failures", "find_stragglers"]
 
 
 def parse_stragglers(items: Iterable[str], num_gpus: int, *, source: str = "--straggler"
@@ -47,6 +49,65 @@ def parse_stragglers(items: Iterable[str], num_gpus: int, *, source: str = "--st
                             source=source, field="factor",
                             fix="1.1 means 10% slower; use 1 for a healthy rank")
         out[r] = f
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class LinkFault:
+    """From ``at_s`` seconds into the step, ``links`` carry ``factor`` of their capacity.
+
+    Links are bundles (a leaf's uplinks to a spine are one bundle): losing ``k`` of its ``n``
+    cables is ``factor = (n − k)/n``, the rest carrying the rerouted traffic as ECMP does; a
+    flaky or lossy link is a factor below 1 too. ``label`` is what the user wrote."""
+
+    links: tuple[int, ...]
+    factor: float
+    at_s: float = 0.0
+    label: str = ""
+
+
+def parse_link_faults(items: Iterable[str], topo, *, source: str = "--link-fault"
+                      ) -> list[LinkFault]:
+    """``['leaf0/rail0->spine0=0.5@2ms', 'n3/nic*<->*=0.25']`` → :class:`LinkFault` s.
+
+    ``SRC->DST`` names links by their end nodes (shell-style wildcards allowed), ``<->`` both
+    directions; ``=FACTOR`` the capacity kept, in (0, 1]; ``@TIME`` when it happens (default 0).
+    ``clusterplan topology show NAME --json`` lists the node names.
+    """
+    import fnmatch
+    lt = topo.links
+    names = [f"{a}->{b}" for a, b in zip(lt.src, lt.dst)]
+    out: list[LinkFault] = []
+    for item in items:
+        spec, eq, rest = str(item).rpartition("=")
+        factor_s, _, at = rest.partition("@")
+        if not eq or ("->" not in spec):
+            raise SpecError(f"{item!r} is not SRC->DST=FACTOR[@TIME]", source=source,
+                            fix="write e.g. --link-fault 'leaf0/rail0->spine0=0.5@10ms'")
+        try:
+            factor = float(factor_s)
+        except ValueError:
+            raise SpecError(f"factor {factor_s!r} in {item!r} is not a number", source=source,
+                            field="factor", fix="0.5 keeps half the capacity") from None
+        if not (0 < factor <= 1):
+            raise SpecError(f"factor {factor} in {item!r} must be in (0, 1]", source=source,
+                            field="factor",
+                            fix="a bundle keeping k of n cables has factor k/n; a link with "
+                                "no path around it cannot fail entirely in this model")
+        at_s = parse_time(at, field=source) if at else 0.0
+        if at_s < 0:
+            raise SpecError(f"time {at} in {item!r} is negative", source=source, field="time",
+                            fix="give a time from the start of the step, e.g. @5ms")
+        both = "<->" in spec
+        a, b = spec.split("<->" if both else "->", 1)
+        pats = [f"{a}->{b}"] + ([f"{b}->{a}"] if both else [])
+        links = tuple(i for i, nm in enumerate(names) if any(fnmatch.fnmatchcase(nm, p)
+                                                              for p in pats))
+        if not links:
+            sample = ", ".join(names[i] for i in range(0, len(names), max(1, len(names) // 4)))
+            raise SpecError(f"no link of {topo.name} matches {spec!r}", source=source,
+                            field="link", fix=f"name links as SRC->DST, e.g. {sample}")
+        out.append(LinkFault(links, factor, at_s, str(item)))
     return out
 
 

@@ -5,7 +5,7 @@ then one per communication stream in order of first use), complete events (``ph:
 ``ts``/``dur`` in microseconds; overlapping work is on separate tracks, so Perfetto's rule that
 slices on one track nest is kept. Collectives appear on every member rank's stream track with
 ``args`` {bytes, algorithm, group size}; a straggler's compute slices carry ``slowdown`` and its
-process is labelled with its factor. Only the first ``max_ranks`` ranks are written, to keep
+process is labelled with its factor; link faults are global instant events at their time. Only the first ``max_ranks`` ranks are written, to keep
 traces of 16k-GPU runs openable.
 """
 
@@ -66,6 +66,10 @@ def chrome_trace(result, *, max_ranks: int = 64) -> dict:
             events.append({"ph": "X", "name": op.name, "cat": cat, "pid": r,
                            "tid": tid(r, op.stream), "ts": starts[op.id] * 1e6,
                            "dur": durs[op.id] * 1e6, "args": args})
+    for fault in getattr(result, "link_faults", ()) or ():
+        events.append({"ph": "i", "s": "g", "name": f"link fault {fault.label}", "pid": 0,
+                       "tid": 0, "ts": fault.at_s * 1e6,
+                       "args": {"links": len(fault.links), "capacity_factor": fault.factor}})
     return {"displayTimeUnit": "ns", "traceEvents": events,
             "otherData": {"producer": "clusterplan", "topology": result.topology,
                           "mode": result.mode, "step_time_s": result.step_time_s,

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 
@@ -115,3 +116,51 @@ def test_cli_straggler_on_an_llm_stage_follows_the_bottleneck(capsys):
     assert d["stragglers"]["31"]["stage"] == 3
     growth = d["step_time_s"] / base - 1
     assert 0.03 < growth < 0.1                  # at most the 10%, diluted by communication
+
+
+@pytest.fixture(scope="module")
+def pods():
+    return load_topology("h100-ib:nodes=64")            # two leaf pods of 32 nodes, one spine
+
+
+def _ring(n_nodes: int = 64) -> Workload:
+    w = Workload(name="ring")
+    w.collective("allreduce", [8 * i for i in range(n_nodes)], 2**30, name="grads", algo="ring")
+    return w
+
+
+def test_degraded_inter_pod_link_slows_only_the_collectives_that_use_it(pods):
+    from simulator.faults import parse_link_faults
+    base = simulate(pods, _ring()).step_time_s
+    # rail 0's pod uplinks keep 2% (32 GB/s): below the 47 GB/s a NIC flow gets, so the ring's
+    # crossing flow is re-rated to the uplink; the ring is pipelined, so the whole ring slows
+    up = pods.effective_capacity_Bps()
+    faults = parse_link_faults(["leaf0/rail0<->spine0=0.02"], pods)
+    nic = min(up[list(faults[0].links)]) * 0.02
+    slow = simulate(pods, _ring(), link_faults=faults).step_time_s
+    assert slow / base == pytest.approx(47e9 / nic, rel=0.05)
+    # rail 1's uplinks carry none of this ring: nothing changes
+    other = parse_link_faults(["leaf0/rail1<->spine0=0.02"], pods)
+    assert simulate(pods, _ring(), link_faults=other).step_time_s == pytest.approx(base, rel=1e-12)
+    # a fault after the collective ended changes nothing; one half-way costs about half
+    late = parse_link_faults([f"leaf0/rail0<->spine0=0.02@{2 * base}s"], pods)
+    assert simulate(pods, _ring(), link_faults=late).step_time_s == pytest.approx(base, rel=1e-12)
+    mid = parse_link_faults([f"leaf0/rail0<->spine0=0.02@{base / 2}s"], pods)
+    t_mid = simulate(pods, _ring(), link_faults=mid).step_time_s
+    # half the bytes at the healthy rate, the other half at the degraded one
+    assert t_mid == pytest.approx(base / 2 + slow / 2, rel=0.02)
+
+
+def test_link_fault_inputs_and_cli(pods, tmp_path, capsys):
+    from simulator.faults import parse_link_faults
+    for bad, msg in (("leaf0/rail0-spine0=0.5", "SRC->DST"), ("leaf0/rail0->spine0=0", "(0, 1]"),
+                     ("nowhere->spine0=0.5", "no link"), ("leaf0/rail0->spine0=x", "number")):
+        with pytest.raises(SpecError, match=re.escape(msg)):
+            parse_link_faults([bad], pods)
+    trace = tmp_path / "t.json"
+    assert main(["simulate", "dp-step", "--topology", "dgx-a100:nodes=4", "--link-fault",
+                 "n0/nic0<->leaf0/rail0=0.1@1ms", "--trace", str(trace), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["link_faults"][0]["links"] == 2 and d["link_faults"][0]["at_s"] == pytest.approx(1e-3)
+    ev = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "i"]
+    assert ev and ev[0]["ts"] == pytest.approx(1000.0) and "link fault" in ev[0]["name"]

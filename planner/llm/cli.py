@@ -30,22 +30,26 @@ def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
     if args.micro_batch:
         tr = replace(tr, micro_batch_size=args.micro_batch)
     spec = replace(spec, training=tr)
-    from planner.reliability import reliability_report, stragglers_from_args
+    from planner.reliability import link_faults_from_args, reliability_report, stragglers_from_args
     slow = stragglers_from_args(args, topo.num_gpus)
+    faults = link_faults_from_args(args, topo)
     res = simulate_llm(spec, par, topo, mode=args.mode, order=args.order,
-                       schedule_name=args.schedule, slowdown=slow)
+                       schedule_name=args.schedule, slowdown=slow, link_faults=faults)
     d = res.to_dict()
     extra_lines: list[str] = []
-    if slow:
+    if slow or faults:
         healthy = simulate_llm(spec, par, topo, mode=args.mode, order=args.order,
                                schedule_name=args.schedule)
         lay = res.plan.layout
         d["stragglers"] = {str(r): {"slowdown": f, "stage": lay.coords(r)["pp"]}
                            for r, f in sorted(slow.items())}
+        d["link_faults"] = [{"link": f.label, "links": len(f.links), "factor": f.factor,
+                             "at_s": f.at_s} for f in faults]
         d["healthy_step_time_s"] = healthy.step_time_s
+        what = [f"rank {r} ×{f:g} (stage {lay.coords(r)['pp']})" for r, f in sorted(slow.items())]
+        what += [f"link {f.label}" for f in faults]
         extra_lines.append(
-            "  stragglers: " + ", ".join(f"rank {r} ×{f:g} (stage {lay.coords(r)['pp']})"
-                                         for r, f in sorted(slow.items()))
+            "  faults: " + ", ".join(what)
             + f": step {format_time(res.step_time_s)} vs {format_time(healthy.step_time_s)} "
               f"healthy ({res.step_time_s / healthy.step_time_s - 1:+.1%})")
     rel_data, rel_lines = reliability_report(args, gpus=res.parallel.world(),

@@ -117,7 +117,8 @@ class LLMResult:
 def simulate_llm(spec: LLMSpec, parallel: ParallelSpec, topo: Topology, *, mode: str = "auto",
                  order: str = "tp-cp-dp-pp", schedule_name: str = "1f1b",
                  attention: str = "flash", sequence_parallel: bool = True,
-                 slowdown: Mapping[int, float] | None = None) -> LLMResult:
+                 slowdown: Mapping[int, float] | None = None,
+                 link_faults=()) -> LLMResult:
     """Simulate one step. ``attention`` and ``sequence_parallel`` describe the trainer's
     kernels (flash attention and Megatron sequence parallelism are today's defaults).
 
@@ -141,7 +142,9 @@ def simulate_llm(spec: LLMSpec, parallel: ParallelSpec, topo: Topology, *, mode:
         share = 1.0 - sum(plan.tp_comm_s[s]) / total if total > 0 else 1.0
         rep = plan.representatives[s]
         rep_slow[rep] = max(rep_slow.get(rep, 1.0), 1.0 + (float(f) - 1.0) * share)
-    sim = simulate(topo, plan.workload, mode=mode, slowdown=rep_slow)
+    # link faults re-rate the flows the step issues (DP buckets, pipeline sends); the TP/CP
+    # collectives folded into block times were timed on the healthy fabric
+    sim = simulate(topo, plan.workload, mode=mode, slowdown=rep_slow, link_faults=link_faults)
     plan.info["stragglers"] = {int(r): float(f) for r, f in (slowdown or {}).items()}
     mem = memory_per_gpu(spec.model, spec.training, p, capacity_bytes=topo.gpu.hbm_bytes)
     res = LLMResult(spec=spec, parallel=p, plan=plan, sim=sim, memory=mem,

@@ -217,6 +217,18 @@ class FlowNetwork:
             self._resolve(force=True)
         return ev
 
+    def scale_capacity(self, links, factor: float) -> None:
+        """Multiply the capacity of ``links`` by ``factor`` from now on (a link fault or
+        degradation; explicit mode only) and re-solve the rates of the flows in flight."""
+        if self.mode != "explicit":
+            raise ValueError("link faults need the explicit network mode")
+        links = np.asarray(links, dtype=np.int64)
+        self._advance()
+        self.capacity = self.capacity.copy()
+        self.capacity[links] *= factor
+        if self._active:
+            self._resolve(force=True)
+
     # -- internals -------------------------------------------------------------------------
     def _advance(self) -> None:
         dt = self.env.now - self._last
