@@ -258,6 +258,10 @@ def _plan(sub) -> None:
     p.set_defaults(func=_plan_run)
 
 
+# per-rank all-to-all matrices grow with N² (4,096 devices: ~30 s, ~7 GB): a bound, not a hang
+MAX_SHARDING_DEVICES = 4_096
+
+
 def _plan_run(args) -> int:
     if _is_model(args.tables):
         from planner.llm.cli import plan_model
@@ -272,6 +276,11 @@ def _plan_run(args) -> int:
     if args.devices is None:
         raise SpecError("a sharding plan needs --devices", field="--devices",
                         fix="pass --devices N")
+    if args.devices > MAX_SHARDING_DEVICES:
+        raise SpecError(f"--devices {args.devices} is more than the {MAX_SHARDING_DEVICES:,} "
+                        "this planner handles", field="--devices",
+                        fix=f"plan for at most {MAX_SHARDING_DEVICES:,} devices (shard per "
+                            "embedding-parallel group and replicate)")
     from planner.sharding.cli import run
     return run(args)
 

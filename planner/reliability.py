@@ -63,6 +63,13 @@ def reliability_report(args, *, gpus: int, step_time_s: float,
                             f"shorter than one step ({format_time(step_time_s)})",
                             field="--checkpoint-every", fix="checkpoint every few steps at most")
         r = ettr(gpus, rel)
+        if r < 1e-6:
+            raise SpecError(f"a failure every {format_time(rel.mtbf_gpu_s / gpus)} on {gpus} GPUs "
+                            f"with a checkpoint every {format_time(rel.checkpoint_interval_s)} "
+                            f"and {format_time(rel.restart_s)} restarts makes no progress "
+                            f"(ETTR {r:.1e})", field="--mtbf",
+                            fix="check the MTBF (it is per GPU, e.g. 50000h) or checkpoint and "
+                                "restart faster")
         # free checkpoints are best taken as often as possible: no optimum to report
         best = optimal_checkpoint_interval(gpus, rel) if rel.checkpoint_cost_s > 0 else \
             max(step_time_s, 0.0)

@@ -149,8 +149,10 @@ def ettr(gpus: int, rel: Reliability) -> float:
     lam = gpus / rel.mtbf_gpu_s
     tau, c, r = rel.checkpoint_interval_s, rel.checkpoint_cost_s, rel.restart_s
     x = lam * (tau + c)
-    wall = math.exp(lam * r) * math.expm1(x) / lam
-    return tau / wall
+    # in logs: a job failing far more often than it checkpoints has e^{λ(τ+C)} past any float
+    log_expm1 = x + math.log1p(-math.exp(-x)) if x > 30 else math.log(math.expm1(x))
+    log_wall = lam * r + log_expm1 - math.log(lam)
+    return math.exp(math.log(tau) - log_wall)
 
 
 def optimal_checkpoint_interval(gpus: int, rel: Reliability) -> float:

@@ -60,6 +60,22 @@ def builtin_names(package: str) -> list[str]:
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
+def read_text(path: str | Path) -> str:
+    """A spec file's text; SpecError (exit 2) for a directory, an unreadable or a binary file."""
+    path = Path(path)
+    if path.is_dir():
+        raise SpecError("is a directory, not a spec file", source=str(path) or ".",
+                        fix="pass the path of a YAML or CSV file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise SpecError("is not UTF-8 text", source=str(path),
+                        fix="pass a YAML or CSV text file") from None
+    except OSError as e:
+        raise SpecError(f"cannot read: {e.strerror}", source=str(path),
+                        fix="check the path and its permissions") from None
+
+
 def read_spec_mapping(ref: str | Path, *, package: str, what: str, fix: str) -> tuple[dict, str]:
     """Load a YAML spec given by path or by built-in name in ``package``; return it and its source.
 
@@ -67,9 +83,12 @@ def read_spec_mapping(ref: str | Path, *, package: str, what: str, fix: str) -> 
     document starts with when it is not a mapping.
     """
     ref = str(ref)
+    if not ref.strip():
+        raise SpecError(f"no {what} given (empty name)", source=what,
+                        fix=f"pass a YAML path or one of: {', '.join(builtin_names(package))}")
     path = Path(ref)
     if path.exists():
-        source, text = str(path), path.read_text()
+        source, text = str(path), read_text(path)
     elif ref in builtin_names(package):
         source = f"{package.replace('.', '/')}/{ref}.yaml"
         text = (importlib.resources.files(package) / f"{ref}.yaml").read_text()

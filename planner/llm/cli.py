@@ -133,11 +133,16 @@ def plan_model(args, spec: LLMSpec, topo, emit) -> int:
     from simulator.fileio import atomic_write_text
 
     from .search import search
+    if args.top < 1:
+        raise SpecError(f"--top {args.top} shows no plan", field="--top",
+                        fix="pass --top 1 or more")
     results, stats = search(spec, topo, top=args.top)
     best = results[0]
     doc = plan_document(best, topo)
     doc["alternatives"] = [r.to_dict() for r in results[1:]]
     doc["search"] = stats
+    if getattr(args, "reproducible", False):
+        doc = _without_wall_clock(doc)
     if args.out:
         atomic_write_text(args.out, json.dumps(doc, indent=1))
     lines = [f"{spec.model.name} on {topo.name} ({topo.num_gpus} × {topo.gpu.name}): "
@@ -183,3 +188,13 @@ def plan_document(res, topo) -> dict:
             "num_layers": m.layers, "seq_len": m.seq_len, "precision": t.precision,
             **({"num_experts": m.num_experts, "moe_top_k": m.top_k} if m.is_moe else {}),
             "activation_recompute": t.activation_recompute, "ranks": ranks}
+
+
+def _without_wall_clock(o):
+    """The document minus wall-clock measurements, so equal inputs give equal bytes."""
+    if isinstance(o, dict):
+        return {k: _without_wall_clock(v) for k, v in o.items()
+                if k not in ("wall_s", "events_per_s")}
+    if isinstance(o, list):
+        return [_without_wall_clock(v) for v in o]
+    return o

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import yaml
 
 from ..errors import SpecError
-from ..fileio import parse_yaml
+from ..fileio import parse_yaml, read_text
 from ..units import parse_bandwidth, parse_bytes, parse_time
 
 __all__ = ["Fields", "builtin_topology_names", "read_topology_mapping", "parse_topology_ref"]
@@ -85,12 +85,15 @@ def read_topology_mapping(ref: str | Path, overrides: Mapping[str, Any] | None =
         Unknown name, missing file, YAML syntax error or a document that is not a mapping.
     """
     ref = str(ref)
+    if not ref.strip():
+        raise SpecError("no topology given (empty name)", source="--topology",
+                        fix=f"use one of: {', '.join(builtin_topology_names())} or a YAML path")
     name, inline = parse_topology_ref(ref) if not Path(ref).exists() else (ref, {})
     path = Path(name)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.exists():
             raise SpecError(f"file not found: {name}", source=name, fix="check the path")
-        source, text = str(path), path.read_text()
+        source, text = str(path), read_text(path)
     else:
         names = builtin_topology_names()
         if name not in names:

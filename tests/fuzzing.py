@@ -1,0 +1,170 @@
+"""Fuzz cases for the CLI: argument lists and mutated spec files, valid and broken alike.
+
+``make_case(choice, tmp)`` builds one case from ``choice(seq)`` (a hypothesis draw in
+tests/test_fuzz.py, a seeded ``random.Random.choice`` in tests/bench/bench_fuzz.py) and returns
+the argv. ``run_case(argv)`` runs it in-process and returns ``(code, error)``: ``error`` is the
+traceback text when anything other than a clean exit (0, 1, 2) happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import traceback
+from pathlib import Path
+
+import yaml
+
+from planner.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+TOPOLOGIES = ["dgx-a100", "h100-ib:nodes=2", "dgx-a100:nodes=2", "localhost-gloo", "pcie-a100",
+              "two-buildings-h100:nodes=2", "nope", "dgx-a100:nodes=-1", "dgx-a100:nodes=abc",
+              "h100-ib:node.gpus=0", "dgx-a100:bogus=1", "dgx-a100:nodes=1e9", "",
+              "dgx-a100:node.nic_bandwidth=-5Gb/s", "h100-ib:fabric.tiers=3", ":", "dgx-a100:="]
+SIZES = ["1GiB", "64MB", "0", "-5", "abc", "1e30", "nan", "inf", "1 KiB", "3", "1TiB", ""]
+RANKS = ["2", "8", "16", "0", "-3", "1", "99999", "x", "1.5"]
+PARALLEL = ["tp=8", "tp=2,pp=2", "tp=3", "tp=0", "dp=-1", "garbage", "tp=1e3", "tp=8,pp=2,dp=1",
+            "tp=1,pp=1,dp=16", "tp=2,cp=2", "ep=2", "vpp=2", "fsdp=zero3", "fsdp=zero9", "tp=",
+            "tp=4,pp=4,vpp=3,dp=1"]
+INTS = ["1", "2", "8", "0", "-1", "abc", "1000000", "3"]
+TIMES = ["1s", "30min", "0s", "-1s", "abc", "50000h", "1e400s", ""]
+MODELS = ["llama3-8b", "gpt3-175b", "mixtral-8x7b", "nonexistent-model"]
+TABLES = ["criteo-dlrm", "mlperf-dcnv2", "nope-tables"]
+PLANNERS = ["greedy", "size_lookup", "random", "local_search", "bogus"]
+KINDS = ["allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "bogus"]
+ALGOS = ["auto", "ring", "tree", "hierarchical", "direct", "bogus"]
+
+# base specs to mutate: (command builder, file suffix, loader of the valid document)
+_MODEL = REPO / "planner" / "models" / "llama3-8b.yaml"
+_TOPO = REPO / "topologies" / "dgx-a100.yaml"
+_WORKLOAD = REPO / "simulator" / "workloads" / "dp-step.yaml"
+JUNK = [None, -1, 0, "abc", [], {}, 1e300, float("nan"), True, "1GiB", -1e-9, 2**63, "tp=8"]
+
+
+def _mutate(doc, choice, depth: int = 0):
+    """Delete a key, replace a value with junk, or descend into a sub-mapping/list."""
+    if isinstance(doc, dict) and doc:
+        key = choice(sorted(doc, key=str))
+        action = choice(["delete", "junk", "descend", "add"])
+        if action == "delete":
+            doc.pop(key)
+        elif action == "junk" or depth > 3:
+            doc[key] = copy.deepcopy(choice(JUNK))
+        elif action == "add":
+            doc[choice(["extra", "Layers", "tp", "x"])] = copy.deepcopy(choice(JUNK))
+        else:
+            doc[key] = _mutate(doc[key], choice, depth + 1)
+        return doc
+    if isinstance(doc, list) and doc:
+        i = choice(list(range(len(doc))))
+        doc[i] = _mutate(doc[i], choice, depth + 1)
+        return doc
+    return copy.deepcopy(choice(JUNK))
+
+
+def _mutated_file(path: Path, choice, tmp: Path, name: str) -> str:
+    doc = yaml.safe_load(path.read_text())
+    for _ in range(choice([1, 1, 2, 3])):
+        doc = _mutate(doc, choice)
+    out = tmp / name
+    text = yaml.safe_dump(doc, sort_keys=False) if choice([True, True, False]) else \
+        choice(["{", "model: [", "\x00\x01", "", "- 1\n- 2\n", "name: x\nnodes: 1\n"])
+    out.write_text(text)
+    return str(out)
+
+
+def make_case(choice, tmp: Path) -> list[str]:
+    """One argv for ``clusterplan`` (files it needs are written under ``tmp``)."""
+    kind = choice(["topology", "collective", "simulate-model", "simulate-workload", "plan-tables",
+                   "plan-model", "export", "mutated-model", "mutated-topology",
+                   "mutated-workload", "mutated-csv", "gpus"])
+    if kind == "topology":
+        return ["topology", "show", choice(TOPOLOGIES)] + choice([[], ["--json"]])
+    if kind == "gpus":
+        return ["gpus"] + choice([[], ["--json"]])
+    if kind == "collective":
+        return ["collective", choice(KINDS), "--size", choice(SIZES), "--ranks", choice(RANKS),
+                "--topology", choice(TOPOLOGIES), "--algo", choice(ALGOS), "--json"]
+    if kind == "simulate-model":
+        argv = ["simulate", choice(MODELS), "--topology", choice(TOPOLOGIES), "--gpus",
+                choice(["8", "16", "0", "-8", "7"]), "--parallel", choice(PARALLEL),
+                "--global-batch", choice(["16", "0", "-4", "7"]), "--json"]
+        return argv + choice([[], ["--straggler", choice(["1=1.1", "x", "99=2", "1=0.5"])],
+                              ["--mtbf", choice(TIMES)],
+                              ["--link-fault", choice(["n0/nic0<->*=0.5", "a->b=2", "x"])]])
+    if kind == "simulate-workload":
+        return ["simulate", choice(["dp-step", "nope-workload"]), "--topology",
+                choice(TOPOLOGIES), "--json"] + choice([[], ["--straggler", choice(["3=1.2", "3"])],
+                                                        ["--mtbf", choice(TIMES),
+                                                         "--checkpoint-every", choice(TIMES)]])
+    if kind == "plan-tables":
+        return ["plan", choice(TABLES), "--devices", choice(INTS), "--planner", choice(PLANNERS),
+                "--json", "--reproducible"] + choice([[], ["--memory", choice(SIZES)],
+                                                      ["--time-limit", choice(["1", "0", "-1"])]])
+    if kind == "plan-model":
+        return ["plan", choice(["llama3-8b", "nonexistent-model"]), "--topology",
+                choice(["dgx-a100", "h100-ib:nodes=2", "nope"]), "--top", choice(["1", "0", "-2"]),
+                "--json"]
+    if kind == "export":
+        bad = tmp / "plan.json"
+        bad.write_text(choice(["{}", "[]", "{bad json", json.dumps({"kind": "llm-plan"}),
+                               json.dumps({"kind": "llm-plan", "format_version": 1,
+                                           "parallel": {"tp": 0}})]))
+        return ["export", str(bad), "--to", choice(["torchtitan", "megatron", "deepspeed",
+                                                    "hostfile", "bogus"])]
+    if kind == "mutated-model":
+        return ["simulate", _mutated_file(_MODEL, choice, tmp, "model.yaml"), "--topology",
+                "dgx-a100", "--parallel", "tp=8", "--global-batch", "8", "--json"]
+    if kind == "mutated-topology":
+        return ["topology", "show", _mutated_file(_TOPO, choice, tmp, "topo.yaml"), "--json"]
+    if kind == "mutated-workload":
+        return ["simulate", _mutated_file(_WORKLOAD, choice, tmp, "work.yaml"), "--topology",
+                "dgx-a100:nodes=2", "--json"]
+    # mutated CSV table spec
+    rows = ["name,num_embeddings,embedding_dim,pooling_factor", "t0,1000,64,1.0",
+            "t1,500,32,2.5"]
+    i = choice([1, 2])
+    cells = rows[i].split(",")
+    cells[choice([0, 1, 2, 3])] = choice(["", "-5", "abc", "0", "1e99", "nan", "3.5"])
+    rows[i] = ",".join(cells)
+    if choice([False, False, True]):
+        rows[0] = "name,num_embeddings,embedding_dim"
+    path = tmp / "tables.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return ["plan", str(path), "--devices", choice(["2", "0", "x"]), "--json"]
+
+
+class CaseTimeout(Exception):
+    pass
+
+
+def run_case(argv: list[str], *, timeout_s: float = 60.0) -> tuple[int, str | None]:
+    """Run one case in-process; ``error`` is set when it ended other than exit 0, 1 or 2, or
+    ran longer than ``timeout_s`` (an input that makes the tool hang is a bug too)."""
+    import signal
+
+    def _alarm(_sig, _frame):
+        raise CaseTimeout(f"still running after {timeout_s:g} s")
+
+    out, err = io.StringIO(), io.StringIO()
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+    except SystemExit as e:                      # argparse: usage errors exit 2
+        code = e.code if isinstance(e.code, int) else 2
+    except Exception:                            # noqa: BLE001 — this is what we hunt
+        return -1, traceback.format_exc()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    if code not in (0, 1, 2):
+        return code, f"exit code {code}\n{err.getvalue()[-2000:]}"
+    if code == 2 and not err.getvalue().strip():
+        return code, "exit 2 without a message on stderr"
+    return code, None
