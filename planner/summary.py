@@ -46,6 +46,12 @@ def format_topology_summary(s: dict) -> str:
             up = "-" if not t["up_Bps_per_unit"] else format_bandwidth(t["up_Bps_per_unit"])
             lines.append(f"  {t['name']:<12}{t['units']:>7}{format_bandwidth(t['down_Bps_per_unit']):>14}"
                          f"{up:>14}{over:>9}{format_bandwidth(t['bisection_Bps']):>14}")
+    p = s.get("params", {})
+    if p.get("wan_link_Bps"):
+        loss = p.get("wan_loss_rate", 0.0)
+        lines.append(f"  between buildings: links of {format_bandwidth(p['wan_link_Bps'])}"
+                     + (f", loss {loss:g} → {format_bandwidth(p['wan_goodput_Bps'])} goodput each"
+                        if loss else ""))
     c = s["collectives"]
     alpha = ", ".join(f"{k} {v * 1e6:.1f} µs" for k, v in sorted(c["alpha_s"].items()))
     eff = ", ".join(f"{k} {v:.2f}" for k, v in sorted(c["efficiency"].items()))

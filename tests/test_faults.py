@@ -164,3 +164,29 @@ def test_link_fault_inputs_and_cli(pods, tmp_path, capsys):
     assert d["link_faults"][0]["links"] == 2 and d["link_faults"][0]["at_s"] == pytest.approx(1e-3)
     ev = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "i"]
     assert ev and ev[0]["ts"] == pytest.approx(1000.0) and "link fault" in ev[0]["name"]
+
+
+def test_loss_on_long_links_follows_the_mathis_bound():
+    from simulator.collectives import simulate_collective
+    from simulator.topology.build import wan_link_goodput
+    # 400 Gb/s, 0.5 ms one way: RTT 1 ms; p = 1e-6 → 1.22 · 4096 B / (1 ms · 1e-3) per flow
+    per_flow = 1.22 * 4096 / (1e-3 * 1e-3)
+    assert wan_link_goodput(50e9, 0.5e-3, 1e-6, flows=4) == pytest.approx(4 * per_flow)
+    assert wan_link_goodput(50e9, 0.5e-3, 1e-10, flows=4) == 50e9       # capped at the line
+    assert wan_link_goodput(50e9, 0.5e-3, 0.0) == 50e9
+    # ten times the loss: √10 less goodput per flow
+    assert wan_link_goodput(50e9, 0.5e-3, 1e-5) == pytest.approx(4 * per_flow / 10 ** 0.5)
+    ref = "two-buildings-h100:nodes=8,buildings.links=4"
+    ranks = [8 * i for i in range(16)]                  # 8 nodes in each building
+    clean = load_topology(ref)
+    lossy = load_topology(ref + ",buildings.loss_rate=1e-4")
+    assert lossy.params["wan_goodput_Bps"] < clean.params["wan_goodput_Bps"] / 10
+    t_clean = simulate_collective(clean, "allreduce", ranks, 2**30).time_s
+    t_lossy = simulate_collective(lossy, "allreduce", ranks, 2**30).time_s
+    assert t_lossy > 3 * t_clean
+    # traffic inside one building never touches the lossy links
+    inside = [8 * i for i in range(8)]
+    assert simulate_collective(lossy, "allreduce", inside, 2**30).time_s == \
+        pytest.approx(simulate_collective(clean, "allreduce", inside, 2**30).time_s)
+    with pytest.raises(SpecError, match="loss_rate"):
+        load_topology(ref + ",buildings.loss_rate=2")

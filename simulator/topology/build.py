@@ -145,12 +145,32 @@ class _Links:
                          np.asarray(self.count, dtype=np.int64), tuple(self.tier))
 
 
+def wan_link_goodput(bandwidth_Bps: float, latency_s: float, loss_rate: float, *,
+                     flows: int = 4, segment_bytes: float = 4096) -> float:
+    """Bytes/s one long link delivers under random loss: ``flows`` loss-recovering transport
+    flows share it, each held to the Mathis et al. (1997) bound ``1.22·MSS / (RTT·√p)`` with
+    RTT twice the one-way latency; never more than the line rate. ``loss_rate`` 0: the line."""
+    if loss_rate <= 0:
+        return bandwidth_Bps
+    per_flow = 1.22 * segment_bytes / (2 * latency_s * math.sqrt(loss_rate)) \
+        if latency_s > 0 else math.inf
+    return min(bandwidth_Bps, flows * per_flow)
+
+
+# the largest topology built (GPUs in all): link tables and routes grow with it
+MAX_GPUS = 262_144
+
+
 def _build_generated(f: Fields, *, gpu: GPUSpec, comm: CommProfile) -> Topology:
-    nodes = f.int("nodes", 1, minimum=1)
+    nodes = f.int("nodes", 1, minimum=1, maximum=MAX_GPUS)
     nf = f.sub("node", required=True)
     nf.check_keys({"gpus", "interconnect", "nvlink_bandwidth", "nvlink_latency", "pcie_bandwidth",
                    "pcie_latency", "loopback_bandwidth", "loopback_latency", "nics", "nic_bandwidth", "nic_latency", "in_switch_reduction"})
-    G = nf.int("gpus", required=True, minimum=1)
+    G = nf.int("gpus", required=True, minimum=1, maximum=1024)
+    if nodes * G > MAX_GPUS:
+        raise f.err("nodes", f"{nodes:,} nodes × {G} GPUs = {nodes * G:,} GPUs in a building is "
+                    f"more than the {MAX_GPUS:,} a topology may hold",
+                    f"use at most {MAX_GPUS // G:,} nodes")
     inter = nf.str("interconnect", "nvswitch", choices=("nvswitch", "pcie", "loopback"))
     if inter == "nvswitch":
         intra_bw = nf.bandwidth("nvlink_bandwidth", gpu.nvlink_bandwidth_Bps or None)
@@ -204,14 +224,23 @@ def _build_generated(f: Fields, *, gpu: GPUSpec, comm: CommProfile) -> Topology:
                       "over": tf.float("uplink_oversubscription", 1.0, minimum=1e-9, exclusive=True),
                       "lat": tf.time("latency", "0.6 us")})
     bf = f.sub("buildings")
-    bf.check_keys({"count", "links", "link_bandwidth", "latency"})
-    B = bf.int("count", 1, minimum=1)
+    bf.check_keys({"count", "links", "link_bandwidth", "latency", "loss_rate", "flows_per_link",
+                   "segment_size"})
+    B = bf.int("count", 1, minimum=1, maximum=64)
+    if B * nodes * G > MAX_GPUS:
+        raise bf.err("count", f"{B} buildings × {nodes * G:,} GPUs = {B * nodes * G:,} GPUs is more "
+                     f"than the {MAX_GPUS:,} a topology may hold",
+                     f"use at most {max(1, MAX_GPUS // (nodes * G))} buildings or fewer nodes")
     if B > 1:
         if not tiers:
             raise f.err("fabric.tiers", "several buildings need a fabric", "add fabric.tiers")
         wan_links = bf.int("links", required=True, minimum=1)
         wan_bw = bf.bandwidth("link_bandwidth", required=True)
         wan_lat = bf.time("latency", required=True)
+        loss = bf.float("loss_rate", 0.0, minimum=0.0, maximum=0.5)
+        wan_goodput = wan_link_goodput(wan_bw, wan_lat, loss,
+                                       flows=bf.int("flows_per_link", 4, minimum=1),
+                                       segment_bytes=bf.bytes("segment_size", "4 KiB"))
 
     # capacity check: product of sizes below the top tier
     if tiers:
@@ -322,7 +351,7 @@ def _build_generated(f: Fields, *, gpu: GPUSpec, comm: CommProfile) -> Topology:
                 parent = np.zeros(len(child_names), dtype=np.int64)
                 parent_names = ["wan"]
                 devices["wan"] = {"kind": "wan", "buildings": B}
-                caps = np.full(len(child_names), wan_links * wan_bw)
+                caps = np.full(len(child_names), wan_links * wan_goodput)
                 lat, kind, cnt, tier_name = wan_lat, "wan", wan_links, "wan"
                 node_unit.append(np.zeros(n_total, dtype=np.int64))
                 names.append("wan")
@@ -357,6 +386,8 @@ def _build_generated(f: Fields, *, gpu: GPUSpec, comm: CommProfile) -> Topology:
         building_of_node=np.arange(n_total) // nodes)
     params = {"nodes": nodes, "gpus_per_node": G, "nics_per_node": R, "buildings": B,
               "rail_optimized": rail_opt}
+    if B > 1:
+        params.update(wan_link_Bps=wan_bw, wan_goodput_Bps=wan_goodput, wan_loss_rate=loss)
     return Topology(name=f.str("name", "unnamed"), source=f.source, gpu=gpu, devices=devices,
                     gpus=tuple(gpus), links=links.table(), comm=comm, tiers=tuple(tier_summ),
                     hierarchy=hier, params=params, description=f.str("description", "") or "")

@@ -164,13 +164,16 @@ class Fields:
         return value
 
     def int(self, key: str, default: Any = None, *, minimum: int = 0,
-            required: bool = False) -> Any:
+            maximum: int = 2**31 - 1, required: bool = False) -> Any:
         value = self._get(key, default, required)
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise self.err(key, f"expected an integer ≥ {minimum}, got {value!r}",
                            f"write a whole number ≥ {minimum}")
+        if value > maximum:
+            raise self.err(key, f"{value} is larger than the {maximum:,} this field allows",
+                           f"write a whole number ≤ {maximum:,}")
         return value
 
     def float(self, key: str, default: Any = None, *, minimum: float = 0.0,
