@@ -4,13 +4,19 @@
 
     clusterplan plan TABLES --devices N [--topology NAME] [--planner NAME] [--seed S]
                      [--time-limit S] [--memory BYTES] [--sharding-types LIST]
-                     [--batch-size B] [--optimizer OPT] [--simulate] [--json] [--out FILE]
+                     [--batch-size B] [--optimizer OPT] [--simulate] [--measure [--repeats K]]
+                     [--json] [--out FILE]
 
 ``TABLES`` is a built-in spec (``criteo-dlrm``, ``mlperf-dcnv2``), a YAML spec or a CSV of tables
 (see :mod:`planner.sharding.spec`). Prints per-rank cost and memory (``--json``: one object, the
 plan file's content); ``--out`` writes the plan JSON atomically. Exit codes: 0 valid plan,
 1 the planner produced an invalid plan (over memory; try another planner), 2 bad input or a task
 that cannot fit (one line naming the file, the field, the table, the numbers and the fix).
+
+Also here: ``clusterplan measure TABLES PLAN.json`` (:func:`run_measure`, the plan run for real
+on this machine, :mod:`planner.sharding.measure`) and ``clusterplan calibrate embedding``
+(:func:`run_calibrate_embedding`, the CPU profile of the cost model,
+:mod:`planner.sharding.calibrate_embedding`).
 """
 
 from __future__ import annotations
@@ -58,6 +64,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="MIP solver (highs needs highspy)")
     p.add_argument("--simulate", action="store_true",
                    help="also simulate one training step of the plan")
+    p.add_argument("--measure", action="store_true",
+                   help="also run the plan for real on this machine (fused embedding kernels, "
+                        "gloo all-to-alls) and print measured per-rank cost beside the "
+                        "prediction; without --topology the plan is then made for this machine "
+                        "(localhost-gloo with N processes)")
+    p.add_argument("--repeats", type=int, default=5, metavar="K",
+                   help="--measure: timed iterations per rank (median; default 5)")
     p.add_argument("--reproducible", action="store_true",
                    help="leave wall-clock time out of the JSON (byte-identical reruns)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -74,7 +87,11 @@ def _task(args) -> ShardingTask:
     if args.memory is not None:
         memory = parse_bytes(args.memory, field="--memory", allow_zero=False)
     types = parse_sharding_types(args.sharding_types) if args.sharding_types else None
-    return ShardingTask(model=model, topology=args.topology, memory_bytes=memory,
+    topology = args.topology
+    if topology is None and getattr(args, "measure", False):
+        from .measure import cpu_topology_ref
+        topology = cpu_topology_ref(args.devices)
+    return ShardingTask(model=model, topology=topology, memory_bytes=memory,
                         sharding_types=types)
 
 
@@ -100,15 +117,198 @@ def run(args: argparse.Namespace) -> int:
         sim = simulate_plan(plan, task)
         doc["simulation"] = {"step_time_s": sim.step_time_s, "breakdown_s": sim.breakdown_s,
                              "a2a_bytes": sim.a2a_bytes}
+    meas = None
+    if getattr(args, "measure", False):
+        from .measure import measure_plan
+        meas = measure_plan(plan, task, repeats=_positive(args.repeats, "--repeats"),
+                            seed=args.seed)
+        doc["measurement"] = meas.to_dict()
     if args.out:
         _write_json(args.out, doc)
     if args.json:
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
         print(format_plan(plan, sim))
+        if meas is not None:
+            from .measure import format_measurement
+            print()
+            print(format_measurement(meas))
         if args.out:
             print(f"wrote {args.out}")
     return 0 if plan.valid else 1
+
+
+def _positive(v: int, flag: str) -> int:
+    if v is None or v < 1:
+        raise SpecError(f"{flag} must be ≥ 1, got {v}", source=flag, fix=f"pass e.g. {flag} 5")
+    return int(v)
+
+
+# -- clusterplan measure --------------------------------------------------------------------
+
+def add_measure_command(sub) -> None:
+    """Register ``clusterplan measure TABLES PLAN.json`` on a subparsers object."""
+    p = sub.add_parser("measure", help="run a sharding plan for real on this machine",
+                       description="Measure a sharding plan (clusterplan plan TABLES --devices N "
+                                   "--out PLAN.json) on this machine: each rank's shards as one "
+                                   "fused embedding kernel (forward, backward, fused optimizer; "
+                                   "one thread; median of --repeats), and the ids and pooled-"
+                                   "embedding all-to-alls (and row-wise / data-parallel "
+                                   "collectives) with torch.distributed gloo across N processes. "
+                                   "Prints measured per-rank lookups, communication and total, "
+                                   "the maximum, and the analytic prediction beside them.")
+    p.add_argument("tables", metavar="TABLES", help="the table spec the plan was made for")
+    p.add_argument("plan", metavar="PLAN.json", help="a plan JSON written by clusterplan plan")
+    p.add_argument("--repeats", type=int, default=5, metavar="K",
+                   help="timed iterations per rank (median; default 5)")
+    p.add_argument("--warmup", type=int, default=2, metavar="K", help="untimed iterations first")
+    p.add_argument("--comm-repeats", type=int, default=7, metavar="K",
+                   help="timed rounds of the collectives (median; default 7)")
+    p.add_argument("--no-comm", action="store_true", help="time the kernels only")
+    p.add_argument("--kernel", default="auto", choices=("auto", "fbgemm", "torch"),
+                   help="fused FBGEMM TBE (auto when installed) or torch.nn.EmbeddingBag")
+    p.add_argument("--seed", type=int, default=0, help="seed of the ids")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", default=None, metavar="FILE", help="write the JSON result here")
+    p.set_defaults(func=run_measure)
+
+
+def run_measure(args: argparse.Namespace) -> int:
+    """``clusterplan measure``: load the spec and plan, measure, print."""
+    from .measure import cpu_topology_ref, format_measurement, measure_shardings
+    from .plan import read_plan_json
+    from .task import prepare
+    try:
+        with open(args.plan, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise SpecError(f"cannot read the plan: {exc.strerror or exc}", source=args.plan,
+                        fix="pass a plan written by clusterplan plan --out") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise SpecError(f"not JSON: {exc}", source=args.plan,
+                        fix="pass a plan written by clusterplan plan --out") from None
+    if not isinstance(doc, dict) or doc.get("format") != "clusterplan.sharding-plan":
+        raise SpecError("not a clusterplan sharding plan", source=args.plan, field="format",
+                        fix="pass a plan written by clusterplan plan TABLES --devices N --out")
+    info = doc.get("task") or {}
+    model = load_model_spec(args.tables).with_overrides(batch_size=info.get("batch_size"),
+                                                        optimizer=info.get("optimizer"))
+    if info.get("sha256") and info["sha256"] != model.sha256():
+        raise SpecError(f"the plan was made for another model ({info.get('name')!r}, "
+                        f"{info.get('num_tables')} tables)", source=args.plan, field="task.sha256",
+                        fix=f"pass the table spec the plan was made from, or re-plan "
+                            f"{args.tables}")
+    devices = int(doc.get("devices") or 0)
+    if devices < 1:
+        raise SpecError("the plan has no device count", source=args.plan, field="devices",
+                        fix="re-plan with clusterplan plan")
+    task = ShardingTask(model=model, topology=cpu_topology_ref(devices))
+    problem = prepare(task, devices)
+    shardings = read_plan_json(doc, problem)
+    if sorted(ts.table for ts in shardings) != list(range(model.num_tables)):
+        raise SpecError("the plan does not place every table exactly once", source=args.plan,
+                        field="shards", fix="re-plan with clusterplan plan")
+    meas = measure_shardings(problem, shardings, repeats=_positive(args.repeats, "--repeats"),
+                             warmup=max(0, args.warmup),
+                             comm_repeats=_positive(args.comm_repeats, "--comm-repeats"),
+                             comm=not args.no_comm, seed=args.seed, backend=args.kernel)
+    out = meas.to_dict() | {"plan": args.plan, "planner": doc.get("planner"),
+                            "plan_topology": doc.get("topology")}
+    if doc.get("topology") and doc["topology"] != problem.topology_ref:
+        meas.notes = tuple(meas.notes) + (
+            f"the plan was made for {doc['topology']}; predicted here with this machine's "
+            f"profile ({problem.topology_ref})",)
+        out["notes"] = list(meas.notes)
+    if args.out:
+        _write_json(args.out, out)
+    if args.json:
+        print(json.dumps(out, indent=2, ensure_ascii=False))
+    else:
+        print(f"{model.name}: {model.num_tables} tables, batch {model.batch_size:,}, "
+              f"{devices} ranks, plan by {doc.get('planner')}")
+        print(format_measurement(meas))
+        if args.out:
+            print(f"wrote {args.out}")
+    return 0
+
+
+# -- clusterplan calibrate embedding ------------------------------------------------------
+
+def add_calibrate_embedding(csub) -> None:
+    """Register ``clusterplan calibrate embedding`` on the calibrate subparsers object."""
+    c = csub.add_parser("embedding", help="fit the sharding cost model's CPU profile",
+                        description="Time fused embedding kernels (seeded sweep over tables, rows, "
+                                    "dims, pooling, batch and access distributions) and gloo "
+                                    "collectives (2, 4, 8 processes) on this machine and fit the "
+                                    "CPU profile of the sharding cost model; writes YAML with the "
+                                    "numbers, fit errors, raw points and how they were measured "
+                                    "(see planner/sharding/calibrate_embedding.py).")
+    c.add_argument("--out", required=True, metavar="FILE",
+                   help="profile YAML to write (the committed one: "
+                        "traces/calibration/cpu-embedding.yaml)")
+    c.add_argument("--kernel-points", type=int, default=120, metavar="N",
+                   help="kernel configurations to time (default 120)")
+    c.add_argument("--worlds", default="2,4,8", metavar="LIST",
+                   help="gloo world sizes to time collectives on (default 2,4,8)")
+    c.add_argument("--repeats", type=int, default=7, metavar="K", help="timed iterations (median)")
+    c.add_argument("--rounds", type=int, default=2, metavar="K",
+                   help="passes over the kernel sweep, averaged (default 2)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--kernel", default="auto", choices=("auto", "fbgemm", "torch"))
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=run_calibrate_embedding)
+
+
+def run_calibrate_embedding(args: argparse.Namespace) -> int:
+    from .calibrate_embedding import calibrate, write_profile
+    try:
+        worlds = tuple(int(w) for w in str(args.worlds).split(",") if w.strip())
+    except ValueError:
+        raise SpecError(f"--worlds {args.worlds!r} is not a list of integers",
+                        source="--worlds", fix="write e.g. 2,4,8") from None
+    if not worlds or any(w < 2 for w in worlds):
+        raise SpecError(f"--worlds must list sizes ≥ 2, got {args.worlds!r}", source="--worlds",
+                        fix="write e.g. 2,4,8")
+    command = "clusterplan calibrate embedding " + " ".join(
+        [f"--kernel-points {args.kernel_points}", f"--worlds {args.worlds}",
+         f"--repeats {args.repeats}", f"--rounds {args.rounds}", f"--seed {args.seed}",
+         f"--out {args.out}"])
+    doc = calibrate(kernel_points=_positive(args.kernel_points, "--kernel-points"), worlds=worlds,
+                    repeats=_positive(args.repeats, "--repeats"), seed=args.seed,
+                    rounds=_positive(args.rounds, "--rounds"),
+                    backend=args.kernel, command=command,
+                    progress=None if args.json else _progress)
+    write_profile(doc, args.out)
+    look, fit = doc["lookup"], doc["lookup_fit"]
+    data = {"out": args.out, "lookup": look, "lookup_fit": fit,
+            "comm": doc["comm"]["worlds"]}
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    lines = [f"wrote {args.out}",
+             f"lookups ({doc['measured']['kernel']}, 1 thread, {fit['points']} configurations): "
+             f"{look['lookup_Bps'] / 1e9:.2f} GB/s per missed byte, overhead "
+             f"{look['lookup_overhead_bytes']:.0f} B per lookup, repeat hit ratio "
+             f"{look['repeat_hit_ratio']:.2f}, backward × {look['backward_multiplier']:.2f}, "
+             f"{look['shard_overhead_s'] * 1e6:.1f} µs per shard, "
+             f"{look['kernel_launch_s'] * 1e6:.1f} µs per call"
+             + (f", fp16 element = {look['element_bytes']['fp16']:.1f} B"
+                if "element_bytes" in look else "")
+             + f"; fwd+bwd MAPE {100 * fit['total_mape']:.1f}%"]
+    for n, e in doc["comm"]["worlds"].items():
+        lines.append(f"gloo × {n}: all-to-all {e['a2a_alpha_s'] * 1e3:.2f} ms + bytes / "
+                     f"{e['a2a_Bps'] / 1e9:.2f} GB/s (MAPE {100 * e['a2a_mape']:.0f}%)"
+                     + "".join(f"; {k} {e[k]['alpha_s'] * 1e3:.2f} ms + bytes / "
+                               f"{e[k]['Bps'] / 1e9:.2f} GB/s" for k in
+                               ("allreduce", "reducescatter", "allgather") if k in e))
+    print("\n".join(lines))
+    return 0
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def _write_json(path: str, doc: dict) -> None:

@@ -20,6 +20,9 @@ lookup into a 4-wide table is not 32× cheaper than one into a 128-wide table.
 (``1 / accesses_per_row``, from its 17 reuse bins or its Zipf exponent, and never fewer than
 ``lookups / R``); a first touch always reads HBM, a repeat hits L2 with probability
 ``repeat_hit_ratio`` ``h`` (0.8), so ``miss = u + (1 − u)(1 − h)``.
+A first touch can also pay address translation: ``row_walk_bytes · log2(shard bytes /
+page_reach_bytes)`` per distinct row (0 on GPUs; fitted for CPUs, where a page walk per
+distinct row of a large table is measurable).
 **Backward** = ``backward_multiplier`` (2, TorchRec's) × the forward lookup time + the optimizer's
 state traffic (read and write the state of each distinct row touched: Adam 2·c·p, Adagrad c·p,
 row-wise Adagrad 4 bytes) + ``shard_overhead_s``. A data-parallel table instead gets a dense
@@ -43,6 +46,18 @@ its ``1/G`` share; data-parallel tables an all-reduce of their fp32 gradient. Al
 are ``alpha + size / bandwidth`` fitted to the simulator's own collectives on the plan's topology
 (:func:`calibrate_comm`), so a slower fabric or a multi-node plan costs what the simulator says.
 
+**CPU profile.** On a topology whose GPU kind is ``cpu`` (``localhost-gloo``: this machine, one
+gloo process per "device") the constants above are not priors but measurements:
+:func:`load_cpu_profile` reads ``traces/calibration/cpu-embedding.yaml`` (written by
+``clusterplan calibrate embedding`` from kernel and collective microbenchmarks, see
+:mod:`.calibrate_embedding`) and the model takes from it the lookup bandwidth ``H`` (instead of
+HBM × efficiency), ``lookup_overhead_bytes``, ``repeat_hit_ratio``, ``backward_multiplier``,
+``shard_overhead_s``, the per-call ``kernel_launch_s`` and the cost of a half-precision element
+in byte-equivalents (``element_bytes``: a CPU converts fp16 rows, so they do not cost half of
+fp32), and its collectives from the gloo fits for the plan's world size (all-to-all ``alpha + max(sent, received) / Bps``, the others
+``alpha + bytes / Bps``) instead of the simulator. ``CostConfig(device_profile=None)`` turns this
+off; GPU topologies never use it.
+
 The per-rank cost a planner minimises (its maximum) is the sum of lookups forward and backward,
 the ids all-to-all, the output all-to-all forward and backward, and the row-wise, table-row-wise
 and data-parallel collectives. The dense part (MLPs and their all-reduce) is the same on every
@@ -53,8 +68,9 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -66,7 +82,7 @@ from .spec import PRECISION_BYTES, ModelSpec, TableSpec
 from .memory import shard_memory_bytes
 
 __all__ = ["CostConfig", "CommModel", "CostModel", "calibrate_comm", "FEATURES",
-           "BREAKDOWN_KEYS"]
+           "BREAKDOWN_KEYS", "CpuProfile", "load_cpu_profile", "CPU_PROFILE_PATH"]
 
 #: per-rank additive features of a plan (see :meth:`CostModel.shard_features`)
 FEATURES = ("fwd_s", "bwd_s", "out_Bps", "ids_Bps", "rw_bytes", "dp_bytes", "twrw_bytes",
@@ -101,6 +117,15 @@ class CostConfig:
         Launch time of one TBE kernel, seconds; None uses the GPU compute profile's.
     reserve_fraction : float
         Fraction of HBM kept free (TorchRec's heuristic reservation).
+    row_walk_bytes, page_reach_bytes : float
+        Address-translation cost of a first touch: each distinct row a shard touches costs
+        ``row_walk_bytes · log2(max(1, shard bytes / page_reach_bytes))`` extra bytes at the
+        lookup bandwidth (a TLB miss and page walk, which grow with the table's footprint).
+        0 for GPUs (the prior); fitted in the CPU profile.
+    device_profile : str or None
+        ``"auto"``: on a CPU topology, the measured CPU profile (:func:`load_cpu_profile`)
+        replaces the lookup constants above and the collective fits; a path: that profile file;
+        None: the priors everywhere. GPU topologies are unaffected.
     """
 
     hbm_efficiency: float = 0.8
@@ -112,6 +137,9 @@ class CostConfig:
     shard_overhead_s: float = 2e-6
     kernel_launch_s: float | None = None
     reserve_fraction: float = 0.15
+    row_walk_bytes: float = 0.0
+    page_reach_bytes: float = 1048576.0
+    device_profile: str | None = "auto"
 
 
 @dataclass(frozen=True)
@@ -236,6 +264,161 @@ def calibrate_comm(topo: Topology, n: int, *, ref: str | None = None) -> CommMod
                             f"ranks 0..{n - 1}")
 
 
+#: the committed CPU profile (``clusterplan calibrate embedding --out`` rewrites it)
+CPU_PROFILE_PATH = (Path(__file__).resolve().parents[2] / "traces" / "calibration"
+                    / "cpu-embedding.yaml")
+
+_LOOKUP_FIELDS = ("lookup_Bps", "lookup_overhead_bytes", "repeat_hit_ratio", "backward_multiplier",
+                  "shard_overhead_s", "kernel_launch_s")
+
+
+@dataclass(frozen=True)
+class CpuProfile:
+    """Measured constants of the cost model on a CPU target (see the module docstring).
+
+    Attributes
+    ----------
+    lookup_Bps : float
+        Effective bytes per second of a one-thread fused lookup (replaces HBM × efficiency).
+    lookup_overhead_bytes, repeat_hit_ratio, backward_multiplier, shard_overhead_s, kernel_launch_s
+        As in :class:`CostConfig`, fitted.
+    element_bytes : Mapping[str, float]
+        Byte-equivalents per element of fp16/bf16 rows in the lookup terms (a CPU converts
+        half-precision rows, so they cost about what fp32 ones do, not half).
+    row_walk_bytes, page_reach_bytes : float
+        As in :class:`CostConfig`, fitted.
+    comm : Mapping[int, Mapping[str, Any]]
+        Per calibrated world size: ``a2a_alpha_s``, ``a2a_Bps`` and, for ``allreduce``,
+        ``reducescatter``, ``allgather``, ``{alpha_s, Bps}``.
+    source : str
+        The file and how it was measured.
+    """
+
+    lookup_Bps: float
+    lookup_overhead_bytes: float
+    repeat_hit_ratio: float
+    backward_multiplier: float
+    shard_overhead_s: float
+    kernel_launch_s: float
+    comm: Mapping[int, Mapping[str, Any]]
+    source: str = ""
+    element_bytes: Mapping[str, float] = field(default_factory=dict)
+    row_walk_bytes: float = 0.0
+    page_reach_bytes: float = 1048576.0
+
+    def cost_overrides(self) -> dict:
+        """The :class:`CostConfig` fields this profile sets."""
+        return {"lookup_overhead_bytes": self.lookup_overhead_bytes,
+                "repeat_hit_ratio": self.repeat_hit_ratio,
+                "backward_multiplier": self.backward_multiplier,
+                "shard_overhead_s": self.shard_overhead_s,
+                "kernel_launch_s": self.kernel_launch_s,
+                "row_walk_bytes": self.row_walk_bytes,
+                "page_reach_bytes": self.page_reach_bytes}
+
+    def world_fit(self, n: int) -> tuple[int, Mapping[str, Any]]:
+        """The calibrated world size used for ``n`` ranks (the nearest in log₂, ties upward)
+        and its fits."""
+        if not self.comm:
+            raise ValueError("the CPU profile has no collective fits")
+        sizes = sorted(self.comm)
+        w = min(sizes, key=lambda s: (abs(math.log2(s) - math.log2(max(n, 1))), -s))
+        return w, self.comm[w]
+
+    def comm_model(self, n: int, like: CommModel | None = None) -> CommModel:
+        """A :class:`CommModel` for ``n`` ranks on one host from the gloo fits."""
+        if n < 2 or not self.comm:
+            base = like or CommModel(n=n, node_of=np.zeros(n, dtype=int),
+                                     node_size=np.full(n, float(n)), a2a_alpha_s=0.0,
+                                     intra_Bps=math.inf, inter_Bps=math.inf)
+            return base
+        w, e = self.world_fit(n)
+        fits = {}
+        for kind in ("reducescatter", "allgather", "allreduce"):
+            if kind in e:
+                fits[kind] = (float(e[kind]["alpha_s"]), float(e[kind]["Bps"]))
+        if "reducescatter" in fits:
+            fits["host_reducescatter"] = fits["reducescatter"]
+        if "allgather" in fits:
+            fits["host_allgather"] = fits["allgather"]
+        note = "" if w == n else f" (world {n} uses the world-{w} fit)"
+        return CommModel(n=n, node_of=np.zeros(n, dtype=int), node_size=np.full(n, float(n)),
+                         a2a_alpha_s=float(e["a2a_alpha_s"]), intra_Bps=float(e["a2a_Bps"]),
+                         inter_Bps=math.inf, fits=fits,
+                         source=f"gloo fits from {self.source}{note}")
+
+
+@functools.lru_cache(maxsize=8)
+def load_cpu_profile(path: str | None = None) -> CpuProfile | None:
+    """Read a CPU profile YAML (default :data:`CPU_PROFILE_PATH`); None when the default file is
+    absent. A bad or missing explicit file raises :class:`~simulator.errors.SpecError`."""
+    from simulator.errors import SpecError
+    from simulator.fileio import parse_yaml
+    p = Path(path) if path else CPU_PROFILE_PATH
+    if not p.is_file():
+        if path:
+            raise SpecError("CPU profile not found", source=str(p),
+                            fix="run `clusterplan calibrate embedding --out FILE` first")
+        return None
+    doc = parse_yaml(p.read_text(encoding="utf-8"), source=str(p))
+    look = doc.get("lookup") if isinstance(doc, dict) else None
+    if not isinstance(look, dict):
+        raise SpecError("no 'lookup' section", source=str(p), field="lookup",
+                        fix="rewrite it with `clusterplan calibrate embedding`")
+    vals = {}
+    for k in _LOOKUP_FIELDS:
+        v = look.get(k)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+            raise SpecError(f"{k} must be a non-negative number, got {v!r}", source=str(p),
+                            field=f"lookup.{k}", fix="rewrite it with `clusterplan calibrate "
+                                                    "embedding`")
+        vals[k] = float(v)
+    if vals["lookup_Bps"] <= 0:
+        raise SpecError("lookup_Bps must be positive", source=str(p), field="lookup.lookup_Bps",
+                        fix="rewrite it with `clusterplan calibrate embedding`")
+    worlds = ((doc.get("comm") or {}).get("worlds") or {})
+    comm = {}
+    for k, e in worlds.items():
+        try:
+            w = int(k)
+            entry = {"a2a_alpha_s": float(e["a2a_alpha_s"]), "a2a_Bps": float(e["a2a_Bps"])}
+            for kind in ("allreduce", "reducescatter", "allgather"):
+                if kind in e:
+                    entry[kind] = {"alpha_s": float(e[kind]["alpha_s"]),
+                                   "Bps": float(e[kind]["Bps"])}
+        except (TypeError, ValueError, KeyError) as exc:
+            raise SpecError(f"bad collective fit for world {k!r}: {exc}", source=str(p),
+                            field=f"comm.worlds.{k}",
+                            fix="rewrite it with `clusterplan calibrate embedding`") from None
+        comm[w] = entry
+    elem = {}
+    for k, v in (look.get("element_bytes") or {}).items():
+        if k not in ("fp16", "bf16") or not isinstance(v, (int, float)) or not v > 0:
+            raise SpecError(f"element_bytes.{k} must be a positive number for fp16/bf16",
+                            source=str(p), field=f"lookup.element_bytes.{k}",
+                            fix="rewrite it with `clusterplan calibrate embedding`")
+        elem[k] = float(v)
+    for k, default in (("row_walk_bytes", 0.0), ("page_reach_bytes", 1048576.0)):
+        v = look.get(k, default)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) \
+                or v < 0 or (k == "page_reach_bytes" and v <= 0):
+            raise SpecError(f"{k} must be a non-negative number, got {v!r}", source=str(p),
+                            field=f"lookup.{k}", fix="rewrite it with `clusterplan calibrate "
+                                                    "embedding`")
+        vals[k] = float(v)
+    meas = doc.get("measured") or {}
+    src = f"{p.name} (measured {meas.get('date', '?')} on {(meas.get('machine') or {}).get('cpu_model', '?')})"
+    return CpuProfile(comm=comm, source=src, element_bytes=elem, **vals)
+
+
+def _device_profile(topo: Topology, cfg: CostConfig) -> CpuProfile | None:
+    if cfg.device_profile is None or topo.gpu.name != "cpu":
+        return None
+    if cfg.device_profile == "auto":
+        return load_cpu_profile(None)
+    return load_cpu_profile(str(cfg.device_profile))
+
+
 class CostModel:
     """Per-shard features and per-rank costs of a plan for one model on ``n`` ranks.
 
@@ -254,8 +437,18 @@ class CostModel:
         self.hosts = tuple(tuple(h) for h in hosts)
         self.config = config or CostConfig()
         self.profile = load_compute_profile(topo.gpu)
+        self.device_profile = _device_profile(topo, self.config)
+        if self.device_profile is not None:
+            self.config = replace(self.config, **self.device_profile.cost_overrides())
+            self.comm = comm = self.device_profile.comm_model(n, comm)
         cfg = self.config
         self.hbm_Bps = float(topo.gpu.hbm_bandwidth_Bps) * cfg.hbm_efficiency
+        #: byte-equivalents per weight element in the lookup terms (the CPU profile's fitted
+        #: cost of half-precision rows; else the storage bytes)
+        self.lookup_element_bytes: dict[str, float] = {}
+        if self.device_profile is not None:
+            self.hbm_Bps = self.device_profile.lookup_Bps
+            self.lookup_element_bytes = dict(self.device_profile.element_bytes)
         self.launch_s = (self.profile.launch_overhead_s if cfg.kernel_launch_s is None
                          else cfg.kernel_launch_s)
         self.out_bytes = PRECISION_BYTES[model.comm_precision]
@@ -311,7 +504,11 @@ class CostModel:
         else:
             ids = self.batch * L
             outputs = self.batch
-        gather = ids * (miss * cols * p + cfg.lookup_overhead_bytes + cfg.id_bytes)
+        p_look = self.lookup_element_bytes.get(t.precision, p)
+        gather = ids * (miss * cols * p_look + cfg.lookup_overhead_bytes + cfg.id_bytes)
+        if cfg.row_walk_bytes > 0 and rows > 0:
+            walk = math.log2(max(1.0, rows * cols * p / cfg.page_reach_bytes))
+            gather += min(ids / self.accesses_per_row[ti], rows) * cfg.row_walk_bytes * walk
         fwd = (gather + outputs * cols * o) / self.hbm_Bps + cfg.shard_overhead_s
         bwd = cfg.backward_multiplier * (fwd - cfg.shard_overhead_s) + cfg.shard_overhead_s
         if st == ShardingType.DATA_PARALLEL:

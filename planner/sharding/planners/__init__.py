@@ -14,6 +14,8 @@ name               what it does
 ``mip``            PuLP/CBC: minimise the maximum per-rank cost under memory caps over
                    table-wise, column-wise (2/4/8 parts), row-wise, data-parallel (and
                    table-row-wise across hosts); warm-started from ``local_search``
+``torchrec``       TorchRec's own ``EmbeddingShardingPlanner``, run for real (needs
+                   ``make setup-torchrec``); its plan converted back and costed by our model
 =================  ==========================================================================
 
 Every planner falls back to row-wise for a table that fits no single device, when row-wise is
@@ -30,7 +32,8 @@ from ..task import ShardingTask
 
 __all__ = ["Planner", "PLANNER_NAMES", "get_planner"]
 
-PLANNER_NAMES = ("random", "size", "dim", "lookup", "size_lookup", "greedy", "local_search", "mip")
+PLANNER_NAMES = ("random", "size", "dim", "lookup", "size_lookup", "greedy", "local_search", "mip",
+                 "torchrec")
 
 
 @runtime_checkable
@@ -63,5 +66,8 @@ def get_planner(name: str, **options) -> Planner:
     if name == "mip":
         from .mip import MipPlanner
         return MipPlanner(**options)
+    if name == "torchrec":
+        from .torchrec_planner import TorchRecPlanner
+        return TorchRecPlanner(**options)
     raise SpecError(f"unknown planner {name!r}", source="--planner",
                     fix=f"use one of: {', '.join(PLANNER_NAMES)}")

@@ -1,0 +1,308 @@
+"""Measured sharding benchmark: every planner's plan run for real, TorchRec's planner as baseline.
+
+Run (not part of the default test run; needs ``make setup-torchrec``)::
+
+    python tests/bench/bench_sharding_measured.py --out bench-out/        # 32 tasks, ~15 min
+    python tests/bench/bench_sharding_measured.py --quick --out /tmp/q     # 4 tasks, ~2 min
+
+Tasks: ``--tasks`` seeded synthetic tasks (half on 4 devices, half on 8), alternating the
+NeuroShard shape (``neuroshard_tasks``: 10–59 tables, dims 4–128, table- and column-wise
+allowed, 4 GiB per device) and the DreamShard shape (``dreamshard_tasks``: 40 tables, dim 16,
+fp16, table-wise only, 5 GiB per device), all scaled by ``--scale`` (default 1/16: rows, global
+batch and memory per device shrink alike, so lookups, distinct rows and memory keep their
+ratios; batch 65,536 → 4,096) to fit this machine and measure in seconds. Every task targets
+this machine (``localhost-gloo`` with N processes), so every planner plans with the calibrated
+CPU profile and TorchRec plans for ``compute_device="cpu"`` with the same memory cap.
+
+Planners: ``torchrec`` (TorchRec 1.8.0's EmbeddingShardingPlanner), ``size_lookup`` (NeuroShard's
+strongest greedy baseline), ``greedy``, ``local_search`` and ``mip`` (``--mip-limit`` seconds).
+Each valid plan of a task is MEASURED (``planner.sharding.measure``: fused FBGEMM TBE forward +
+backward per rank on one thread, median of ``--repeats``; the all-to-alls with gloo across N
+processes, median of ``--comm-repeats``; identical plans measured once); cost = max over ranks
+of lookups + communication. TorchRec's plan is measured a second time in the same paired run as
+``torchrec_again``: its ratio to ``torchrec`` is the noise floor of a per-task ratio. Prints per
+planner: mean measured max-rank cost over the tasks
+where it is valid, the mean of its per-task ratio to TorchRec's plan and to size-lookup's (on
+the tasks both are valid), the median ratio, ``valid x/N`` (invalid plans are counted, never
+averaged), the prediction error of the max, and the mean plan time; then the same split by
+device count. ``--out DIR`` writes ``results.csv`` (one row per task × planner) and
+``summary.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from planner.sharding.generate import dreamshard_tasks, neuroshard_tasks  # noqa: E402
+from planner.sharding.measure import (cpu_topology_ref, measure_many, model_ids,  # noqa: E402
+                                      scale_model)
+from planner.sharding.planners import get_planner  # noqa: E402
+from planner.sharding.task import prepare  # noqa: E402
+
+PLANNERS = ("torchrec", "size_lookup", "greedy", "local_search", "mip")
+#: TorchRec's plan measured a second time in the same paired run: its ratio to ``torchrec`` is
+#: the noise floor of a per-task ratio
+NOISE = "torchrec_again"
+GiB = 1024 ** 3
+
+
+def make_tasks(n: int, seed: int, scale: float) -> list[dict]:
+    """``n`` scaled tasks: half on 4 devices, half on 8; NeuroShard and DreamShard shapes
+    alternating within each half."""
+    out = []
+    per = {4: n // 2 + n % 2, 8: n // 2}
+    for devices, count in per.items():
+        n_ns = (count + 1) // 2
+        n_ds = count // 2
+        ns = neuroshard_tasks(seed * 1000 + devices, n_ns, devices=devices, memory_bytes=4 * GiB)
+        ds = dreamshard_tasks(seed * 1000 + devices, n_ds, num_tables=40, devices=devices,
+                              memory_bytes=5 * GiB)
+        mixed = []
+        for i in range(max(n_ns, n_ds)):
+            if i < n_ns:
+                mixed.append(("neuroshard", ns[i]))
+            if i < n_ds:
+                mixed.append(("dreamshard", ds[i]))
+        for family, bt in mixed:
+            model = scale_model(bt.model, scale, name=bt.model.name + f"-x{scale:g}")
+            task = bt.task(model=model, memory_bytes=int(bt.memory_bytes * scale),
+                           topology=cpu_topology_ref(devices))
+            out.append({"name": model.name, "family": family, "devices": devices,
+                        "task": task, "tables": model.num_tables,
+                        "weight_bytes": model.total_weight_bytes, "batch": model.batch_size})
+    return out
+
+
+def run(args) -> dict:
+    from planner.sharding.measure_comm import GlooGroup
+    t_start = time.perf_counter()
+    tasks = make_tasks(args.tasks, args.seed, args.scale)
+    planners = [p.strip() for p in args.planners.split(",") if p.strip()]
+    print(f"{len(tasks)} tasks (scale {args.scale:g}), planners {', '.join(planners)}; "
+          f"kernels median of {args.repeats}, collectives median of {args.comm_repeats}; "
+          f"{os.cpu_count()} cores", flush=True)
+    rows = []
+    groups: dict[int, GlooGroup] = {}
+    try:
+        for k, info in enumerate(tasks):
+            n = info["devices"]
+            task = info["task"]
+            if n not in groups:
+                for g in groups.values():
+                    g.close()
+                groups = {n: GlooGroup(n)}
+            problem = prepare(task, n)
+            ids = model_ids(task.model, seed=args.seed)
+            order = planners[k % len(planners):] + planners[:k % len(planners)]
+            task_rows, plans = {}, {}
+            for name in order:
+                opts = {"solver": "cbc"} if name == "mip" else {}
+                t0 = time.perf_counter()
+                try:
+                    plan = get_planner(name, **opts).plan(
+                        task, n, seed=args.seed,
+                        time_limit_s=args.mip_limit if name in ("mip", "local_search") else None)
+                    err = ""
+                except Exception as exc:              # an infeasible plan is a result, not a crash
+                    plan, err = None, f"{type(exc).__name__}: {str(exc)[:160]}"
+                plan_s = time.perf_counter() - t0
+                row = {"task": info["name"], "family": info["family"], "devices": n,
+                       "tables": info["tables"], "planner": name, "plan_s": round(plan_s, 3),
+                       "valid": bool(plan is not None and plan.valid), "error": err,
+                       "predicted_max_s": plan.max_cost_s if plan is not None else None,
+                       "measured_max_s": None, "measured_lookup_max_s": None,
+                       "measured_comm_mean_s": None, "types": "", "distinct_plans": None,
+                       "load_avg": round(os.getloadavg()[0], 2)}
+                if plan is not None:
+                    row["types"] = " ".join(f"{k2}:{v}" for k2, v in plan.type_counts().items())
+                    if not plan.valid and not err:
+                        row["error"] = "; ".join(plan.problems[:2])
+                    if plan.valid:
+                        plans[name] = plan
+                task_rows[name] = row
+            # identical plans are measured once; all distinct plans of the task together
+            keys: dict = {}
+            for name, plan in plans.items():
+                keys.setdefault(tuple(ts.key() for ts in plan.shardings), []).append(name)
+            uniq = list(keys)
+            batch = [plans[keys[kk][0]].shardings for kk in uniq]
+            if args.noise and "torchrec" in plans:
+                # TorchRec's plan once more, as if it were another plan: the noise floor
+                batch.append(plans["torchrec"].shardings)
+            ms = measure_many(problem, batch, ids=ids, repeats=args.repeats,
+                              comm_repeats=args.comm_repeats, group=groups[n], seed=args.seed)
+            if args.noise:
+                row = dict(task_rows["torchrec"]) if "torchrec" in task_rows else None
+                if row is not None:
+                    row["planner"] = NOISE
+                    if "torchrec" in plans:
+                        m = ms[-1]
+                        row.update(measured_max_s=m.max_s, measured_lookup_max_s=max(m.lookup_s),
+                                   measured_comm_mean_s=sum(m.comm_s) / n)
+                    task_rows[NOISE] = row
+            for kk, m in zip(uniq, ms):
+                for name in keys[kk]:
+                    row = task_rows[name]
+                    row["measured_max_s"] = m.max_s
+                    row["measured_lookup_max_s"] = max(m.lookup_s)
+                    row["measured_comm_mean_s"] = sum(m.comm_s) / n
+                    row["predicted_max_s"] = m.predicted_max_s
+                    row["distinct_plans"] = len(uniq)
+            shown = planners + ([NOISE] if NOISE in task_rows else [])
+            for name in shown:
+                rows.append(task_rows[name])
+            line = "  ".join(
+                f"{p} {task_rows[p]['measured_max_s'] * 1e3:7.2f}" if task_rows[p]["valid"]
+                else f"{p} invalid" for p in shown)
+            print(f"[{k + 1:>2}/{len(tasks)}] {info['name']:<34} {n} dev {info['tables']:>2} tab "
+                  f"(ms) {line}   {time.perf_counter() - t_start:6.0f} s", flush=True)
+    finally:
+        for g in groups.values():
+            g.close()
+    if args.noise and "torchrec" in planners:
+        planners = planners + [NOISE]
+    summary = summarise(rows, planners)
+    summary["wall_s"] = time.perf_counter() - t_start
+    summary["settings"] = {"tasks": len(tasks), "scale": args.scale, "seed": args.seed,
+                           "repeats": args.repeats, "comm_repeats": args.comm_repeats,
+                           "mip_limit_s": args.mip_limit, "planners": planners,
+                           "cores": os.cpu_count()}
+    print_summary(summary, planners)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "results.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
+            w.writeheader()
+            w.writerows(rows)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"wrote {out / 'results.csv'} and {out / 'summary.json'}")
+    return summary
+
+
+def _ratios(rows, planners, base, subset=None):
+    by_task: dict[str, dict] = {}
+    for r in rows:
+        if subset is None or subset(r):
+            by_task.setdefault(r["task"], {})[r["planner"]] = r
+    out = {}
+    for p in planners:
+        rs = [t[p]["measured_max_s"] / t[base]["measured_max_s"] for t in by_task.values()
+              if p in t and base in t and t[p]["valid"] and t[base]["valid"]]
+        out[p] = rs
+    return out
+
+
+def summarise(rows, planners, subset=None) -> dict:
+    sel = [r for r in rows if subset is None or subset(r)]
+    tasks = sorted({r["task"] for r in sel})
+    res = {"tasks": len(tasks), "planners": {}}
+    vs_tr = _ratios(sel, planners, "torchrec") if "torchrec" in planners else {}
+    vs_sl = _ratios(sel, planners, "size_lookup") if "size_lookup" in planners else {}
+    for p in planners:
+        mine = [r for r in sel if r["planner"] == p]
+        ok = [r for r in mine if r["valid"]]
+        meas = [r["measured_max_s"] for r in ok]
+        pred_err = [(r["predicted_max_s"] - r["measured_max_s"]) / r["measured_max_s"]
+                    for r in ok]
+        entry = {"valid": len(ok), "n": len(mine),
+                 "mean_measured_max_s": statistics.fmean(meas) if meas else None,
+                 "median_measured_max_s": statistics.median(meas) if meas else None,
+                 "mean_predicted_max_s": statistics.fmean([r["predicted_max_s"] for r in ok])
+                 if ok else None,
+                 "mean_abs_prediction_error": statistics.fmean([abs(e) for e in pred_err])
+                 if pred_err else None,
+                 "mean_prediction_error": statistics.fmean(pred_err) if pred_err else None,
+                 "mean_plan_s": statistics.fmean([r["plan_s"] for r in mine]) if mine else None}
+        for label, rs in (("vs_torchrec", vs_tr.get(p)), ("vs_size_lookup", vs_sl.get(p))):
+            if rs:
+                entry[label] = {"mean_ratio": statistics.fmean(rs),
+                                "median_ratio": statistics.median(rs), "tasks": len(rs),
+                                "wins": sum(1 for x in rs if x < 1.0),
+                                "mean_abs_deviation": statistics.fmean([abs(x - 1) for x in rs])}
+        res["planners"][p] = entry
+    if subset is None:
+        res["by_devices"] = {str(d): summarise(rows, planners,
+                                               subset=lambda r, d=d: r["devices"] == d)
+                             for d in sorted({r["devices"] for r in rows})}
+        res["by_family"] = {f: summarise(rows, planners, subset=lambda r, f=f: r["family"] == f)
+                            for f in sorted({r["family"] for r in rows})}
+    return res
+
+
+def _fmt_ratio(e, key):
+    v = e.get(key)
+    if not v:
+        return f"{'-':>16}"
+    return f"{v['mean_ratio']:>7.3f} ({v['median_ratio']:.3f})"
+
+
+def print_summary(summary: dict, planners) -> None:
+    def table(s: dict, title: str) -> None:
+        print(f"\n{title} ({s['tasks']} tasks)")
+        print(f"{'planner':<16}{'valid':>8}{'mean max ms':>13}{'median ms':>11}"
+              f"{'vs torchrec':>17}{'vs size_lookup':>17}{'wins/TR':>9}{'pred err':>10}"
+              f"{'plan s':>8}")
+        for p in planners:
+            e = s["planners"][p]
+            mean = e["mean_measured_max_s"]
+            med = e["median_measured_max_s"]
+            wins = e.get("vs_torchrec")
+            print(f"{p:<16}{e['valid']:>4}/{e['n']:<3}"
+                  f"{(mean * 1e3 if mean else float('nan')):>13.2f}"
+                  f"{(med * 1e3 if med else float('nan')):>11.2f}"
+                  f"{_fmt_ratio(e, 'vs_torchrec')}{_fmt_ratio(e, 'vs_size_lookup')}"
+                  f"{(str(wins['wins']) + '/' + str(wins['tasks'])) if wins else '-':>9}"
+                  f"{(100 * e['mean_prediction_error'] if e['mean_prediction_error'] is not None else float('nan')):>+9.1f}%"
+                  f"{(e['mean_plan_s'] or 0):>8.2f}")
+    table(summary, "all tasks — measured max-rank cost; ratios: mean (median) of per-task "
+                   "ratios on tasks where both plans are valid")
+    noise = summary["planners"].get(NOISE, {}).get("vs_torchrec")
+    if noise:
+        print(f"noise floor: TorchRec's plan measured twice in the same run: mean ratio "
+              f"{noise['mean_ratio']:.3f}, mean |ratio − 1| {noise['mean_abs_deviation']:.3f} "
+              f"over {noise['tasks']} tasks")
+    for d, s in summary.get("by_devices", {}).items():
+        table(s, f"{d} devices")
+    for f, s in summary.get("by_family", {}).items():
+        table(s, f"{f} tasks")
+    print(f"\nwall time {summary.get('wall_s', 0):.0f} s")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tasks", type=int, default=32, help="tasks (half on 4, half on 8 devices)")
+    ap.add_argument("--quick", action="store_true",
+                    help="4 tasks, 3 repeats: a smoke run of a couple of minutes")
+    ap.add_argument("--scale", type=float, default=1 / 16,
+                    help="rows, batch and memory scale (default 1/16)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=5, help="kernel iterations (median)")
+    ap.add_argument("--comm-repeats", type=int, default=5, help="collective rounds (median)")
+    ap.add_argument("--mip-limit", type=float, default=2.0, help="MIP time limit, seconds")
+    ap.add_argument("--planners", default=",".join(PLANNERS))
+    ap.add_argument("--no-noise", dest="noise", action="store_false",
+                    help="skip re-measuring TorchRec's plan (the noise-floor row)")
+    ap.add_argument("--out", default=None, metavar="DIR", help="write results.csv, summary.json")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.tasks = min(args.tasks, 4)
+        args.repeats = min(args.repeats, 3)
+        args.comm_repeats = min(args.comm_repeats, 3)
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
