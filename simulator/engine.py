@@ -115,6 +115,10 @@ class SimResult:
         write_chrome_trace(self, path, max_ranks=max_ranks)
 
 
+# beyond ~30 years of virtual time float seconds cannot resolve a µs flow any more
+MAX_OP_S = 1e9
+
+
 def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
              compute: ComputeProfile | None = None,
              slowdown: Mapping[int, float] | None = None,
@@ -205,6 +209,10 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
             else:
                 d = op_time(profile, flops=op.flops, bytes_moved=op.bytes_moved, dtype=op.dtype)
             d *= slow.get(op.ranks[0], 1.0)
+            if not d < MAX_OP_S:
+                raise SimulationError(f"op {op.id} ({op.name}) would take {d:.3g} s, past the "
+                                      f"{MAX_OP_S:.0e} s this simulator resolves (fix: check "
+                                      "the op's flops, bytes or duration and their units)")
             algo[i] = ""
             ev = env.timeout(d)
             ev.callbacks.append(lambda _e, i=i: finish(i))

@@ -93,14 +93,14 @@ def build_workload(doc: Mapping[str, Any], *, num_gpus: int, source: str = "<map
         if not isinstance(deps, list):
             raise of.err("deps", f"expected a list of op ids, got {deps!r}", "write deps: [fwd]")
         for d in deps:
-            if d not in inst:
+            if not isinstance(d, str) or d not in inst:
                 raise of.err("deps", f"unknown or later op {d!r}", "depend only on ops listed above")
         name = of.str("name", oid)
         cat = of.str("category", typ if typ in ("compute", "delay") else "comm")
         inst[oid] = {}
         if typ in ("compute", "delay"):
             stream = of.str("stream", "compute")
-            flops = of.float("flops", 0.0)
+            flops = of.float("flops", 0.0, maximum=1e24)
             nbytes = of.bytes("bytes", 0)
             dur = of.time("duration", None, required=typ == "delay")
             dtype = of.str("dtype", "bf16")

@@ -45,6 +45,30 @@ _WORKLOAD = REPO / "simulator" / "workloads" / "dp-step.yaml"
 JUNK = [None, -1, 0, "abc", [], {}, 1e300, float("nan"), True, "1GiB", -1e-9, 2**63, "tp=8"]
 
 
+def _leaves(doc, path=()):
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _leaves(v, path + (k,))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from _leaves(v, path + (i,))
+    else:
+        yield path
+
+
+def _junk_leaf(doc, choice):
+    """Replace one leaf anywhere in the document (deep fields get hit as often as top ones)."""
+    paths = [p for p in _leaves(doc) if p]
+    if not paths:
+        return copy.deepcopy(choice(JUNK))
+    p = choice(paths)
+    node = doc
+    for k in p[:-1]:
+        node = node[k]
+    node[p[-1]] = copy.deepcopy(choice(JUNK))
+    return doc
+
+
 def _mutate(doc, choice, depth: int = 0):
     """Delete a key, replace a value with junk, or descend into a sub-mapping/list."""
     if isinstance(doc, dict) and doc:
@@ -69,7 +93,7 @@ def _mutate(doc, choice, depth: int = 0):
 def _mutated_file(path: Path, choice, tmp: Path, name: str) -> str:
     doc = yaml.safe_load(path.read_text())
     for _ in range(choice([1, 1, 2, 3])):
-        doc = _mutate(doc, choice)
+        doc = _junk_leaf(doc, choice) if choice([True, False]) else _mutate(doc, choice)
     out = tmp / name
     text = yaml.safe_dump(doc, sort_keys=False) if choice([True, True, False]) else \
         choice(["{", "model: [", "\x00\x01", "", "- 1\n- 2\n", "name: x\nnodes: 1\n"])

@@ -13,6 +13,7 @@ path, so a file states parameters and the command line resizes it::
 from __future__ import annotations
 
 import copy
+import math
 import importlib.resources
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,7 +189,7 @@ class Fields:
                 pass
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         if ok:
-            ok = (value > minimum if exclusive else value >= minimum) and value == value
+            ok = (value > minimum if exclusive else value >= minimum) and math.isfinite(value)
             ok = ok and (maximum is None or value <= maximum)
         if not ok:
             rng = f"{'>' if exclusive else '≥'} {minimum}" + (f" and ≤ {maximum}" if maximum else "")
@@ -219,14 +220,19 @@ class Fields:
         except SpecError as e:
             raise self.err(key, e.message, e.fix or "") from None
 
-    def bytes(self, key: str, default: Any = None, *, required: bool = False) -> Any:
+    def bytes(self, key: str, default: Any = None, *, required: bool = False,
+              maximum: float = 2.0**60) -> Any:
         value = self._get(key, default, required)
         if value is None:
             return None
         try:
-            return parse_bytes(value)
+            n = parse_bytes(value)
         except SpecError as e:
             raise self.err(key, e.message, e.fix or "") from None
+        if n > maximum:
+            raise self.err(key, f"{value!r} is more than {maximum:.3g} bytes",
+                           "check the unit (e.g. 650 MB, 20 GB)")
+        return n
 
 
 _REQUIRED = object()
