@@ -13,7 +13,7 @@ __all__ = ["register"]
 
 def register(sub) -> None:
     for fn in (_topology, _gpus, _collective, _simulate, _plan, _measure, _export, _fidelity,
-               _calibrate):
+               _calibrate, _diagnose):
         fn(sub)
 
 
@@ -192,7 +192,7 @@ def _simulate_run(args) -> int:
     w = load_workload(args.workload, num_gpus=topo.num_gpus)
     res = simulate(topo, w, mode="explicit" if args.mode == "auto" else args.mode,
                    slowdown=stragglers_from_args(args, topo.num_gpus),
-                   link_faults=link_faults_from_args(args, topo))
+                   link_faults=link_faults_from_args(args, topo), track_links=args.diagnose)
     df = res.ops
     by_cat = df.groupby("category").duration_s.sum()
     compute_ops = df[df.kind == "compute"]
@@ -229,7 +229,7 @@ def _simulate_run(args) -> int:
                                                    for r, f in sorted(res.slowdown.items())))
     rel_data, rel_lines = reliability_report(args, gpus=topo.num_gpus,
                                              step_time_s=res.step_time_s,
-                                             busy_s=res.compute_busy_s())
+                                             busy_s=res.compute_busy_s(), sim=res, topo=topo)
     data.update(rel_data)
     lines += rel_lines
     lines.append(f"  {res.events} events in {res.wall_s:.3f} s wall")
@@ -317,6 +317,39 @@ def _fidelity(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: __import__("planner.llm.cli", fromlist=["fidelity"]).fidelity(
         a, _emit))
+
+
+# -- diagnose ---------------------------------------------------------------------------------
+def _diagnose(sub) -> None:
+    p = sub.add_parser("diagnose", help="name straggling ranks from traces of a run",
+                       description="Read Chrome/Perfetto traces (clusterplan simulate --trace, or "
+                                   "torch.profiler traces of a real run, one file per rank), sum "
+                                   "each rank's compute time and name the ranks that stand out.")
+    p.add_argument("traces", nargs="+", metavar="TRACE.json")
+    p.add_argument("--min-excess", type=float, default=0.02,
+                   help="flag ranks at least this much above the median (default 0.02 = 2%%)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_diagnose_run)
+
+
+def _diagnose_run(args) -> int:
+    from simulator.faults import find_stragglers
+    from simulator.trace_read import busy_by_rank
+    if not 0 <= args.min_excess < 10:
+        raise SpecError(f"--min-excess {args.min_excess} is not a fraction", field="--min-excess",
+                        fix="pass e.g. 0.05 for 5%")
+    busy = busy_by_rank(args.traces)
+    if not busy:
+        raise SpecError("no compute events in the traces", source=", ".join(args.traces),
+                        fix="trace compute (torch.profiler with CPU/CUDA activities)")
+    found = find_stragglers(busy, min_excess=args.min_excess)
+    med = sorted(busy.values())[len(busy) // 2]
+    lines = [f"{len(busy)} ranks, median compute {format_time(med)} per trace"]
+    lines += [f"  straggler: rank {f['rank']} {format_time(f['busy_s'])} (×{f['slowdown']:.3f})"
+              for f in found] or ["  no rank stands out"]
+    _emit(args, {"busy_s_by_rank": {str(r): v for r, v in busy.items()}, "stragglers": found},
+          "\n".join(lines))
+    return 0
 
 
 # -- calibrate --------------------------------------------------------------------------------

@@ -9,8 +9,8 @@ training time ratio (simulator/faults.py) and the throughput that survives it.
 from __future__ import annotations
 
 from simulator.errors import SpecError
-from simulator.faults import (Reliability, ettr, find_stragglers, optimal_checkpoint_interval,
-                              parse_link_faults, parse_stragglers)
+from simulator.faults import (Reliability, ettr, find_hot_links, find_stragglers,
+                              optimal_checkpoint_interval, parse_link_faults, parse_stragglers)
 from simulator.units import format_time
 
 __all__ = ["add_arguments", "stragglers_from_args", "link_faults_from_args",
@@ -24,6 +24,9 @@ def add_arguments(p) -> None:
     g.add_argument("--link-fault", action="append", default=[], metavar="SRC->DST=FACTOR[@TIME]",
                    help="from TIME on the link keeps FACTOR of its capacity, e.g. "
                         "'leaf0/rail0<->spine0=0.5@5ms' (<-> both directions, wildcards ok)")
+    g.add_argument("--diagnose", action="store_true",
+                   help="name straggling ranks and hot links (links busy far longer than "
+                        "their peers); tracks per-link traffic, so runs in explicit mode")
     g.add_argument("--mtbf", metavar="TIME",
                    help="mean time between failures of one GPU, e.g. 50000h; adds ETTR")
     g.add_argument("--checkpoint-every", default="30min", metavar="TIME",
@@ -43,11 +46,13 @@ def link_faults_from_args(args, topo) -> list:
 
 
 def reliability_report(args, *, gpus: int, step_time_s: float,
-                       busy_s: dict[int, float] | None = None) -> tuple[dict, list[str]]:
-    """JSON members and printed lines for the straggler diagnosis and the ETTR."""
+                       busy_s: dict[int, float] | None = None, sim=None, topo=None
+                       ) -> tuple[dict, list[str]]:
+    """JSON members and printed lines for the diagnosis (stragglers, hot links) and the ETTR."""
     data: dict = {}
     lines: list[str] = []
-    if busy_s is not None and getattr(args, "straggler", None):
+    diagnose = getattr(args, "diagnose", False)
+    if busy_s is not None and (getattr(args, "straggler", None) or diagnose):
         found = find_stragglers(busy_s)
         data["stragglers_found"] = found
         if found:
@@ -55,6 +60,14 @@ def reliability_report(args, *, gpus: int, step_time_s: float,
             lines.append(f"  straggler diagnosis: rank {worst['rank']} busy "
                          f"{format_time(worst['busy_s'])}, ×{worst['slowdown']:.3f} the median "
                          f"rank ({len(found)} rank(s) flagged)")
+        elif diagnose:
+            lines.append("  straggler diagnosis: no rank stands out")
+    if diagnose and sim is not None and topo is not None:
+        hot = find_hot_links(topo, sim.link_busy_s)
+        data["hot_links"] = hot
+        lines.append("  hot links: " + ("; ".join(
+            f"{h['link']} busy {format_time(h['busy_s'])}, ×{h['ratio']:.1f} its {h['tier']} "
+            f"peers" for h in hot) if hot else "none stand out"))
     if getattr(args, "mtbf", None):
         rel = Reliability.parse(mtbf=args.mtbf, interval=args.checkpoint_every,
                                 cost=args.checkpoint_cost, restart=args.restart)

@@ -69,6 +69,8 @@ class SimResult:
     device_names: tuple = field(repr=False, default=())
     slowdown: dict = field(default_factory=dict)     # rank → compute slowdown factor applied
     link_faults: tuple = ()                           # LinkFaults applied during the run
+    link_bytes: object = field(repr=False, default=None)    # per link, when tracked
+    link_busy_s: object = field(repr=False, default=None)   # per link: bytes / capacity
 
     def compute_busy_s(self) -> dict[int, float]:
         """Seconds of compute per rank that ran any (the input of straggler diagnosis)."""
@@ -122,7 +124,8 @@ MAX_OP_S = 1e9
 def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
              compute: ComputeProfile | None = None,
              slowdown: Mapping[int, float] | None = None,
-             link_faults: Sequence["LinkFault"] = ()) -> SimResult:
+             link_faults: Sequence["LinkFault"] = (),
+             track_links: bool = False) -> SimResult:
     """Simulate ``workload`` on ``topo`` and return per-op timings.
 
     Parameters
@@ -137,6 +140,9 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
         :class:`~simulator.faults.LinkFault` s: from ``at_s`` on, the links carry ``factor`` of
         their capacity (a bundle that lost some cables, ECMP spreading over the rest; a flaky or
         lossy link). Flows in flight are re-rated at that moment. Forces explicit mode.
+    track_links:
+        Record bytes and busy seconds per link (``SimResult.link_busy_s``; explicit mode), the
+        input of hot-link diagnosis (:func:`simulator.faults.find_hot_links`).
     """
     t0 = time.perf_counter()
     ops = workload.ops
@@ -157,7 +163,8 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
     env = simpy.Environment()
     if link_faults:
         mode = "explicit"       # a fault on one link breaks the symmetry classes rely on
-    net = FlowNetwork(env, topo, mode=mode)
+    net = FlowNetwork(env, topo, mode="explicit" if track_links else mode,
+                      track_links=track_links)
     for fault in link_faults:
         if fault.at_s <= 0:
             net.scale_capacity(fault.links, fault.factor)
@@ -259,4 +266,5 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
                      wall_s=time.perf_counter() - t0, network=st, topology=topo.name,
                      mode=net.mode, workload=workload, device_names=topo.gpus,
                      slowdown={r: f for r, f in slow.items() if f != 1.0},
-                     link_faults=tuple(link_faults))
+                     link_faults=tuple(link_faults), link_bytes=net.link_bytes,
+                     link_busy_s=net.link_busy_s)

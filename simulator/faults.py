@@ -12,7 +12,8 @@
   ``ETTR = τ / that``. The interval that maximises it is close to Young/Daly's ``√(2C/λ)``.
   :func:`simulate_failures` draws the same process event by event (seeded) to check it.
 * **Diagnosis**: :func:`find_stragglers` names the ranks whose busy time stands out from the rest
-  (robust z-score on the median absolute deviation), as MegaScale's per-rank heat map does.
+  (robust z-score on the median absolute deviation), as MegaScale's per-rank heat map does;
+  :func:`find_hot_links` does the same for links against the others of their tier and kind.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from .errors import SpecError
 from .units import parse_time
 
 __all__ = ["parse_stragglers", "LinkFault", "parse_link_faults", "Reliability", "ettr",
-           "optimal_checkpoint_interval", "simulate_failures", "find_stragglers"]
+           "optimal_checkpoint_interval", "simulate_failures", "find_stragglers",
+           "find_hot_links"]
 
 
 def parse_stragglers(items: Iterable[str], num_gpus: int, *, source: str = "--straggler"
@@ -234,3 +236,27 @@ def find_stragglers(busy_s: Mapping[int, float], *, min_excess: float = 0.02,
     order = hit[np.argsort(-x[hit], kind="stable")]
     return [{"rank": int(ranks[i]), "busy_s": float(x[i]), "median_s": med,
              "slowdown": float(x[i] / med)} for i in order]
+
+
+def find_hot_links(topo, busy_s, *, min_excess: float = 0.2, z: float = 3.5,
+                   top: int = 5) -> list[dict]:
+    """Links busy far longer than the other links of their tier and kind that carried traffic:
+    a degraded link moves the same bytes as its peers in more seconds. ``busy_s`` per link
+    (``SimResult.link_busy_s``); slowest first, at most ``top``."""
+    if busy_s is None:
+        return []
+    lt = topo.links
+    busy = np.asarray(busy_s, dtype=float)
+    groups: dict[tuple, list[int]] = {}
+    for i in np.flatnonzero(busy > 0):
+        groups.setdefault((lt.tier[i], lt.kind[i]), []).append(int(i))
+    out = []
+    for (tier, kind), idx in groups.items():
+        if len(idx) < 3:
+            continue
+        found = find_stragglers({i: busy[i] for i in idx}, min_excess=min_excess, z=z)
+        out += [{"link": f"{lt.src[f['rank']]}->{lt.dst[f['rank']]}", "tier": tier, "kind": kind,
+                 "busy_s": f["busy_s"], "median_s": f["median_s"], "ratio": f["slowdown"]}
+                for f in found]
+    out.sort(key=lambda d: -d["ratio"])
+    return out[:top]

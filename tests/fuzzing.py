@@ -105,7 +105,15 @@ def make_case(choice, tmp: Path) -> list[str]:
     """One argv for ``clusterplan`` (files it needs are written under ``tmp``)."""
     kind = choice(["topology", "collective", "simulate-model", "simulate-workload", "plan-tables",
                    "plan-model", "export", "mutated-model", "mutated-topology",
-                   "mutated-workload", "mutated-csv", "gpus"])
+                   "mutated-workload", "mutated-csv", "gpus", "diagnose"])
+    if kind == "diagnose":
+        t = tmp / "trace.json"
+        t.write_text(choice(["{}", "[]", "{bad", json.dumps({"traceEvents": [{"ph": "X"}]}),
+                             json.dumps({"traceEvents": [{"ph": "X", "ts": "a", "dur": 1,
+                                                          "cat": "kernel", "name": "k"}]}),
+                             json.dumps({"traceEvents": [{"ph": "X", "ts": 0, "dur": 5,
+                                                          "cat": "cpu_op", "name": "mm"}]})]))
+        return ["diagnose", str(t)] + choice([[], ["--min-excess", choice(["-1", "0.1", "x"])]])
     if kind == "topology":
         return ["topology", "show", choice(TOPOLOGIES)] + choice([[], ["--json"]])
     if kind == "gpus":

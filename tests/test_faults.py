@@ -190,3 +190,47 @@ def test_loss_on_long_links_follows_the_mathis_bound():
         pytest.approx(simulate_collective(clean, "allreduce", inside, 2**30).time_s)
     with pytest.raises(SpecError, match="loss_rate"):
         load_topology(ref + ",buildings.loss_rate=2")
+
+
+def test_hot_link_diagnosis_names_the_degraded_link(pods):
+    from simulator.faults import find_hot_links, parse_link_faults
+    w = Workload(name="rails")
+    for rail in range(8):                               # every rail's ring crosses the pods
+        w.collective("allreduce", [8 * i + rail for i in range(64)], 2**30, name=f"r{rail}",
+                     algo="ring")
+    healthy = simulate(pods, w, track_links=True)
+    assert find_hot_links(pods, healthy.link_busy_s) == []
+    bad = simulate(pods, w, track_links=True,
+                   link_faults=parse_link_faults(["leaf0/rail3->spine0=0.02"], pods))
+    hot = find_hot_links(pods, bad.link_busy_s)
+    assert hot[0]["link"] == "leaf0/rail3->spine0" and hot[0]["ratio"] == pytest.approx(50, rel=0.01)
+    # bytes are conserved: the degraded link carried what its peers did, only slower
+    lt = pods.links
+    i = [k for k in range(len(lt)) if f"{lt.src[k]}->{lt.dst[k]}" == "leaf0/rail3->spine0"][0]
+    j = [k for k in range(len(lt)) if f"{lt.src[k]}->{lt.dst[k]}" == "leaf0/rail2->spine0"][0]
+    assert bad.link_bytes[i] == pytest.approx(bad.link_bytes[j], rel=1e-9)
+
+
+def test_diagnose_reads_simulated_and_real_profiler_traces(tmp_path, capsys):
+    trace = tmp_path / "sim.json"
+    assert main(["simulate", "dp-step", "--topology", "dgx-a100:nodes=2", "--straggler", "11=1.15",
+                 "--trace", str(trace)]) == 0
+    capsys.readouterr()
+    assert main(["diagnose", str(trace), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [s["rank"] for s in d["stragglers"]] == [11]
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(1)
+    a = torch.randn(256, 256)
+    files = []
+    for rank, reps in enumerate((40, 40, 40, 80)):      # rank 3 does twice the work
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(reps):
+                a @ a
+        path = tmp_path / f"rank{rank}.json"
+        prof.export_chrome_trace(str(path))
+        files.append(str(path))
+    assert main(["diagnose", *files, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [s["rank"] for s in d["stragglers"]] == [3]
+    assert main(["diagnose", str(tmp_path / "missing.json")]) == 2

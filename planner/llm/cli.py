@@ -34,7 +34,8 @@ def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
     slow = stragglers_from_args(args, topo.num_gpus)
     faults = link_faults_from_args(args, topo)
     res = simulate_llm(spec, par, topo, mode=args.mode, order=args.order,
-                       schedule_name=args.schedule, slowdown=slow, link_faults=faults)
+                       schedule_name=args.schedule, slowdown=slow, link_faults=faults,
+                       track_links=getattr(args, "diagnose", False))
     d = res.to_dict()
     extra_lines: list[str] = []
     if slow or faults:
@@ -53,7 +54,8 @@ def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
             + f": step {format_time(res.step_time_s)} vs {format_time(healthy.step_time_s)} "
               f"healthy ({res.step_time_s / healthy.step_time_s - 1:+.1%})")
     rel_data, rel_lines = reliability_report(args, gpus=res.parallel.world(),
-                                             step_time_s=res.step_time_s)
+                                             step_time_s=res.step_time_s, sim=res.sim,
+                                             topo=topo)
     d.update(rel_data)
     extra_lines += rel_lines
     if args.trace:

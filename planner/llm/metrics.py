@@ -118,7 +118,7 @@ def simulate_llm(spec: LLMSpec, parallel: ParallelSpec, topo: Topology, *, mode:
                  order: str = "tp-cp-dp-pp", schedule_name: str = "1f1b",
                  attention: str = "flash", sequence_parallel: bool = True,
                  slowdown: Mapping[int, float] | None = None,
-                 link_faults=()) -> LLMResult:
+                 link_faults=(), track_links: bool = False) -> LLMResult:
     """Simulate one step. ``attention`` and ``sequence_parallel`` describe the trainer's
     kernels (flash attention and Megatron sequence parallelism are today's defaults).
 
@@ -144,7 +144,8 @@ def simulate_llm(spec: LLMSpec, parallel: ParallelSpec, topo: Topology, *, mode:
         rep_slow[rep] = max(rep_slow.get(rep, 1.0), 1.0 + (float(f) - 1.0) * share)
     # link faults re-rate the flows the step issues (DP buckets, pipeline sends); the TP/CP
     # collectives folded into block times were timed on the healthy fabric
-    sim = simulate(topo, plan.workload, mode=mode, slowdown=rep_slow, link_faults=link_faults)
+    sim = simulate(topo, plan.workload, mode=mode, slowdown=rep_slow, link_faults=link_faults,
+                   track_links=track_links)
     plan.info["stragglers"] = {int(r): float(f) for r, f in (slowdown or {}).items()}
     mem = memory_per_gpu(spec.model, spec.training, p, capacity_bytes=topo.gpu.hbm_bytes)
     res = LLMResult(spec=spec, parallel=p, plan=plan, sim=sim, memory=mem,

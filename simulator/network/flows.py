@@ -154,7 +154,8 @@ def symmetric_reduce(routes: Routes, nbytes: np.ndarray, space: _ClassSpace
 class FlowNetwork:
     """Max-min fair flow network over a topology, driven by a SimPy environment."""
 
-    def __init__(self, env: simpy.Environment, topo: Topology, *, mode: str = "explicit") -> None:
+    def __init__(self, env: simpy.Environment, topo: Topology, *, mode: str = "explicit",
+                 track_links: bool = False) -> None:
         if mode not in ("explicit", "symmetric"):
             raise ValueError(f"mode must be explicit or symmetric, got {mode!r}")
         self.env = env
@@ -171,6 +172,10 @@ class FlowNetwork:
         self._wake: simpy.Event | None = None
         self._version = 0
         self._usage = np.zeros(self.capacity.size, dtype=np.int64)   # active entries per link
+        # per-link bytes carried and busy seconds (bytes / capacity at the time), when tracked
+        self.track_links = track_links and self.mode == "explicit"
+        self.link_bytes = np.zeros(self.capacity.size) if self.track_links else None
+        self.link_busy_s = np.zeros(self.capacity.size) if self.track_links else None
 
     def transfer(self, routes: Routes, nbytes) -> simpy.Event:
         """Start a batch of flows now; the returned event fires when all are delivered.
@@ -237,7 +242,14 @@ class FlowNetwork:
             return
         for b in self._active:
             if b.rate is not None:
-                b.remaining -= np.where(np.isinf(b.rate), b.remaining, b.rate * dt)
+                moved = np.where(np.isinf(b.rate), b.remaining, np.minimum(b.rate * dt,
+                                                                          b.remaining))
+                if self.track_links:
+                    on_link = np.bincount(b.link, weights=moved[b.flow] * b.coef,
+                                          minlength=self.capacity.size)
+                    self.link_bytes += on_link
+                    self.link_busy_s += on_link / self.capacity
+                b.remaining -= moved
 
     def _resolve(self, *, force: bool = False) -> None:
         """Drop finished flows, fire finished batches, re-solve rates if anything could change."""
