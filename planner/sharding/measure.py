@@ -23,8 +23,10 @@ For a plan on N ranks (``clusterplan measure TABLES PLAN.json`` or ``clusterplan
    holding the shards), the pooled-embedding all-to-all forward (each table/column-wise shard's
    rows for every rank's samples) and backward (the transpose), row-wise reduce-scatter and
    all-gather of the ``batch × dim`` partial sums, and one all-reduce of all data-parallel
-   tables' fp32 gradients (DDP-style bucketing). Each rank times its own call after a barrier;
-   median of ``comm_repeats``.
+   tables' fp32 gradients (DDP-style bucketing). After a barrier every rank stamps its call's
+   start and end on the system-wide monotonic clock; a rank's time counts from the last rank's
+   start (:func:`~.measure_comm.align`: waiting for a process the scheduler had not yet run is
+   not communication); median of ``comm_repeats``.
 4. **Cost per rank** = lookups forward + backward + all of its communication; the plan's cost
    is the maximum over ranks (NeuroShard's and DreamShard's definition). Beside it the analytic
    prediction of :class:`~planner.sharding.cost.CostModel` for the same layouts on this machine

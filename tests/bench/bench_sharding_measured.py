@@ -2,8 +2,8 @@
 
 Run (not part of the default test run; needs ``make setup-torchrec``)::
 
-    python tests/bench/bench_sharding_measured.py --out bench-out/        # 32 tasks, ~15 min
-    python tests/bench/bench_sharding_measured.py --quick --out /tmp/q     # 4 tasks, ~2 min
+    python tests/bench/bench_sharding_measured.py --out bench-out/        # 32 tasks, ~6 min
+    python tests/bench/bench_sharding_measured.py --quick --out /tmp/q     # 4 tasks, ~1 min
 
 Tasks: ``--tasks`` seeded synthetic tasks (half on 4 devices, half on 8), alternating the
 NeuroShard shape (``neuroshard_tasks``: 10–59 tables, dims 4–128, table- and column-wise
@@ -288,8 +288,8 @@ def main(argv=None) -> int:
     ap.add_argument("--scale", type=float, default=1 / 16,
                     help="rows, batch and memory scale (default 1/16)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=5, help="kernel iterations (median)")
-    ap.add_argument("--comm-repeats", type=int, default=5, help="collective rounds (median)")
+    ap.add_argument("--repeats", type=int, default=7, help="kernel iterations (median)")
+    ap.add_argument("--comm-repeats", type=int, default=7, help="collective rounds (median)")
     ap.add_argument("--mip-limit", type=float, default=2.0, help="MIP time limit, seconds")
     ap.add_argument("--planners", default=",".join(PLANNERS))
     ap.add_argument("--no-noise", dest="noise", action="store_false",
