@@ -28,6 +28,7 @@ main commands (each has --help):
   clusterplan plan llama3-70b --topology h100-ib --gpus 1024 --out plan.json
   clusterplan export plan.json --to megatron
   clusterplan fidelity --set korthikanti
+  clusterplan validate llama3-8b --parallel tp=2,pp=2,dp=1    run a plan for real (gloo)
   clusterplan calibrate nccl --topology dgx-a100 --table 8=a100_allreduce_8gpu_lut.txt
   clusterplan calibrate compute --gpu h100-sxm --measurements kernels.csv --out h100.yaml
 """
@@ -39,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     commands.register(sub)
+    from .validate.cli import register as register_validate
+    register_validate(sub)
     return p
 
 

@@ -7,6 +7,16 @@ are blocking inside each block (Megatron), so their time, simulated once on the 
 group, is part of the block's time. Data-parallel traffic is issued for real: every TP×CP
 position of every stage reduces its gradient buckets over its whole DP group, overlapping the
 last micro-batch's backward, so DP traffic of the whole cluster shares the fabric.
+
+``build_step(..., expand_collectives=True)`` lists every collective of the step instead: each
+block's TP (and CP) collectives become explicit ops on the stage representative's real TP/CP
+group, in the order a Megatron-style trainer issues them (forward: the all-reduces after the
+attention and MLP output projections; backward: those of the MLP and QKV input gradients;
+the recompute forward's again under full recompute; with sequence parallelism all-gathers and
+reduce-scatters instead), plus the vocabulary-parallel embedding and cross-entropy collectives,
+and parameters are counted per rank exactly (norms replicated over TP). :func:`comm_events`
+reads the per-rank ordered communication events of any step workload back, expanding the
+representative folding to every rank. ``planner/validate`` compares them with a real run.
 """
 
 from __future__ import annotations
@@ -26,7 +36,9 @@ from .memory import stage_layers
 from .schedule import schedule
 from .spec import LLMSpec, ParallelSpec
 
-__all__ = ["StepPlan", "build_step", "resolve_parallel", "pass_times"]
+__all__ = ["StepPlan", "build_step", "resolve_parallel", "pass_times", "CommEvent", "comm_events",
+           "dp_bucket_elements", "rank_params", "vstage_layer_offsets", "p2p_activation_bytes",
+           "chunk_layer_counts"]
 
 
 @dataclass
@@ -91,9 +103,27 @@ def resolve_parallel(spec: LLMSpec, p: ParallelSpec, num_gpus: int) -> ParallelS
 def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "tp-cp-dp-pp",
                profile: ComputeProfile | None = None, schedule_name: str = "1f1b",
                dp_buckets: int = 4, attention: str = "flash",
-               sequence_parallel: bool = True) -> StepPlan:
-    """Build the workload of one step; ``p`` must be resolved (see :func:`resolve_parallel`)."""
+               sequence_parallel: bool = True, expand_collectives: bool = False,
+               p2p_scatter_gather: bool | None = None) -> StepPlan:
+    """Build the workload of one step; ``p`` must be resolved (see :func:`resolve_parallel`).
+
+    ``expand_collectives``: every TP/CP collective becomes an op on its real group (see the
+    module docstring) instead of simulated time folded into the block; parameters per rank
+    are counted exactly, so DP bucket sizes are those of a real trainer's flat gradient buffer
+    (:func:`dp_bucket_elements`, :func:`rank_params`). Mixture-of-experts models are refused.
+
+    ``p2p_scatter_gather``: whether a pipeline send carries 1/tp of the activation (Megatron's
+    scatter-gather). ``None`` keeps each mode's assumption: the folded step sends 1/tp (its
+    gather is not modelled); the expanded step sends what Megatron-core sends: 1/tp slices with
+    sequence parallelism, the whole activation without. ``True`` without sequence parallelism
+    in the expanded step adds the receiver's TP all-gather as an op; ``False`` sends the whole
+    activation (see :func:`p2p_activation_bytes`).
+    """
     m, t = spec.model, spec.training
+    if expand_collectives and (m.is_moe or p.ep > 1):
+        raise SpecError("expand_collectives does not list mixture-of-experts all-to-alls yet",
+                        source=spec.source, field="model.num_experts",
+                        fix="use a dense model, or simulate without expanded collectives")
     prof = profile or load_compute_profile(topo.gpu)
     lay = Layout(p.tp, p.cp, p.dp, p.pp, order)
     b = t.micro_batch_size
@@ -106,11 +136,14 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
     detail: dict = {}
     fwd_s, bwd_s, tpc_s, chunk_layers = pass_times(spec, p, topo, lay, prof, detail=detail,
                                                    attention=attention,
-                                                   sequence_parallel=sequence_parallel)
+                                                   sequence_parallel=sequence_parallel,
+                                                   include_comm=not expand_collectives)
 
     w = Workload(name=f"{m.name} step")
     # parameters held per rank in each (stage, chunk), for DP traffic and the optimizer
     def chunk_params(s: int, c: int) -> float:
+        if expand_collectives:
+            return float(rank_params(spec, p, chunk_layers, s, c))
         n = chunk_layers[s][c] * m.layer_params_per_rank(p.ep)
         vs = c * p.pp + s
         if vs == 0 or vs == p.pp * p.vpp - 1:
@@ -145,8 +178,12 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
     first_b: dict[tuple[int, int], bool] = {}
     last_ops: dict[int, list[int]] = {s: [] for s in range(p.pp)}
     dp_ops: dict[int, list[int]] = {s: [] for s in range(p.pp)}
-    act = T * m.hidden_size * e / p.tp              # scatter-gather: 1/tp of the activation
+    act, p2p_gather = p2p_activation_bytes(spec, p, sequence_parallel=sequence_parallel,
+                                           scatter_gather=p2p_scatter_gather,
+                                           expanded=expand_collectives)
     nv = p.pp * p.vpp
+    emit = _PassEmitter(w, spec, p, lay, reps, detail, chunk_layers,
+                        sequence_parallel=sequence_parallel) if expand_collectives else None
     remaining = sum(len(v) for v in items.values())
     while remaining:
         progressed = False
@@ -160,23 +197,37 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
                         if ("F", vs - 1, mb) not in done:
                             break
                         deps.append(_p2p(w, p, reps, vs - 1, vs, act, done[("F", vs - 1, mb)],
-                                         f"act mb{mb}"))
+                                         f"act mb{mb}" + (f" v{vs}" if emit else "")))
                     deps += gathered.get((s, c, "F"), [])
-                    oid = w.compute(reps[s], f"F mb{mb} c{c}", duration_s=fwd_s[s][c],
-                                    deps=deps, category="fwd")
+                    if emit:
+                        oid = emit.forward(s, c, mb, deps, gather=p2p_gather and vs > 0)
+                    else:
+                        oid = w.compute(reps[s], f"F mb{mb} c{c}", duration_s=fwd_s[s][c],
+                                        deps=deps, category="fwd")
                 else:
                     if vs < nv - 1:
                         if ("B", vs + 1, mb) not in done:
                             break
                         deps.append(_p2p(w, p, reps, vs + 1, vs, act, done[("B", vs + 1, mb)],
-                                         f"grad mb{mb}"))
+                                         f"grad mb{mb}" + (f" v{vs}" if emit else "")))
                     deps.append(done[("F", vs, mb)])
                     if zero3 and not first_b.get((s, c)):
                         first_b[(s, c)] = True
                         deps += dp_collectives("allgather", s, chunk_params(s, c) * e_w, [],
                                                f"fsdp regather s{s}c{c}")
                     last_mb = mb == micro - 1
-                    if last_mb and p.dp > 1:
+                    if emit:
+                        k = max(1, min(dp_buckets, chunk_layers[s][c])) \
+                            if last_mb and p.dp > 1 else 0
+                        sizes = dp_bucket_elements(round(chunk_params(s, c)), k)
+
+                        def reduce(j: int, dep: int, s=s, c=c, sizes=sizes) -> list[int]:
+                            return dp_collectives(dp_reduce, s, sizes[j] * grad_bytes, [dep],
+                                                  f"grads s{s}c{c}b{j}")
+                        oid, reduced = emit.backward(s, c, mb, deps, buckets=k, reduce=reduce,
+                                                     gather=p2p_gather and vs < nv - 1)
+                        dp_ops[s] += reduced
+                    elif last_mb and p.dp > 1:
                         # the last micro-batch's backward in buckets, each reduced as it lands
                         k = max(1, min(dp_buckets, chunk_layers[s][c]))
                         prev = None
@@ -215,14 +266,20 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
 def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
                prof: ComputeProfile, comm_cache: dict | None = None, *,
                attention: str = "flash", sequence_parallel: bool = True,
-               detail: dict | None = None, host: HostOverhead | None | str = "measured"):
+               detail: dict | None = None, host: HostOverhead | None | str = "measured",
+               include_comm: bool = True):
     """Per (stage, chunk): forward and backward seconds of one micro-batch on the stage's
     representative (TP/CP collectives included, timed on their actual groups), the TP/CP part
     of it, and the blocks per chunk. ``comm_cache`` may be shared across calls.
 
     Each block pass takes at least the trainer's host time (``host``, planner/llm/host.py:
     eager PyTorch measured by ``clusterplan calibrate host``; ``None`` for a trainer without
-    that floor, e.g. CUDA graphs). CPU devices run ops synchronously and get no floor."""
+    that floor, e.g. CUDA graphs). CPU devices run ops synchronously and get no floor.
+
+    ``include_comm=False`` leaves the TP/CP/EP collectives out of the pass times (the expanded
+    step issues them as ops). ``detail`` receives, per stage, the seconds of one block's
+    forward (``layer_fwd_s``), of its recompute (``layer_recompute_s``) and the rest of its
+    backward (``layer_bwd_s``), and the embedding and logits parts (``embed_*``, ``logits_*``)."""
     m, t = spec.model, spec.training
     b = t.micro_batch_size
     e = bytes_per_element("bf16" if t.precision == "fp8" else t.precision)
@@ -249,39 +306,54 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
         host = load_host_overhead() if topo.gpu.name != "cpu" else None
     host_f = host.forward_s if host else 0.0
     host_b = host.backward_pass_s(t.activation_recompute) if host else 0.0
-    layers_per_stage = stage_layers(m.layers, p.pp)
+    layers_per_chunk = chunk_layer_counts(m.layers, p.pp, p.vpp)
     fwd_s, bwd_s, tpc_s = [], [], []
     chunk_layers = []
     for s in range(p.pp):
         tp_group = lay.group("tp", reps[s])
         cp_group = lay.group("cp", reps[s])
-        tp_ar = coll("allreduce", tp_group, T * m.hidden_size * e)
         kv = m.num_kv_heads * m.head_dim
-        cp_ag = coll("allgather", cp_group, p.cp * 2 * T * kv * e / min(p.tp, m.num_kv_heads))
-        # MoE: token dispatch and combine all-to-alls over the EP group (each rank sends its
-        # top_k copies of its 1/tp token slice), forward and again in backward
-        ep_a2a = coll("alltoall", lay.ep_group(reps[s], p.ep),
-                      m.top_k * T * m.hidden_size * e / p.tp) if m.is_moe else 0.0
+        if include_comm:
+            tp_ar = coll("allreduce", tp_group, T * m.hidden_size * e)
+            cp_ag = coll("allgather", cp_group,
+                         p.cp * 2 * T * kv * e / min(p.tp, m.num_kv_heads))
+            # MoE: token dispatch and combine all-to-alls over the EP group (each rank sends
+            # its top_k copies of its 1/tp token slice), forward and again in backward
+            ep_a2a = coll("alltoall", lay.ep_group(reps[s], p.ep),
+                          m.top_k * T * m.hidden_size * e / p.tp) if m.is_moe else 0.0
+        else:
+            tp_ar = cp_ag = ep_a2a = 0.0
         if detail is not None:   # EP all-to-all seconds per micro-batch and layer, per stage
             detail.setdefault("ep_a2a_s", []).append(ep_a2a)
         comm_f = 2 * tp_ar + cp_ag + 2 * ep_a2a
         comm_b = 2 * tp_ar + 2 * cp_ag + 2 * ep_a2a
         recompute = {"none": 0.0, "selective": attn_f, "full": blk_f + comm_f}[
             t.activation_recompute]
-        base, extra = divmod(layers_per_stage[s], p.vpp)
-        per_chunk = [base + (1 if c < extra else 0) for c in range(p.vpp)]
+        if detail is not None:
+            layer_b = max(blk_b + comm_b + recompute, host_b)
+            layer_r = blk_f if t.activation_recompute == "full" and not include_comm else 0.0
+            detail.setdefault("layer_fwd_s", []).append(max(blk_f + comm_f, host_f))
+            detail.setdefault("layer_recompute_s", []).append(layer_r)
+            detail.setdefault("layer_bwd_s", []).append(layer_b - layer_r)
+        per_chunk = layers_per_chunk[s]
         chunk_layers.append(per_chunk)
         f_row, b_row, c_row = [], [], []
         for c, n in enumerate(per_chunk):
             vs = c * p.pp + s
             f = n * max(blk_f + comm_f, host_f)
             bw = n * max(blk_b + comm_b + recompute, host_b)
+            embed_f = op_time(prof, flops=0, bytes_moved=2 * T * m.hidden_size * e)
+            embed_b = op_time(prof, flops=0, bytes_moved=3 * T * m.hidden_size * e)
+            logits_b = logit_b + (logit_f if t.activation_recompute == "full" else 0.0)
+            if detail is not None:
+                detail.update(embed_fwd_s=embed_f, embed_bwd_s=embed_b, logits_fwd_s=logit_f,
+                              logits_bwd_s=logits_b)
             if vs == 0:
-                f += op_time(prof, flops=0, bytes_moved=2 * T * m.hidden_size * e)
-                bw += op_time(prof, flops=0, bytes_moved=3 * T * m.hidden_size * e)
+                f += embed_f
+                bw += embed_b
             if vs == p.pp * p.vpp - 1:
                 f += logit_f
-                bw += logit_b + (logit_f if t.activation_recompute == "full" else 0.0)
+                bw += logits_b
             f_row.append(f)
             b_row.append(bw)
             c_row.append(n * (comm_f + comm_b + (comm_f if t.activation_recompute == "full"
@@ -300,3 +372,317 @@ def _p2p(w: Workload, p: ParallelSpec, reps: list[int], src_vs: int, dst_vs: int
         return dep
     return w.sendrecv(a, b, nbytes, name=name, stream=f"p2p {a}->{b}", deps=[dep],
                       category="pp")
+
+
+# -- the expanded step: every collective an op; what a real run is compared with ------------------
+
+def dp_bucket_elements(elements: int, buckets: int) -> list[int]:
+    """Elements of each gradient bucket: ``buckets`` near-equal slices of a flat buffer of
+    ``elements`` (the last micro-batch's backward fills them in order).
+
+    >>> dp_bucket_elements(10, 4)
+    [2, 3, 2, 3]
+    """
+    if buckets <= 0:
+        return []
+    return [(j + 1) * elements // buckets - j * elements // buckets for j in range(buckets)]
+
+
+def rank_params(spec: LLMSpec, p: ParallelSpec, chunk_layers: list[list[int]], s: int,
+                c: int) -> int:
+    """Parameters one tensor-parallel rank holds for chunk ``c`` of stage ``s``, exactly:
+    per block two norm weights (replicated over TP) plus 1/tp of the QKV, output and MLP
+    matrices (K and V heads replicated when tp exceeds their count); the vocabulary-parallel
+    input embedding on the first virtual stage; the final norm and the vocabulary-parallel
+    output layer (untied) on the last. The vocabulary is padded up to a multiple of tp."""
+    m = spec.model
+    h, f, tp = m.hidden_size, m.ffn_hidden_size, p.tp
+    kv = m.num_kv_heads * m.head_dim
+    mats = 3 if m.ffn == "swiglu" else 2
+    kv_local = m.head_dim if tp > m.num_kv_heads else kv // tp
+    per_layer = 2 * h + h * (h // tp) + 2 * h * kv_local + (h // tp) * h + mats * h * (f // tp)
+    n = chunk_layers[s][c] * per_layer
+    vs, nv = c * p.pp + s, p.pp * p.vpp
+    vocab_local = -(-m.vocab_size // tp)
+    if vs == 0:
+        n += vocab_local * h
+    if vs == nv - 1:
+        n += vocab_local * h + h
+    return n
+
+
+def chunk_layer_counts(layers: int, pp: int, vpp: int) -> list[list[int]]:
+    """Blocks of each (stage, chunk): :func:`~planner.llm.memory.stage_layers` per stage, split
+    over its ``vpp`` chunks with the remainder on the first ones.
+
+    >>> chunk_layer_counts(10, pp=2, vpp=2)
+    [[3, 2], [3, 2]]
+    """
+    out = []
+    for n in stage_layers(layers, pp):
+        base, extra = divmod(n, vpp)
+        out.append([base + (1 if c < extra else 0) for c in range(vpp)])
+    return out
+
+
+def vstage_layer_offsets(chunk_layers: list[list[int]], pp: int, vpp: int) -> list[int]:
+    """Global index of the first block of each virtual stage ``c·pp + s`` (blocks are
+    contiguous in virtual-stage order, as Megatron and torchtitan place them).
+
+    >>> vstage_layer_offsets([[2, 1], [2, 1]], pp=2, vpp=2)
+    [0, 2, 4, 5]
+    """
+    out, n = [], 0
+    for vs in range(pp * vpp):
+        out.append(n)
+        n += chunk_layers[vs % pp][vs // pp]
+    return out
+
+
+def p2p_activation_bytes(spec: LLMSpec, p: ParallelSpec, *, sequence_parallel: bool,
+                         scatter_gather: bool | None = None,
+                         expanded: bool = False) -> tuple[float, bool]:
+    """Bytes of one pipeline send (activation or its gradient) per TP rank, and whether the
+    receiver all-gathers it over TP (an explicit op; expanded step only).
+
+    ``scatter_gather=None`` keeps each mode's assumption (see :func:`build_step`): 1/tp in the
+    folded step; in the expanded step 1/tp with sequence parallelism (the activation is
+    sequence-sharded already), the whole activation without."""
+    m, t = spec.model, spec.training
+    e = bytes_per_element("bf16" if t.precision == "fp8" else t.precision)
+    T = t.micro_batch_size * m.seq_len / p.cp
+    if scatter_gather is None:
+        scatter_gather = sequence_parallel if expanded else True
+    sliced = scatter_gather or (expanded and sequence_parallel)
+    gather = expanded and scatter_gather and not sequence_parallel and p.tp > 1
+    return (T * m.hidden_size * e / p.tp if sliced else T * m.hidden_size * e), gather
+
+
+class _Chain:
+    """Ops issued one after another on a representative's compute stream."""
+
+    def __init__(self, deps: list[int]) -> None:
+        self.deps = list(deps)
+        self.last: int | None = None
+
+    def add(self, oid: int | None) -> None:
+        if oid is not None:
+            self.deps, self.last = [oid], oid
+
+
+class _PassEmitter:
+    """Forward and backward passes of a stage representative with explicit TP/CP collectives.
+
+    Op names (a real run names what it issues the same way, see ``planner/validate``):
+    ``F|B mb<m> c<c>`` marks a pass (zero duration, category ``pass``); compute ops are
+    ``F|R|B mb<m> c<c> l<layer>`` (R: the full-recompute forward) and ``... embed|logits``;
+    collectives are ``tp attn|mlp F|R|B mb<m> c<c> l<layer>`` (all-reduces), ``sp attn|mlp
+    in|out ...`` (sequence-parallel all-gathers and reduce-scatters), ``cp kv|dkv ...``,
+    ``tp embed F``, ``tp xent max|target|sumexp F`` (fp32 per token: the vocabulary-parallel
+    cross entropy), ``tp logits B`` and ``tp p2p gather F|B`` (scatter-gather)."""
+
+    def __init__(self, w: Workload, spec: LLMSpec, p: ParallelSpec, lay: Layout,
+                 reps: list[int], detail: dict, chunk_layers: list[list[int]], *,
+                 sequence_parallel: bool) -> None:
+        m, t = spec.model, spec.training
+        self.w, self.p, self.reps, self.d = w, p, reps, detail
+        e = bytes_per_element("bf16" if t.precision == "fp8" else t.precision)
+        T = t.micro_batch_size * m.seq_len / p.cp
+        self.act = T * m.hidden_size * e
+        self.xent = T * 4
+        self.kv = p.cp * 2 * T * m.num_kv_heads * m.head_dim * e / min(p.tp, m.num_kv_heads)
+        self.sp = sequence_parallel and p.tp > 1
+        self.full = t.activation_recompute == "full"
+        self.groups = {"tp": [lay.group("tp", r) for r in reps],
+                       "cp": [lay.group("cp", r) for r in reps]}
+        self.chunk_layers = chunk_layers
+        self.offsets = vstage_layer_offsets(chunk_layers, p.pp, p.vpp)
+        self.nv = p.pp * p.vpp
+
+    def _layers(self, s: int, c: int) -> range:
+        first = self.offsets[c * self.p.pp + s]
+        return range(first, first + self.chunk_layers[s][c])
+
+    def _comp(self, s: int, ch: _Chain, name: str, seconds: float, category: str) -> None:
+        ch.add(self.w.compute(self.reps[s], name, duration_s=seconds, deps=ch.deps,
+                              category=category))
+
+    def _coll(self, s: int, ch: _Chain, axis: str, kind: str, size: float, name: str) -> None:
+        g = self.groups[axis][s]
+        if len(g) > 1:
+            cat = "tp" if axis == "tp" else "cp"
+            ch.add(self.w.collective(kind, g, size, name=name, stream="compute", deps=ch.deps,
+                                     category=cat))
+
+    def _block_forward(self, s: int, ch: _Chain, ps: str, tag: str, layer: int) -> None:
+        at = f"{ps} {tag} l{layer}"
+        if self.p.cp > 1:
+            self._coll(s, ch, "cp", "allgather", self.kv, f"cp kv {at}")
+        seconds = self.d["layer_fwd_s" if ps == "F" else "layer_recompute_s"][s]
+        self._comp(s, ch, at, seconds, "fwd" if ps == "F" else "bwd")
+        if self.sp:
+            for part in ("attn", "mlp"):
+                self._coll(s, ch, "tp", "allgather", self.act, f"sp {part} in {at}")
+                self._coll(s, ch, "tp", "reducescatter", self.act, f"sp {part} out {at}")
+        else:
+            self._coll(s, ch, "tp", "allreduce", self.act, f"tp attn {at}")
+            self._coll(s, ch, "tp", "allreduce", self.act, f"tp mlp {at}")
+
+    def _block_backward(self, s: int, ch: _Chain, tag: str, layer: int) -> None:
+        if self.full:
+            self._block_forward(s, ch, "R", tag, layer)
+        at = f"B {tag} l{layer}"
+        if self.p.cp > 1:
+            self._coll(s, ch, "cp", "allgather", self.kv, f"cp kv {at}")
+        self._comp(s, ch, at, self.d["layer_bwd_s"][s], "bwd")
+        if self.sp:
+            self._coll(s, ch, "tp", "allgather", self.act, f"sp mlp out {at}")
+            self._coll(s, ch, "tp", "reducescatter", self.act, f"sp mlp in {at}")
+        else:
+            self._coll(s, ch, "tp", "allreduce", self.act, f"tp mlp {at}")
+        if self.p.cp > 1:
+            self._coll(s, ch, "cp", "reducescatter", self.kv, f"cp dkv {at}")
+        if self.sp:
+            self._coll(s, ch, "tp", "allgather", self.act, f"sp attn out {at}")
+            self._coll(s, ch, "tp", "reducescatter", self.act, f"sp attn in {at}")
+        else:
+            self._coll(s, ch, "tp", "allreduce", self.act, f"tp attn {at}")
+
+    def forward(self, s: int, c: int, mb: int, deps: list[int], *, gather: bool) -> int:
+        vs, tag = c * self.p.pp + s, f"mb{mb} c{c}"
+        ch = _Chain(deps)
+        self._comp(s, ch, f"F {tag}", 0.0, "pass")
+        if gather:
+            self._coll(s, ch, "tp", "allgather", self.act, f"tp p2p gather F {tag}")
+        if vs == 0:
+            self._comp(s, ch, f"F {tag} embed", self.d["embed_fwd_s"], "fwd")
+            self._coll(s, ch, "tp", "reducescatter" if self.sp else "allreduce", self.act,
+                       f"{'sp' if self.sp else 'tp'} embed F {tag}")
+        for layer in self._layers(s, c):
+            self._block_forward(s, ch, "F", tag, layer)
+        if vs == self.nv - 1:
+            if self.sp:
+                self._coll(s, ch, "tp", "allgather", self.act, f"sp logits in F {tag}")
+            self._comp(s, ch, f"F {tag} logits", self.d["logits_fwd_s"], "fwd")
+            for what in ("max", "target", "sumexp"):
+                self._coll(s, ch, "tp", "allreduce", self.xent, f"tp xent {what} F {tag}")
+        return ch.last
+
+    def backward(self, s: int, c: int, mb: int, deps: list[int], *, buckets: int, reduce,
+                 gather: bool) -> tuple[int, list[int]]:
+        """The pass; with ``buckets`` > 0 its blocks in that many groups, ``reduce(j, op)``
+        issuing gradient bucket ``j`` after group ``j``. Returns (last op, bucket ops)."""
+        vs, tag = c * self.p.pp + s, f"mb{mb} c{c}"
+        ch = _Chain(deps)
+        self._comp(s, ch, f"B {tag}", 0.0, "pass")
+        if gather:
+            self._coll(s, ch, "tp", "allgather", self.act, f"tp p2p gather B {tag}")
+        if vs == self.nv - 1:
+            self._comp(s, ch, f"B {tag} logits", self.d["logits_bwd_s"], "bwd")
+            if self.sp:
+                self._coll(s, ch, "tp", "reducescatter", self.act, f"sp logits in B {tag}")
+            else:
+                self._coll(s, ch, "tp", "allreduce", self.act, f"tp logits B {tag}")
+        layers = list(reversed(self._layers(s, c)))
+        ends: set[int] = set()
+        if buckets:
+            base, extra = divmod(len(layers), buckets)
+            i = 0
+            for j in range(buckets):
+                i += base + (1 if j < extra else 0)
+                ends.add(i)
+        reduced: list[int] = []
+        j = 0
+        for i, layer in enumerate(layers, 1):
+            self._block_backward(s, ch, tag, layer)
+            if i in ends and i < len(layers):
+                reduced += reduce(j, ch.last)
+                j += 1
+        if vs == 0:
+            self._comp(s, ch, f"B {tag} embed", self.d["embed_bwd_s"], "bwd")
+            if self.sp:
+                self._coll(s, ch, "tp", "allgather", self.act, f"sp embed B {tag}")
+        if buckets:
+            reduced += reduce(j, ch.last)
+        return ch.last, reduced
+
+
+@dataclass(frozen=True, slots=True)
+class CommEvent:
+    """One communication event as one rank issues it, or a pass marker.
+
+    ``kind``: ``allreduce``, ``allgather``, ``reducescatter``, ``alltoall``, ``broadcast``,
+    ``send``, ``recv`` or ``pass``; ``bytes``: the collective's size (nccl-tests convention:
+    the full buffer), the message of a send/recv, 0 for a pass; ``group``: global ranks in
+    group order, ``(src, dst)`` for a send/recv, ``(rank,)`` for a pass."""
+
+    kind: str
+    bytes: int
+    group: tuple[int, ...]
+    name: str
+    category: str
+
+
+def comm_events(workload: Workload, layout: Layout, rank: int, *,
+                explicit_categories: tuple[str, ...] = ("dp",)) -> list[CommEvent]:
+    """The communication events global ``rank`` issues in one step of ``workload``, in order.
+
+    A step workload (see :func:`build_step`) issues compute, pipeline sends and TP/CP
+    collectives for one representative per stage (``tp = cp = dp = 0``); ops of categories
+    ``explicit_categories`` (DP traffic) are issued for every rank. A representative's op is
+    moved to ``rank`` by shifting each member's coordinates along the axes the op's group does
+    not span by ``rank``'s offset from its stage representative. A send is issued right after
+    the op it depends on (the sender's pass), a receive where the workload lists it (before
+    the receiver's pass). Pass markers (compute ops of category ``pass``) are included.
+
+    >>> from simulator.workload import Workload
+    >>> w = Workload()
+    >>> f = w.compute(0, "F mb0 c0", duration_s=0.0, category="pass")
+    >>> x = w.sendrecv(0, 2, 64, deps=[f], category="pp", name="act mb0")
+    >>> [(e.kind, e.group) for e in comm_events(w, Layout(tp=2, cp=1, dp=1, pp=2), 1)]
+    [('pass', (1,)), ('send', (1, 3))]
+    """
+    if not 0 <= rank < layout.world:
+        raise SpecError(f"rank {rank} is outside 0..{layout.world - 1}", field="rank",
+                        fix=f"pass a rank below {layout.world}")
+    coords = [layout.coords(r) for r in range(layout.world)]
+    mine = coords[rank]
+    rep = coords[layout.rank(pp=mine["pp"])]
+    offset = {a: mine[a] - rep[a] for a in mine}
+
+    def shifted(ranks: tuple[int, ...]) -> tuple[int, ...] | None:
+        cs = [coords[r] for r in ranks]
+        spans = {a for a in offset if len({c[a] for c in cs}) > 1}
+        out = []
+        for c in cs:
+            new = {a: c[a] if a in spans else c[a] + offset[a] for a in c}
+            if any(not 0 <= new[a] < getattr(layout, a) for a in new):
+                return None
+            out.append(layout.rank(**new))
+        return tuple(out)
+
+    keyed: list[tuple[tuple[int, int, int], CommEvent]] = []
+    for op in workload.ops:
+        if op.kind == "compute" and op.category != "pass":
+            continue
+        if any(r >= layout.world for r in op.ranks):
+            raise SpecError(f"op {op.id} ({op.name}) uses rank {max(op.ranks)} outside the "
+                            f"layout's {layout.world} ranks", field="layout",
+                            fix="pass the layout the workload was built with")
+        ranks = op.ranks if op.category in explicit_categories else shifted(op.ranks)
+        if ranks is None or rank not in ranks:
+            continue
+        key = (op.id, 0, 0)
+        if op.kind == "collective":
+            ev = CommEvent(op.collective, round(op.bytes_moved), ranks, op.name, op.category)
+        elif op.kind == "sendrecv":
+            sending = rank == ranks[0]
+            ev = CommEvent("send" if sending else "recv", round(op.bytes_moved), ranks,
+                           op.name, op.category)
+            if sending and op.deps:
+                key = (max(op.deps), 1, op.id)
+        else:
+            ev = CommEvent("pass", 0, ranks, op.name, op.category)
+        keyed.append((key, ev))
+    keyed.sort(key=lambda kv: kv[0])
+    return [ev for _, ev in keyed]

@@ -1,0 +1,72 @@
+"""The simulator's side of a validation run: the expanded step, its events and its timing.
+
+The plan is simulated as :func:`planner.llm.step.build_step` builds it with
+``expand_collectives=True`` (every TP collective an op on its group, exact per-rank parameter
+counts), ``sequence_parallel=False`` (what the real run does) and the run's
+``p2p_scatter_gather``, on the ``localhost-gloo`` topology sized to the run's processes with
+the CPU compute profile (``traces/efficiency/cpu.yaml``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.llm.step import CommEvent, StepPlan, build_step, comm_events, resolve_parallel
+from simulator.compute import ComputeProfile, load_compute_profile
+from simulator.engine import SimResult, simulate
+from simulator.topology import Topology, load_topology
+
+from .config import RunConfig
+
+__all__ = ["Expected", "expected_step", "predicted_by_kind", "KIND_OF_CATEGORY"]
+
+KIND_OF_CATEGORY = {"fwd": "compute", "bwd": "compute", "optimizer": "compute", "pass": "compute",
+                    "tp": "tp", "cp": "tp", "dp": "dp", "pp": "pp"}
+
+
+@dataclass
+class Expected:
+    plan: StepPlan
+    topology: Topology
+    profile: ComputeProfile
+    events: dict[int, list[CommEvent]]
+    sim: SimResult | None = None
+
+    def simulate(self) -> SimResult:
+        if self.sim is None:
+            self.sim = simulate(self.topology, self.plan.workload, compute=self.profile)
+        return self.sim
+
+
+def expected_step(cfg: RunConfig, *, dp_buckets: int | None = None,
+                  topology: str = "localhost-gloo") -> Expected:
+    """The simulator's step for ``cfg`` and every rank's expected events (``dp_buckets``
+    overrides the run's, to build a deliberately wrong expectation)."""
+    topo = load_topology(f"{topology}:node.gpus={cfg.world}")
+    prof = load_compute_profile(topo.gpu)
+    p = resolve_parallel(cfg.spec, cfg.parallel, topo.num_gpus)
+    plan = build_step(cfg.spec, p, topo, order=cfg.order, profile=prof,
+                      schedule_name=cfg.schedule,
+                      dp_buckets=cfg.dp_buckets if dp_buckets is None else dp_buckets,
+                      sequence_parallel=False, expand_collectives=True,
+                      p2p_scatter_gather=cfg.p2p_scatter_gather)
+    events = {r: comm_events(plan.workload, plan.layout, r) for r in range(cfg.world)}
+    return Expected(plan=plan, topology=topo, profile=prof, events=events)
+
+
+def predicted_by_kind(exp: Expected, rank: int) -> dict[str, float]:
+    """Simulated seconds per op kind (compute, tp, dp, pp) on ``rank``'s stage representative
+    (DP collectives of ``rank`` itself), per step."""
+    sim = exp.simulate()
+    lay = exp.plan.layout
+    rep = exp.plan.representatives[lay.coords(rank)["pp"]]
+    out = {"compute": 0.0, "tp": 0.0, "dp": 0.0, "pp": 0.0}
+    dur = sim.ops.duration_s.to_numpy()
+    for op in exp.plan.workload.ops:
+        kind = KIND_OF_CATEGORY.get(op.category, "compute")
+        who = rank if op.category == "dp" else rep
+        if who in op.ranks and np.isfinite(dur[op.id]):
+            out[kind] += float(dur[op.id])
+    return out
