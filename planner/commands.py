@@ -309,7 +309,10 @@ def _fidelity(sub) -> None:
                                    "Table 1, Korthikanti 2022 and the vTrain multi-node runs and "
                                    "print the error per row and the MAPE per set (assumptions in "
                                    "planner/llm/fidelity.py).")
-    p.add_argument("--set", action="append", choices=("narayanan", "korthikanti", "vtrain"))
+    p.add_argument("--set", action="append",
+                   choices=("narayanan", "korthikanti", "vtrain", "vtrain-single"),
+                   help="default: narayanan, korthikanti, vtrain (vtrain-single: vTrain's 1,440 "
+                        "one-node runs)")
     p.add_argument("--vtrain-dir", default=str(Path(__file__).resolve().parents[2] / "shared"
                                                / "data" / "vtrain"),
                    help="folder with ground_truth_multi.csv (default ../shared/data/vtrain)")

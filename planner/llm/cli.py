@@ -96,7 +96,7 @@ def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
 def fidelity(args, emit) -> int:
     import pandas as pd
     from .fidelity import (kendall_tau_by_group, korthikanti_rows, narayanan_rows, run_set,
-                           vtrain_rows)
+                           vtrain_rows, vtrain_single_rows)
     sets = args.set or ["narayanan", "korthikanti", "vtrain"]
     frames = []
     for name in sets:
@@ -104,6 +104,8 @@ def fidelity(args, emit) -> int:
             rows = narayanan_rows()
         elif name == "korthikanti":
             rows = korthikanti_rows()
+        elif name == "vtrain-single":
+            rows = vtrain_single_rows(Path(args.vtrain_dir) / "ground_truth_single.csv")
         else:
             rows = vtrain_rows(Path(args.vtrain_dir) / "ground_truth_multi.csv")
         if args.limit:
@@ -114,9 +116,9 @@ def fidelity(args, emit) -> int:
                for s, g in df.groupby("set", sort=False)}
     if "vtrain" in summary:
         summary["vtrain"]["kendall_tau_by_group"] = kendall_tau_by_group(df[df.set == "vtrain"])
-    lines = [f"{'set':<12}{'row':<28}{'measured':>11}{'predicted':>11}{'error':>9}"]
+    lines = [f"{'set':<14}{'row':<38}{'measured':>11}{'predicted':>11}{'error':>9}"]
     for r in df.itertuples():
-        lines.append(f"{r.set:<12}{r.row:<28}{r.measured_s:>10.3f}s{r.predicted_s:>10.3f}s"
+        lines.append(f"{r.set:<14}{r.row:<38}{r.measured_s:>10.3f}s{r.predicted_s:>10.3f}s"
                      f"{r.error * 100:>8.1f}%")
     for s, v in summary.items():
         extra = ""

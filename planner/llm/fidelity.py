@@ -43,6 +43,7 @@ from .metrics import simulate_llm
 from .spec import LLMSpec, ModelSpec, ParallelSpec, TrainingSpec
 
 __all__ = ["NARAYANAN", "KORTHIKANTI", "narayanan_rows", "korthikanti_rows", "vtrain_rows",
+           "vtrain_single_rows",
            "run_set", "kendall_tau_by_group"]
 
 # params(B), heads, hidden, layers, TP, PP, GPUs, batch, TFLOP/s per GPU (recompute-inclusive)
@@ -125,6 +126,38 @@ def vtrain_rows(path: str | Path) -> list[dict]:
                                               pp=int(r["pipeline parallelism"]),
                                               dp=int(r["data parallelism"])),
                      "topology": f"dgx-a100:nodes={gpus // 8},node.nic_bandwidth=100Gb/s",
+                     "measured_s": float(r["iteration time (ms)"]) / 1e3,
+                     "attention": "standard", "sequence_parallel": False})
+    return rows
+
+
+def vtrain_single_rows(path: str | Path, *, every: int = 1) -> list[dict]:
+    """vTrain's single-node runs (2, 4 or 8 A100s; hidden 1,024/2,048, 12–24 layers, s = 1,024):
+    every ``every``-th of the 1,440 rows (all by default, about 25 s), same
+    assumptions as the multi-node set. Small blocks: the set that exercises the host floor
+    (planner/llm/host.py)."""
+    path = Path(path)
+    if not path.exists():
+        raise SpecError("vTrain data not found", source=str(path),
+                        fix="pass --vtrain-dir pointing at shared/data/vtrain")
+    df = pd.read_csv(path, encoding="utf-8-sig").iloc[::every]
+    rows = []
+    for _, r in df.iterrows():
+        g = int(r["# GPUs"])
+        tp, dp, pp = (int(r["tensor parallelism"]), int(r["data parallelism"]),
+                      int(r["pipeline parallelism"]))
+        spec = LLMSpec(model=_gpt(f"gpt-h{int(r['hidden size'])}-l{int(r['# layers'])}",
+                                  int(r["hidden size"]), int(r["attention heads"]),
+                                  int(r["# layers"]), s=int(r["sequence length"])),
+                       training=TrainingSpec(global_batch_size=int(r["global batch"]),
+                                             micro_batch_size=int(r["micro batch"]),
+                                             precision="fp16", activation_recompute="full"),
+                       parallel=None, source="vTrain ground_truth_single.csv")
+        rows.append({"set": "vtrain-single", "group": f"{g} GPUs",
+                     "row": f"h{int(r['hidden size'])} l{int(r['# layers'])} tp{tp} dp{dp} pp{pp} "
+                            f"mbs{int(r['micro batch'])} gb{int(r['global batch'])}",
+                     "spec": spec, "parallel": ParallelSpec(tp=tp, pp=pp, dp=dp),
+                     "topology": f"dgx-a100:node.gpus={g},node.nics={g}",
                      "measured_s": float(r["iteration time (ms)"]) / 1e3,
                      "attention": "standard", "sequence_parallel": False})
     return rows
