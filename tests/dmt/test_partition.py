@@ -1,0 +1,69 @@
+"""Tower Partitioner: balance, affinity, baselines, hosts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from planner.dmt.partition import (affinity_kept, affinity_matrix, assign_hosts, imbalance,
+                                   partition_layout, resolve_towers, synthetic_coaccess)
+from simulator.errors import SpecError
+
+from conftest import dmt_task
+
+
+def test_seeded_partition_balanced_within_5_percent():
+    task = dmt_task(64, seed=3, topology="h100-ib:nodes=4")
+    res = partition_layout(task, 32, towers=4, method="affinity", seed=0)
+    assert res.imbalance <= 0.05
+    assert len(res.layout.towers) == 4
+    assert sorted(t for tw in res.layout.towers for t in tw.tables) == list(range(64))
+    assert sorted(tw.host for tw in res.layout.towers) == [0, 1, 2, 3]
+
+
+def test_affinity_beats_baselines_on_affinity_kept():
+    task = dmt_task(64, seed=3, topology="h100-ib:nodes=4")
+    act = synthetic_coaccess(task.model, seed=0)
+    got = {m: partition_layout(task, 32, towers=4, method=m, coaccess=act, seed=0)
+           for m in ("affinity", "balanced", "random")}
+    assert got["affinity"].affinity_kept > got["balanced"].affinity_kept + 0.05
+    assert got["affinity"].affinity_kept > got["random"].affinity_kept + 0.05
+    assert got["balanced"].imbalance <= got["random"].imbalance
+
+
+def test_partition_is_deterministic():
+    task = dmt_task(48, seed=5, topology="h100-ib:nodes=4")
+    a = partition_layout(task, 32, towers=4, seed=7)
+    b = partition_layout(task, 32, towers=4, seed=7)
+    assert np.array_equal(a.labels, b.labels)
+
+
+def test_coaccess_groups_show_in_affinity():
+    task = dmt_task(16, seed=1)
+    act = synthetic_coaccess(task.model, samples=4000, groups=2, seed=0)
+    assert act.shape == (4000, 16)
+    a = affinity_matrix(act)
+    assert np.allclose(np.diag(a), 0) and np.allclose(a, a.T)
+    # pooling means are kept
+    means = act.mean(axis=0)
+    pf = np.array([t.pooling_factor for t in task.model.tables])
+    assert np.allclose(means, pf, rtol=0.25, atol=0.05)
+
+
+def test_metrics_and_hosts():
+    assert imbalance([1, 1, 1, 1]) == 0
+    assert imbalance([2, 1, 1, 0]) == pytest.approx(1.0)
+    a = np.array([[0, 1, 0], [1, 0, 0], [0, 0, 0.0]])
+    assert affinity_kept(a, [0, 0, 1]) == 1.0
+    assert affinity_kept(a, [0, 1, 1]) == 0.0
+    hosts = assign_hosts([5, 4, 3, 2, 1, 1], 3)
+    assert sorted(hosts) == [0, 0, 1, 1, 2, 2]
+
+
+def test_resolve_towers():
+    assert resolve_towers("auto", 100, 8) == 8
+    assert resolve_towers("auto", 3, 8) == 3
+    assert resolve_towers("16", 100, 8) == 16
+    for bad in ("x", 0, 101):
+        with pytest.raises(SpecError):
+            resolve_towers(bad, 100, 8)

@@ -1,0 +1,89 @@
+"""SPTT vs the flat step in the simulator: bytes, structure, module compression."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from planner.sharding.shards import ShardingType
+
+from planner.dmt.module import TowerModuleSpec
+from planner.dmt.partition import partition_layout
+from planner.dmt.simulate import build_sptt_workload, compare_flat_dmt, top_input_dims
+from planner.dmt.towers import make_layout, shard_hosts
+from simulator.errors import SpecError
+
+from conftest import dmt_task
+
+
+def test_identity_towers_move_the_same_cross_host_bytes(task16):
+    # table-wise only: a column split re-sends its table's ids to every part's owner
+    tw = replace(task16, sharding_types=(ShardingType.TABLE_WISE,))
+    cmp = compare_flat_dmt(tw, 16, module=TowerModuleSpec())
+    assert cmp.flat.step_time_s > 0 and cmp.dmt.step_time_s > 0
+    # SPTT only reroutes: every id and pooled value that crossed hosts still crosses once
+    assert cmp.dmt.bytes["cross_host"] == pytest.approx(cmp.flat_cross_host_bytes, rel=1e-9)
+    assert cmp.dmt.bytes["tm_params"] == 0
+    assert cmp.dmt.breakdown_s["tm_fwd"] == 0
+
+
+def test_module_divides_pooled_cross_host_bytes(task16):
+    ident = compare_flat_dmt(task16, 16, module=TowerModuleSpec())
+    lin = compare_flat_dmt(task16, 16, module=TowerModuleSpec(kind="linear", ratio=4))
+    assert lin.dmt.bytes["ids_cross"] == ident.dmt.bytes["ids_cross"]   # ids are not compressible
+    r = ident.dmt.bytes["pooled_cross_fwd"] / lin.dmt.bytes["pooled_cross_fwd"]
+    assert 3.5 < r <= 4.0
+    assert lin.dmt.breakdown_s["tm_fwd"] > 0 and lin.dmt.breakdown_s["tm_allreduce"] > 0
+    assert lin.dmt.step_time_s < ident.dmt.step_time_s
+
+
+def test_workload_structure_two_hosts(task16):
+    part = partition_layout(task16, 16, towers=2, module=TowerModuleSpec())
+    hps = shard_hosts(task16, part.layout)
+    w, _ = build_sptt_workload(task16, 16, part.layout, hps)
+    cross = [op for op in w.ops if op.category == "a2a_cross"]
+    intra = [op for op in w.ops if op.category == "a2a_intra"]
+    # 3 cross-host exchanges (ids, pooled fwd, pooled bwd) × 8 local indices, each over 2 hosts
+    assert len(cross) == 24 and all(len(op.ranks) == 2 for op in cross)
+    assert {op.ranks for op in cross if op.name.startswith("ids_cross")} == {
+        (g, 8 + g) for g in range(8)}
+    # 3 intra-host exchanges (ids, pooled fwd, pooled bwd) × 2 hosts, each over 8 GPUs
+    assert len(intra) == 6 and all(len(op.ranks) == 8 for op in intra)
+    lookups = [op for op in w.ops if op.name == "lookups_fwd"]
+    assert len(lookups) == 16
+
+
+def test_one_host_has_no_cross_host_exchange():
+    task = dmt_task(16, topology="dgx-h100:nodes=1")
+    cmp = compare_flat_dmt(task, 8, module=TowerModuleSpec())
+    assert cmp.dmt.bytes["cross_host"] == 0
+    assert cmp.layout.hosts == 1 and len(cmp.layout.towers) == 1
+    assert cmp.speedup == pytest.approx(1.0, abs=0.1)
+
+
+def test_top_input_dims_dot_and_identity(task16):
+    part = partition_layout(task16, 16, towers=2, module=TowerModuleSpec(kind="linear", ratio=4))
+    dims = top_input_dims(task16.model, part.layout)
+    assert all(d == 32 for d in dims)
+    assert len(dims) == sum(-(-tw.out_width // 32) for tw in part.layout.towers)
+    ident = partition_layout(task16, 16, towers=2).layout
+    assert top_input_dims(task16.model, ident) == [32] * 32
+
+
+def test_module_spec_checks():
+    assert TowerModuleSpec(kind="linear", ratio=16).out_width(64) == 4
+    assert TowerModuleSpec(kind="mlp", ratio=2).param_count(64) == 64 * 32 + 32 + 32 * 32 + 32
+    with pytest.raises(SpecError):
+        TowerModuleSpec(kind="conv")
+    with pytest.raises(SpecError):
+        TowerModuleSpec(kind="linear", ratio=0.5)
+
+
+def test_layout_rejects_overlap_and_missing(task16):
+    m = task16.model
+    with pytest.raises(SpecError):
+        make_layout(m, [[0, 1], [1, 2]], [0, 1], hosts=2, gpus_per_host=8,
+                    module=TowerModuleSpec())
+    with pytest.raises(SpecError):
+        make_layout(m, [[0], [1]], [0, 1], hosts=2, gpus_per_host=8, module=TowerModuleSpec())
