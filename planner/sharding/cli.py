@@ -75,6 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="leave wall-clock time out of the JSON (byte-identical reruns)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", default=None, metavar="FILE", help="write the plan JSON here")
+    from ..dmt.cli import add_dmt_arguments
+    add_dmt_arguments(p)
 
 
 def _task(args) -> ShardingTask:
@@ -117,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
         sim = simulate_plan(plan, task)
         doc["simulation"] = {"step_time_s": sim.step_time_s, "breakdown_s": sim.breakdown_s,
                              "a2a_bytes": sim.a2a_bytes}
+    if getattr(args, "dmt", False):
+        from ..dmt.cli import dmt_section
+        doc["dmt"], _ = dmt_section(args, task, plan)
     meas = None
     if getattr(args, "measure", False):
         from .measure import measure_plan
@@ -129,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
         print(format_plan(plan, sim))
+        if "dmt" in doc:
+            from ..dmt.cli import format_dmt
+            print(format_dmt(doc["dmt"]))
         if meas is not None:
             from .measure import format_measurement
             print()
