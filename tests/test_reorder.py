@@ -1,0 +1,148 @@
+"""Rank reordering: exact and heuristic rings, collective models, cloud placements, CLI, probe."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from planner.reorder.bottleneck import bottleneck_ring, ring_bottleneck
+from planner.reorder.model import (alltoall_time, ring_allreduce_time, ring_allreduce_time_sync,
+                                   ring_edge_cost, stream_rates, tree_allreduce_time)
+from planner.reorder.rankmap import rank_map
+from planner.reorder.search import reorder
+from planner.reorder.tsp_exact import brute_force_ring, mip_ring, ring_cost
+from planner.reorder.tsp_local import heuristic_ring
+from simulator.costmatrix import CostMatrix, cost_matrix_from_dict
+from simulator.errors import SpecError
+from simulator.topology.cloud import cloud_spec_for, generate_placement, placement_cost_matrix
+
+MiB = 2**20
+
+
+def _random_sym(n, seed):
+    rng = np.random.default_rng(seed)
+    c = rng.uniform(1.0, 10.0, (n, n))
+    c = (c + c.T) / 2
+    np.fill_diagonal(c, 0)
+    return c
+
+
+def _clustered(n, seed, nbytes=4 * MiB):
+    cm = placement_cost_matrix(generate_placement(cloud_spec_for(n, seed=seed)))
+    return ring_edge_cost(cm, nbytes)
+
+
+def _instances(ns, seeds=(0, 1, 2)):
+    for n in ns:
+        for s in seeds:
+            yield f"rand{n}-{s}", _random_sym(n, s)
+            yield f"cloud{n}-{s}", _clustered(n, s)
+
+
+@pytest.mark.parametrize("n", [4, 5, 6, 7, 8])
+def test_mip_equals_brute_force(n):
+    for seed in range(3):
+        for c in (_random_sym(n, seed), _clustered(n, seed)):
+            mip = mip_ring(c, time_limit_s=20)
+            bf = brute_force_ring(c)
+            assert mip.optimal
+            assert sorted(mip.order) == list(range(n))
+            assert mip.cost == pytest.approx(bf.cost, rel=1e-9)
+
+
+def test_heuristic_within_5_percent_of_mip():
+    worst = 1.0
+    for name, c in _instances([8, 10, 12, 14, 16]):
+        exact = mip_ring(c, time_limit_s=20)
+        assert exact.optimal, name
+        h = heuristic_ring(c, seed=0)
+        assert sorted(h) == list(range(len(c)))
+        worst = max(worst, ring_cost(c, h) / exact.cost)
+    assert worst <= 1.05
+
+
+def test_bottleneck_ring_is_minimal_on_small_instances():
+    import itertools
+    for seed in range(3):
+        c = _random_sym(7, seed)
+        best = min(ring_bottleneck(c, (0,) + p) for p in itertools.permutations(range(1, 7)))
+        o = bottleneck_ring(c)
+        assert ring_bottleneck(c, o) == pytest.approx(best)
+        assert sorted(o) == list(range(7))
+
+
+def _uniform(n, lat=1e-5, bw=1e9):
+    lat_m = np.full((n, n), lat)
+    bw_m = np.full((n, n), bw)
+    return CostMatrix(lat_m, bw_m, tuple(f"h{i}" for i in range(n)))
+
+
+def test_ring_model_matches_textbook_alpha_beta():
+    n, m = 8, 64 * MiB
+    cm = _uniform(n)
+    expected = 2 * (n - 1) * (1e-5 + m / n / 1e9)
+    assert ring_allreduce_time(cm, range(n), m) == pytest.approx(expected)
+    assert ring_allreduce_time_sync(cm, range(n), m) == pytest.approx(expected)
+    assert tree_allreduce_time(cm, range(n), m) == pytest.approx(2 * 3 * 1e-5 + 2 * m / 1e9)
+    assert alltoall_time(cm, range(n), m) == pytest.approx((n - 1) * (1e-5 + m / n / 1e9))
+
+
+def test_shared_uplink_divides_capacity():
+    # 4 VMs: {0,1} in rack 0 and {2,3} in rack 1; rack uplink 1 GB/s, NICs 10 GB/s
+    n = 4
+    cm0 = _uniform(n, bw=10e9)
+    from simulator.costmatrix import Sharing, SharingLevel
+    sh = Sharing((SharingLevel("rack", np.array([0, 0, 1, 1]), np.array([1e9, 1e9])),))
+    cm = CostMatrix(cm0.latency_s, cm0.bandwidth_Bps, cm0.hostnames, sharing=sh)
+    # ring 0→2→1→3→0 crosses racks 4 times: two streams up each uplink
+    r = stream_rates(cm, np.array([0, 2, 1, 3]), np.array([2, 1, 3, 0]))
+    assert r == pytest.approx([0.5e9] * 4)
+    assert ring_allreduce_time(cm, [0, 1, 2, 3], 4e9) < ring_allreduce_time(cm, [0, 2, 1, 3], 4e9)
+
+
+def test_reorder_on_cloud_placement_never_slower_and_usually_faster():
+    speedups = []
+    for seed in range(4):
+        cm = placement_cost_matrix(generate_placement(cloud_spec_for(32, seed=seed)))
+        r = reorder(cm, "allreduce", 64 * MiB, time_limit_s=5)
+        assert sorted(r.order) == list(range(32))
+        assert r.time_after_s == pytest.approx(ring_allreduce_time(cm, r.order, 64 * MiB))
+        assert r.speedup >= 1
+        speedups.append(r.speedup)
+    assert max(speedups) > 1.5
+
+
+@pytest.mark.parametrize("kind", ["tree", "alltoall"])
+def test_reorder_other_collectives(kind):
+    cm = placement_cost_matrix(generate_placement(cloud_spec_for(16, seed=3)))
+    r = reorder(cm, kind, 16 * MiB, time_limit_s=2)
+    assert sorted(r.order) == list(range(16)) and r.speedup >= 1
+
+
+def test_placement_is_hidden_and_seeded():
+    a = generate_placement(cloud_spec_for(64, seed=7))
+    b = generate_placement(cloud_spec_for(64, seed=7))
+    assert np.array_equal(a.host, b.host)
+    assert not np.array_equal(a.physical_order(), np.arange(64))   # user order ≠ physical
+
+
+def test_matrix_json_roundtrip_and_errors():
+    cm = placement_cost_matrix(generate_placement(cloud_spec_for(8, seed=1)))
+    back = cost_matrix_from_dict(json.loads(cm.to_json()))
+    assert np.allclose(back.latency_s, cm.latency_s) and back.sharing is not None
+    assert ring_allreduce_time(back, range(8), MiB) == pytest.approx(
+        ring_allreduce_time(cm, range(8), MiB))
+    bad = cm.to_dict()
+    bad["bandwidth_Bps"][0][1] = -1
+    with pytest.raises(SpecError, match=r"bandwidth_Bps\[0\]\[1\]"):
+        cost_matrix_from_dict(bad)
+
+
+def test_rank_map_torchrun_blocks():
+    m = rank_map([2, 3, 0, 1], ["a", "a", "b", "b"])
+    assert m["torchrun_ok"] and [h["name"] for h in m["hosts"]] == ["b", "a"]
+    assert m["ranks"][0] == {"rank": 0, "measured_rank": 2, "host": "b", "node_rank": 0,
+                             "local_rank": 0}
+    assert not rank_map([0, 2, 1, 3], ["a", "a", "b", "b"])["torchrun_ok"]
