@@ -1,4 +1,10 @@
-"""``clusterplan export PLAN --to torchtitan|megatron|deepspeed|hostfile [--out DIR_OR_FILE]``.
+"""``clusterplan export PLAN --to TARGET [--out DIR_OR_FILE]`` (torchtitan, megatron, deepspeed,
+hostfile, torchrec).
+
+An LLM plan (``"kind": "llm-plan"``) goes to torchtitan, Megatron-LM, DeepSpeed or a host file;
+an embedding sharding plan (``"format": "clusterplan.sharding-plan"``) goes ``--to torchrec``
+(:mod:`planner.sharding.torchrec_plan`: a versioned JSON that
+:func:`planner.sharding.torchrec_load.load_sharding_plan` turns into TorchRec's ``ShardingPlan``).
 
 The lead wires :func:`add_arguments` and :func:`run` into ``planner.cli``; :func:`main` runs the
 command on its own (exit 2 and one line on bad input, as every clusterplan command).
@@ -19,12 +25,18 @@ from simulator.fileio import atomic_write_text
 from . import TARGETS, export_plan
 from ._plan import check_plan
 
-__all__ = ["add_arguments", "run", "main", "load_plan", "write_files"]
+__all__ = ["add_arguments", "run", "main", "load_plan", "read_plan_file", "write_files",
+           "TORCHREC", "TORCHREC_FILE"]
+
+#: the target for embedding sharding plans (the others take LLM plans)
+TORCHREC = "torchrec"
+TORCHREC_FILE = "torchrec_plan.json"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN", help="plan JSON from `clusterplan plan --out`")
-    parser.add_argument("--to", required=True, choices=list(TARGETS), help="target framework")
+    parser.add_argument("--to", required=True, choices=list(TARGETS) + [TORCHREC],
+                        help="target framework (torchrec: an embedding sharding plan)")
     parser.add_argument("--out", metavar="DIR_OR_FILE",
                         help="directory for the files (a file path if the target writes one); "
                              "default: print them")
@@ -34,10 +46,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=["bf16", "fp16", "fp8", "fp32"])
     parser.add_argument("--hsdp-shard", type=int,
                         help="HSDP shard degree (default: the DP ranks on one host)")
+    parser.add_argument("--module-fqn", default="", metavar="FQN",
+                        help="torchrec: path of the EmbeddingBagCollection inside the module "
+                             "DistributedModelParallel wraps (default: it is that module)")
+    parser.add_argument("--device", choices=["cpu", "cuda"],
+                        help="torchrec: shard placements (default: cpu for a plan made for a "
+                             "CPU topology, else cuda)")
 
 
-def load_plan(path: str) -> dict:
-    """Read and check a plan file; every failure is a SpecError naming the file."""
+def read_plan_file(path: str) -> dict:
+    """Read a plan file as JSON; every failure is a SpecError naming the file."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -54,6 +72,16 @@ def load_plan(path: str) -> dict:
                         field=f"line {exc.lineno} column {exc.colno}",
                         fix="pass the JSON written by `clusterplan plan MODEL --out plan.json`"
                         ) from None
+    return doc
+
+
+def load_plan(path: str) -> dict:
+    """Read and check an LLM plan file; every failure is a SpecError naming the file."""
+    doc = read_plan_file(path)
+    from planner.sharding.torchrec_plan import is_sharding_plan
+    if is_sharding_plan(doc):
+        raise SpecError("an embedding sharding plan cannot go to an LLM trainer", source=path,
+                        field="format", fix="export it with --to torchrec")
     try:
         return check_plan(doc, source=path)
     except SpecError as exc:
@@ -104,12 +132,23 @@ def write_files(files: dict[str, str], out: str) -> list[str]:
     return [str(p) for p in paths]
 
 
+def _export_torchrec(args) -> dict[str, str]:
+    from planner.sharding.torchrec_plan import export_torchrec_plan, torchrec_plan_json
+    doc = read_plan_file(args.plan)
+    out = export_torchrec_plan(doc, module_fqn=getattr(args, "module_fqn", "") or "",
+                               device=getattr(args, "device", None), source=args.plan)
+    return {TORCHREC_FILE: torchrec_plan_json(out)}
+
+
 def run(args) -> int:
-    plan = load_plan(args.plan)
-    try:
-        files = export_plan(plan, args.to, **_fill_from_model(plan, args))
-    except SpecError as exc:
-        raise exc.at(source=exc.source or args.plan) from None
+    if args.to == TORCHREC:
+        files = _export_torchrec(args)
+    else:
+        plan = load_plan(args.plan)
+        try:
+            files = export_plan(plan, args.to, **_fill_from_model(plan, args))
+        except SpecError as exc:
+            raise exc.at(source=exc.source or args.plan) from None
     written = write_files(files, args.out) if args.out else []
     if args.json:
         print(json.dumps({"target": args.to, "plan": args.plan, "written": written,
@@ -126,7 +165,7 @@ def run(args) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="clusterplan export",
-                                     description="Export an LLM plan to a trainer config.")
+                                     description="Export a plan to a trainer config.")
     add_arguments(parser)
     try:
         args = parser.parse_args(argv)

@@ -1,0 +1,339 @@
+"""Export to TorchRec, without running it: the versioned JSON, exact tiling, refusals, the CLI.
+
+DistributedModelParallel runs of the exported plans are in ``test_torchrec_dmp.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.sharding import shards as sh
+from planner.sharding.plan import PlannerStats, make_plan
+from planner.sharding.spec import ModelSpec, TableSpec
+from planner.sharding.task import ShardingTask, prepare
+from planner.sharding.torchrec_plan import (FORMAT, SCHEMA_VERSION, check_torchrec_plan,
+                                            context_sha256, export_torchrec_plan,
+                                            torchrec_plan_json)
+from simulator.errors import SpecError
+
+REPO = Path(__file__).resolve().parents[2]
+TABLES = (("t0", 40, 16), ("t1", 37, 32), ("t2", 5, 8), ("t3", 23, 12), ("t4", 64, 20))
+TOPOLOGY = {2: "localhost-gloo:node.gpus=2", 4: "dgx-a100:nodes=2,node.gpus=2,node.nics=2"}
+KINDS = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel", "mixed")
+
+
+def _uneven_widths(dim: int, parts: int) -> tuple[int, ...]:
+    """Column widths (multiples of 4) that are not all equal where the dim allows it."""
+    w = list(sh.column_widths(dim, parts))
+    if parts > 1 and w[-1] > 4:
+        w[0], w[-1] = w[0] + 4, w[-1] - 4
+    return tuple(w)
+
+
+def layouts(kind: str, world: int, lws: int) -> list[sh.TableSharding]:
+    out = []
+    hosts = world // lws
+    for i, (name, rows, dim) in enumerate(TABLES):
+        k = kind if kind != "mixed" else KINDS[i]
+        if k == "table_wise":
+            out.append(sh.table_wise(i, name, rows, dim, (world - 1 - i) % world))
+        elif k == "column_wise":
+            parts = min(world, dim // 4)
+            ranks = [(world - 1 - j + i) % world for j in range(parts)]
+            out.append(sh.column_wise(i, name, rows, dim, ranks, _uneven_widths(dim, parts)))
+        elif k == "row_wise":
+            out.append(sh.row_wise(i, name, rows, dim, world))
+        elif k == "table_row_wise":
+            host = i % hosts
+            out.append(sh.table_row_wise(i, name, rows, dim, host,
+                                         range(host * lws, host * lws + lws)))
+        else:
+            out.append(sh.data_parallel(i, name, rows, dim, world))
+    return out
+
+
+def sharding_plan(kind: str, world: int):
+    """A clusterplan Plan for the test tables on ``world`` ranks, every table ``kind``."""
+    model = ModelSpec(name="trx-test", tables=tuple(
+        TableSpec(name=n, num_embeddings=r, embedding_dim=d, pooling_factor=2.0)
+        for n, r, d in TABLES), batch_size=8 * world, source="test")
+    problem = prepare(ShardingTask(model=model, topology=TOPOLOGY[world]), world)
+    lws = len(problem.hosts[0])
+    plan = make_plan(problem, layouts(kind, world, lws), "hand", PlannerStats())
+    assert plan.valid, plan.problems
+    return plan
+
+
+def _coverage(doc: dict) -> dict[str, np.ndarray]:
+    """How many shards cover each element of each table (data-parallel: one replica)."""
+    out = {}
+    for name, (rows, dim) in doc["context"]["tables"].items():
+        out[name] = np.zeros((rows, dim), dtype=int)
+    for entries in doc["plan"].values():
+        for name, p in entries.items():
+            if p["sharding_type"] == "data_parallel":
+                out[name] += 1
+                continue
+            for s in p["shards"]:
+                (r0, c0), (nr, nc) = s["shard_offsets"], s["shard_sizes"]
+                out[name][r0:r0 + nr, c0:c0 + nc] += 1
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("kind", KINDS)
+def test_export_tiles_every_table_exactly_and_round_trips(kind, world):
+    plan = sharding_plan(kind, world)
+    doc = export_torchrec_plan(plan.to_dict(), device="cpu")
+    assert doc["format"] == FORMAT and doc["schema_version"] == SCHEMA_VERSION
+    assert doc["world_size"] == world and doc["local_world_size"] == 2
+    assert doc["context"]["tables"] == {n: [r, d] for n, r, d in TABLES}
+    assert doc["context"]["model_sha256"] == plan.task["sha256"]
+    assert doc["context"]["sha256"] == context_sha256(doc["context"]["tables"], world, 2,
+                                                      8 * world, TOPOLOGY[world])
+    assert list(doc["plan"]) == [""]
+    for name, cover in _coverage(doc).items():
+        assert (cover == 1).all(), f"{kind}: table {name} not tiled exactly once"
+    for ts in plan.shardings:
+        p = doc["plan"][""][ts.name]
+        assert p["sharding_type"] == ts.sharding_type.value
+        assert p["ranks"] == (list(range(world)) if kind == "data_parallel" else list(ts.ranks))
+        if p["sharding_type"] == "data_parallel":
+            assert p["compute_kernel"] == "dense" and "shards" not in p
+        else:
+            assert p["compute_kernel"] == "fused"
+            assert [s["placement"] for s in p["shards"]] == [f"rank:{r}/cpu" for r in ts.ranks]
+    text = torchrec_plan_json(doc)
+    assert json.loads(text) == doc and text.endswith("}\n")
+    assert check_torchrec_plan(json.loads(text)) == doc
+    # the same bytes from a Plan object and from its JSON file
+    assert torchrec_plan_json(export_torchrec_plan(plan, device="cpu")) == text
+
+
+def test_layouts_carry_torchrec_rules():
+    doc = export_torchrec_plan(sharding_plan("mixed", 4), device="cpu")
+    p = doc["plan"][""]
+    assert p["t0"]["ranks"] == [3]
+    # uneven column widths (TorchRec would cut dim 32 into equal blocks)
+    assert [s["shard_sizes"][1] for s in p["t1"]["shards"]] == [12, 8, 8, 4]
+    assert [s["shard_offsets"][1] for s in p["t1"]["shards"]] == [0, 12, 20, 28]
+    # 5 rows on 4 ranks: TorchRec's even blocks 2, 2, 1, 0 (an empty trailing shard)
+    assert [s["shard_sizes"][0] for s in p["t2"]["shards"]] == [2, 2, 1, 0]
+    assert p["t3"]["sharding_type"] == "table_row_wise" and p["t3"]["ranks"] == [2, 3]
+    assert [s["shard_sizes"][0] for s in p["t3"]["shards"]] == [12, 11]
+    assert p["t4"] == {"sharding_type": "data_parallel", "compute_kernel": "dense",
+                       "ranks": [0, 1, 2, 3]}
+
+
+def test_gpu_placements_and_module_path():
+    plan = sharding_plan("row_wise", 4)               # made for 2 DGX hosts of 2 GPUs
+    doc = export_torchrec_plan(plan, module_fqn="sparse.ebc")
+    assert doc["device"] == "cuda" and list(doc["plan"]) == ["sparse.ebc"]
+    shards = doc["plan"]["sparse.ebc"]["t0"]["shards"]
+    assert [s["placement"] for s in shards] == ["rank:0/cuda:0", "rank:1/cuda:1",
+                                                "rank:2/cuda:0", "rank:3/cuda:1"]
+    with pytest.raises(SpecError, match="--module-fqn"):
+        export_torchrec_plan(plan, module_fqn="sparse..ebc")
+    with pytest.raises(SpecError, match="--device"):
+        export_torchrec_plan(plan, device="tpu")
+
+
+def test_planner_plan_exports(make_task):
+    from planner.sharding.planners import get_planner
+    task = make_task(12, seed=3, devices=4)
+    plan = get_planner("local_search").plan(task, 4, seed=0)
+    doc = export_torchrec_plan(plan.to_dict())
+    assert set(doc["plan"][""]) == {t.name for t in task.model.tables}
+    assert all((c == 1).all() for c in _coverage(doc).values())
+
+
+# --- refusals ---------------------------------------------------------------------------------
+
+def _doc(kind="mixed", world=4):
+    return export_torchrec_plan(sharding_plan(kind, world), device="cpu")
+
+
+def _rehash(doc):
+    c = doc["context"]
+    c["sha256"] = context_sha256(c["tables"], doc["world_size"], doc["local_world_size"],
+                                 c["batch_size"], c["topology"])
+    return doc
+
+
+def _edit(fn, rehash=False):
+    doc = copy.deepcopy(_doc())
+    fn(doc)
+    return _rehash(doc) if rehash else doc
+
+
+@pytest.mark.parametrize("edit, field, words", [
+    (lambda d: d.update(format="clusterplan.sharding-plan"), "format", "not"),
+    (lambda d: d.update(schema_version=2), "schema_version", "not supported"),
+    (lambda d: d.update(world_size=3), "local_world_size", "does not divide"),
+    (lambda d: d["context"]["tables"].update(t0=[41, 16]), "context.sha256", "edited by hand"),
+    (lambda d: d["plan"][""].pop("t3"), "plan", "not planned"),
+    (lambda d: d["plan"][""]["t0"].update(sharding_type="grid_shard"),
+     'plan."".t0.sharding_type', "not supported"),
+    (lambda d: d["plan"][""]["t4"].update(compute_kernel="fused"),
+     'plan."".t4.compute_kernel', "dense"),
+    (lambda d: d["plan"][""]["t0"]["shards"][0].update(placement="rank:1/cpu"),
+     'plan."".t0.shards[0].placement', "ranks[0] is 3"),
+    (lambda d: d["plan"][""]["t1"]["shards"][1].update(shard_offsets=[0, 8]),
+     'plan."".t1.shards', "overlap"),
+    (lambda d: d["plan"][""]["t1"]["shards"][3].update(shard_sizes=[37, 0]),
+     'plan."".t1.shards', "cover"),
+    (lambda d: d["plan"][""]["t1"]["shards"][3].update(shard_sizes=[37, 8]),
+     'plan."".t1.shards[3].shard_sizes', "outside"),
+    (lambda d: d["plan"][""]["t2"]["shards"][0].update(shard_sizes=[1, 8]) or
+     d["plan"][""]["t2"]["shards"][1].update(shard_offsets=[1, 0], shard_sizes=[3, 8]),
+     'plan."".t2.shards', "even blocks"),
+    (lambda d: d["plan"][""]["t3"].update(ranks=[1, 2]) or [
+        s.update(placement=f"rank:{r}/cpu") for s, r in zip(d["plan"][""]["t3"]["shards"],
+                                                            [1, 2])],
+     'plan."".t3.shards', "expected [0, 1]"),
+    (lambda d: d["plan"][""]["t0"].update(ranks=[3, 3]), 'plan."".t0.ranks', "one rank per"),
+])
+def test_check_refuses_a_broken_file(edit, field, words):
+    doc = _edit(edit, rehash=field != "context.sha256")
+    with pytest.raises(SpecError) as err:
+        check_torchrec_plan(doc, source="x.json")
+    assert err.value.field == field and words in err.value.message
+    assert str(err.value).startswith(f"x.json: {field}: ") and "(fix: " in str(err.value)
+
+
+def test_export_refuses_what_torchrec_would_run_wrong():
+    doc = sharding_plan("row_wise", 2).to_dict()
+    e = doc["shards"][0]
+    e["shards"][0]["sizes"][0] = 30                    # 30 + 20 rows instead of 20 + 20
+    e["shards"][1]["offsets"][0] = 30
+    with pytest.raises(SpecError, match="even blocks") as err:
+        export_torchrec_plan(doc, source="p.json")
+    assert err.value.field == "shards[0]" and err.value.source == "p.json"
+    with pytest.raises(SpecError, match="LLM plan"):
+        export_torchrec_plan({"kind": "llm-plan", "format_version": 1})
+    bad = sharding_plan("table_wise", 2).to_dict()
+    bad["format_version"] = 7
+    with pytest.raises(SpecError, match="format_version"):
+        export_torchrec_plan(bad)
+    bad = sharding_plan("table_wise", 2).to_dict()
+    bad["shards"][1]["shards"][0]["rank"] = -1
+    with pytest.raises(SpecError) as err:
+        export_torchrec_plan(bad)
+    assert err.value.field == "shards[1].shards[0].rank"
+
+
+def test_loader_refuses_another_world_tables_or_host_size():
+    from planner.sharding.torchrec_load import load_sharding_plan
+    doc = _doc()
+    shapes = {n: (r, d) for n, r, d in TABLES}
+    with pytest.raises(SpecError, match="for 4 ranks, the trainer has 2") as err:
+        load_sharding_plan(doc, world_size=2, tables=shapes)
+    assert err.value.field == "world_size" and "--devices 2" in err.value.fix
+    with pytest.raises(SpecError, match=r"lacks") as err:
+        load_sharding_plan(doc, world_size=4, tables={k: v for k, v in shapes.items()
+                                                      if k != "t2"})
+    with pytest.raises(SpecError, match=r"\['t9'\] are not in the plan"):
+        load_sharding_plan(doc, world_size=4, tables={**shapes, "t9": (3, 4)})
+    with pytest.raises(SpecError, match=r"'t1' is \[37, 32\] in the plan but \[37, 64\]") as err:
+        load_sharding_plan(doc, world_size=4, tables={**shapes, "t1": (37, 64)})
+    assert err.value.field == "context.tables.t1"
+    with pytest.raises(SpecError, match="2 ranks per host, the trainer 4"):
+        load_sharding_plan(doc, world_size=4, local_world_size=4)
+    with pytest.raises(SpecError, match="schema_version"):
+        load_sharding_plan({**doc, "schema_version": 0}, world_size=4)
+
+
+def test_loader_file_errors_name_the_file(tmp_path):
+    from planner.sharding.torchrec_load import load_sharding_plan
+    with pytest.raises(SpecError, match="no such file") as err:
+        load_sharding_plan(tmp_path / "missing.json")
+    assert err.value.source.endswith("missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(SpecError, match="not JSON") as err:
+        load_sharding_plan(bad)
+    assert err.value.field == "line 1 column 2"
+
+
+def test_loader_builds_torchrec_objects_equal_to_the_file(tmp_path):
+    pytest.importorskip("torchrec")
+    from torchrec.distributed.types import (EmbeddingModuleShardingPlan, EnumerableShardingSpec,
+                                            ParameterSharding, ShardingPlan)
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from planner.sharding.torchrec_load import load_sharding_plan
+    doc = _doc()
+    path = tmp_path / "p.json"
+    path.write_text(torchrec_plan_json(doc))
+    configs = [EmbeddingBagConfig(name=n, num_embeddings=r, embedding_dim=d, feature_names=[n])
+               for n, r, d in TABLES]
+    plan = load_sharding_plan(path, world_size=4, tables=configs, local_world_size=2)
+    assert isinstance(plan, ShardingPlan)
+    mp = plan.plan[""]
+    assert isinstance(mp, EmbeddingModuleShardingPlan)
+    assert all(isinstance(p, ParameterSharding) for p in mp.values())
+    assert isinstance(mp["t0"].sharding_spec, EnumerableShardingSpec)
+    assert mp["t4"].sharding_spec is None
+    # TorchRec's own serialisation of the loaded plan is exactly the file's plan member
+    assert plan._serialize()["plan"] == doc["plan"]
+    gpu = load_sharding_plan(path, world_size=4, device="cuda")
+    md = gpu.plan[""]["t0"].sharding_spec.shards[0]
+    assert str(md.placement) == "rank:3/cuda:1"
+
+
+# --- CLI --------------------------------------------------------------------------------------
+
+def test_cli_export_writes_the_file_and_refuses_bad_input(tmp_path, capsys):
+    from planner.cli import main
+    plan_path = tmp_path / "plan.json"
+    sharding_plan("mixed", 4).write(plan_path)
+    out = tmp_path / "tr.json"
+    assert main(["export", str(plan_path), "--to", "torchrec", "--device", "cpu",
+                 "--out", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert check_torchrec_plan(doc) == doc and doc["device"] == "cpu"
+    # a directory --out gets torchrec_plan.json; no --out prints it
+    assert main(["export", str(plan_path), "--to", "torchrec", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "torchrec_plan.json").read_text())["device"] == "cuda"
+    capsys.readouterr()
+    assert main(["export", str(plan_path), "--to", "torchrec", "--module-fqn", "sparse.ebc"]) == 0
+    assert list(json.loads(capsys.readouterr().out)["plan"]) == ["sparse.ebc"]
+
+    bad = tmp_path / "bad.json"
+    doc = json.loads(plan_path.read_text())
+    doc["shards"][2]["shards"][1]["sizes"][0] = 3      # row_wise t2: 2 + 3 + 1 + 0 rows
+    bad.write_text(json.dumps(doc))
+    cases = [(bad, "torchrec", "bad.json: shards[2]: table 't2' (row_wise)"),
+             (tmp_path / "none.json", "torchrec", "none.json: PLAN: no such file"),
+             (plan_path, "megatron", "plan.json: format: an embedding sharding plan")]
+    for path, target, words in cases:
+        assert main(["export", str(path), "--to", target]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err and "(fix: " in err, err
+    llm = tmp_path / "llm.json"
+    llm.write_text(json.dumps({"kind": "llm-plan", "format_version": 1}))
+    assert main(["export", str(llm), "--to", "torchrec"]) == 2
+    assert "format: format is an LLM plan" in capsys.readouterr().err
+
+
+def test_cli_entry_point_runs_as_a_process(tmp_path):
+    plan_path = tmp_path / "plan.json"
+    sharding_plan("table_wise", 2).write(plan_path)
+    exe = Path(sys.executable).with_name("clusterplan")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "planner.cli"]
+    res = subprocess.run(cmd + ["export", str(plan_path), "--to", "torchrec", "--out",
+                                str(tmp_path / "x.json")], capture_output=True, text=True,
+                         timeout=120, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    assert json.loads((tmp_path / "x.json").read_text())["device"] == "cpu"
+    res = subprocess.run(cmd + ["export", str(tmp_path / "x.json"), "--to", "torchrec"],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1
+    assert "format is 'clusterplan.torchrec-plan', not an embedding sharding plan" in res.stderr
