@@ -15,6 +15,9 @@ def register(sub) -> None:
     for fn in (_topology, _gpus, _collective, _simulate, _plan, _measure, _export, _fidelity,
                _calibrate, _diagnose):
         fn(sub)
+    from planner.reorder.cli import add_probe_command, add_reorder_command
+    add_reorder_command(sub)
+    add_probe_command(sub)
 
 
 def _common_topology(p: argparse.ArgumentParser, *, default: str | None = None) -> None:

@@ -146,3 +146,49 @@ def test_rank_map_torchrun_blocks():
     assert m["ranks"][0] == {"rank": 0, "measured_rank": 2, "host": "b", "node_rank": 0,
                              "local_rank": 0}
     assert not rank_map([0, 2, 1, 3], ["a", "a", "b", "b"])["torchrun_ok"]
+
+
+# -- cloud topology and CLI ---------------------------------------------------------------------
+def _cli(*args, timeout=120):
+    p = subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True,
+                       text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_cloud64_graph_matches_its_matrix_and_the_flow_simulator():
+    from simulator.collectives import simulate_collective
+    from simulator.topology import load_topology
+    from simulator.topology.pairwise import cost_matrix_for, topology_cost_matrix
+    topo = load_topology("cloud-64")
+    cm = cost_matrix_for("cloud-64")
+    routed = topology_cost_matrix(topo)
+    assert cm.n == topo.num_gpus == 64
+    assert np.allclose(routed.latency_s, cm.latency_s, rtol=1e-6)
+    assert np.allclose(routed.bandwidth_Bps, cm.bandwidth_Bps, rtol=1e-6)
+    r = reorder(cm, "allreduce", 64 * MiB, time_limit_s=3)
+    for order in (range(64), r.order):
+        sim = simulate_collective(topo, "allreduce", list(order), 64 * MiB, algo="ring").time_s
+        assert sim == pytest.approx(ring_allreduce_time(cm, order, 64 * MiB), rel=1e-3)
+
+
+def test_cli_reorder_cloud64_json(tmp_path):
+    out = tmp_path / "r.json"
+    rc, so, se = _cli("reorder", "--topology", "cloud-64", "--time-limit", "3", "--json",
+                      "--out", str(out))
+    assert rc == 0, se
+    d = json.loads(so)
+    for k in ("order", "time_before_s", "time_after_s", "speedup", "rank_map"):
+        assert k in d
+    assert d["speedup"] >= 1 and sorted(d["order"]) == list(range(64))
+    assert json.loads(out.read_text())["order"] == d["order"]
+
+
+def test_cli_reorder_bad_matrix_exits_2_with_one_line(tmp_path):
+    bad = tmp_path / "m.json"
+    bad.write_text('{"format": "clusterplan.cost-matrix", "schema_version": 1, "ranks": 2, '
+                   '"hostnames": ["a", "b"], "latency_s": [[0, 1e-5], [1e-5, 0]], '
+                   '"bandwidth_Bps": [[0, 1e9], [0, 0]]}')
+    for path in (bad, tmp_path / "missing.json"):
+        rc, so, se = _cli("reorder", str(path))
+        assert rc == 2 and len(se.strip().splitlines()) == 1 and "Traceback" not in se
+    assert "bandwidth_Bps[1][0]" in _cli("reorder", str(bad))[2]
