@@ -61,7 +61,7 @@ class CloudSpec:
     vm_latency_s: float = 5e-6          # NIC + virtual switch, per end
     host_latency_s: float = 5e-6        # host switch ↔ rack switch, per hop
     rack_latency_s: float = 10e-6       # rack switch ↔ zone switch, per hop
-    zone_latency_s: float = 250e-6      # zone switch ↔ inter-zone WAN, per hop
+    zone_latency_s: float = 125e-6      # zone switch ↔ inter-zone WAN, per hop
     jitter: float = 0.2                 # relative noise on each VM's latency (± uniform)
     nic_Bps: float = 25e9 / 8           # per-VM NIC (25 Gb/s)
     host_oversubscription: float = 2.0  # host uplink = vms_per_host · nic / this
