@@ -1,0 +1,57 @@
+"""Semantic preservation, run for real with gloo: 4 processes as 2 hosts of 2.
+
+With identity tower modules every sample gets, through the SPTT route (cross-host peer
+all-to-all, intra-host all-to-all, lookup, intra-host pooled exchange, cross-host return), the
+pooled embeddings the flat route gives it; with a linear module, what the flat route followed by
+the same per-tower module gives.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from planner.dmt.gloo_check import SemanticCase, run_semantic_check  # noqa: E402
+
+# rows, dim, mean pooling
+TABLES = ((120, 8, 2.0), (64, 12, 1.0), (300, 16, 3.0), (50, 4, 1.5), (200, 8, 2.5),
+          (90, 16, 1.0))
+# flat over 4 ranks: TW, CW (2 blocks), RW over all 4 (TorchRec's even blocks), TW ...
+FLAT = {0: [(0, 0, 0, 120, 8)], 1: [(1, 0, 0, 64, 4), (3, 0, 4, 64, 8)],
+        2: [(0, 0, 0, 75, 16), (1, 75, 0, 75, 16), (2, 150, 0, 75, 16), (3, 225, 0, 75, 16)],
+        3: [(2, 0, 0, 50, 4)], 4: [(3, 0, 0, 200, 8)], 5: [(1, 0, 0, 90, 16)]}
+# towers: {0, 2, 5} on host 0 (ranks 0, 1), {1, 3, 4} on host 1 (ranks 2, 3)
+TOWERS = (((0, 2, 5), 0), ((1, 3, 4), 1))
+HOST = {0: [(0, 0, 0, 120, 8)], 2: [(0, 0, 0, 150, 16), (1, 150, 0, 150, 16)],
+        5: [(0, 0, 0, 90, 8), (1, 0, 8, 90, 8)],
+        1: [(3, 0, 0, 64, 12)], 3: [(2, 0, 0, 25, 4), (3, 25, 0, 25, 4)], 4: [(2, 0, 0, 200, 8)]}
+
+
+def _case(**kw):
+    return SemanticCase(tables=TABLES, flat=FLAT, host_layouts=HOST, towers=TOWERS, world=4,
+                        gpus_per_host=2, local_batch=16, seed=3, **kw)
+
+
+def test_identity_towers_give_flat_pooled_embeddings():
+    out = run_semantic_check(_case(), timeout_s=150)
+    for r, o in enumerate(out):
+        assert o["flat"].shape == (16, sum(d for _, d, _ in TABLES))
+        assert o["sptt"].shape == o["flat"].shape
+        # towers concatenate in tower order: reorder the flat columns the same way
+        dims = [d for _, d, _ in TABLES]
+        cols = np.concatenate([np.arange(sum(dims[:t]), sum(dims[:t + 1]))
+                               for tabs, _ in TOWERS for t in tabs])
+        np.testing.assert_allclose(o["sptt"], o["flat"][:, cols], rtol=1e-6, atol=1e-6,
+                                   err_msg=f"rank {r}")
+        np.testing.assert_array_equal(o["ref"], o["flat"][:, cols])
+        assert np.abs(o["flat"]).sum() > 0
+
+
+def test_linear_module_equals_flat_then_module():
+    out = run_semantic_check(_case(module="linear", ratio=2), timeout_s=150)
+    for o in out:
+        assert o["sptt"].shape[1] == sum(4 * -(-(-(-sum(TABLES[t][1] for t in tabs) // 2)) // 4)
+                                         for tabs, _ in TOWERS)
+        np.testing.assert_allclose(o["sptt"], o["ref"], rtol=1e-5, atol=1e-5)
