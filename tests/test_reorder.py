@@ -192,3 +192,25 @@ def test_cli_reorder_bad_matrix_exits_2_with_one_line(tmp_path):
         rc, so, se = _cli("reorder", str(path))
         assert rc == 2 and len(se.strip().splitlines()) == 1 and "Traceback" not in se
     assert "bandwidth_Bps[1][0]" in _cli("reorder", str(bad))[2]
+
+
+def test_tournament_covers_every_pair_once():
+    from planner.reorder.probe import tournament_rounds
+    for n in (2, 5, 8):
+        pairs = [p for r in tournament_rounds(n) for p in r]
+        assert sorted(pairs) == [(i, j) for i in range(n) for j in range(i + 1, n)]
+        for r in tournament_rounds(n):
+            flat = [x for p in r for x in p]
+            assert len(flat) == len(set(flat))
+
+
+def test_cli_probe_two_gloo_processes_writes_a_valid_matrix(tmp_path):
+    from simulator.costmatrix import load_cost_matrix
+    out = tmp_path / "m.json"
+    rc, so, se = _cli("probe", "--backend", "gloo", "--nproc", "2", "--repeats", "3",
+                      "--large", "1MiB", "--timeout", "90", "--out", str(out), timeout=150)
+    assert rc == 0, se
+    cm = load_cost_matrix(out)
+    assert cm.n == 2 and cm.latency_s[0, 1] > 0 and cm.bandwidth_Bps[0, 1] > 0
+    d = json.loads(out.read_text())
+    assert d["measured"]["backend"] == "gloo" and len(d["hostnames"]) == 2

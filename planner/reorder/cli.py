@@ -121,8 +121,8 @@ def add_probe_command(sub) -> None:
     p.add_argument("--repeats", type=int, default=9, metavar="K",
                    help="timed repeats per pair and size (median kept; default 9)")
     p.add_argument("--small", default="8", metavar="BYTES", help="latency message (default 8)")
-    p.add_argument("--large", default="4MiB", metavar="BYTES",
-                   help="bandwidth message (default 4MiB)")
+    p.add_argument("--large", default="16MiB", metavar="BYTES",
+                   help="bandwidth message (default 16MiB)")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S",
                    help="overall limit in seconds (default 120)")
     p.add_argument("--emulate", metavar="MATRIX.json",
@@ -150,7 +150,7 @@ def _probe_run(args) -> int:
     large = parse_bytes(args.large, field="--large")
     if not 4 <= small < large <= 2**30:
         raise SpecError(f"need 4 ≤ --small < --large ≤ 1 GiB, got {small} and {large}",
-                        field="--large", fix="e.g. --small 8 --large 4MiB")
+                        field="--large", fix="e.g. --small 8 --large 16MiB")
     emulate = None
     if args.emulate:
         from simulator.costmatrix import load_cost_matrix
