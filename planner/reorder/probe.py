@@ -11,9 +11,10 @@ Method (written into the matrix under ``measured``):
    acknowledgement; bandwidth = large / (median elapsed − 2 · latency), i.e. the ack's and the
    first byte's latency taken out (but at least 10% of the elapsed time kept, against noise).
 
-``emulate``: a cost matrix whose latency and bandwidth are imposed on top of the real network by
-sleeping ``α(i, j) + bytes / β(i, j)`` before every send from i to j, so a single machine can
-stand for a heterogeneous cloud (used by the benchmark to check reordering for real).
+``emulate``: a cost matrix whose latency and bandwidth are imposed on top of the real network
+(:class:`EmulatedLinks`: the sender sleeps ``bytes / β(i, j)``, the receiver holds the message
+until ``α(i, j)`` after it was sent), so a single machine can stand for a heterogeneous cloud
+(used by the benchmark to check reordering for real).
 """
 
 from __future__ import annotations
@@ -60,16 +61,45 @@ def tournament_rounds(n: int) -> list[list[tuple[int, int]]]:
 
 
 class EmulatedLinks:
-    """Delays injected before each send: ``α(i, j) + bytes / β(i, j)`` seconds (or none)."""
+    """An emulated network on top of the real one (or nothing, when built without matrices).
+
+    Bandwidth occupies the sender: it sleeps ``bytes / β(i, j)`` before handing the message over.
+    Latency is in flight: the sender stamps the message with the (machine-wide monotonic) send
+    time and the receiver waits until ``stamp + α(i, j)`` before using it, so a sender is free to
+    go on while its message travels, as on a real link.
+    """
 
     def __init__(self, latency_s: np.ndarray | None = None, bandwidth_Bps: np.ndarray | None = None):
         self.lat = latency_s
         self.bw = bandwidth_Bps
 
-    def delay(self, src: int, dst: int, nbytes: int) -> None:
-        if self.lat is None:
-            return
-        time.sleep(float(self.lat[src, dst]) + nbytes / float(self.bw[src, dst]))
+    @property
+    def active(self) -> bool:
+        return self.lat is not None
+
+    def serialise(self, src: int, dst: int, nbytes: int) -> None:
+        if self.active:
+            time.sleep(nbytes / float(self.bw[src, dst]))
+
+    def arrive(self, src: int, dst: int, sent_at: float) -> None:
+        if self.active:
+            left = sent_at + float(self.lat[src, dst]) - time.monotonic()
+            if left > 0:
+                time.sleep(left)
+
+    def send(self, dist, torch, t, src: int, dst: int) -> None:
+        """Blocking send of ``t`` over the emulated link (a stamp follows when emulating)."""
+        self.serialise(src, dst, t.numel() * t.element_size())
+        dist.send(t, dst)
+        if self.active:
+            dist.send(torch.tensor([time.monotonic()], dtype=torch.float64), dst)
+
+    def recv(self, dist, torch, t, src: int, dst: int) -> None:
+        dist.recv(t, src)
+        if self.active:
+            stamp = torch.zeros(1, dtype=torch.float64)
+            dist.recv(stamp, src)
+            self.arrive(src, dst, float(stamp))
 
 
 def _probe_worker(rank: int, world: int, settings: dict, emu: tuple | None) -> dict | None:
@@ -88,8 +118,10 @@ def _probe_worker(rank: int, world: int, settings: dict, emu: tuple | None) -> d
             torch.cuda.synchronize()
 
     def send(t, peer, nb):
-        links.delay(rank, peer, nb)
-        dist.send(t, peer)
+        links.send(dist, torch, t, rank, peer)
+
+    def recv(t, peer):
+        links.recv(dist, torch, t, peer, rank)
 
     lat: dict[tuple[int, int], float] = {}
     bw: dict[tuple[int, int], float] = {}
@@ -107,9 +139,9 @@ def _probe_worker(rank: int, world: int, settings: dict, emu: tuple | None) -> d
             t0 = time.perf_counter()
             if rank == a:
                 send(small, peer, sb)
-                dist.recv(small, peer)
+                recv(small, peer)
             else:
-                dist.recv(small, peer)
+                recv(small, peer)
                 send(small, peer, sb)
             sync()
             if k >= warm:
@@ -125,9 +157,9 @@ def _probe_worker(rank: int, world: int, settings: dict, emu: tuple | None) -> d
                 t0 = time.perf_counter()
                 if rank == s:
                     send(large, d, lb)
-                    dist.recv(small, d)
+                    recv(small, d)
                 else:
-                    dist.recv(large, s)
+                    recv(large, s)
                     send(small, s, sb)
                 sync()
                 if k >= warm and rank == s:
