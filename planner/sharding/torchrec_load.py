@@ -21,7 +21,8 @@ from typing import Any, Iterable, Mapping
 
 from simulator.errors import SpecError
 
-from .torchrec_plan import check_torchrec_plan, placement, table_shapes
+from .torchrec_plan import (check_torchrec_plan, empty_row_shards, parse_placement, placement,
+                            table_shapes)
 
 __all__ = ["load_sharding_plan", "read_torchrec_plan", "model_table_shapes"]
 
@@ -102,8 +103,26 @@ def _check_tables(doc: Mapping[str, Any], tables: Any, source: str | None) -> No
                             field=f"context.tables.{name}", fix=fix)
 
 
+def _refuse_empty_cpu_shards(doc: Mapping[str, Any], device: str | None,
+                             source: str | None) -> None:
+    for fqn, name, k, rank in empty_row_shards(doc):
+        p = doc["plan"][fqn][name]
+        on = device or parse_placement(p["shards"][k]["placement"])[1]
+        if on != "cpu":
+            continue
+        rows = doc["context"]["tables"][name][0]
+        where = f"plan.{json.dumps(fqn)}" if fqn == "" else f"plan.{fqn}"
+        raise SpecError(f"table {name!r} ({p['sharding_type']}, {rows} rows) has an empty shard "
+                        f"on rank {rank}; on CPU FBGEMM 1.8.0's table-batched kernel then fails "
+                        "or updates the next table on that rank wrongly", source=source,
+                        field=f"{where}.{name}.shards[{k}]",
+                        fix="give the table table_wise, column_wise or data_parallel, or plan on "
+                            "fewer ranks (allow_empty_shards=True loads it anyway)")
+
+
 def load_sharding_plan(path_or_dict: Any, *, world_size: int | None = None, tables: Any = None,
-                       local_world_size: int | None = None, device: str | None = None):
+                       local_world_size: int | None = None, device: str | None = None,
+                       allow_empty_shards: bool = False):
     """TorchRec's ``ShardingPlan`` from a ``clusterplan.torchrec-plan`` file or dict.
 
     Parameters
@@ -121,6 +140,10 @@ def load_sharding_plan(path_or_dict: Any, *, world_size: int | None = None, tabl
     device : {"cpu", "cuda"} or None
         Rewrite every placement for this device (``rank:R/cpu`` or ``rank:R/cuda:R mod
         local``); None keeps the file's. A ``cuda`` placement fails on a CPU run.
+    allow_empty_shards : bool
+        Load a plan whose CPU placements include a row-wise shard with no rows anyway. Refused
+        by default: FBGEMM 1.8.0's CPU kernel fails or trains the next table wrongly with one
+        (:func:`~planner.sharding.torchrec_plan.empty_row_shards`).
 
     Returns ``ShardingPlan({fqn: EmbeddingModuleShardingPlan({table: ParameterSharding})})``
     with ``EnumerableShardingSpec`` / ``ShardMetadata`` shards (None for data-parallel tables).
@@ -149,6 +172,8 @@ def load_sharding_plan(path_or_dict: Any, *, world_size: int | None = None, tabl
                         fix="pass cpu, cuda or None (keep the file's placements)")
     if tables is not None:
         _check_tables(doc, tables, source)
+    if not allow_empty_shards:
+        _refuse_empty_cpu_shards(doc, device, source)
     try:
         from torchrec.distributed.types import (EmbeddingModuleShardingPlan,
                                                 EnumerableShardingSpec, ParameterSharding,

@@ -49,7 +49,7 @@ from .shards import Shard, ShardingType, TableSharding, row_blocks, validate_sha
 __all__ = ["FORMAT", "SCHEMA_VERSION", "TORCHREC_VERSION", "SHARDING_PLAN_FORMAT",
            "SUPPORTED_TYPES", "KERNELS", "export_torchrec_plan", "check_torchrec_plan",
            "context_sha256", "placement", "parse_placement", "table_shapes",
-           "torchrec_plan_json", "is_sharding_plan"]
+           "torchrec_plan_json", "is_sharding_plan", "empty_row_shards"]
 
 FORMAT = "clusterplan.torchrec-plan"
 SCHEMA_VERSION = 1
@@ -476,6 +476,8 @@ def _layout_problem(st: str, boxes, rows: int, dim: int, world: int, lws: int) -
     if st in ("column_wise", "table_column_wise"):
         if any(b[0] != 0 or b[2] != rows for b in boxes):
             return "column blocks must span all rows"
+        if any(b[3] == 0 for b in boxes):
+            return "column blocks must not be empty"
         if st == "table_column_wise" and len({r // lws for r in ranks}) != 1:
             return f"shards on ranks {ranks} are not on one host (local world size {lws})"
         return None
@@ -495,3 +497,23 @@ def _layout_problem(st: str, boxes, rows: int, dim: int, world: int, lws: int) -
         return (f"row blocks {[b[2] for b in boxes]} are not TorchRec's even blocks "
                 f"{list(row_blocks(rows, n))} (uneven blocks run but give wrong results)")
     return None
+
+
+def empty_row_shards(doc: Mapping[str, Any]) -> list[tuple[str, str, int, int]]:
+    """``(module fqn, table, shard index, rank)`` of every row-wise or table-row-wise shard
+    with no rows in a checked document (TorchRec's even blocks leave trailing ranks empty when
+    a table has few rows: 5 rows on 4 ranks → 2, 2, 1, 0).
+
+    FBGEMM 1.8.0's CPU table-batched kernel mishandles a 0-row table: alone in a kernel its
+    forward raises ("must be a GPU or MTIA tensor"); followed by another table, that table's
+    fused optimizer update is wrong (tests/sharding/test_torchrec_dmp.py shows both). The
+    loader therefore refuses such plans for CPU placements.
+    """
+    out = []
+    for fqn, tables in doc["plan"].items():
+        for name, p in tables.items():
+            if p["sharding_type"] in ("row_wise", "table_row_wise"):
+                for k, s in enumerate(p["shards"]):
+                    if s["shard_sizes"][0] == 0:
+                        out.append((fqn, name, k, p["ranks"][k]))
+    return out

@@ -24,7 +24,9 @@ from planner.sharding.torchrec_plan import (FORMAT, SCHEMA_VERSION, check_torchr
 from simulator.errors import SpecError
 
 REPO = Path(__file__).resolve().parents[2]
-TABLES = (("t0", 40, 16), ("t1", 37, 32), ("t2", 5, 8), ("t3", 23, 12), ("t4", 64, 20))
+TABLES = (("t0", 40, 16), ("t1", 37, 32), ("t2", 7, 8), ("t3", 23, 12), ("t4", 64, 20))
+#: row-wise on 4 ranks leaves e0's last shard empty (5 rows → 2, 2, 1, 0)
+EMPTY_SHARD_TABLES = (("e0", 5, 8), ("e1", 23, 12))
 TOPOLOGY = {2: "localhost-gloo:node.gpus=2", 4: "dgx-a100:nodes=2,node.gpus=2,node.nics=2"}
 KINDS = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel", "mixed")
 
@@ -37,10 +39,10 @@ def _uneven_widths(dim: int, parts: int) -> tuple[int, ...]:
     return tuple(w)
 
 
-def layouts(kind: str, world: int, lws: int) -> list[sh.TableSharding]:
+def layouts(kind: str, world: int, lws: int, tables=TABLES) -> list[sh.TableSharding]:
     out = []
     hosts = world // lws
-    for i, (name, rows, dim) in enumerate(TABLES):
+    for i, (name, rows, dim) in enumerate(tables):
         k = kind if kind != "mixed" else KINDS[i]
         if k == "table_wise":
             out.append(sh.table_wise(i, name, rows, dim, (world - 1 - i) % world))
@@ -59,14 +61,15 @@ def layouts(kind: str, world: int, lws: int) -> list[sh.TableSharding]:
     return out
 
 
-def sharding_plan(kind: str, world: int):
-    """A clusterplan Plan for the test tables on ``world`` ranks, every table ``kind``."""
+def sharding_plan(kind: str, world: int, tables=TABLES):
+    """A clusterplan Plan for ``tables`` on ``world`` ranks, every table ``kind`` (``mixed``:
+    table i gets the i-th type)."""
     model = ModelSpec(name="trx-test", tables=tuple(
         TableSpec(name=n, num_embeddings=r, embedding_dim=d, pooling_factor=2.0)
-        for n, r, d in TABLES), batch_size=8 * world, source="test")
+        for n, r, d in tables), batch_size=8 * world, source="test")
     problem = prepare(ShardingTask(model=model, topology=TOPOLOGY[world]), world)
     lws = len(problem.hosts[0])
-    plan = make_plan(problem, layouts(kind, world, lws), "hand", PlannerStats())
+    plan = make_plan(problem, layouts(kind, world, lws, tables), "hand", PlannerStats())
     assert plan.valid, plan.problems
     return plan
 
@@ -124,8 +127,8 @@ def test_layouts_carry_torchrec_rules():
     # uneven column widths (TorchRec would cut dim 32 into equal blocks)
     assert [s["shard_sizes"][1] for s in p["t1"]["shards"]] == [12, 8, 8, 4]
     assert [s["shard_offsets"][1] for s in p["t1"]["shards"]] == [0, 12, 20, 28]
-    # 5 rows on 4 ranks: TorchRec's even blocks 2, 2, 1, 0 (an empty trailing shard)
-    assert [s["shard_sizes"][0] for s in p["t2"]["shards"]] == [2, 2, 1, 0]
+    # 7 rows on 4 ranks: TorchRec's even blocks 2, 2, 2, 1
+    assert [s["shard_sizes"][0] for s in p["t2"]["shards"]] == [2, 2, 2, 1]
     assert p["t3"]["sharding_type"] == "table_row_wise" and p["t3"]["ranks"] == [2, 3]
     assert [s["shard_sizes"][0] for s in p["t3"]["shards"]] == [12, 11]
     assert p["t4"] == {"sharding_type": "data_parallel", "compute_kernel": "dense",
@@ -250,6 +253,26 @@ def test_loader_refuses_another_world_tables_or_host_size():
         load_sharding_plan({**doc, "schema_version": 0}, world_size=4)
 
 
+def test_empty_row_shards_are_refused_for_cpu_placements():
+    """TorchRec's own row-wise layout of 5 rows on 4 ranks ends in an empty shard; FBGEMM's CPU
+    kernel mishandles it (test_torchrec_dmp.py), so the loader refuses it for CPU runs."""
+    from planner.sharding.torchrec_load import load_sharding_plan
+    from planner.sharding.torchrec_plan import empty_row_shards
+    doc = export_torchrec_plan(sharding_plan("row_wise", 4, EMPTY_SHARD_TABLES), device="cpu")
+    assert [s["shard_sizes"][0] for s in doc["plan"][""]["e0"]["shards"]] == [2, 2, 1, 0]
+    assert empty_row_shards(doc) == [("", "e0", 3, 3)]
+    assert empty_row_shards(_doc()) == []
+    with pytest.raises(SpecError, match="empty shard on rank 3") as err:
+        load_sharding_plan(doc, world_size=4)
+    assert err.value.field == 'plan."".e0.shards[3]' and "table_wise" in err.value.fix
+    gpu = export_torchrec_plan(sharding_plan("row_wise", 4, EMPTY_SHARD_TABLES), device="cuda")
+    with pytest.raises(SpecError, match="empty shard"):
+        load_sharding_plan(gpu, world_size=4, device="cpu")
+    pytest.importorskip("torchrec")
+    assert load_sharding_plan(gpu, world_size=4).plan[""]["e0"].sharding_type == "row_wise"
+    assert load_sharding_plan(doc, world_size=4, allow_empty_shards=True) is not None
+
+
 def test_loader_file_errors_name_the_file(tmp_path):
     from planner.sharding.torchrec_load import load_sharding_plan
     with pytest.raises(SpecError, match="no such file") as err:
@@ -308,7 +331,7 @@ def test_cli_export_writes_the_file_and_refuses_bad_input(tmp_path, capsys):
 
     bad = tmp_path / "bad.json"
     doc = json.loads(plan_path.read_text())
-    doc["shards"][2]["shards"][1]["sizes"][0] = 3      # row_wise t2: 2 + 3 + 1 + 0 rows
+    doc["shards"][2]["shards"][1]["sizes"][0] = 3      # row_wise t2: 2 + 3 + 2 + 1 rows
     bad.write_text(json.dumps(doc))
     cases = [(bad, "torchrec", "bad.json: shards[2]: table 't2' (row_wise)"),
              (tmp_path / "none.json", "torchrec", "none.json: PLAN: no such file"),
