@@ -68,6 +68,8 @@ KERNELS = ("dense", "fused", "fused_uvm", "fused_uvm_caching", "quant", "quant_u
 _DEVICES = ("cpu", "cuda")
 _PLACEMENT = re.compile(r"^rank:(\d+)/(cpu|cuda(?::(\d+))?)$")
 _FIX_EXPORT = "export it again with `clusterplan export PLAN.json --to torchrec`"
+#: the most ranks a plan may have (the largest topology clusterplan builds)
+MAX_WORLD = 262_144
 
 
 def _err(msg: str, field: str, fix: str, source: str | None = None) -> SpecError:
@@ -238,6 +240,9 @@ def export_torchrec_plan(plan: Any, *, module_fqn: str = "", device: str | None 
                    f"exporter reads {_SHARDING_PLAN_VERSION})", "format_version",
                    "regenerate the plan with this version of clusterplan", source)
     world = _int(doc.get("devices"), "devices", source, minimum=1)
+    if world > MAX_WORLD:
+        raise _err(f"{world} devices, above {MAX_WORLD:,}", "devices",
+                   "regenerate the plan with `clusterplan plan`", source)
     if not isinstance(module_fqn, str) or (module_fqn and not all(
             part.isidentifier() for part in module_fqn.split("."))):
         raise _err(f"module path {module_fqn!r} is not a dotted attribute path",
@@ -346,8 +351,9 @@ def check_torchrec_plan(doc: Any, source: str | None = None) -> dict[str, Any]:
                    f"loader reads {SCHEMA_VERSION})", "schema_version",
                    "export it again with this version of clusterplan", source)
     world = doc.get("world_size")
-    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        raise _err(f"{world!r} is not an integer ≥ 1", "world_size", _FIX_EXPORT, source)
+    if isinstance(world, bool) or not isinstance(world, int) or not 1 <= world <= MAX_WORLD:
+        raise _err(f"{world!r} is not an integer in 1..{MAX_WORLD:,}", "world_size",
+                   _FIX_EXPORT, source)
     lws = doc.get("local_world_size")
     if isinstance(lws, bool) or not isinstance(lws, int) or lws < 1 or world % lws:
         raise _err(f"{lws!r} does not divide world_size {world}", "local_world_size",
@@ -446,33 +452,41 @@ def _check_entry(p: Any, f: str, shape: tuple[int, int], world: int, lws: int,
             raise _err(f"shard [{r0}:{r0 + nr}, {c0}:{c0 + nc}] lies outside the table "
                        f"[{rows}, {dim}]", f"{g}.shard_sizes", _FIX_EXPORT, source)
         boxes.append((r0, c0, nr, nc, ranks[k]))
-    problem = _tiling_problem(boxes, rows, dim)
-    if problem:
-        raise _err(problem, f"{f}.shards", _FIX_EXPORT, source)
     problem = _layout_problem(st, boxes, rows, dim, world, lws)
     if problem:
         raise _err(f"{st}: {problem}", f"{f}.shards",
                    "use TorchRec's layout (formats.md §2.2); " + _FIX_EXPORT, source)
+    problem = _tiling_problem(boxes, rows, dim, by_rows=st in ("row_wise", "table_row_wise"))
+    if problem:
+        raise _err(problem, f"{f}.shards", _FIX_EXPORT, source)
 
 
-def _tiling_problem(boxes: list[tuple[int, int, int, int, int]], rows: int,
-                    dim: int) -> str | None:
-    """None when the non-empty shards cover ``rows × dim`` exactly once."""
-    area = sum(nr * nc for _, _, nr, nc, _ in boxes)
-    full = [b for b in boxes if b[2] and b[3]]
-    for i, (r0, c0, nr, nc, _) in enumerate(full):
-        for r1, c1, mr, mc, _ in full[i + 1:]:
-            if r0 < r1 + mr and r1 < r0 + nr and c0 < c1 + mc and c1 < c0 + nc:
-                return f"shards [{r0}, {c0}] and [{r1}, {c1}] overlap"
-    if area != rows * dim:
-        return f"shards cover {area:,} of the table's {rows * dim:,} elements"
+def _tiling_problem(boxes: list[tuple[int, int, int, int, int]], rows: int, dim: int, *,
+                    by_rows: bool) -> str | None:
+    """None when the shards cover ``rows × dim`` exactly once. Called after
+    :func:`_layout_problem`, so every shard spans all columns (``by_rows``) or all rows: the
+    check is one of intervals along the other axis."""
+    spans = sorted((b[0], b[2]) if by_rows else (b[1], b[3]) for b in boxes)
+    end, covered = 0, 0
+    for start, size in spans:
+        if size and start < end:
+            return f"shards at {'row' if by_rows else 'column'} {start} overlap"
+        end, covered = max(end, start + size), covered + size
+    full = rows if by_rows else dim
+    if covered != full:
+        what = "rows" if by_rows else "columns"
+        return f"shards cover {covered:,} of the table's {full:,} {what}"
     return None
 
 
 def _layout_problem(st: str, boxes, rows: int, dim: int, world: int, lws: int) -> str | None:
     ranks = [b[4] for b in boxes]
     if st == "table_wise":
-        return None if len(boxes) == 1 else f"{len(boxes)} shards, table_wise has one"
+        if len(boxes) != 1:
+            return f"{len(boxes)} shards, table_wise has one"
+        if boxes[0][:4] != (0, 0, rows, dim):
+            return f"the shard must be the whole table [{rows}, {dim}] at [0, 0]"
+        return None
     if st in ("column_wise", "table_column_wise"):
         if any(b[0] != 0 or b[2] != rows for b in boxes):
             return "column blocks must span all rows"
