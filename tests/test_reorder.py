@@ -214,3 +214,40 @@ def test_cli_probe_two_gloo_processes_writes_a_valid_matrix(tmp_path):
     assert cm.n == 2 and cm.latency_s[0, 1] > 0 and cm.bandwidth_Bps[0, 1] > 0
     d = json.loads(out.read_text())
     assert d["measured"]["backend"] == "gloo" and len(d["hostnames"]) == 2
+
+
+def _plan(tp=2, cp=1, dp=16, pp=2):
+    ranks = []
+    for p_ in range(pp):
+        for d in range(dp):
+            for c in range(cp):
+                for t in range(tp):
+                    r = t + tp * (c + cp * (d + dp * p_))
+                    ranks.append({"rank": r, "tp": t, "cp": c, "dp": d, "pp": p_, "host": r,
+                                  "gpu": 0})
+    return {"kind": "llm-plan", "format_version": 1, "model": "llama3-8b",
+            "parallel": {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "vpp": 1},
+            "micro_batch_size": 1, "microbatches": 8, "seq_len": 8192,
+            "ranks": sorted(ranks, key=lambda e: e["rank"])}
+
+
+def test_plan_groups_placed_on_cloud64(tmp_path):
+    from planner.reorder.groups import plan_comm_time, plan_traffic, reorder_plan
+    from simulator.topology.pairwise import cost_matrix_for
+    tr = plan_traffic(_plan())
+    assert tr.groups["tp"].shape == (32, 2) and tr.groups["dp"].shape == (4, 16)
+    assert list(tr.groups["tp"][0]) == [0, 1] and list(tr.groups["pp"][0]) == [0, 32]
+    cm = cost_matrix_for("cloud-64")
+    r = reorder_plan(cm, tr, time_limit_s=2)
+    assert sorted(r.order) == list(range(64)) and r.speedup >= 1
+    assert r.time_after_s == pytest.approx(plan_comm_time(cm, tr, r.order)["total_s"])
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(_plan()))
+    rc, so, se = _cli("reorder", "--topology", "cloud-64", "--collective", str(path),
+                      "--time-limit", "2", "--json")
+    assert rc == 0, se
+    d = json.loads(so)
+    assert d["collective"] == "plan" and d["speedup"] >= 1
+    assert d["comm_after"]["total_s"] <= d["comm_before"]["total_s"]
+    rc, so, se = _cli("reorder", "--topology", "cloud-64", "--collective", "nonsense")
+    assert rc == 2 and "--collective" in se

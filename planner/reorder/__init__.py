@@ -1,0 +1,19 @@
+"""Rank reordering: measure the network, then choose the rank order (Cloud Collectives, §4).
+
+Modules, one job each:
+
+* :mod:`.probe` — pairwise latency/bandwidth with torch.distributed send/recv (``clusterplan
+  probe``); :mod:`.spawn` runs the processes with timeouts; :mod:`.emulate` a real ring
+  all-reduce over an emulated network.
+* :mod:`.model` — alpha-beta times of ring/tree/all-to-all on a cost matrix, with shared links.
+* :mod:`.tsp_exact` (brute force, DFJ MIP with CBC), :mod:`.tsp_local` (2-opt/Or-opt),
+  :mod:`.bottleneck` (slowest-hop rings) — the ring solvers.
+* :mod:`.search` — candidates judged by the model; :mod:`.groups` — LLM plan groups on VMs.
+* :mod:`.rankmap` — the order as launcher input; :mod:`.cli` — ``clusterplan reorder``/``probe``.
+"""
+
+from .model import collective_time, ring_allreduce_time
+from .rankmap import rank_map
+from .search import ReorderResult, reorder
+
+__all__ = ["reorder", "ReorderResult", "rank_map", "collective_time", "ring_allreduce_time"]

@@ -73,7 +73,7 @@ def swap_search(cost: Callable[[np.ndarray], float], init: np.ndarray, *, time_l
     n = len(best)
     deadline = time.perf_counter() + time_limit_s
     for _ in range(max_evals):
-        if n < 2 or time.perf_counter() > deadline:
+        if n <= 2 or time.perf_counter() > deadline:
             break
         i, j = rng.choice(n, size=2, replace=False)
         best[i], best[j] = best[j], best[i]
