@@ -75,6 +75,9 @@ def _launch(world: int, lws: int, store: str, plan_dir: str, out_dir: str) -> in
             try:
                 _worker(rank, world, lws, store, plan_dir, out_dir)
                 code = 0
+            except BaseException:
+                import traceback
+                print(f"rank {rank}: {traceback.format_exc()}", file=sys.stderr)
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
