@@ -3,7 +3,7 @@
 ::
 
     clusterplan plan TABLES --devices N [--topology NAME] --dmt [--towers auto|K]
-        [--tower-module identity|linear|mlp] [--tm-ratio C] [--partitioner affinity|balanced|random]
+        [--tower-module auto|identity|mix|linear|mlp] [--tm-ratio C] [--partitioner affinity|balanced|random]
         [--balance EPS] [--coaccess FILE]
 
 The plan made by ``--planner`` is the flat baseline. With ``--dmt`` the features are also
@@ -38,9 +38,10 @@ def add_dmt_arguments(p: argparse.ArgumentParser) -> None:
                    help="also plan SPTT towers (one host each) and simulate DMT vs the flat plan")
     g.add_argument("--towers", default="auto", metavar="auto|K",
                    help="number of towers (auto: one per host)")
-    g.add_argument("--tower-module", default="linear", choices=TM_KINDS,
-                   help="per-tower dense module (identity keeps the model unchanged; default "
-                        "linear)")
+    g.add_argument("--tower-module", default="auto", choices=("auto",) + TM_KINDS,
+                   help="per-tower dense module: identity keeps the model unchanged; mix mixes "
+                        "a tower's F vectors into F/C; linear projects its width by C; auto "
+                        "(default): mix when all tables share one dim, else linear")
     g.add_argument("--tm-ratio", type=float, default=4.0, metavar="C",
                    help="module compression D_t / D'_t (default 4; a model change whose accuracy "
                         "must be checked in training)")
@@ -80,7 +81,10 @@ def dmt_section(args, task, plan) -> tuple[dict, object]:
     if not (args.balance >= 0):
         raise SpecError(f"--balance must be ≥ 0, got {args.balance}", source="--balance",
                         fix="pass e.g. --balance 0.05")
-    module = TowerModuleSpec(kind=args.tower_module, ratio=args.tm_ratio)
+    kind = args.tower_module
+    if kind == "auto":
+        kind = "mix" if len({t.embedding_dim for t in task.model.tables}) == 1 else "linear"
+    module = TowerModuleSpec(kind=kind, ratio=args.tm_ratio)
     n = plan.devices
     problem = prepare(task, n)
     groups = host_groups(problem)

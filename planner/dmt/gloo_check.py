@@ -43,7 +43,7 @@ class SemanticCase:
 
     ``flat`` and ``host_layouts`` map table index → list of shards ``(rank, row_off, col_off,
     rows, cols)`` in global ranks; ``towers`` is a list of (table indices, host);
-    ``module``: ``identity`` | ``linear`` | ``mlp`` with ``ratio``.
+    ``modules``: ``(kind, ratio)`` pairs; the SPTT route runs once per module.
     """
 
     tables: tuple[tuple[int, int, float], ...]
@@ -54,8 +54,7 @@ class SemanticCase:
     gpus_per_host: int
     local_batch: int = 16
     seed: int = 0
-    module: str = "identity"
-    ratio: float = 1.0
+    modules: tuple = (("identity", 1.0),)
 
 
 def _free_port() -> int:
@@ -162,15 +161,16 @@ def _sharded_pooled(dist, torch, pg, members: Sequence[int], me: int, layout: di
     return res
 
 
-def _modules(case: SemanticCase, dims):
+def _modules(case: SemanticCase, dims, kind: str, ratio: float):
     from .module import TowerModuleSpec, build_torch_module
-    spec = TowerModuleSpec(kind=case.module, ratio=case.ratio)
-    return [build_torch_module(spec, sum(dims[t] for t in tabs), seed=case.seed + 100 + k)
+    spec = TowerModuleSpec(kind=kind, ratio=ratio)
+    return [build_torch_module(spec, [dims[t] for t in sorted(tabs)], seed=case.seed + 100 + k)
             for k, (tabs, _h) in enumerate(case.towers)]
 
 
 def flat_and_sptt(case: SemanticCase, rank: int, dist, torch):
-    """Inside an initialised process group: (flat, sptt, flat_through_modules) for my samples."""
+    """Inside an initialised process group: my samples' flat pooled embeddings and, per module,
+    (SPTT output, flat output through the same modules)."""
     G, N, B = case.gpus_per_host, case.world, case.local_batch
     H = N // G
     h, g = divmod(rank, G)
@@ -224,42 +224,53 @@ def flat_and_sptt(case: SemanticCase, rank: int, dist, torch):
         pooled = _sharded_pooled(dist, torch, intra[h], list(range(h * G, (h + 1) * G)), rank,
                                  layout, bags, H * B, weights, dims) if nt else \
             torch.zeros(H * B, 0)
-        # tower modules on the host's towers (columns of each tower inside the host's order)
-        mods = _modules(case, dims)
-        col = {t: sum(dims[u] for u in host_tabs[h] if u < t) for t in host_tabs[h]}
-        outs = []
-        for k, (tabs, hh) in enumerate(case.towers):
-            if hh != h:
+        results = []
+        for kind, ratio in case.modules:
+            results.append(_sptt_tail(case, dist, torch, pooled, flat, host_tabs, h, cpg,
+                                      _modules(case, dims, kind, ratio), dims))
+    return flat.numpy(), results
+
+
+def _sptt_tail(case, dist, torch, pooled, flat, host_tabs, h, cpg, mods, dims):
+    """Steps 5–6 (modules, cross-host return) and the flat-then-module reference."""
+    B = case.local_batch
+    H = case.world // case.gpus_per_host
+    T = len(case.tables)
+    # tower modules on the host's towers (columns of each tower inside the host's order)
+    col = {t: sum(dims[u] for u in host_tabs[h] if u < t) for t in host_tabs[h]}
+    outs = []
+    for k, (tabs, hh) in enumerate(case.towers):
+        if hh != h:
+            continue
+        x = torch.cat([pooled[:, col[t]:col[t] + dims[t]] for t in sorted(tabs)], 1)
+        outs.append(mods[k](x))
+    y = torch.cat(outs, 1) if outs else torch.zeros(H * B, 0)
+    # step 6: rows of source host k back to (k, g)
+    width = y.shape[1]
+    chunks = [y[k * B:(k + 1) * B].reshape(-1) for k in range(H)]
+    wcnt = torch.empty(H, dtype=torch.int64)
+    dist.all_to_all_single(wcnt, torch.full((H,), width, dtype=torch.int64), group=cpg)
+    out = torch.empty(int(wcnt.sum()) * B)
+    dist.all_to_all_single(out, torch.cat(chunks), output_split_sizes=(wcnt * B).tolist(),
+                           input_split_sizes=[width * B] * H, group=cpg)
+    got = [p.view(B, -1) for p in torch.split(out, (wcnt * B).tolist())]
+    # reassemble in the flat order: towers in table order of their first table
+    pieces = {}
+    for k in range(H):
+        c0 = 0
+        for j, (tabs, hh) in enumerate(case.towers):
+            if hh != k:
                 continue
-            x = torch.cat([pooled[:, col[t]:col[t] + dims[t]] for t in sorted(tabs)], 1)
-            outs.append(mods[k](x))
-        y = torch.cat(outs, 1) if outs else torch.zeros(H * B, 0)
-        # step 6: rows of source host k back to (k, g)
-        width = y.shape[1]
-        chunks = [y[k * B:(k + 1) * B].reshape(-1) for k in range(H)]
-        wcnt = torch.empty(H, dtype=torch.int64)
-        dist.all_to_all_single(wcnt, torch.full((H,), width, dtype=torch.int64), group=cpg)
-        out = torch.empty(int(wcnt.sum()) * B)
-        dist.all_to_all_single(out, torch.cat(chunks), output_split_sizes=(wcnt * B).tolist(),
-                               input_split_sizes=[width * B] * H, group=cpg)
-        got = [p.view(B, -1) for p in torch.split(out, (wcnt * B).tolist())]
-        # reassemble in the flat order: towers in table order of their first table
-        pieces = {}
-        for k in range(H):
-            c0 = 0
-            for j, (tabs, hh) in enumerate(case.towers):
-                if hh != k:
-                    continue
-                wj = mods[j](torch.zeros(1, sum(dims[t] for t in tabs))).shape[1]
-                pieces[j] = got[k][:, c0:c0 + wj]
-                c0 += wj
-        sptt = torch.cat([pieces[j] for j in range(len(case.towers))], 1)
-        # reference: the flat pooled embeddings through the same per-tower modules, locally
-        fcol = {t: sum(dims[u] for u in range(T) if u < t) for t in range(T)}
-        ref = torch.cat([mods[j](torch.cat([flat[:, fcol[t]:fcol[t] + dims[t]]
-                                            for t in sorted(tabs)], 1))
-                         for j, (tabs, _h) in enumerate(case.towers)], 1)
-    return flat.numpy(), sptt.numpy(), ref.numpy()
+            wj = mods[j](torch.zeros(1, sum(dims[t] for t in tabs))).shape[1]
+            pieces[j] = got[k][:, c0:c0 + wj]
+            c0 += wj
+    sptt = torch.cat([pieces[j] for j in range(len(case.towers))], 1)
+    # reference: the flat pooled embeddings through the same per-tower modules, locally
+    fcol = {t: sum(dims[u] for u in range(T) if u < t) for t in range(T)}
+    ref = torch.cat([mods[j](torch.cat([flat[:, fcol[t]:fcol[t] + dims[t]]
+                                        for t in sorted(tabs)], 1))
+                     for j, (tabs, _h) in enumerate(case.towers)], 1)
+    return sptt.detach().numpy(), ref.detach().numpy()
 
 
 def _worker(rank: int, case: SemanticCase, port: int, outdir: str, timeout_s: float) -> None:
@@ -270,8 +281,11 @@ def _worker(rank: int, case: SemanticCase, port: int, outdir: str, timeout_s: fl
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=case.world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
-        flat, sptt, ref = flat_and_sptt(case, rank, dist, torch)
-        np.savez(Path(outdir) / f"rank{rank}.npz", flat=flat, sptt=sptt, ref=ref)
+        flat, results = flat_and_sptt(case, rank, dist, torch)
+        arrays = {"flat": flat}
+        for i, (sptt, ref) in enumerate(results):
+            arrays[f"sptt{i}"], arrays[f"ref{i}"] = sptt, ref
+        np.savez(Path(outdir) / f"rank{rank}.npz", **arrays)
         dist.barrier()
         dist.destroy_process_group()
     except Exception as exc:  # reported to the parent through the file system
@@ -280,7 +294,8 @@ def _worker(rank: int, case: SemanticCase, port: int, outdir: str, timeout_s: fl
 
 
 def run_semantic_check(case: SemanticCase, *, timeout_s: float = 120.0) -> list[dict]:
-    """Spawn ``case.world`` gloo processes; per rank ``{flat, sptt, ref}`` arrays.
+    """Spawn ``case.world`` gloo processes; per rank ``{flat: array, sptt: [array per module],
+    ref: [array per module]}``.
 
     Raises ``RuntimeError`` naming the failed ranks, or ``TimeoutError`` after ``timeout_s``
     (the processes are terminated first).
@@ -314,5 +329,7 @@ def run_semantic_check(case: SemanticCase, *, timeout_s: float = 120.0) -> list[
         out = []
         for r in range(case.world):
             z = np.load(Path(tmp) / f"rank{r}.npz")
-            out.append({k: z[k] for k in ("flat", "sptt", "ref")})
+            out.append({"flat": z["flat"],
+                        "sptt": [z[f"sptt{i}"] for i in range(len(case.modules))],
+                        "ref": [z[f"ref{i}"] for i in range(len(case.modules))]})
     return out

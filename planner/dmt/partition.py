@@ -14,7 +14,9 @@ papers.md §3.4):
 5. **Balance**: a PuLP/CBC MIP assigns every feature to one tower, maximising each feature's
    mean affinity to its tower's cluster, subject to tower cost ≤ ``(1 + ε)·W/T`` and the tower
    memory cap; warm-started from a repair of the clusters (moves of the least-attached features
-   out of over-full towers) and falling back to it when CBC finds nothing better in time.
+   out of over-full towers) and falling back to it when CBC finds nothing better in time. The
+   MIP also caps each tower's pooled width (Σ dims) near the mean: a tower's cross-host
+   exchange grows with its width, so a wide tower would be the bottleneck sender.
    Tower cost ``w_f`` is the feature's analytic lookup time forward and backward for the global
    batch (:mod:`planner.sharding.cost`, table-wise), which is what a tower's host spends on it.
 6. **Towers → hosts**: ``ceil(T/H)`` towers at most per host, longest tower first onto the
@@ -183,7 +185,8 @@ def _repair(lab: np.ndarray, w: np.ndarray, s: np.ndarray, cap: float, T: int,
 
 
 def _mip(s: np.ndarray, w: np.ndarray, mem: np.ndarray, cap: float, mem_cap: float,
-         start: np.ndarray, *, time_limit_s: float, seed: int) -> tuple[np.ndarray | None, str]:
+         start: np.ndarray, *, time_limit_s: float, seed: int, width: np.ndarray | None = None,
+         width_cap: float = math.inf) -> tuple[np.ndarray | None, str]:
     import pulp
     F, T = s.shape
     prob = pulp.LpProblem("towers", pulp.LpMaximize)
@@ -197,6 +200,8 @@ def _mip(s: np.ndarray, w: np.ndarray, mem: np.ndarray, cap: float, mem_cap: flo
         prob += pulp.lpSum(float(w[f] * scale) * x[f, t] for f in range(F)) <= cap * scale
         if math.isfinite(mem_cap):
             prob += pulp.lpSum(float(mem[f] / mem_cap) * x[f, t] for f in range(F)) <= 1.0
+        if width is not None and math.isfinite(width_cap):
+            prob += pulp.lpSum(float(width[f]) * x[f, t] for f in range(F)) <= width_cap
     for (f, t), v in x.items():
         v.setInitialValue(1 if start[f] == t else 0)
     solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(0.5, time_limit_s), threads=1,
@@ -231,8 +236,15 @@ def resolve_towers(towers: int | str, num_features: int, hosts: int) -> int:
 def partition_features(a: np.ndarray | None, w: np.ndarray, T: int, *, method: str = "affinity",
                        mem: np.ndarray | None = None, mem_cap: float = math.inf,
                        epsilon: float = 0.05, seed: int = 0, time_limit_s: float = 5.0,
-                       embed_dims: int | None = None) -> tuple[np.ndarray, dict]:
-    """Labels (tower of each feature) and notes for one of :data:`METHODS`."""
+                       embed_dims: int | None = None, width: np.ndarray | None = None
+                       ) -> tuple[np.ndarray, dict]:
+    """Labels (tower of each feature) and notes for one of :data:`METHODS`.
+
+    ``width`` (the features' embedding dims): the affinity MIP also keeps every tower's pooled
+    width within ``(1 + max(ε, 1/ceil(F/T)))`` of the mean (at most about one feature above
+    it), since a tower's cross-host exchange grows with its width; dropped (and noted) when
+    CBC finds no assignment within both caps in time.
+    """
     F = len(w)
     mem = np.zeros(F) if mem is None else np.asarray(mem, dtype=float)
     notes: dict = {"method": method, "towers": T}
@@ -276,11 +288,28 @@ def partition_features(a: np.ndarray | None, w: np.ndarray, T: int, *, method: s
     obj0 = float(s[np.arange(F), start].sum())
     lab, status = start, "repair"
     if F * T <= 60000 and time_limit_s > 0:
-        got, st = _mip(s, w, mem, cap, mem_cap, start, time_limit_s=time_limit_s, seed=seed)
-        if got is not None:
+        tries = []
+        if width is not None:
+            width = np.asarray(width, dtype=float)
+            eps_w = max(epsilon, 1.0 / math.ceil(F / T))
+            tries.append((1.0 + eps_w) * width.sum() / T)
+        tries.append(math.inf)
+        for wcap in tries:
+            got, st = _mip(s, w, mem, cap, mem_cap, start, time_limit_s=time_limit_s, seed=seed,
+                           width=width, width_cap=wcap)
+            if got is None:
+                continue
             load = np.bincount(got, weights=w, minlength=T)
-            if load.max() <= cap * (1 + 1e-6) and float(s[np.arange(F), got].sum()) >= obj0 - 1e-9:
+            ok_w = not math.isfinite(wcap) or np.bincount(
+                got, weights=width, minlength=T).max() <= wcap * (1 + 1e-9)
+            better = float(s[np.arange(F), got].sum()) >= obj0 - 1e-9 or math.isfinite(wcap)
+            if load.max() <= cap * (1 + 1e-6) and ok_w and better:
                 lab, status = got, f"mip ({st})"
+                if math.isfinite(wcap):
+                    notes["width_cap"] = float(wcap)
+                break
+        if width is not None and "width_cap" not in notes:
+            notes["width_cap"] = "dropped (no assignment within both caps in time)"
     notes.update({"solver": status, "kmeans_inertia": float(km.inertia_),
                   "balance_cap_s": float(cap), "wall_s": time.perf_counter() - t0})
     return lab, notes
@@ -341,8 +370,10 @@ def partition_layout(task: ShardingTask, devices: int, *, towers: int | str = "a
         a = affinity_matrix(act)
     per_host = math.ceil(T / H)
     mem_cap = problem.capacity_bytes[0] * G / per_host
+    dims = np.array([t.embedding_dim for t in model.tables], dtype=float)
     labels, notes = partition_features(a, w, T, method=method, mem=mem, mem_cap=mem_cap,
-                                       epsilon=epsilon, seed=seed, time_limit_s=time_limit_s)
+                                       epsilon=epsilon, seed=seed, time_limit_s=time_limit_s,
+                                       width=dims)
     costs = np.bincount(labels, weights=w, minlength=T)
     hosts = assign_hosts(costs, H)
     groups_t = [np.flatnonzero(labels == t).tolist() for t in range(T)]

@@ -15,7 +15,7 @@ GPUs, rank ``(h, g)``, local batch ``B``::
       6 return, cross-host      cross_pg[g]           (t,g) → (h,g): B × D'_t
       7 interaction + top MLP   every rank, its B samples, input Σ_t D'_t
     backward: 7 → 6 (gradients of the tower outputs back to (t,g)) → 5 (module backward; its
-      weight gradient all-reduced inside the host, stream comm:dp) → 4 (pooled gradients to
+      weight gradient all-reduced inside the host, stream comm:tm) → 4 (pooled gradients to
       the shard owners) [row-wise: all-gather] → 3 (lookups backward); the dense all-reduce of
       the top/bottom MLPs over all N ranks as in the flat step.
 
@@ -159,9 +159,9 @@ def build_sptt_workload(task: ShardingTask, devices: int, layout: TowerLayout,
     ids_ps = np.array([_id_bytes_per_sample(model, layout.host_tables(h), cfg) for h in range(H)])
     out_w = np.array([sum(tw.out_width for tw in layout.host_towers(h)) for h in range(H)],
                      dtype=float)
-    tm_flops = [sum(tm.flops_fwd(tw.in_width, samples=H * B) for tw in layout.host_towers(h))
+    tm_flops = [sum(tm.flops_fwd(tw.dims, samples=H * B) for tw in layout.host_towers(h))
                 for h in range(H)]
-    tm_params = [sum(tm.param_count(tw.in_width) for tw in layout.host_towers(h))
+    tm_params = [sum(tm.param_count(tw.dims) for tw in layout.host_towers(h))
                  for h in range(H)]
     totals["tm_params"] = float(sum(tm_params))
     off = 1.0 - np.eye(H)
@@ -252,9 +252,21 @@ def build_sptt_workload(task: ShardingTask, devices: int, layout: TowerLayout,
                                    deps=deps, category="mlp_fwd")
             top_bwd[r] = w.compute(r, "top_mlp_interaction_bwd", flops=2 * fl["top"],
                                    dtype=dtype, deps=[top_fwd[r]], category="mlp_bwd")
+    bottom_bwd = {}
+    for h in range(H):
+        for r in groups[h]:
+            # issued before the tower backward so that, as in the flat step, the dense
+            # all-reduce can start while the tower gradients travel
+            bottom_bwd[r] = (w.compute(r, "bottom_mlp_bwd", flops=2 * fl["bottom"], dtype=dtype,
+                                       deps=[top_bwd[r]], category="mlp_bwd")
+                             if fl["bottom"] else top_bwd[r])
+    if fl["params"] > 0 and devices > 1:
+        w.collective("allreduce", list(range(devices)), fl["params"] * 4.0,
+                     name="dense_allreduce", deps=list(bottom_bwd.values()), stream="comm:dp",
+                     category="dense_allreduce")
     grad_x = cross("pooled_cross_bwd", B * out_w * obytes,
                    lambda g: [top_bwd[groups[h][g]] for h in range(H)], transpose=True)
-    bottom_bwd, bwd = {}, {}
+    bwd = {}
     for h in range(H):
         mem = groups[h]
         tmb = {}
@@ -265,7 +277,7 @@ def build_sptt_workload(task: ShardingTask, devices: int, layout: TowerLayout,
                 w.compute(r, "tower_scatter", duration_s=0.0, deps=deps, category="tm_bwd")
         if tm_params[h] and G > 1:
             w.collective("allreduce", mem, tm_params[h] * 4.0, name=f"tm_allreduce_h{h}",
-                         deps=[tmb[r] for r in mem], stream="comm:dp", category="tm_allreduce")
+                         deps=[tmb[r] for r in mem], stream="comm:tm", category="tm_allreduce")
         gi = intra("pooled_intra_bwd", "output_bwd", h, [tmb[r] for r in mem],
                    "pooled_intra_bwd")
         ag = None
@@ -273,17 +285,10 @@ def build_sptt_workload(task: ShardingTask, devices: int, layout: TowerLayout,
             ag = w.collective("allgather", mem, float(sub[h][1][0, F_RW]), name=f"rw_ag_h{h}",
                               deps=[tmb[r] for r in mem], stream="comm", category="rw_comm")
         for i, r in enumerate(mem):
-            bottom_bwd[r] = (w.compute(r, "bottom_mlp_bwd", flops=2 * fl["bottom"], dtype=dtype,
-                                       deps=[top_bwd[r]], category="mlp_bwd")
-                             if fl["bottom"] else top_bwd[r])
             t = lookup_time(h, i, F_BWD)
             deps = [bottom_bwd[r], tmb[r]] + [x for x in (gi, ag) if x is not None]
             bwd[r] = w.compute(r, "lookups_bwd", duration_s=t + 2 * launch if t else 0.0,
                                bytes_moved=t * hbm, deps=deps, category="emb_bwd")
-    if fl["params"] > 0 and devices > 1:
-        w.collective("allreduce", list(range(devices)), fl["params"] * 4.0,
-                     name="dense_allreduce", deps=list(bottom_bwd.values()), stream="comm:dp",
-                     category="dense_allreduce")
     return w, totals
 
 

@@ -24,7 +24,7 @@ from ..sharding.task import Problem, ShardingTask
 from .module import TowerModuleSpec
 
 __all__ = ["Tower", "TowerLayout", "host_groups", "make_layout", "shard_hosts", "HostPlan",
-           "INTRA_HOST_TYPES"]
+           "with_module", "INTRA_HOST_TYPES"]
 
 #: types a table may use inside its host (TorchRec's tower sharder offers table-row-wise and
 #: table-column-wise, rewritten to row-wise and column-wise over the host; table-wise is the
@@ -34,11 +34,13 @@ INTRA_HOST_TYPES = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingT
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Tower:
-    """One tower: table indices (into the model spec), its host, pooled widths in and out."""
+    """One tower: table indices (into the model spec), its host, the tables' embedding dims,
+    pooled widths in (``Σ dims``) and out (after the module)."""
 
     index: int
     tables: tuple[int, ...]
     host: int
+    dims: tuple[int, ...]
     in_width: int
     out_width: int
 
@@ -98,9 +100,10 @@ def make_layout(model: ModelSpec, groups: Sequence[Sequence[int]], tower_hosts: 
         if not 0 <= h < hosts:
             raise SpecError(f"tower {k} on host {h}, outside 0..{hosts - 1}", source="towers",
                             fix="place towers on existing hosts")
-        width = sum(model.tables[t].embedding_dim for t in g)
-        towers.append(Tower(index=k, tables=g, host=int(h), in_width=width,
-                            out_width=module.out_width(width)))
+        dims = tuple(model.tables[t].embedding_dim for t in g)
+        module.check(dims, tower=f"tower {k}")
+        towers.append(Tower(index=k, tables=g, host=int(h), dims=dims, in_width=sum(dims),
+                            out_width=module.out_width(dims)))
     if len(seen) != model.num_tables:
         missing = sorted(set(range(model.num_tables)) - seen)[:5]
         raise SpecError(f"tables {missing} are in no tower", source="towers",
@@ -147,3 +150,11 @@ def shard_hosts(task: ShardingTask, layout: TowerLayout, *, planner: str = "gree
         plan = get_planner(planner).plan(st, g, seed=seed, time_limit_s=time_limit_s)
         out.append(HostPlan(h, idx, plan, st))
     return tuple(out)
+
+
+def with_module(layout: TowerLayout, module: TowerModuleSpec) -> TowerLayout:
+    """The same towers with another module (output widths recomputed)."""
+    for tw in layout.towers:
+        module.check(tw.dims, tower=f"tower {tw.index}")
+    towers = tuple(replace(tw, out_width=module.out_width(tw.dims)) for tw in layout.towers)
+    return replace(layout, towers=towers, module=module)

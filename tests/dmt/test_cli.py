@@ -30,7 +30,9 @@ def test_plan_json_has_dmt_section(tmp_path, capsys):
     assert names == sorted(t["table"] for t in doc["shards"])
     for tw in d["towers"]:
         assert {"tower", "host", "tables", "in_width", "module_width", "cost_s"} <= set(tw)
-        assert tw["module_width"] == -(-tw["in_width"] // 4 // 4) * 4
+        # auto module on one-width tables: mix, ceil(F / 4) vectors of dim 128
+        assert tw["module_width"] == -(-len(tw["tables"]) // 4) * 128
+    assert d["module"]["kind"] == "mix"
     s = d["simulation"]
     assert s["speedup"] == pytest.approx(s["flat_step_s"] / s["dmt_step_s"])
     assert d["partitioner"]["imbalance"] <= 0.05

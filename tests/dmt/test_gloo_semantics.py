@@ -29,29 +29,25 @@ HOST = {0: [(0, 0, 0, 120, 8)], 2: [(0, 0, 0, 150, 16), (1, 150, 0, 150, 16)],
         1: [(3, 0, 0, 64, 12)], 3: [(2, 0, 0, 25, 4), (3, 25, 0, 25, 4)], 4: [(2, 0, 0, 200, 8)]}
 
 
-def _case(**kw):
-    return SemanticCase(tables=TABLES, flat=FLAT, host_layouts=HOST, towers=TOWERS, world=4,
-                        gpus_per_host=2, local_batch=16, seed=3, **kw)
-
-
-def test_identity_towers_give_flat_pooled_embeddings():
-    out = run_semantic_check(_case(), timeout_s=150)
+def test_sptt_route_preserves_pooled_embeddings():
+    """One spawn, three routes per rank: flat; SPTT with identity modules; SPTT with linear
+    modules (ratio 2) against the flat result through the same modules."""
+    case = SemanticCase(tables=TABLES, flat=FLAT, host_layouts=HOST, towers=TOWERS, world=4,
+                        gpus_per_host=2, local_batch=16, seed=3,
+                        modules=(("identity", 1.0), ("linear", 2.0)))
+    out = run_semantic_check(case, timeout_s=150)
+    dims = [d for _, d, _ in TABLES]
+    # towers concatenate in tower order: reorder the flat columns the same way
+    cols = np.concatenate([np.arange(sum(dims[:t]), sum(dims[:t + 1]))
+                           for tabs, _ in TOWERS for t in tabs])
     for r, o in enumerate(out):
-        assert o["flat"].shape == (16, sum(d for _, d, _ in TABLES))
-        assert o["sptt"].shape == o["flat"].shape
-        # towers concatenate in tower order: reorder the flat columns the same way
-        dims = [d for _, d, _ in TABLES]
-        cols = np.concatenate([np.arange(sum(dims[:t]), sum(dims[:t + 1]))
-                               for tabs, _ in TOWERS for t in tabs])
-        np.testing.assert_allclose(o["sptt"], o["flat"][:, cols], rtol=1e-6, atol=1e-6,
-                                   err_msg=f"rank {r}")
-        np.testing.assert_array_equal(o["ref"], o["flat"][:, cols])
+        assert o["flat"].shape == (16, sum(dims))
         assert np.abs(o["flat"]).sum() > 0
-
-
-def test_linear_module_equals_flat_then_module():
-    out = run_semantic_check(_case(module="linear", ratio=2), timeout_s=150)
-    for o in out:
-        assert o["sptt"].shape[1] == sum(4 * -(-(-(-sum(TABLES[t][1] for t in tabs) // 2)) // 4)
-                                         for tabs, _ in TOWERS)
-        np.testing.assert_allclose(o["sptt"], o["ref"], rtol=1e-5, atol=1e-5)
+        ident, lin = o["sptt"]
+        assert ident.shape == o["flat"].shape
+        np.testing.assert_allclose(ident, o["flat"][:, cols], rtol=1e-6, atol=1e-6,
+                                   err_msg=f"rank {r}")
+        np.testing.assert_array_equal(o["ref"][0], o["flat"][:, cols])
+        widths = [4 * -(-(-(-sum(dims[t] for t in tabs) // 2)) // 4) for tabs, _ in TOWERS]
+        assert lin.shape == (16, sum(widths))
+        np.testing.assert_allclose(lin, o["ref"][1], rtol=1e-5, atol=1e-5, err_msg=f"rank {r}")

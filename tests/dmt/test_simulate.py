@@ -72,8 +72,12 @@ def test_top_input_dims_dot_and_identity(task16):
 
 
 def test_module_spec_checks():
-    assert TowerModuleSpec(kind="linear", ratio=16).out_width(64) == 4
-    assert TowerModuleSpec(kind="mlp", ratio=2).param_count(64) == 64 * 32 + 32 + 32 * 32 + 32
+    assert TowerModuleSpec(kind="linear", ratio=16).out_width([64]) == 4
+    assert TowerModuleSpec(kind="mlp", ratio=2).param_count([64]) == 64 * 32 + 32 + 32 * 32 + 32
+    mix = TowerModuleSpec(kind="mix", ratio=4)
+    assert mix.out_width([16] * 9) == 3 * 16 and mix.param_count([16] * 9) == 27
+    with pytest.raises(SpecError):
+        mix.check([16, 32])
     with pytest.raises(SpecError):
         TowerModuleSpec(kind="conv")
     with pytest.raises(SpecError):
