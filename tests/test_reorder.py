@@ -227,7 +227,8 @@ def _plan(tp=2, cp=1, dp=16, pp=2):
                                   "gpu": 0})
     return {"kind": "llm-plan", "format_version": 1, "model": "llama3-8b",
             "parallel": {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "vpp": 1},
-            "micro_batch_size": 1, "microbatches": 8, "seq_len": 8192,
+            "micro_batch_size": 1, "microbatches": 8, "seq_len": 8192, "order": "tp-cp-dp-pp",
+            "global_batch_size": 8 * dp,
             "ranks": sorted(ranks, key=lambda e: e["rank"])}
 
 
@@ -243,11 +244,17 @@ def test_plan_groups_placed_on_cloud64(tmp_path):
     assert r.time_after_s == pytest.approx(plan_comm_time(cm, tr, r.order)["total_s"])
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(_plan()))
+    placed = tmp_path / "placed.json"
     rc, so, se = _cli("reorder", "--topology", "cloud-64", "--collective", str(path),
-                      "--time-limit", "2", "--json")
+                      "--time-limit", "2", "--json", "--plan-out", str(placed))
     assert rc == 0, se
     d = json.loads(so)
     assert d["collective"] == "plan" and d["speedup"] >= 1
     assert d["comm_after"]["total_s"] <= d["comm_before"]["total_s"]
+    p = json.loads(placed.read_text())
+    assert [e["measured_rank"] for e in p["ranks"]] == d["order"]
+    rc, so, se = _cli("export", str(placed), "--to", "hostfile", "--json")
+    assert rc == 0, se
+    assert cm.hostnames[d["order"][0]] in so
     rc, so, se = _cli("reorder", "--topology", "cloud-64", "--collective", "nonsense")
     assert rc == 2 and "--collective" in se

@@ -36,6 +36,9 @@ def add_reorder_command(sub) -> None:
                    help="solve rings exactly (MIP) up to N ranks (default 16)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", metavar="FILE", help="write the result with its rank map as JSON")
+    p.add_argument("--plan-out", metavar="FILE",
+                   help="with a plan: write it with every rank moved to its chosen VM (input "
+                        "for clusterplan export)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_reorder_run)
 
@@ -65,6 +68,9 @@ def _reorder_run(args) -> int:
     size = parse_bytes(args.size, field="--size")
     cm, source = _load_matrix(args)
     extra: dict = {}
+    if args.plan_out and args.collective in _KINDS:
+        raise SpecError("--plan-out needs --collective PLAN.json", field="--plan-out",
+                        fix="pass the plan written by `clusterplan plan MODEL --out plan.json`")
     if args.collective in _KINDS:
         res = reorder(cm, args.collective, size, exact_max_n=args.exact_max,
                       time_limit_s=args.time_limit, seed=args.seed)
@@ -88,6 +94,11 @@ def _reorder_run(args) -> int:
         extra = {"plan": str(path), "comm_before": plan_comm_time(cm, traffic, range(cm.n)),
                  "comm_after": plan_comm_time(cm, traffic, res.order)}
         what = f"plan {path.name} (TP/CP/DP/PP traffic per step)"
+        if args.plan_out:
+            from .groups import placed_plan
+            atomic_write_text(args.plan_out, json.dumps(
+                placed_plan(plan, res.order, cm.hostnames), indent=1) + "\n", field="--plan-out")
+            extra["plan_out"] = args.plan_out
     data = res.to_dict() | {"source": source, "ranks": cm.n, "measured": dict(cm.measured),
                             "rank_map": rank_map(res.order, cm.hostnames)} | extra
     if args.out:
@@ -102,8 +113,9 @@ def _reorder_run(args) -> int:
              "  launch        " + ("torchrun: hosts in this order, --node-rank = position"
                                    if rm["torchrun_ok"] else
                                    "needs a per-rank map (rankfile or RANK remap; see --out)")]
-    if args.out:
-        lines.append(f"  wrote {args.out}")
+    for f in (args.out, args.plan_out):
+        if f:
+            lines.append(f"  wrote {f}")
     from planner.cli import emit
     emit(args, data, "\n".join(lines))
     return 0

@@ -154,3 +154,27 @@ def reorder_plan(cm: CostMatrix, traffic: PlanTraffic, *, exact_max_n: int = 16,
     return ReorderResult("plan", traffic.dp_bytes, tuple(int(x) for x in cands[method]),
                          times["given"], times[method], method, times,
                          time.perf_counter() - t0)
+
+
+def placed_plan(plan: Mapping[str, Any], order, hostnames) -> dict:
+    """The plan with every rank moved to its chosen VM, for ``clusterplan export``.
+
+    Plan rank r goes to measured rank ``order[r]``: its ``host`` becomes that VM's host name
+    numbered by first appearance over ranks 0, 1, … (the launch order), ``gpu`` its index among
+    the ranks on that host, ``device`` ``HOSTNAME/gpuK``; ``measured_rank`` records the VM.
+    """
+    out = dict(plan)
+    host_id: dict[str, int] = {}
+    used: dict[str, int] = {}
+    ranks = []
+    for e in sorted(plan["ranks"], key=lambda e: e["rank"]):
+        vm = int(order[e["rank"]])
+        name = hostnames[vm]
+        h = host_id.setdefault(name, len(host_id))
+        g = used.get(name, 0)
+        used[name] = g + 1
+        ranks.append(dict(e) | {"host": h, "gpu": g, "device": f"{name}/gpu{g}",
+                                "measured_rank": vm})
+    out["ranks"] = ranks
+    out["reordered"] = {"by": "clusterplan reorder", "order": [int(x) for x in order]}
+    return out
