@@ -258,3 +258,18 @@ def test_plan_groups_placed_on_cloud64(tmp_path):
     assert cm.hostnames[d["order"][0]] in so
     rc, so, se = _cli("reorder", "--topology", "cloud-64", "--collective", "nonsense")
     assert rc == 2 and "--collective" in se
+
+
+def test_cloud64_file_is_its_generator_output():
+    from pathlib import Path
+    from simulator.topology.cloud import cloud_topology_yaml
+    shipped = Path(__file__).resolve().parents[1] / "topologies" / "cloud-64.yaml"
+    assert shipped.read_text() == cloud_topology_yaml(cloud_spec_for(64, seed=1), name="cloud-64")
+
+
+def test_cli_probe_nccl_without_gpus_exits_2():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    rc, so, se = _cli("probe", "--backend", "nccl", "--nproc", "2")
+    assert rc == 2 and "--backend" in se and len(se.strip().splitlines()) == 1
