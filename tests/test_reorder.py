@@ -273,3 +273,16 @@ def test_cli_probe_nccl_without_gpus_exits_2():
         pytest.skip("this machine has CUDA")
     rc, so, se = _cli("probe", "--backend", "nccl", "--nproc", "2")
     assert rc == 2 and "--backend" in se and len(se.strip().splitlines()) == 1
+
+
+def test_hierarchical_model_and_reorder():
+    from planner.reorder.model import hierarchical_allreduce_time
+    n, g, m = 8, 4, 64 * MiB
+    cm = _uniform(n)
+    rs = (g - 1) / g * g * 1e-5 + (g - 1) * (m / g) / 1e9          # reduce-scatter in a group
+    G = n // g
+    ar = 2 * ((G - 1) / G * G * 1e-5 + (G - 1) * (m / g / G) / 1e9)  # across groups on M/g
+    assert hierarchical_allreduce_time(cm, range(n), m, group_size=g) == pytest.approx(2 * rs + ar)
+    cloud = placement_cost_matrix(generate_placement(cloud_spec_for(16, seed=5)))
+    r = reorder(cloud, "hierarchical", m, time_limit_s=2, group_size=4)
+    assert sorted(r.order) == list(range(16)) and r.speedup >= 1

@@ -11,7 +11,7 @@ from simulator.units import format_time, parse_bytes
 
 __all__ = ["add_reorder_command", "add_probe_command"]
 
-_KINDS = ("allreduce", "tree", "alltoall")
+_KINDS = ("allreduce", "tree", "alltoall", "hierarchical")
 
 
 def add_reorder_command(sub) -> None:
@@ -26,8 +26,12 @@ def add_reorder_command(sub) -> None:
     p.add_argument("matrix", nargs="?", metavar="MATRIX.json", help="cost matrix file")
     p.add_argument("--topology", metavar="NAME|FILE", help="use a topology's costs instead")
     p.add_argument("--collective", default="allreduce", metavar="KIND|PLAN.json",
-                   help="allreduce (ring), tree, alltoall, or an LLM plan JSON "
-                        "(clusterplan plan MODEL --out plan.json); default allreduce")
+                   help="allreduce (ring), tree, alltoall, hierarchical (two-level all-reduce "
+                        "over groups of --group-size), or an LLM plan JSON (clusterplan plan "
+                        "MODEL --out plan.json); default allreduce")
+    p.add_argument("--group-size", type=int, default=None, metavar="G",
+                   help="hierarchical: ranks per group (default: ranks per host name, when "
+                        "hosts hold several)")
     p.add_argument("--size", default="64MiB", metavar="BYTES",
                    help="message bytes per rank (default 64MiB; plans use their own sizes)")
     p.add_argument("--time-limit", type=float, default=20.0, metavar="S",
@@ -54,6 +58,22 @@ def _load_matrix(args):
     return cost_matrix_for(args.topology), args.topology
 
 
+def _group_size(args, cm) -> int:
+    from collections import Counter
+    g = args.group_size
+    if g is None:
+        per = set(Counter(cm.hostnames).values())
+        if len(per) != 1 or per == {1}:
+            raise SpecError("hierarchical needs a group size: host names do not give equal "
+                            "groups of several ranks", field="--group-size",
+                            fix="pass --group-size G (a divisor of the rank count)")
+        g = per.pop()
+    if not 1 <= g <= cm.n or cm.n % g:
+        raise SpecError(f"--group-size {g} does not divide {cm.n} ranks", field="--group-size",
+                        fix=f"pass a divisor of {cm.n}")
+    return g
+
+
 def _reorder_run(args) -> int:
     from simulator.fileio import atomic_write_text
 
@@ -72,9 +92,12 @@ def _reorder_run(args) -> int:
         raise SpecError("--plan-out needs --collective PLAN.json", field="--plan-out",
                         fix="pass the plan written by `clusterplan plan MODEL --out plan.json`")
     if args.collective in _KINDS:
+        g = _group_size(args, cm) if args.collective == "hierarchical" else None
         res = reorder(cm, args.collective, size, exact_max_n=args.exact_max,
-                      time_limit_s=args.time_limit, seed=args.seed)
-        what = f"{args.collective} of {size:,} bytes"
+                      time_limit_s=args.time_limit, seed=args.seed, group_size=g)
+        what = f"{args.collective} of {size:,} bytes" + (f" (groups of {g})" if g else "")
+        if g:
+            extra = {"group_size": g}
     else:
         from .groups import plan_comm_time, plan_traffic, reorder_plan
         path = Path(args.collective)

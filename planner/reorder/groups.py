@@ -33,7 +33,7 @@ import numpy as np
 from simulator.costmatrix import CostMatrix
 from simulator.errors import SpecError
 
-from .model import ring_edge_cost, stream_rates
+from .model import concurrent_rings_time, ring_edge_cost, stream_rates
 from .search import ReorderResult, swap_search
 from .tsp_exact import mip_ring
 from .tsp_local import heuristic_ring
@@ -97,19 +97,6 @@ def plan_traffic(plan: Any, *, source: str = "plan") -> PlanTraffic:
         pp_bytes=act, pp_calls=2 * micro)
 
 
-def _rings_time(cm: CostMatrix, groups: np.ndarray, nbytes: float, *, passes: int = 2) -> float:
-    """All rings of ``groups`` (rows of VMs) running at once; the slowest ring's time.
-    ``passes``: 2 for an all-reduce, 1 for an all-gather."""
-    g, p = groups.shape
-    if p < 2:
-        return 0.0
-    src = groups.ravel()
-    dst = np.roll(groups, -1, axis=1).ravel()
-    lat = cm.latency_s[src, dst].reshape(g, p).sum(axis=1)
-    rate = stream_rates(cm, src, dst).reshape(g, p).min(axis=1)
-    return float((passes * (p - 1) / p * lat + passes * (p - 1) * (nbytes / p) / rate).max())
-
-
 def _pp_time(cm: CostMatrix, groups: np.ndarray, nbytes: float) -> float:
     g, p = groups.shape
     if p < 2:
@@ -124,10 +111,10 @@ def plan_comm_time(cm: CostMatrix, traffic: PlanTraffic, order) -> dict[str, flo
     ``order[r]``."""
     o = np.asarray(order, dtype=np.int64)
     g = traffic.groups
-    tp = traffic.tp_calls * _rings_time(cm, o[g["tp"]], traffic.tp_bytes)
-    cp = traffic.cp_calls * _rings_time(cm, o[g["cp"]], traffic.cp_bytes * g["cp"].shape[1],
-                                        passes=1)
-    dp = _rings_time(cm, o[g["dp"]], traffic.dp_bytes)
+    tp = traffic.tp_calls * concurrent_rings_time(cm, o[g["tp"]], traffic.tp_bytes)
+    cp = traffic.cp_calls * concurrent_rings_time(
+        cm, o[g["cp"]], traffic.cp_bytes * g["cp"].shape[1], passes=1)
+    dp = concurrent_rings_time(cm, o[g["dp"]], traffic.dp_bytes)
     pp = traffic.pp_calls * _pp_time(cm, o[g["pp"]], traffic.pp_bytes)
     return {"tp_s": tp, "cp_s": cp, "dp_s": dp, "pp_s": pp, "total_s": tp + cp + dp + pp}
 

@@ -23,6 +23,14 @@ Models (M = message bytes per rank, n = ranks):
       T = 2 · max over leaves of Σ α along the path to the root  +  2 · M / min_edge r_e
 
   with all tree edges of one direction active together (a parent receives from two children).
+* **hierarchical all-reduce** (groups = consecutive blocks of ``g`` ranks in the order):
+  reduce-scatter inside every group (rings of g, M/g bytes per step), all-reduce across groups
+  (g rings, one per position in the group, on M/g bytes each), all-gather inside every group;
+  all rings of a phase run at once and the slowest sets the phase's time::
+
+      T = 2 · max_groups RS_g(M) + max_columns AR_G(M/g)
+
+  with RS_p(B) = ((p − 1)/p) Σ α + (p − 1)(B/p)/r_min and AR_p(B) = 2 · RS_p(B).
 * **all-to-all** (pairwise exchange, n − 1 steps; in step s rank k sends M/n bytes to k + s)::
 
       T = Σ_s max_k (α(π_k, π_k+s) + (M/n) / r_{k,s})
@@ -35,10 +43,11 @@ import numpy as np
 from simulator.costmatrix import CostMatrix
 
 __all__ = ["stream_rates", "ring_allreduce_time", "ring_allreduce_time_sync",
-           "tree_allreduce_time", "alltoall_time", "collective_time", "COLLECTIVES",
+           "tree_allreduce_time", "alltoall_time", "hierarchical_allreduce_time",
+           "concurrent_rings_time", "collective_time", "COLLECTIVES",
            "ring_edge_cost"]
 
-COLLECTIVES = ("allreduce", "tree", "alltoall")
+COLLECTIVES = ("allreduce", "tree", "alltoall", "hierarchical")
 
 
 def stream_rates(cm: CostMatrix, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
@@ -117,12 +126,44 @@ def alltoall_time(cm: CostMatrix, order, nbytes: float) -> float:
     return total
 
 
+def concurrent_rings_time(cm: CostMatrix, rings: np.ndarray, nbytes: float, *,
+                          passes: int = 2) -> float:
+    """Rings (rows of matrix ranks) running at once, ``nbytes`` each: the slowest ring's time.
+
+    ``passes`` 2 is an all-reduce, 1 a reduce-scatter or an all-gather.
+    """
+    g, p = rings.shape
+    if p < 2:
+        return 0.0
+    src = rings.ravel()
+    dst = np.roll(rings, -1, axis=1).ravel()
+    lat = cm.latency_s[src, dst].reshape(g, p).sum(axis=1)
+    rate = stream_rates(cm, src, dst).reshape(g, p).min(axis=1)
+    return float((passes * (p - 1) / p * lat + passes * (p - 1) * (nbytes / p) / rate).max())
+
+
+def hierarchical_allreduce_time(cm: CostMatrix, order, nbytes: float, *,
+                                group_size: int) -> float:
+    """Two-level all-reduce over blocks of ``group_size`` consecutive ranks, seconds."""
+    o = np.asarray(order, dtype=np.int64)
+    g = int(group_size)
+    if g < 1 or len(o) % g:
+        raise ValueError(f"{len(o)} ranks do not split into groups of {g}")
+    groups = o.reshape(-1, g)
+    intra = concurrent_rings_time(cm, groups, nbytes, passes=1)
+    inter = concurrent_rings_time(cm, groups.T.copy(), nbytes / g, passes=2)
+    return 2 * intra + inter
+
+
 _TIME = {"allreduce": ring_allreduce_time, "tree": tree_allreduce_time,
          "alltoall": alltoall_time}
 
 
-def collective_time(cm: CostMatrix, kind: str, order, nbytes: float) -> float:
+def collective_time(cm: CostMatrix, kind: str, order, nbytes: float, *,
+                    group_size: int | None = None) -> float:
     """Model time of collective ``kind`` (one of :data:`COLLECTIVES`) in ``order``."""
+    if kind == "hierarchical":
+        return hierarchical_allreduce_time(cm, order, nbytes, group_size=group_size or 1)
     return _TIME[kind](cm, order, nbytes)
 
 

@@ -86,18 +86,27 @@ def swap_search(cost: Callable[[np.ndarray], float], init: np.ndarray, *, time_l
 
 
 def reorder(cm: CostMatrix, collective: str, nbytes: float, *, exact_max_n: int = 16,
-            time_limit_s: float = 20.0, seed: int = 0) -> ReorderResult:
-    """Best order found for ``collective`` (allreduce, tree or alltoall) of ``nbytes`` per rank."""
+            time_limit_s: float = 20.0, seed: int = 0,
+            group_size: int | None = None) -> ReorderResult:
+    """Best order found for ``collective`` (allreduce, tree, alltoall or hierarchical, the
+    latter with ``group_size``) of ``nbytes`` per rank.
+
+    For ``hierarchical`` the order also assigns VMs to groups (consecutive blocks): the ring
+    candidates pack VMs that are close on the ring into the same group, and pair swaps refine.
+    """
     t0 = time.perf_counter()
     ident = np.arange(cm.n)
     cands = {"given": ident} | best_ring(cm, nbytes, exact_max_n=exact_max_n,
                                          time_limit_s=time_limit_s, seed=seed)
-    times = {k: collective_time(cm, collective, o, nbytes) for k, o in cands.items()}
+
+    def cost(o) -> float:
+        return collective_time(cm, collective, o, nbytes, group_size=group_size)
+
+    times = {k: cost(o) for k, o in cands.items()}
     if collective != "allreduce":
         start = min(times, key=times.get)
         left = max(0.2, time_limit_s - (time.perf_counter() - t0)) / 4
-        o, v = swap_search(lambda p: collective_time(cm, collective, p, nbytes), cands[start],
-                           time_limit_s=left, seed=seed)
+        o, v = swap_search(cost, cands[start], time_limit_s=left, seed=seed)
         cands["swaps"], times["swaps"] = o, v
     method = min(times, key=times.get)
     return ReorderResult(collective, float(nbytes), tuple(int(x) for x in cands[method]),
