@@ -12,7 +12,9 @@ to:
   type for towers; one column block is the same layout).
 
 The output is plain JSON data (per table: type, ranks, shards with offsets, sizes and
-placement ``rank:R/cuda:L``; the towers' table names in order), not TorchRec objects;
+placement ``rank:R/cuda:L``; the towers' table names in order and their hosts), not TorchRec
+objects. TorchRec's ``ShardedEmbeddingTowerCollection`` returns the towers' outputs by host
+(physical tower), then by tower within the host, not in the collection's order;
 :func:`to_parameter_shardings` builds the ``ParameterSharding`` objects when TorchRec is
 installed.
 """
@@ -57,6 +59,7 @@ def tower_sharding_plan(model, layout: TowerLayout, host_plans: Sequence[HostPla
             "sharder": "torchrec.distributed.embedding_tower_sharding."
                        "EmbeddingTowerCollectionSharder",
             "towers": [[model.tables[t].name for t in tw.tables] for tw in layout.towers],
+            "tower_hosts": [tw.host for tw in layout.towers],
             "tables": tables}
 
 

@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["SemanticCase", "run_semantic_check", "flat_and_sptt"]
+__all__ = ["SemanticCase", "run_semantic_check", "flat_and_sptt", "spawn_gloo"]
 
 
 @dataclass(frozen=True)
@@ -293,19 +293,19 @@ def _worker(rank: int, case: SemanticCase, port: int, outdir: str, timeout_s: fl
         raise
 
 
-def run_semantic_check(case: SemanticCase, *, timeout_s: float = 120.0) -> list[dict]:
-    """Spawn ``case.world`` gloo processes; per rank ``{flat: array, sptt: [array per module],
-    ref: [array per module]}``.
+def spawn_gloo(target, world: int, payload, *, timeout_s: float) -> list[dict]:
+    """Run ``target(rank, payload, port, outdir, init_timeout_s)`` in ``world`` spawned
+    processes; each writes ``outdir/rank{r}.npz`` (or ``.err``). Returns the arrays per rank.
 
     Raises ``RuntimeError`` naming the failed ranks, or ``TimeoutError`` after ``timeout_s``
-    (the processes are terminated first).
+    (the processes still running are terminated, then killed, by their own handles).
     """
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_worker, args=(r, case, port, tmp, timeout_s / 2),
-                             daemon=True) for r in range(case.world)]
+        procs = [ctx.Process(target=target, args=(r, payload, port, tmp, timeout_s / 2),
+                             daemon=True) for r in range(world)]
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout_s
@@ -321,15 +321,22 @@ def run_semantic_check(case: SemanticCase, *, timeout_s: float = 120.0) -> list[
         if alive:
             raise TimeoutError(f"ranks {alive} still running after {timeout_s:.0f} s")
         errs = {r: (Path(tmp) / f"rank{r}.err").read_text()
-                for r in range(case.world) if (Path(tmp) / f"rank{r}.err").exists()}
+                for r in range(world) if (Path(tmp) / f"rank{r}.err").exists()}
         bad = [r for r, p in enumerate(procs) if p.exitcode != 0]
         if errs or bad:
             codes = {r: procs[r].exitcode for r in bad}
             raise RuntimeError(f"ranks {sorted(set(bad) | set(errs))} failed: {errs or codes}")
         out = []
-        for r in range(case.world):
-            z = np.load(Path(tmp) / f"rank{r}.npz")
-            out.append({"flat": z["flat"],
-                        "sptt": [z[f"sptt{i}"] for i in range(len(case.modules))],
-                        "ref": [z[f"ref{i}"] for i in range(len(case.modules))]})
+        for r in range(world):
+            with np.load(Path(tmp) / f"rank{r}.npz") as z:
+                out.append({k: z[k] for k in z.files})
     return out
+
+
+def run_semantic_check(case: SemanticCase, *, timeout_s: float = 120.0) -> list[dict]:
+    """Spawn ``case.world`` gloo processes; per rank ``{flat: array, sptt: [array per module],
+    ref: [array per module]}`` (see :func:`spawn_gloo` for failures and timeouts)."""
+    raw = spawn_gloo(_worker, case.world, case, timeout_s=timeout_s)
+    n = len(case.modules)
+    return [{"flat": z["flat"], "sptt": [z[f"sptt{i}"] for i in range(n)],
+             "ref": [z[f"ref{i}"] for i in range(n)]} for z in raw]
