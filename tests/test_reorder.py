@@ -206,14 +206,20 @@ def test_tournament_covers_every_pair_once():
 
 def test_cli_probe_two_gloo_processes_writes_a_valid_matrix(tmp_path):
     from simulator.costmatrix import load_cost_matrix
+    emu = tmp_path / "emu.json"     # an emulated 20 ms link on top of this machine
+    emu.write_text(CostMatrix(np.array([[0, 0.02], [0.02, 0]]), np.array([[0, 1e9], [1e9, 0]]),
+                              ("a", "b")).to_json())
     out = tmp_path / "m.json"
     rc, so, se = _cli("probe", "--backend", "gloo", "--nproc", "2", "--repeats", "3",
-                      "--large", "1MiB", "--timeout", "90", "--out", str(out), timeout=150)
+                      "--large", "1MiB", "--timeout", "90", "--emulate", str(emu),
+                      "--out", str(out), timeout=150)
     assert rc == 0, se
     cm = load_cost_matrix(out)
-    assert cm.n == 2 and cm.latency_s[0, 1] > 0 and cm.bandwidth_Bps[0, 1] > 0
+    assert cm.n == 2 and cm.bandwidth_Bps[0, 1] > 0 and cm.bandwidth_Bps[1, 0] > 0
+    assert 0.02 <= cm.latency_s[0, 1] < 0.1
     d = json.loads(out.read_text())
-    assert d["measured"]["backend"] == "gloo" and len(d["hostnames"]) == 2
+    assert d["measured"]["backend"] == "gloo" and d["measured"]["emulated"]
+    assert len(d["hostnames"]) == 2
 
 
 def _plan(tp=2, cp=1, dp=16, pp=2):
