@@ -19,7 +19,7 @@ from simulator.costmatrix import CostMatrix
 
 from .bottleneck import bottleneck_ring
 from .model import collective_time, ring_edge_cost
-from .tsp_exact import mip_ring
+from .tsp_exact import mip_ring, ring_cost
 from .tsp_local import heuristic_ring
 
 __all__ = ["ReorderResult", "reorder", "best_ring", "swap_search"]
@@ -55,8 +55,13 @@ def best_ring(cm: CostMatrix, nbytes: float, *, exact_max_n: int = 16,
     n = cm.n
     c = ring_edge_cost(cm, nbytes)
     if n <= exact_max_n:
-        tsp = np.asarray(mip_ring(c, time_limit_s=time_limit_s).order, dtype=np.int64)
+        ex = mip_ring(c, time_limit_s=time_limit_s)
+        tsp = np.asarray(ex.order, dtype=np.int64)
         name = "tsp-mip"
+        if not ex.optimal:          # time ran out: keep the better of it and the heuristic
+            h = heuristic_ring(c, seed=seed, time_limit_s=time_limit_s, init=tsp)
+            if ring_cost(c, h) < ex.cost:
+                tsp, name = h, "tsp-2opt"
     else:
         tsp = heuristic_ring(c, seed=seed, time_limit_s=time_limit_s)
         name = "tsp-2opt"
