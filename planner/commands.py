@@ -381,9 +381,13 @@ def _calibrate(sub) -> None:
                                     "see simulator/compute_fit.py), or with --measure-cpu time "
                                     "numpy kernels on this machine.")
     c.add_argument("--gpu", help="catalog GPU kind the measurements were taken on")
-    c.add_argument("--measurements", metavar="CSV", help="measured kernel timings")
+    c.add_argument("--measurements", metavar="CSV", nargs="+",
+                   help="measured kernel timings (one or more CSVs, concatenated)")
     c.add_argument("--source", default="measured kernel timings",
                    help="how the measurements were taken (recorded in the file)")
+    c.add_argument("--drop-cache-resident", action="store_true",
+                   help="drop memory rows faster than the HBM peak (served by L2) instead of "
+                        "refusing the file")
     c.add_argument("--measure-cpu", action="store_true", help="measure this CPU instead")
     c.add_argument("--out", required=True, metavar="FILE", help="efficiency YAML to write")
     c.add_argument("--json", action="store_true")
@@ -451,8 +455,11 @@ def _calibrate_compute(args) -> int:
         if not args.gpu:
             raise SpecError("--measurements needs --gpu", field="--gpu",
                             fix="name the catalog kind, e.g. --gpu h100-sxm")
-        prof = profile_from_measurements(args.gpu, read_measurements(args.measurements),
-                                         source=args.source)
+        import pandas as pd
+        frames = [read_measurements(path) for path in args.measurements]
+        prof = profile_from_measurements(args.gpu, pd.concat(frames, ignore_index=True),
+                                         source=args.source,
+                                         drop_cache_resident=args.drop_cache_resident)
     text = yaml.safe_dump(prof, sort_keys=False)
     _atomic_write(args.out, text)
     check = load_compute_profile(prof["gpu"], args.out)      # the file loads as written

@@ -36,7 +36,10 @@ from .units import parse_time
 __all__ = ["EfficiencyCurve", "ComputeProfile", "op_time", "op_times", "achieved_flops",
            "load_compute_profile", "generic_profile", "profile_path", "monotone_time_points"]
 
-_PROFILE_KEYS = {"gpu", "source", "launch_overhead", "matmul", "memory", "notes", "measured"}
+_PROFILE_KEYS = {"gpu", "source", "launch_overhead", "matmul", "memory", "notes", "measured",
+                 "attention", "attention_backward"}
+#: op kinds with their own efficiency curves (falling back to ``matmul`` where a file has none)
+OP_KINDS = ("matmul", "attention", "attention_backward")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,6 +187,11 @@ class ComputeProfile:
         Fixed cost of every non-empty op, seconds.
     source : str
         Where the curves come from (publication or measurement).
+    attention, attention_backward : Mapping[str, EfficiencyCurve]
+        Per dtype: efficiency of a fused (flash) attention kernel, forward and backward, vs the
+        FLOPs it is charged (see :mod:`planner.llm.kernels`). A flash kernel is not a GEMM: on
+        an H100, PyTorch's flash backend reaches about 30% of the bf16 peak where large GEMMs
+        reach 70% (``traces/measured/h100-sxm``). Empty: attention uses the matmul curve.
     """
 
     gpu: GPUSpec
@@ -191,6 +199,8 @@ class ComputeProfile:
     memory: EfficiencyCurve
     launch_overhead_s: float
     source: str
+    attention: Mapping[str, EfficiencyCurve] = field(default_factory=dict)
+    attention_backward: Mapping[str, EfficiencyCurve] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.launch_overhead_s) or self.launch_overhead_s < 0:
@@ -203,6 +213,14 @@ class ComputeProfile:
                                 f"has no peak for it (has: {', '.join(self.gpu.peak_flops)})",
                                 field=f"matmul.{dtype}",
                                 fix="remove the curve or add the peak to the GPU entry")
+
+    def curve(self, kind: str, dtype: str) -> EfficiencyCurve:
+        """The efficiency curve of an op ``kind`` (:data:`OP_KINDS`) in ``dtype``: its own
+        curve where the file has one, else the matmul curve."""
+        own = {"attention": self.attention, "attention_backward": self.attention_backward}
+        if kind in own and dtype in own[kind]:
+            return own[kind][dtype]
+        return self.matmul_curve(dtype)
 
     def matmul_curve(self, dtype: str) -> EfficiencyCurve:
         """The matmul efficiency curve of ``dtype``; SpecError naming the ones available."""
@@ -217,7 +235,7 @@ class ComputeProfile:
 
 
 def op_time(profile: ComputeProfile, *, flops: float, bytes_moved: float,
-            dtype: str = "bf16") -> float:
+            dtype: str = "bf16", kind: str = "matmul") -> float:
     """Seconds one op takes: launch overhead + max(compute time, memory time).
 
     Parameters
@@ -230,6 +248,9 @@ def op_time(profile: ComputeProfile, *, flops: float, bytes_moved: float,
         Bytes the op reads plus writes in device memory, bytes.
     dtype:
         Data type of the compute (key of ``profile.matmul``); ignored when ``flops`` is 0.
+    kind:
+        Which efficiency curve the FLOPs follow: ``matmul`` (GEMMs and anything else),
+        ``attention`` or ``attention_backward`` (fused flash kernels, where measured).
 
     Returns
     -------
@@ -244,7 +265,7 @@ def op_time(profile: ComputeProfile, *, flops: float, bytes_moved: float,
         return 0.0
     t_compute = 0.0
     if flops > 0:
-        t_compute = flops / (profile.gpu.peak(dtype) * profile.matmul_curve(dtype)(flops))
+        t_compute = flops / (profile.gpu.peak(dtype) * profile.curve(kind, dtype)(flops))
     t_memory = 0.0
     if bytes_moved > 0:
         t_memory = bytes_moved / (profile.gpu.hbm_bandwidth_Bps * profile.memory(bytes_moved))
@@ -386,8 +407,20 @@ def _read(spec: GPUSpec, path: Path, label: str) -> ComputeProfile:
     matmul = {str(dt): EfficiencyCurve.from_points(pts, source=label, field=f"matmul.{dt}")
               for dt, pts in matmul_doc.items()}
     memory = EfficiencyCurve.from_points(doc["memory"], source=label, field="memory")
+    extra = {}
+    for key in ("attention", "attention_backward"):
+        sub = doc.get(key)
+        if sub is None:
+            continue
+        if not isinstance(sub, dict):
+            raise SpecError(f"expected a mapping dtype → [[flops, efficiency], ...], got "
+                            f"{sub!r}", source=label, field=key,
+                            fix=f"write e.g. {key}: {{bf16: [[1e9, 0.2], [1e11, 0.35]]}}")
+        extra[key] = {str(dt): EfficiencyCurve.from_points(pts, source=label,
+                                                           field=f"{key}.{dt}")
+                      for dt, pts in sub.items()}
     try:
         return ComputeProfile(gpu=spec, matmul=matmul, memory=memory, launch_overhead_s=launch,
-                              source=f"{label}: {doc['source'].strip()}")
+                              source=f"{label}: {doc['source'].strip()}", **extra)
     except SpecError as exc:
         raise exc.at(source=label) from None

@@ -4,7 +4,10 @@ Input: a table of measurements, one row per timed op, with columns
 
 ========  =====================================================================
 kind      ``matmul`` (compute-bound: a GEMM), ``memory`` (bandwidth-bound: a copy or
-          elementwise op) or ``launch`` (an empty kernel: the fixed per-op cost)
+          elementwise op), ``launch`` (an empty kernel: the fixed per-op cost), or
+          ``attention`` / ``attention_backward`` (a fused flash-attention kernel, charged the
+          FLOPs :mod:`planner.llm.kernels` counts: forward ``2·b·s²·h`` causal, backward
+          2.5 × that)
 dtype     precision of a matmul (bf16, fp16, fp8, tf32, fp32 ...); ignored otherwise
 flops     FLOPs of the op (matmul rows)
 bytes     bytes the op moves to and from memory (memory rows)
@@ -53,14 +56,16 @@ def read_measurements(path: str | Path) -> pd.DataFrame:
     for c in _COLUMNS:
         if c not in df.columns:
             df[c] = np.nan
-    bad = ~df.kind.isin(["matmul", "memory", "launch"])
+    bad = ~df.kind.isin(["matmul", "memory", "launch", "attention", "attention_backward"])
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise SpecError(f"row {i + 2}: unknown kind {df.kind.iloc[i]!r}", source=str(path),
-                        field="kind", fix="use matmul, memory or launch")
+                        field="kind",
+                        fix="use matmul, memory, launch, attention or attention_backward")
     for c in ("flops", "bytes", "seconds"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
-    need = {"matmul": "flops", "memory": "bytes"}
+    need = {"matmul": "flops", "memory": "bytes", "attention": "flops",
+            "attention_backward": "flops"}
     for i, row in df.iterrows():
         if not row.seconds > 0:
             raise SpecError(f"row {i + 2}: seconds must be positive, got {row.seconds!r}",
@@ -74,12 +79,27 @@ def read_measurements(path: str | Path) -> pd.DataFrame:
 
 
 def profile_from_measurements(gpu: str | GPUSpec, df: pd.DataFrame, *, source: str,
-                              launch_overhead_s: float | None = None) -> dict:
-    """Build an efficiency-file mapping from measurements (see the module docstring)."""
+                              launch_overhead_s: float | None = None,
+                              drop_cache_resident: bool = False) -> dict:
+    """Build an efficiency-file mapping from measurements (see the module docstring).
+
+    ``drop_cache_resident``: memory rows that moved bytes faster than the HBM peak were served
+    by the on-chip cache (an op replayed on the same few-MB buffers stays in L2); they say
+    nothing about HBM and are dropped, and the count is recorded in the source, instead of
+    refusing the file.
+    """
     spec = gpu if isinstance(gpu, GPUSpec) else gpu_spec(gpu)
     if launch_overhead_s is None:
         launch = df[df.kind == "launch"].seconds
         launch_overhead_s = float(launch.median()) if len(launch) else 0.0
+    if drop_cache_resident:
+        fast = (df.kind == "memory") & (
+            df.bytes / (spec.hbm_bandwidth_Bps * (df.seconds - launch_overhead_s)) > 1.0)
+        if fast.any():
+            lo, hi = df.bytes[fast].min(), df.bytes[fast].max()
+            source += (f"; {int(fast.sum())} memory rows faster than HBM ({lo:.3g}-{hi:.3g} "
+                       "bytes moved: L2-resident) dropped")
+            df = df[~fast]
     matmul = {}
     for dtype, g in df[df.kind == "matmul"].groupby("dtype"):
         peak = spec.peak(dtype)
@@ -91,11 +111,17 @@ def profile_from_measurements(gpu: str | GPUSpec, df: pd.DataFrame, *, source: s
                         fix="time at least a few GEMM sizes and a few copy sizes")
     memory = _curve(mem.bytes.to_numpy(), mem.seconds.to_numpy(), spec.hbm_bandwidth_Bps,
                     launch_overhead_s, "memory")
+    extra = {}
+    for kind in ("attention", "attention_backward"):
+        for dtype, g in df[df.kind == kind].groupby("dtype"):
+            extra.setdefault(kind, {})[dtype] = _curve(
+                g.flops.to_numpy(), g.seconds.to_numpy(), spec.peak(dtype), launch_overhead_s,
+                f"{kind} {dtype}")
     return {"gpu": spec.name,
             "source": f"{source} (fitted by simulator/compute_fit.py on "
                       f"{datetime.date.today().isoformat()}, {len(df)} measurements)",
             "launch_overhead": float(launch_overhead_s),
-            "matmul": matmul, "memory": memory,
+            "matmul": matmul, "memory": memory, **extra,
             "notes": "efficiency = work / (catalog peak × (measured median − launch overhead))"}
 
 

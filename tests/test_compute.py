@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -74,7 +75,12 @@ def test_big_gemm_is_compute_bound(h100):
     t = op_time(h100, flops=flops, bytes_moved=nbytes)
     ideal = flops / (h100.gpu.peak("bf16") * h100.matmul["bf16"](flops))
     assert t == pytest.approx(ideal, rel=0.01)
-    assert 0.75 <= h100.matmul["bf16"](flops) <= 0.85
+    # the shipped H100 file is measured: the model reproduces the timed 8192³ bf16 GEMM
+    import pandas as pd
+    rows = pd.read_csv(Path(__file__).parents[1] / "traces/measured/h100-sxm/kernels_graph.csv")
+    row = rows[(rows["shape"] == "8192x8192x8192") & (rows["dtype"] == "bf16")].iloc[0]
+    assert t == pytest.approx(row.seconds, rel=0.10)
+    assert 0.6 <= h100.matmul["bf16"](flops) <= 0.8        # cuBLAS on H100: ~70% of dense peak
     assert achieved_flops(h100, flops, nbytes) == pytest.approx(flops / t)
 
 
@@ -84,7 +90,7 @@ def test_elementwise_op_is_memory_bound(h100):
     t = op_time(h100, flops=flops, bytes_moved=nbytes)
     memory = nbytes / (h100.gpu.hbm_bandwidth_Bps * h100.memory(nbytes))
     assert t == pytest.approx(h100.launch_overhead_s + memory)
-    assert 0.85 <= h100.memory(nbytes) <= 0.9
+    assert 0.8 <= h100.memory(nbytes) <= 0.95
 
 
 def test_empty_op_costs_nothing_and_tiny_op_costs_a_launch(h100):
@@ -136,7 +142,7 @@ def test_every_catalog_gpu_has_a_profile(name):
     assert set(p.matmul) <= set(p.gpu.peak_flops)
     if name != "cpu":
         assert set(p.matmul) == set(p.gpu.peak_flops)
-        assert 4e-6 <= p.launch_overhead_s <= 5e-6
+        assert 5e-7 <= p.launch_overhead_s <= 1e-5   # GPU-side per-kernel cost (measured ~1 µs)
 
 
 def test_cpu_profile_is_measured():

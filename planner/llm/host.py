@@ -80,8 +80,14 @@ def load_host_overhead(name: str = DEFAULT) -> HostOverhead:
                         fix="regenerate it with `clusterplan calibrate host --out FILE`") from None
 
 
-def measure_host_overhead(*, layers: int = 24, repeats: int = 40, warmup: int = 10) -> dict:
-    """Run the microbenchmark; returns the YAML document (seconds) with its spread."""
+def measure_host_overhead(*, layers: int = 24, repeats: int = 40, warmup: int = 10,
+                          device: str = "cpu") -> dict:
+    """Run the microbenchmark; returns the YAML document (seconds) with its spread.
+
+    ``device="cuda"`` runs the same tiny block on a GPU: each run ends with a synchronise, and
+    with tiny kernels the wall time is the host's dispatch and launch, as a real GPU trainer
+    pays it (the CPU run is the stand-in where no GPU is at hand).
+    """
     try:
         import torch
     except ImportError:
@@ -94,6 +100,7 @@ def measure_host_overhead(*, layers: int = 24, repeats: int = 40, warmup: int = 
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    dev = torch.device(device)
 
     class Block(nn.Module):
         def __init__(self, h: int, heads: int):
@@ -108,16 +115,16 @@ def measure_host_overhead(*, layers: int = 24, repeats: int = 40, warmup: int = 
             a, d = self.heads, h // self.heads
             q, k, v = self.qkv(self.ln1(x)).view(s, b, a, 3 * d).split(d, dim=-1)
             q, k, v = (t.reshape(s, b * a, d).transpose(0, 1) for t in (q, k, v))
-            scores = torch.baddbmm(torch.empty(b * a, s, s), q, k.transpose(1, 2),
-                                   beta=0.0, alpha=d ** -0.5)
-            mask = torch.ones(s, s, dtype=torch.bool).triu(1)
+            scores = torch.baddbmm(torch.empty(b * a, s, s, device=x.device), q,
+                                   k.transpose(1, 2), beta=0.0, alpha=d ** -0.5)
+            mask = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
             probs = F.dropout(torch.softmax(scores.masked_fill(mask, -1e4), -1), 0.1, True)
             ctx = torch.bmm(probs, v).transpose(0, 1).reshape(s, b, h)
             x = x + F.dropout(self.out(ctx), 0.1, True)
             return x + F.dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))), 0.1, True)
 
-    blocks = nn.ModuleList(Block(64, 4) for _ in range(layers))
-    x0 = torch.randn(8, 1, 64, requires_grad=True)
+    blocks = nn.ModuleList(Block(64, 4) for _ in range(layers)).to(dev)
+    x0 = torch.randn(8, 1, 64, requires_grad=True, device=dev)
 
     def run(mode: str) -> None:
         x = x0
@@ -125,6 +132,8 @@ def measure_host_overhead(*, layers: int = 24, repeats: int = 40, warmup: int = 
             x = checkpoint(blk, x, use_reentrant=False) if mode == "recompute" else blk(x)
         if mode != "forward":
             x.sum().backward()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
 
     modes = ("forward", "plain", "recompute")
     for _ in range(warmup):
@@ -162,13 +171,15 @@ def measure_host_overhead(*, layers: int = 24, repeats: int = 40, warmup: int = 
             run(mode)
         counts[mode] = c.ops / layers
     return {
-        "method": ("Megatron-style GPT block (h=64, 4 heads, s=8, b=1), eager PyTorch on the CPU, "
-                   "1 thread; per-block median of repeated forward, forward+backward and "
+        "method": ("Megatron-style GPT block (h=64, 4 heads, s=8, b=1), eager PyTorch on "
+                   + ("the CPU, 1 thread" if dev.type == "cpu" else
+                      f"{torch.cuda.get_device_name(dev)} (synchronised per run)")
+                   + "; per-block median of repeated forward, forward+backward and "
                    "full-recompute forward+backward; tiny tensors, so the time is dispatch and "
                    "launch, not arithmetic"),
         "command": "clusterplan calibrate host",
         "torch": str(torch.__version__), "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": platform.processor() or platform.machine(), "device": str(dev),
         "date": time.strftime("%Y-%m-%d"),
         "per_block_s": {"forward": fwd, "backward": max(0.0, plain - fwd),
                         "recompute_extra": max(0.0, rec - plain)},

@@ -36,6 +36,7 @@ class Kernel:
     bytes: float      # bytes moved to and from HBM (all launches together)
     dtype: str
     count: int = 1    # equal launches the work is split into (one GEMM per local expert)
+    kind: str = "matmul"  # efficiency curve of the FLOPs: "attention" for a fused flash kernel
 
 
 def _act_dtype(precision: str) -> str:
@@ -71,7 +72,7 @@ def block_kernels(m: ModelSpec, *, b: int, tp: int, cp: int, precision: str,
     if attention == "flash":
         # flash attention, causal: half of the 4·T·s·h/tp full-score FLOPs
         attn = [Kernel("attention", 2 * T * m.seq_len * h / tp,
-                       e * (T * (h + 2 * kv) / tp + T * h / tp), act)]
+                       e * (T * (h + 2 * kv) / tp + T * h / tp), act, kind="attention")]
     else:
         scores = b * (m.num_heads / tp) * s_loc * m.seq_len      # elements of the s×s scores
         attn = [Kernel("attention", 2 * T * m.seq_len * h / tp,
@@ -142,6 +143,8 @@ def kernels_time(profile: ComputeProfile, kernels: list[Kernel], *, backward: bo
     total = 0.0
     for k in kernels:
         mult = (2.5 if k.name == "attention" else 2.0) if backward else 1.0
+        kind = k.kind + "_backward" if backward and k.kind == "attention" else k.kind
         total += k.count * op_time(profile, flops=mult * k.flops / k.count,
-                                   bytes_moved=mult * k.bytes / k.count, dtype=k.dtype)
+                                   bytes_moved=mult * k.bytes / k.count, dtype=k.dtype,
+                                   kind=kind)
     return total
