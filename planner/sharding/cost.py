@@ -54,8 +54,10 @@ gloo process per "device") the constants above are not priors but measurements:
 HBM × efficiency), ``lookup_overhead_bytes``, ``repeat_hit_ratio``, ``backward_multiplier``,
 ``shard_overhead_s``, the per-call ``kernel_launch_s`` and the cost of a half-precision element
 in byte-equivalents (``element_bytes``: a CPU converts fp16 rows, so they do not cost half of
-fp32), and its collectives from the gloo fits for the plan's world size (all-to-all ``alpha + max(sent, received) / Bps``, the others
-``alpha + bytes / Bps``) instead of the simulator. ``CostConfig(device_profile=None)`` turns this
+fp32), and its collectives from the gloo fits for the plan's world size instead of the
+simulator: the all-to-all ``alpha + max(sent, received) / Bps`` of the busiest rank, the same for
+every rank (:class:`SyncCommModel`: processes sharing a few cores finish together; measured
+per-rank times do not follow per-rank volumes), the others ``alpha + bytes / Bps``. ``CostConfig(device_profile=None)`` turns this
 off; GPU topologies never use it.
 
 The per-rank cost a planner minimises (its maximum) is the sum of lookups forward and backward,
@@ -264,6 +266,18 @@ def calibrate_comm(topo: Topology, n: int, *, ref: str | None = None) -> CommMod
                             f"ranks 0..{n - 1}")
 
 
+@dataclass(frozen=True)
+class SyncCommModel(CommModel):
+    """A :class:`CommModel` whose all-to-all is one synchronising exchange: every rank takes the
+    slowest rank's ``alpha + max(sent, received) / Bps``. The gloo fits of the CPU profile use it:
+    with the processes sharing a few cores, per-rank all-to-all times do not follow per-rank
+    volumes (measured within-plan correlation ≈ 0), all finish with the slowest."""
+
+    def a2a_times(self, owned_bytes: np.ndarray) -> np.ndarray:
+        t = CommModel.a2a_times(self, owned_bytes)
+        return np.broadcast_to(t.max(axis=-1, keepdims=True), t.shape).copy()
+
+
 #: the committed CPU profile (``clusterplan calibrate embedding --out`` rewrites it)
 CPU_PROFILE_PATH = (Path(__file__).resolve().parents[2] / "traces" / "calibration"
                     / "cpu-embedding.yaml")
@@ -342,7 +356,7 @@ class CpuProfile:
         if "allgather" in fits:
             fits["host_allgather"] = fits["allgather"]
         note = "" if w == n else f" (world {n} uses the world-{w} fit)"
-        return CommModel(n=n, node_of=np.zeros(n, dtype=int), node_size=np.full(n, float(n)),
+        return SyncCommModel(n=n, node_of=np.zeros(n, dtype=int), node_size=np.full(n, float(n)),
                          a2a_alpha_s=float(e["a2a_alpha_s"]), intra_Bps=float(e["a2a_Bps"]),
                          inter_Bps=math.inf, fits=fits,
                          source=f"gloo fits from {self.source}{note}")
