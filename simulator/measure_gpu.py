@@ -259,12 +259,19 @@ def attention_rows(b: int, heads: int, s: int, d: int, dtype: str, *, forward_s:
     return [r for r in rows if r["seconds"] > 0]
 
 
+#: SDPA backend the attention, block and step parts use (``--attention-backend``)
+ATTENTION_BACKEND = "flash"
+
+
 def _flash_ctx():
     torch = _torch()
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         if torch.cuda.is_available():
-            return lambda: sdpa_kernel([SDPBackend.FLASH_ATTENTION])
+            backend = {"flash": SDPBackend.FLASH_ATTENTION,
+                       "cudnn": SDPBackend.CUDNN_ATTENTION,
+                       "efficient": SDPBackend.EFFICIENT_ATTENTION}[ATTENTION_BACKEND]
+            return lambda: sdpa_kernel([backend])
     except ImportError:
         pass
     import contextlib
@@ -460,7 +467,8 @@ def _meta(dev, args) -> dict:
                                  *sys.argv[1:]]),
             "torch": torch.__version__, "python": platform.python_version(),
             "host": platform.node(), "cpu": platform.processor() or platform.machine(),
-            "device": str(dev), "samples": args.samples, "quick": args.quick}
+            "device": str(dev), "samples": args.samples, "quick": args.quick,
+            "attention_backend": args.attention_backend}
     if dev.type == "cuda":
         p = torch.cuda.get_device_properties(dev)
         meta |= {"gpu": p.name, "multiprocessors": p.multi_processor_count,
@@ -492,9 +500,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run, any device)")
     ap.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     ap.add_argument("--samples", type=int, default=7, help="samples per measurement (median)")
+    ap.add_argument("--attention-backend", default="flash",
+                    choices=("flash", "cudnn", "efficient"),
+                    help="PyTorch SDPA backend for attention, blocks and steps (default flash)")
     ap.add_argument("--only", default="kernels,kernels_graph,attention,blocks,steps,host,embedding",
                     help="comma-separated parts to run")
     args = ap.parse_args(argv)
+    global ATTENTION_BACKEND
+    ATTENTION_BACKEND = args.attention_backend
     torch = _torch()
     dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     args.out.mkdir(parents=True, exist_ok=True)
