@@ -31,6 +31,7 @@ main commands (each has --help):
   clusterplan validate llama3-8b --parallel tp=2,pp=2,dp=1    run a plan for real (gloo)
   clusterplan calibrate nccl --topology dgx-a100 --table 8=a100_allreduce_8gpu_lut.txt
   clusterplan calibrate compute --gpu h100-sxm --measurements kernels.csv --out h100.yaml
+  clusterplan sweep grid.yaml --out results.csv --plot results.png [--ray local]
 """
 
 
@@ -42,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands.register(sub)
     from .validate.cli import register as register_validate
     register_validate(sub)
+    from .sweep.cli import register as register_sweep
+    register_sweep(sub)
     return p
 
 

@@ -1,0 +1,231 @@
+"""Run a sweep's points in a local process pool or on a Ray cluster; resumable; one table.
+
+Each point runs ``planner.cli.main(argv)`` in a worker and keeps its JSON output. Finished
+points are appended to a checkpoint file (JSON lines, ``<out>.partial.jsonl``) as they arrive,
+so an interrupted sweep started again with the same file and output runs only what is missing.
+The table has one row per point in grid order, whatever order the workers finished in, so the
+pool and Ray give the same table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import pandas as pd
+
+from simulator.errors import SpecError
+
+from .grid import Point, SweepSpec, points
+
+__all__ = ["run_point", "run_sweep", "result_table"]
+
+
+def run_point(argv: tuple[str, ...]) -> dict[str, Any]:
+    """Run one ``clusterplan`` command; ``{"ok": bool, "result"|"error": ...}``.
+
+    A point whose command fails (bad value, exit 2) is a row with its error, not a crash of the
+    sweep: one impossible configuration in a grid is normal.
+    """
+    from planner.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:                 # argparse rejects an argument
+            code = exc.code if isinstance(exc.code, int) else 2
+    if code != 0:
+        msg = (err.getvalue().strip().splitlines() or [f"exit code {code}"])[-1]
+        return {"ok": False, "error": msg, "exit_code": code}
+    try:
+        return {"ok": True, "result": json.loads(out.getvalue())}
+    except json.JSONDecodeError:
+        return {"ok": False, "error": "the command printed no JSON", "exit_code": code}
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+    elif isinstance(d, (int, float, str, bool)) or d is None:
+        out[prefix[:-1]] = d
+    return out
+
+
+def _row(point: Point, outcome: dict, keep: tuple[str, ...] | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"point": point.index, **point.params, "ok": outcome["ok"],
+                           "error": outcome.get("error", "")}
+    if outcome["ok"]:
+        res = outcome["result"]
+        if keep:
+            flat = _flatten(res)
+            for k in keep:
+                row[k] = flat.get(k)
+        else:
+            for k, v in res.items():
+                # wall-clock fields differ run to run; the table is about the simulated system
+                if isinstance(v, (int, float, str, bool)) and "wall" not in k:
+                    row[k] = v
+    return row
+
+
+def result_table(spec: SweepSpec, outcomes: dict[str, dict]) -> pd.DataFrame:
+    """The table of a sweep from its outcomes by point key, in grid order."""
+    rows = [_row(p, outcomes[p.key], spec.keep) for p in points(spec) if p.key in outcomes]
+    return pd.DataFrame(rows)
+
+
+def _read_checkpoint(path: Path) -> dict[str, dict]:
+    done: dict[str, dict] = {}
+    if not path.exists():
+        return done
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+            done[rec["key"]] = rec["outcome"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue                       # a line cut by the interruption: rerun that point
+    return done
+
+
+def run_sweep(spec: SweepSpec, *, workers: int | None = None, ray_address: str | None = None,
+              checkpoint: Path | None = None,
+              progress: Callable[[Iterable, int], Iterable] | None = None
+              ) -> tuple[pd.DataFrame, dict]:
+    """Run every point not yet in ``checkpoint``; returns (table, stats).
+
+    ``workers``: processes of the local pool (default: the CPUs); ``ray_address``: run on Ray
+    instead (``"local"`` starts a local Ray instance, anything else is ``ray.init(address=)``).
+    ``stats`` counts points run now, resumed from the checkpoint, and failed.
+    """
+    pts = points(spec)
+    done = _read_checkpoint(checkpoint) if checkpoint else {}
+    todo = [p for p in pts if p.key not in done]
+    workers = workers or os.cpu_count() or 1
+    fh = checkpoint.open("a") if checkpoint else None
+    progress = progress or (lambda it, total: it)
+    try:
+        stream = (_run_ray(todo, ray_address, workers) if ray_address
+                  else _run_pool(todo, workers))
+        for key, outcome in progress(stream, len(todo)):
+            done[key] = outcome
+            if fh:
+                fh.write(json.dumps({"key": key, "outcome": outcome}) + "\n")
+                fh.flush()
+    finally:
+        if fh:
+            fh.close()
+    table = result_table(spec, done)
+    stats = {"points": len(pts), "run": len(todo), "resumed": len(pts) - len(todo),
+             "failed": int((~table.ok).sum()) if len(table) else 0}
+    return table, stats
+
+
+def _run_pool(todo: list[Point], workers: int):
+    if workers == 1 or len(todo) <= 1:
+        for p in todo:
+            yield p.key, run_point(p.argv)
+        return
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    with ProcessPoolExecutor(max_workers=workers) as ex:
+        futs = {ex.submit(run_point, p.argv): p for p in todo}
+        for fut in as_completed(futs):
+            yield futs[fut].key, fut.result()
+
+
+def _run_ray(todo: list[Point], address: str, workers: int):
+    try:
+        import ray
+    except ImportError:
+        raise SpecError("Ray is not installed", field="--ray",
+                        fix="pip install 'ray>=2.9' (or run without --ray: a local pool)") from None
+    started = False
+    if not ray.is_initialized():
+        kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                              "configure_logging": False}
+        if address == "local":
+            kw |= {"num_cpus": workers, "object_store_memory": 100 * 2**20}
+        else:
+            kw["address"] = address
+        try:
+            ray.init(**kw)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            raise SpecError(f"cannot reach the Ray cluster at {address!r}: {exc}", field="--ray",
+                            fix="give the head's address (ray://host:10001 or host:6379), "
+                                "or --ray local") from None
+        started = True
+    try:
+        task = ray.remote(run_point)
+        refs = {task.remote(p.argv): p for p in todo}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for r in ready:
+                yield refs[r].key, ray.get(r)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def write_table(table: pd.DataFrame, path: Path) -> None:
+    """CSV or parquet by suffix, written atomically (no half-written table)."""
+    tmp = path.with_name(path.name + ".tmp")
+    if path.suffix == ".parquet":
+        try:
+            table.to_parquet(tmp, index=False)
+        except ImportError:
+            raise SpecError("writing parquet needs pyarrow", field="--out",
+                            fix="pip install pyarrow, or write .csv") from None
+    elif path.suffix == ".csv":
+        table.to_csv(tmp, index=False)
+    else:
+        raise SpecError(f"unknown table format {path.suffix!r}", field="--out",
+                        fix="end the file name in .csv or .parquet")
+    os.replace(tmp, path)
+
+
+def plot_table(table: pd.DataFrame, plot: dict, path: Path) -> None:
+    """One line per ``hue`` value of ``y`` against ``x`` (PNG/SVG/PDF by suffix)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    x, y, hue = plot["x"], plot["y"], plot.get("hue")
+    for col in (x, y, hue):
+        if col and col not in table.columns:
+            raise SpecError(f"plot column {col!r} is not in the table "
+                            f"({', '.join(map(str, table.columns))})", field="plot",
+                            fix="name a grid option (without dashes) or a kept result key")
+    ok = table[table.ok]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    groups = ok.groupby(hue) if hue else [(None, ok)]
+    for val, g in groups:
+        g = g.sort_values(x)
+        ax.plot(g[x], g[y], marker="o", label=f"{hue}={val}" if hue else None)
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    if plot.get("logx"):
+        ax.set_xscale("log")
+    if plot.get("logy"):
+        ax.set_yscale("log")
+    if plot.get("title"):
+        ax.set_title(plot["title"])
+    if hue:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def tqdm_progress(it: Iterable, total: int) -> Iterable:
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return it
+    return tqdm(it, total=total, desc="sweep", unit="point", file=sys.stderr,
+                disable=None)
