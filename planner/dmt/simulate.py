@@ -37,7 +37,7 @@ True
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -52,7 +52,7 @@ from ..sharding.task import Problem, ShardingTask, prepare
 from .towers import HostPlan, TowerLayout, host_groups
 
 __all__ = ["DmtStep", "Comparison", "build_sptt_workload", "simulate_sptt", "compare_flat_dmt",
-           "top_input_dims", "cross_host_bytes"]
+           "top_input_dims", "cross_host_bytes", "simulate_flat", "with_a2a_algo"]
 
 CATEGORIES = ("a2a_cross", "a2a_intra", "emb_fwd", "emb_bwd", "tm_fwd", "tm_bwd", "mlp_fwd",
               "mlp_bwd", "rw_comm", "tm_allreduce", "dense_allreduce")
@@ -292,20 +292,51 @@ def build_sptt_workload(task: ShardingTask, devices: int, layout: TowerLayout,
     return w, totals
 
 
+def with_a2a_algo(w: Workload, algo: str) -> Workload:
+    """The workload with every all-to-all run by ``algo`` (``direct``: all pairs at once, one
+    latency per collective, the default; ``pairwise``: ``p − 1`` rounds, one latency each, so
+    an exchange over ``p`` ranks pays ``(p − 1)·α`` — the per-peer cost of the volume model)."""
+    if algo in ("auto", "direct"):
+        return w
+    ops = [replace(op, algo=algo) if op.kind == "collective" and op.collective == "alltoall"
+           else op for op in w.ops]
+    return Workload(ops=ops, name=w.name)
+
+
+def _breakdown(res: SimResult, categories) -> dict:
+    per = res.per_device()
+    out = {}
+    for cat in categories:
+        sel = per[per.category == cat]
+        out[cat] = float(sel.groupby("rank").duration_s.sum().max()) if len(sel) else 0.0
+    return out
+
+
 def simulate_sptt(task: ShardingTask, devices: int, layout: TowerLayout,
-                  host_plans: Sequence[HostPlan], *, mode: str = "explicit") -> DmtStep:
+                  host_plans: Sequence[HostPlan], *, mode: str = "explicit",
+                  a2a_algo: str = "direct") -> DmtStep:
     """Simulate the SPTT step (see the module docstring)."""
     w, totals = build_sptt_workload(task, devices, layout, host_plans)
     problem = prepare(task, devices)
-    res = simulate(problem.topology, w, mode=mode)
-    per = res.per_device()
-    breakdown = {}
-    for cat in CATEGORIES:
-        sel = per[per.category == cat]
-        breakdown[cat] = float(sel.groupby("rank").duration_s.sum().max()) if len(sel) else 0.0
+    res = simulate(problem.topology, with_a2a_algo(w, a2a_algo), mode=mode)
     totals["cross_host"] = (totals["ids_cross"] + totals["pooled_cross_fwd"]
                             + totals["pooled_cross_bwd"])
-    return DmtStep(step_time_s=res.step_time_s, breakdown_s=breakdown, bytes=totals, result=res)
+    return DmtStep(step_time_s=res.step_time_s, breakdown_s=_breakdown(res, CATEGORIES),
+                   bytes=totals, result=res)
+
+
+def simulate_flat(problem: Problem, shardings, *, mode: str = "explicit",
+                  a2a_algo: str = "direct") -> StepSimulation:
+    """The flat step (:func:`planner.sharding.simulate.simulate_step`) with a choice of
+    all-to-all algorithm (:func:`with_a2a_algo`)."""
+    if a2a_algo in ("auto", "direct"):
+        return simulate_step(problem, shardings, mode=mode)
+    from ..sharding.simulate import CATEGORIES as FLAT_CATEGORIES, build_step_workload
+    w, mats = build_step_workload(problem, shardings)
+    res = simulate(problem.topology, with_a2a_algo(w, a2a_algo), mode=mode)
+    return StepSimulation(step_time_s=res.step_time_s,
+                          breakdown_s=_breakdown(res, FLAT_CATEGORIES),
+                          a2a_bytes={k: float(v.sum()) for k, v in mats.items()}, result=res)
 
 
 def compare_flat_dmt(task: ShardingTask, devices: int, *, towers: int | str = "auto",

@@ -20,6 +20,10 @@ mixed into F/c). The simulator runs ``explicit`` up to
    bytes flat → DMT (c = 4), tower-cost imbalance and affinity kept of the partition.
 2. Partitioner comparison on the 64-GPU H100 row (8 towers): random, cost-balanced (LPT) and
    affinity: imbalance, affinity kept and the simulated DMT step (c = 4) of each.
+3. Latency sensitivity (``--pairwise-sizes``): the simulator's all-to-all sends all pairs at once
+   and pays one latency per collective; run instead as ``p − 1`` pairwise rounds it pays
+   ``(p − 1)·α``, the per-peer term of the volume model (papers.md §3.3). Both steps of a row
+   use the same algorithm; the truth for NCCL lies between the two.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from planner.dmt.module import TowerModuleSpec  # noqa: E402
 from planner.dmt.partition import partition_layout  # noqa: E402
-from planner.dmt.simulate import cross_host_bytes, simulate_sptt  # noqa: E402
+from planner.dmt.simulate import cross_host_bytes, simulate_flat, simulate_sptt  # noqa: E402
 from planner.dmt.towers import shard_hosts, with_module  # noqa: E402
 from planner.sharding.generate import synthesize_tables  # noqa: E402
 from planner.sharding.planners import get_planner  # noqa: E402
@@ -108,12 +112,33 @@ def partitioner_rows(topo: str, n: int, seed: int = 0) -> list[dict]:
     return out
 
 
+def pairwise_row(topo: str, n: int, seed: int = 0) -> dict:
+    ref = f"{topo}:nodes={max(1, n // 8)}"
+    task = ShardingTask(model=bench_model(n), topology=ref)
+    mode = "explicit" if n <= 64 else "symmetric"
+    problem = prepare(task, n)
+    flat_plan = get_planner("greedy").plan(task, n, seed=seed)
+    part = partition_layout(task, n, seed=seed)
+    hps = shard_hosts(task, part.layout, seed=seed)
+    row = {"topology": ref, "gpus": n}
+    for algo in ("direct", "pairwise"):
+        flat = simulate_flat(problem, flat_plan.shardings, mode=mode, a2a_algo=algo)
+        row[f"{algo}_flat_s"] = flat.step_time_s
+        for key in ("sptt", "c4"):
+            st = simulate_sptt(task, n, with_module(part.layout, MODULES[key]), hps, mode=mode,
+                               a2a_algo=algo)
+            row[f"{algo}_{key}_speedup"] = flat.step_time_s / st.step_time_s
+    return row
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="8,16,32,64,128,256,512")
     ap.add_argument("--topologies", default="selene-a100,h100-ib")
     ap.add_argument("--small-topologies", default="dgx-a100,dgx-h100",
                     help="run only for sizes ≤ 64")
+    ap.add_argument("--pairwise-sizes", default="16,64,256",
+                    help="sizes of the latency-sensitivity table ('' to skip)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="write all rows as JSON here")
     args = ap.parse_args(argv)
@@ -141,9 +166,12 @@ def main(argv=None) -> int:
     if imb:
         print(f"partitioner imbalance (max/mean - 1) over {len(imb)} multi-tower rows: max "
               f"{max(imb):.4f}, mean {sum(imb) / len(imb):.4f} (target ≤ 0.05)")
-    best = max(rows, key=lambda r: r["c4_speedup"])
-    print(f"best c=4 speedup {best['c4_speedup']:.2f}× ({best['topology']}, {best['gpus']} GPUs); "
-          f"SPTT alone up to {max(r['sptt_speedup'] for r in rows):.2f}×; paper: up to 1.9×")
+    best = max(rows, key=lambda r: r["c4_speedup"]) if rows else None
+    if best:
+        print(f"best c=4 speedup {best['c4_speedup']:.2f}× ({best['topology']}, {best['gpus']} "
+              "GPUs); "
+              f"SPTT alone up to {max(r['sptt_speedup'] for r in rows):.2f}×; paper: up to "
+              "1.9×")
     prow = []
     if "h100-ib" in args.topologies.split(",") and 64 in sizes:
         print("\npartitioners on h100-ib, 64 GPUs (8 towers), module c=4:")
@@ -152,8 +180,26 @@ def main(argv=None) -> int:
         for p in prow:
             print(f"{p['method']:<10} {p['imbalance']:>9.3f} {p['affinity_kept']:>13.3f} "
                   f"{1e3 * p['dmt_step_s']:>8.2f} {p['speedup']:>5.2f}")
+    pw = []
+    psizes = [int(x) for x in args.pairwise_sizes.split(",") if x]
+    if psizes:
+        print("\nlatency sensitivity: all-to-alls as one direct exchange (1 latency) vs pairwise "
+              "rounds ((p-1) latencies):")
+        print(f"{'topology':<22} {'GPUs':>5} {'flat ms':>8} {'SPTT ×':>7} {'c=4 ×':>6}   "
+              f"{'flat ms':>8} {'SPTT ×':>7} {'c=4 ×':>6}")
+        print(f"{'':<28} {'---------- direct ----------':>23}   "
+              f"{'--------- pairwise ---------':>23}")
+        for topo in args.topologies.split(","):
+            for n in psizes:
+                r = pairwise_row(topo, n, seed=args.seed)
+                pw.append(r)
+                print(f"{r['topology']:<22} {n:>5} {1e3 * r['direct_flat_s']:>8.2f} "
+                      f"{r['direct_sptt_speedup']:>7.2f} {r['direct_c4_speedup']:>6.2f}   "
+                      f"{1e3 * r['pairwise_flat_s']:>8.2f} {r['pairwise_sptt_speedup']:>7.2f} "
+                      f"{r['pairwise_c4_speedup']:>6.2f}", flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps({"rows": rows, "partitioners": prow}, indent=1))
+        Path(args.out).write_text(json.dumps({"rows": rows, "partitioners": prow,
+                                              "latency_sensitivity": pw}, indent=1))
         print(f"wrote {args.out}")
     return 0
 

@@ -23,3 +23,9 @@ def dmt_task(n_tables: int = 32, *, seed: int = 0, dim: int = 32, topology: str 
 @pytest.fixture
 def task16():
     return dmt_task()
+
+
+@pytest.fixture
+def make_task():
+    """The factory :func:`dmt_task` (seeded synthetic tables, small rows)."""
+    return dmt_task

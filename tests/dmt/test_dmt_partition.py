@@ -9,11 +9,10 @@ from planner.dmt.partition import (affinity_kept, affinity_matrix, assign_hosts,
                                    partition_layout, resolve_towers, synthetic_coaccess)
 from simulator.errors import SpecError
 
-from conftest import dmt_task
 
 
-def test_seeded_partition_balanced_within_5_percent():
-    task = dmt_task(64, seed=3, topology="h100-ib:nodes=4")
+def test_seeded_partition_balanced_within_5_percent(make_task):
+    task = make_task(64, seed=3, topology="h100-ib:nodes=4")
     res = partition_layout(task, 32, towers=4, method="affinity", seed=0)
     assert res.imbalance <= 0.05
     assert len(res.layout.towers) == 4
@@ -21,8 +20,8 @@ def test_seeded_partition_balanced_within_5_percent():
     assert sorted(tw.host for tw in res.layout.towers) == [0, 1, 2, 3]
 
 
-def test_affinity_beats_baselines_on_affinity_kept():
-    task = dmt_task(64, seed=3, topology="h100-ib:nodes=4")
+def test_affinity_beats_baselines_on_affinity_kept(make_task):
+    task = make_task(64, seed=3, topology="h100-ib:nodes=4")
     act = synthetic_coaccess(task.model, seed=0)
     got = {m: partition_layout(task, 32, towers=4, method=m, coaccess=act, seed=0)
            for m in ("affinity", "balanced", "random")}
@@ -31,15 +30,15 @@ def test_affinity_beats_baselines_on_affinity_kept():
     assert got["balanced"].imbalance <= got["random"].imbalance
 
 
-def test_partition_is_deterministic():
-    task = dmt_task(48, seed=5, topology="h100-ib:nodes=4")
+def test_partition_is_deterministic(make_task):
+    task = make_task(48, seed=5, topology="h100-ib:nodes=4")
     a = partition_layout(task, 32, towers=4, seed=7)
     b = partition_layout(task, 32, towers=4, seed=7)
     assert np.array_equal(a.labels, b.labels)
 
 
-def test_coaccess_groups_show_in_affinity():
-    task = dmt_task(16, seed=1)
+def test_coaccess_groups_show_in_affinity(make_task):
+    task = make_task(16, seed=1)
     act = synthetic_coaccess(task.model, samples=4000, groups=2, seed=0)
     assert act.shape == (4000, 16)
     a = affinity_matrix(act)

@@ -14,7 +14,6 @@ from planner.dmt.simulate import build_sptt_workload, compare_flat_dmt, top_inpu
 from planner.dmt.towers import make_layout, shard_hosts
 from simulator.errors import SpecError
 
-from conftest import dmt_task
 
 
 def test_identity_towers_move_the_same_cross_host_bytes(task16):
@@ -54,8 +53,8 @@ def test_workload_structure_two_hosts(task16):
     assert len(lookups) == 16
 
 
-def test_one_host_has_no_cross_host_exchange():
-    task = dmt_task(16, topology="dgx-h100:nodes=1")
+def test_one_host_has_no_cross_host_exchange(make_task):
+    task = make_task(16, topology="dgx-h100:nodes=1")
     cmp = compare_flat_dmt(task, 8, module=TowerModuleSpec())
     assert cmp.dmt.bytes["cross_host"] == 0
     assert cmp.layout.hosts == 1 and len(cmp.layout.towers) == 1
