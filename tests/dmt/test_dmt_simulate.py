@@ -90,3 +90,30 @@ def test_layout_rejects_overlap_and_missing(task16):
                     module=TowerModuleSpec())
     with pytest.raises(SpecError):
         make_layout(m, [[0], [1]], [0, 1], hosts=2, gpus_per_host=8, module=TowerModuleSpec())
+
+
+@pytest.mark.parametrize("name", ["planner.dmt.module", "planner.dmt.simulate"])
+def test_doctests(name):
+    import doctest
+    import importlib
+    res = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert res.failed == 0 and res.attempted > 0
+
+
+def test_pairwise_all_to_all_charges_per_peer_latency(task16):
+    from planner.dmt.simulate import simulate_flat, simulate_sptt, with_a2a_algo
+    from planner.sharding.planners import get_planner
+    from planner.sharding.task import prepare
+    part = partition_layout(task16, 16, towers=2)
+    hps = shard_hosts(task16, part.layout)
+    w, _ = build_sptt_workload(task16, 16, part.layout, hps)
+    pw = with_a2a_algo(w, "pairwise")
+    assert {op.algo for op in pw.ops if op.collective == "alltoall"} == {"pairwise"}
+    assert with_a2a_algo(w, "direct") is w
+    direct = simulate_sptt(task16, 16, part.layout, hps)
+    pair = simulate_sptt(task16, 16, part.layout, hps, a2a_algo="pairwise")
+    assert pair.step_time_s > direct.step_time_s
+    problem = prepare(task16, 16)
+    plan = get_planner("greedy").plan(task16, 16)
+    assert simulate_flat(problem, plan.shardings, a2a_algo="pairwise").step_time_s > \
+        simulate_flat(problem, plan.shardings).step_time_s
