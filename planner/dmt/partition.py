@@ -215,7 +215,10 @@ def _mip(s: np.ndarray, w: np.ndarray, mem: np.ndarray, cap: float, mem_cap: flo
     if status not in ("Optimal", "Not Solved") or any(v.varValue is None for v in x.values()):
         return None, status.lower()
     lab = np.array([max(range(T), key=lambda t: x[f, t].varValue or 0.0) for f in range(F)])
-    return lab, status.lower()
+    # PuLP reports a CBC run stopped by its time limit with an incumbent as "Optimal"; the
+    # solution status tells them apart
+    proved = getattr(prob, "sol_status", 1) == pulp.LpSolutionOptimal
+    return lab, "optimal" if proved else "time limit, incumbent"
 
 
 def resolve_towers(towers: int | str, num_features: int, hosts: int) -> int:
