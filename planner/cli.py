@@ -19,17 +19,20 @@ from . import commands
 EXAMPLES = """\
 main commands (each has --help):
   clusterplan topology show selene-a100:nodes=64      GPUs, nodes, tiers, bisection bandwidth
-  clusterplan topology list                            built-in topologies
   clusterplan gpus                                     the GPU catalog with sources
   clusterplan collective allreduce --size 1GiB --ranks 64 --topology h100-ib
-  clusterplan simulate dp-step --topology dgx-a100:nodes=2 --trace step.json
   clusterplan simulate gpt3-175b --topology selene-a100 --gpus 512 --parallel tp=8,pp=8,dp=8
-  clusterplan plan criteo-dlrm --devices 8 --planner mip --json
-  clusterplan plan llama3-70b --topology h100-ib --gpus 1024 --out plan.json
-  clusterplan export plan.json --to megatron
-  clusterplan fidelity --set korthikanti
+  clusterplan simulate dp-step --topology h100-ib --straggler 3=1.1 --diagnose   what-if faults
+  clusterplan plan llama3-70b --topology two-buildings-h100 --out plan.json   LLM layout search
+  clusterplan plan criteo-dlrm --devices 8 --planner mip --out dlrm.json    embedding sharding
+  clusterplan plan criteo-dlrm --devices 16 --topology h100-ib:nodes=2 --dmt   DMT towers
+  clusterplan measure criteo-dlrm dlrm.json            run a sharding plan for real (CPU)
+  clusterplan export plan.json --to megatron|torchtitan|deepspeed|torchrec|hostfile
   clusterplan validate llama3-8b --parallel tp=2,pp=2,dp=1    run a plan for real (gloo)
-  clusterplan calibrate nccl --topology dgx-a100 --table 8=a100_allreduce_8gpu_lut.txt
+  clusterplan reorder --topology cloud-64 --collective allreduce   rank order for the network
+  clusterplan probe --backend gloo --nproc 4 --out matrix.json     measure the network
+  clusterplan diagnose rank*.json                      name stragglers in profiler traces
+  clusterplan fidelity --set korthikanti               error against published runs
   clusterplan calibrate compute --gpu h100-sxm --measurements kernels.csv --out h100.yaml
   clusterplan sweep grid.yaml --out results.csv --plot results.png [--ray local]
 """
