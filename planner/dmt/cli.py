@@ -3,7 +3,8 @@
 ::
 
     clusterplan plan TABLES --devices N [--topology NAME] --dmt [--towers auto|K]
-        [--tower-module auto|identity|mix|linear|mlp] [--tm-ratio C] [--partitioner affinity|balanced|random]
+        [--tower-module auto|identity|mix|linear|mlp] [--tm-ratio C]
+        [--partitioner affinity|balanced|random]
         [--balance EPS] [--coaccess FILE]
 
 The plan made by ``--planner`` is the flat baseline. With ``--dmt`` the features are also

@@ -24,7 +24,6 @@ leftover processes are terminated by their own handles.
 from __future__ import annotations
 
 import datetime
-import os
 import socket
 import tempfile
 import time

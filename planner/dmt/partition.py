@@ -126,7 +126,7 @@ def affinity_kept(a: np.ndarray, labels: Sequence[int]) -> float:
     return float((a * same).sum() / tot) if tot > 0 else 0.0
 
 
-def _lpt(w: np.ndarray, T: int, order_key=None) -> np.ndarray:
+def _lpt(w: np.ndarray, T: int) -> np.ndarray:
     lab = np.empty(len(w), dtype=int)
     load = np.zeros(T)
     for f in sorted(range(len(w)), key=lambda i: (-w[i], i)):

@@ -45,7 +45,7 @@ import numpy as np
 from simulator.engine import SimResult, simulate
 from simulator.workload import Workload
 
-from ..sharding.cost import F_BWD, F_FWD, F_IDS, F_RW
+from ..sharding.cost import F_BWD, F_FWD, F_RW
 from ..sharding.simulate import StepSimulation, simulate_step
 from ..sharding.spec import ModelSpec
 from ..sharding.task import Problem, ShardingTask, prepare
@@ -295,7 +295,8 @@ def build_sptt_workload(task: ShardingTask, devices: int, layout: TowerLayout,
 def with_a2a_algo(w: Workload, algo: str) -> Workload:
     """The workload with every all-to-all run by ``algo`` (``direct``: all pairs at once, one
     latency per collective, the default; ``pairwise``: ``p − 1`` rounds, one latency each, so
-    an exchange over ``p`` ranks pays ``(p − 1)·α`` — the per-peer cost of the volume model)."""
+    an exchange over ``p`` ranks pays ``(p − 1)·α``, the per-peer cost of the volume model).
+    """
     if algo in ("auto", "direct"):
         return w
     ops = [replace(op, algo=algo) if op.kind == "collective" and op.collective == "alltoall"
@@ -353,7 +354,7 @@ def compare_flat_dmt(task: ShardingTask, devices: int, *, towers: int | str = "a
     from .partition import partition_layout
     from .towers import shard_hosts
     problem = prepare(task, devices)
-    groups = host_groups(problem)
+    host_groups(problem)                      # uneven hosts: a SpecError before any planning
     if mode is None:
         mode = "symmetric" if devices > 64 else "explicit"
     if flat_plan is None:
@@ -368,6 +369,5 @@ def compare_flat_dmt(task: ShardingTask, devices: int, *, towers: int | str = "a
                                   seed=seed, coaccess=coaccess).layout
     hps = shard_hosts(task, layout, planner=planner, seed=seed)
     dmt = simulate_sptt(task, devices, layout, hps, mode=mode)
-    del groups
     return Comparison(flat=flat, dmt=dmt, layout=layout, host_plans=hps, flat_plan=flat_plan,
                       flat_cross_host_bytes=cross_host_bytes(problem, mats))

@@ -7,8 +7,9 @@ from dataclasses import replace
 import pytest
 
 
-def dmt_task(n_tables: int = 32, *, seed: int = 0, dim: int = 32, topology: str = "dgx-h100:nodes=2",
-             batch: int = 8192, dense: bool = True, sigma: float = 1.0):
+def dmt_task(n_tables: int = 32, *, seed: int = 0, dim: int = 32,
+             topology: str = "dgx-h100:nodes=2", batch: int = 8192, dense: bool = True,
+             sigma: float = 1.0):
     from planner.sharding.generate import synthesize_tables
     from planner.sharding.spec import DenseSpec, ModelSpec
     from planner.sharding.task import ShardingTask

@@ -117,3 +117,18 @@ def test_pairwise_all_to_all_charges_per_peer_latency(task16):
     plan = get_planner("greedy").plan(task16, 16)
     assert simulate_flat(problem, plan.shardings, a2a_algo="pairwise").step_time_s > \
         simulate_flat(problem, plan.shardings).step_time_s
+
+
+def test_two_towers_per_host(task16):
+    """k towers per host: every table once, towers of a host share its exchanges."""
+    mod = TowerModuleSpec(kind="mix", ratio=4)
+    part = partition_layout(task16, 16, towers=4, module=mod)
+    assert sorted(tw.host for tw in part.layout.towers) == [0, 0, 1, 1]
+    hps = shard_hosts(task16, part.layout)
+    for h in range(2):
+        assert sorted(hps[h].tables) == sorted(part.layout.host_tables(h))
+    cmp = compare_flat_dmt(task16, 16, layout=part.layout)
+    # the module output per host is the sum of its towers' outputs
+    w = {h: sum(tw.out_width for tw in part.layout.host_towers(h)) for h in range(2)}
+    b = task16.model.batch_size / 16
+    assert cmp.dmt.bytes["pooled_cross_fwd"] == pytest.approx(8 * b * 4 * (w[0] + w[1]))
