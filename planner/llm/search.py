@@ -146,7 +146,8 @@ def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8
         if baseline is not None and baseline not in chosen:
             chosen.append(baseline)
     sims: dict[Candidate, LLMResult] = {}
-    for c in chosen:
+    from planner.progress import track
+    for c in track(chosen, len(chosen), f"simulating {len(chosen)} layouts"):
         s = replace(spec, training=replace(spec.training, micro_batch_size=c.micro_batch_size))
         sims[c] = simulate_llm(s, c.parallel, topo, order=c.order,
                                schedule_name="interleaved" if c.parallel.vpp > 1 else "1f1b")

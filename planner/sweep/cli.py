@@ -38,7 +38,7 @@ def register(sub) -> None:
 def _run(args) -> int:
     from planner.cli import emit
     from .grid import load_sweep
-    from .run import plot_table, run_sweep, tqdm_progress, write_table
+    from .run import plot_table, run_sweep, bar_progress, write_table
     spec = load_sweep(args.grid)
     if args.workers is not None and args.workers < 1:
         raise SpecError(f"--workers {args.workers}", field="--workers", fix="use 1 or more")
@@ -56,7 +56,7 @@ def _run(args) -> int:
     if args.restart and ckpt.exists():
         ckpt.unlink()
     table, stats = run_sweep(spec, workers=args.workers, ray_address=args.ray, checkpoint=ckpt,
-                             progress=tqdm_progress)
+                             progress=bar_progress)
     write_table(table, out)
     if args.plot:
         plot_table(table, spec.plot, Path(args.plot))

@@ -13,7 +13,6 @@ import contextlib
 import io
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -222,10 +221,7 @@ def plot_table(table: pd.DataFrame, plot: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def tqdm_progress(it: Iterable, total: int) -> Iterable:
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return it
-    return tqdm(it, total=total, desc="sweep", unit="point", file=sys.stderr,
-                disable=None)
+def bar_progress(it: Iterable, total: int) -> Iterable:
+    """A rich progress bar over the finished points (when stderr is a terminal)."""
+    from planner.progress import track
+    return track(it, total, "sweep")

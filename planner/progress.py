@@ -1,0 +1,48 @@
+"""Progress bars for long jobs (rich), on stderr, only where a person is watching.
+
+A bar appears when stderr is a terminal and ``CLUSTERPLAN_PROGRESS`` is not ``0``; in pipes,
+CI and tests nothing is printed, so ``--json`` output and logs stay clean. ``CLUSTERPLAN_PROGRESS=1``
+forces bars on.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator, TypeVar
+
+__all__ = ["enabled", "progress", "track"]
+
+T = TypeVar("T")
+
+
+def enabled() -> bool:
+    flag = os.environ.get("CLUSTERPLAN_PROGRESS")
+    if flag is not None:
+        return flag not in ("0", "", "false", "no")
+    return sys.stderr.isatty()
+
+
+@contextmanager
+def progress(total: int | None, description: str) -> Iterator[Callable[[int], None]]:
+    """Yield ``advance(n=1)``; draws a rich bar (elapsed, remaining) while the block runs."""
+    if not enabled():
+        yield lambda n=1: None
+        return
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+    cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
+    with Progress(*cols, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda n=1: bar.advance(task, n)
+
+
+def track(items: Iterable[T], total: int | None, description: str) -> Iterator[T]:
+    """Iterate ``items`` with a bar (see :func:`progress`)."""
+    with progress(total, description) as advance:
+        for item in items:
+            yield item
+            advance(1)
