@@ -33,7 +33,8 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["SemanticCase", "run_semantic_check", "flat_and_sptt", "spawn_gloo"]
+__all__ = ["SemanticCase", "run_semantic_check", "flat_and_sptt", "table_gradients",
+           "spawn_gloo"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ class SemanticCase:
 
     ``flat`` and ``host_layouts`` map table index → list of shards ``(rank, row_off, col_off,
     rows, cols)`` in global ranks; ``towers`` is a list of (table indices, host);
-    ``modules``: ``(kind, ratio)`` pairs; the SPTT route runs once per module.
+    ``modules``: ``(kind, ratio)`` pairs; the SPTT route runs once per module. ``gradients``:
+    also a backward pass through both routes (identity modules, :func:`table_gradients`).
     """
 
     tables: tuple[tuple[int, int, float], ...]
@@ -54,6 +56,7 @@ class SemanticCase:
     local_batch: int = 16
     seed: int = 0
     modules: tuple = (("identity", 1.0),)
+    gradients: bool = False
 
 
 def _free_port() -> int:
@@ -88,9 +91,14 @@ def _slice(lengths, values, lo, hi):
 
 
 def _sharded_pooled(dist, torch, pg, members: Sequence[int], me: int, layout: dict,
-                    bags: dict, b: int, weights, dims) -> "torch.Tensor":
+                    bags: dict, b: int, weights, dims, leaves: dict | None = None
+                    ) -> "torch.Tensor":
     """Pooled embeddings (b × Σ dims of ``layout``'s tables, table order) for my ``b`` samples,
-    the shards living on ``members`` (global ranks, the group's order)."""
+    the shards living on ``members`` (global ranks, the group's order).
+
+    ``leaves``: train mode — my shards become leaf tensors (``leaves[(t, row_off, col_off)]``)
+    and the pooled exchange is differentiable, so a backward pass sends the gradients back
+    through the reverse all-to-all to the shard owners."""
     P = len(members)
     tabs = sorted(layout)
     # messages to each member: per shard on it, lengths (b) then values
@@ -134,6 +142,8 @@ def _sharded_pooled(dist, torch, pg, members: Sequence[int], me: int, layout: di
         for i, (t, (r, ro, co, rows, cols)) in enumerate(mine):
             n = int(lens[i].sum())
             w = weights[t][ro:ro + rows, co:co + cols]
+            if leaves is not None:
+                w = leaves.setdefault((t, ro, co), w.clone().requires_grad_(True))
             offs = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lens[i], 0)[:-1]])
             outs.append(torch.nn.functional.embedding_bag(vals[pos:pos + n], w, offs, mode="sum"))
             pos += n
@@ -142,8 +152,14 @@ def _sharded_pooled(dist, torch, pg, members: Sequence[int], me: int, layout: di
     cnt_out = torch.empty(P, dtype=torch.int64)
     dist.all_to_all_single(cnt_out, torch.tensor(sizes, dtype=torch.int64), group=pg)
     out = torch.empty(int(cnt_out.sum()))
-    dist.all_to_all_single(out, torch.cat(back) if sum(sizes) else torch.zeros(0),
-                           output_split_sizes=cnt_out.tolist(), input_split_sizes=sizes, group=pg)
+    send = torch.cat(back) if sum(sizes) else torch.zeros(0)
+    if leaves is not None:
+        from torch.distributed.nn.functional import all_to_all_single as a2a_grad
+        out = a2a_grad(out, send, output_split_sizes=cnt_out.tolist(), input_split_sizes=sizes,
+                       group=pg if pg is not None else dist.group.WORLD)
+    else:
+        dist.all_to_all_single(out, send, output_split_sizes=cnt_out.tolist(),
+                               input_split_sizes=sizes, group=pg)
     parts = torch.split(out, cnt_out.tolist())
     # assemble: member k sent its shards of my samples (b × Σ its cols), table order
     offs_t = {t: sum(dims[u] for u in tabs if u < t) for t in tabs}
@@ -167,9 +183,8 @@ def _modules(case: SemanticCase, dims, kind: str, ratio: float):
             for k, (tabs, _h) in enumerate(case.towers)]
 
 
-def flat_and_sptt(case: SemanticCase, rank: int, dist, torch):
-    """Inside an initialised process group: my samples' flat pooled embeddings and, per module,
-    (SPTT output, flat output through the same modules)."""
+def _routes(case: SemanticCase, rank: int, dist, torch, *, train: bool):
+    """Both routes up to the host-level pooled embeddings: (flat, pooled, context)."""
     G, N, B = case.gpus_per_host, case.world, case.local_batch
     H = N // G
     h, g = divmod(rank, G)
@@ -180,57 +195,98 @@ def flat_and_sptt(case: SemanticCase, rank: int, dist, torch):
     batch = _batch(case)
     T = len(case.tables)
     my = {t: _slice(*batch[t], rank * B, (rank + 1) * B) for t in range(T)}
+    leaves_f: dict | None = {} if train else None
+    leaves_s: dict | None = {} if train else None
+    flat = _sharded_pooled(dist, torch, None, list(range(N)), rank, case.flat, my, B,
+                           weights, dims, leaves_f)
+    # SPTT step 1: my B samples' ids of host k's tables to (k, g)
+    host_tabs = [sorted(t for tabs, hh in case.towers if hh == k for t in tabs)
+                 for k in range(H)]
+    # lengths then values per table, all tables of the destination host, over cross[g]
+    cpg = cross[g]
+
+    def x_a2a(chunks, dtype):
+        sizes = [len(c) for c in chunks]
+        cnt = torch.empty(H, dtype=torch.int64)
+        dist.all_to_all_single(cnt, torch.tensor(sizes, dtype=torch.int64), group=cpg)
+        inp = torch.from_numpy(np.concatenate(chunks).astype(dtype)) if sum(sizes) else \
+            torch.zeros(0, dtype=torch.int64 if dtype == np.int64 else torch.float32)
+        out = torch.empty(int(cnt.sum()), dtype=inp.dtype)
+        dist.all_to_all_single(out, inp, output_split_sizes=cnt.tolist(),
+                               input_split_sizes=sizes, group=cpg)
+        return torch.split(out, cnt.tolist())
+
+    lens_in = x_a2a([np.concatenate([my[t][0] for t in host_tabs[k]] or [np.zeros(0)])
+                     for k in range(H)], np.int64)
+    vals_in = x_a2a([np.concatenate([my[t][1] for t in host_tabs[k]] or [np.zeros(0)])
+                     for k in range(H)], np.int64)
+    bags = {}
+    nt = len(host_tabs[h])
+    per_src = []
+    for k in range(H):
+        lk = lens_in[k].view(nt, B).numpy() if nt else np.zeros((0, B), dtype=np.int64)
+        vk = vals_in[k].numpy()
+        pos, items = 0, []
+        for i in range(nt):
+            n = int(lk[i].sum())
+            items.append((lk[i], vk[pos:pos + n]))
+            pos += n
+        per_src.append(items)
+    for i, t in enumerate(host_tabs[h]):     # samples ordered by source host: H·B of them
+        bags[t] = (np.concatenate([per_src[k][i][0] for k in range(H)]),
+                   np.concatenate([per_src[k][i][1] for k in range(H)]))
+    layout = {t: case.host_layouts[t] for t in host_tabs[h]}
+    pooled = _sharded_pooled(dist, torch, intra[h], list(range(h * G, (h + 1) * G)), rank,
+                             layout, bags, H * B, weights, dims, leaves_s) if nt else \
+        torch.zeros(H * B, 0)
+    ctx = {"host_tabs": host_tabs, "h": h, "cpg": cpg, "dims": dims, "weights": weights,
+           "leaves_f": leaves_f, "leaves_s": leaves_s}
+    return flat, pooled, ctx
+
+
+def flat_and_sptt(case: SemanticCase, rank: int, dist, torch):
+    """Inside an initialised process group: my samples' flat pooled embeddings and, per module,
+    (SPTT output, flat output through the same modules)."""
     with torch.no_grad():
-        flat = _sharded_pooled(dist, torch, None, list(range(N)), rank, case.flat, my, B,
-                               weights, dims)
-        # SPTT step 1: my B samples' ids of host k's tables to (k, g)
-        host_tabs = [sorted(t for tabs, hh in case.towers if hh == k for t in tabs)
-                     for k in range(H)]
-        # lengths then values per table, all tables of the destination host, over cross[g]
-        cpg = cross[g]
-
-        def x_a2a(chunks, dtype):
-            sizes = [len(c) for c in chunks]
-            cnt = torch.empty(H, dtype=torch.int64)
-            dist.all_to_all_single(cnt, torch.tensor(sizes, dtype=torch.int64), group=cpg)
-            inp = torch.from_numpy(np.concatenate(chunks).astype(dtype)) if sum(sizes) else \
-                torch.zeros(0, dtype=torch.int64 if dtype == np.int64 else torch.float32)
-            out = torch.empty(int(cnt.sum()), dtype=inp.dtype)
-            dist.all_to_all_single(out, inp, output_split_sizes=cnt.tolist(),
-                                   input_split_sizes=sizes, group=cpg)
-            return torch.split(out, cnt.tolist())
-
-        lens_in = x_a2a([np.concatenate([my[t][0] for t in host_tabs[k]] or [np.zeros(0)])
-                         for k in range(H)], np.int64)
-        vals_in = x_a2a([np.concatenate([my[t][1] for t in host_tabs[k]] or [np.zeros(0)])
-                         for k in range(H)], np.int64)
-        bags = {}
-        nt = len(host_tabs[h])
-        per_src = []
-        for k in range(H):
-            lk = lens_in[k].view(nt, B).numpy() if nt else np.zeros((0, B), dtype=np.int64)
-            vk = vals_in[k].numpy()
-            pos, items = 0, []
-            for i in range(nt):
-                n = int(lk[i].sum())
-                items.append((lk[i], vk[pos:pos + n]))
-                pos += n
-            per_src.append(items)
-        for i, t in enumerate(host_tabs[h]):     # samples ordered by source host: H·B of them
-            bags[t] = (np.concatenate([per_src[k][i][0] for k in range(H)]),
-                       np.concatenate([per_src[k][i][1] for k in range(H)]))
-        layout = {t: case.host_layouts[t] for t in host_tabs[h]}
-        pooled = _sharded_pooled(dist, torch, intra[h], list(range(h * G, (h + 1) * G)), rank,
-                                 layout, bags, H * B, weights, dims) if nt else \
-            torch.zeros(H * B, 0)
+        flat, pooled, c = _routes(case, rank, dist, torch, train=False)
         results = []
         for kind, ratio in case.modules:
-            results.append(_sptt_tail(case, dist, torch, pooled, flat, host_tabs, h, cpg,
-                                      _modules(case, dims, kind, ratio), dims))
+            results.append(_sptt_tail(case, dist, torch, pooled, flat, c["host_tabs"], c["h"],
+                                      c["cpg"], _modules(case, c["dims"], kind, ratio),
+                                      c["dims"]))
     return flat.numpy(), results
 
 
-def _sptt_tail(case, dist, torch, pooled, flat, host_tabs, h, cpg, mods, dims):
+def table_gradients(case: SemanticCase, rank: int, dist, torch):
+    """Backward through both routes with identity modules: the same seeded gradient of every
+    sample's pooled embeddings enters each route; returns the full embedding-table gradients
+    (summed over ranks) of the flat route and of the SPTT route, concatenated."""
+    flat, pooled, c = _routes(case, rank, dist, torch, train=True)
+    dims = c["dims"]
+    B, N = case.local_batch, case.world
+    gen = torch.Generator().manual_seed(case.seed + 99)
+    upstream = torch.randn(N * B, sum(dims), generator=gen)[rank * B:(rank + 1) * B]
+    (flat * upstream).sum().backward()
+    mods = _modules(case, dims, "identity", 1.0)
+    sptt, _ = _sptt_tail(case, dist, torch, pooled, flat.detach(), c["host_tabs"], c["h"],
+                         c["cpg"], mods, dims, grad=True)
+    cols = np.concatenate([np.arange(sum(dims[:t]), sum(dims[:t + 1]))
+                           for tabs, _ in case.towers for t in sorted(tabs)])
+    (sptt * upstream[:, torch.from_numpy(cols)]).sum().backward()
+    out = []
+    for leaves in (c["leaves_f"], c["leaves_s"]):
+        full = [torch.zeros_like(w) for w in c["weights"]]
+        for (t, ro, co), leaf in leaves.items():
+            if leaf.grad is not None:
+                full[t][ro:ro + leaf.shape[0], co:co + leaf.shape[1]] += leaf.grad
+        flat_all = torch.cat([f.reshape(-1) for f in full])
+        dist.all_reduce(flat_all)
+        out.append(flat_all.numpy())
+    return out
+
+
+def _sptt_tail(case, dist, torch, pooled, flat, host_tabs, h, cpg, mods, dims, *,
+               grad: bool = False):
     """Steps 5–6 (modules, cross-host return) and the flat-then-module reference."""
     B = case.local_batch
     H = case.world // case.gpus_per_host
@@ -250,8 +306,13 @@ def _sptt_tail(case, dist, torch, pooled, flat, host_tabs, h, cpg, mods, dims):
     wcnt = torch.empty(H, dtype=torch.int64)
     dist.all_to_all_single(wcnt, torch.full((H,), width, dtype=torch.int64), group=cpg)
     out = torch.empty(int(wcnt.sum()) * B)
-    dist.all_to_all_single(out, torch.cat(chunks), output_split_sizes=(wcnt * B).tolist(),
-                           input_split_sizes=[width * B] * H, group=cpg)
+    if grad:
+        from torch.distributed.nn.functional import all_to_all_single as a2a_grad
+        out = a2a_grad(out, torch.cat(chunks), output_split_sizes=(wcnt * B).tolist(),
+                       input_split_sizes=[width * B] * H, group=cpg)
+    else:
+        dist.all_to_all_single(out, torch.cat(chunks), output_split_sizes=(wcnt * B).tolist(),
+                               input_split_sizes=[width * B] * H, group=cpg)
     got = [p.view(B, -1) for p in torch.split(out, (wcnt * B).tolist())]
     # reassemble in the flat order: towers in table order of their first table
     pieces = {}
@@ -269,6 +330,8 @@ def _sptt_tail(case, dist, torch, pooled, flat, host_tabs, h, cpg, mods, dims):
     ref = torch.cat([mods[j](torch.cat([flat[:, fcol[t]:fcol[t] + dims[t]]
                                         for t in sorted(tabs)], 1))
                      for j, (tabs, _h) in enumerate(case.towers)], 1)
+    if grad:
+        return sptt, ref
     return sptt.detach().numpy(), ref.detach().numpy()
 
 
@@ -284,6 +347,8 @@ def _worker(rank: int, case: SemanticCase, port: int, outdir: str, timeout_s: fl
         arrays = {"flat": flat}
         for i, (sptt, ref) in enumerate(results):
             arrays[f"sptt{i}"], arrays[f"ref{i}"] = sptt, ref
+        if case.gradients:
+            arrays["grad_flat"], arrays["grad_sptt"] = table_gradients(case, rank, dist, torch)
         np.savez(Path(outdir) / f"rank{rank}.npz", **arrays)
         dist.barrier()
         dist.destroy_process_group()
@@ -338,4 +403,5 @@ def run_semantic_check(case: SemanticCase, *, timeout_s: float = 120.0) -> list[
     raw = spawn_gloo(_worker, case.world, case, timeout_s=timeout_s)
     n = len(case.modules)
     return [{"flat": z["flat"], "sptt": [z[f"sptt{i}"] for i in range(n)],
-             "ref": [z[f"ref{i}"] for i in range(n)]} for z in raw]
+             "ref": [z[f"ref{i}"] for i in range(n)],
+             "grad_flat": z.get("grad_flat"), "grad_sptt": z.get("grad_sptt")} for z in raw]

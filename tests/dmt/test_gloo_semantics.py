@@ -30,11 +30,12 @@ HOST = {0: [(0, 0, 0, 120, 8)], 2: [(0, 0, 0, 150, 16), (1, 150, 0, 150, 16)],
 
 
 def test_sptt_route_preserves_pooled_embeddings():
-    """One spawn, three routes per rank: flat; SPTT with identity modules; SPTT with linear
-    modules (ratio 2) against the flat result through the same modules."""
+    """One spawn, per rank: flat; SPTT with identity modules; SPTT with linear modules (ratio 2)
+    against the flat result through the same modules; and a backward pass through the flat and
+    the identity SPTT route with the same upstream gradients (equal table gradients)."""
     case = SemanticCase(tables=TABLES, flat=FLAT, host_layouts=HOST, towers=TOWERS, world=4,
                         gpus_per_host=2, local_batch=16, seed=3,
-                        modules=(("identity", 1.0), ("linear", 2.0)))
+                        modules=(("identity", 1.0), ("linear", 2.0)), gradients=True)
     out = run_semantic_check(case, timeout_s=150)
     dims = [d for _, d, _ in TABLES]
     # towers concatenate in tower order: reorder the flat columns the same way
@@ -51,3 +52,7 @@ def test_sptt_route_preserves_pooled_embeddings():
         widths = [4 * -(-(-(-sum(dims[t] for t in tabs) // 2)) // 4) for tabs, _ in TOWERS]
         assert lin.shape == (16, sum(widths))
         np.testing.assert_allclose(lin, o["ref"][1], rtol=1e-5, atol=1e-5, err_msg=f"rank {r}")
+        # backward: the same upstream gradients give the same table gradients on both routes
+        gf, gs = o["grad_flat"], o["grad_sptt"]
+        assert gf.shape == (sum(rows * d for rows, d, _ in TABLES),) and np.abs(gf).sum() > 0
+        np.testing.assert_allclose(gs, gf, rtol=1e-5, atol=1e-5, err_msg=f"rank {r}")
