@@ -52,13 +52,13 @@ import csv
 import hashlib
 import io
 import json
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 
 from simulator.errors import SpecError
+from simulator.validation import choice, number, whole
 from simulator.fileio import parse_yaml
 
 from .shards import ShardingType, parse_sharding_types
@@ -410,53 +410,22 @@ def _label(rec: Mapping[str, Any], i: int) -> str:
     return f"table {name!r}" if name not in (None, "") else f"table #{i}"
 
 
-def _as_number(value: Any) -> Any:
-    if isinstance(value, str):
-        s = value.strip().replace("_", "")
-        try:
-            return int(s)
-        except ValueError:
-            try:
-                return float(s)
-            except ValueError:
-                return value
-    return value
-
-
 def _int(value: Any, source: str, field: str, *, minimum: int, what: str,
          label: str = "") -> int:
-    v = _as_number(value)
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        who = f"{label}: " if label else ""
-        raise SpecError(f"{who}{field.rsplit('.', 1)[-1]} must be a whole number ≥ {minimum}, "
-                        f"got {value!r}", source=source, field=field,
-                        fix=f"write {what} as a whole number ≥ {minimum}")
-    return v
+    """A whole number of a table spec (CSV cells are text): the shared validation layer."""
+    return whole(value, source=source, field=field, minimum=minimum, label=label, lenient=True,
+                 what=field.rsplit(".", 1)[-1], maximum=2**62)
 
 
 def _float(value: Any, source: str, field: str, *, minimum: float, what: str,
            label: str = "") -> float:
-    v = _as_number(value)
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) \
-        and v >= minimum
-    if not ok:
-        who = f"{label}: " if label else ""
-        raise SpecError(f"{who}{field.rsplit('.', 1)[-1]} must be a number ≥ {minimum}, got "
-                        f"{value!r}", source=source, field=field,
-                        fix=f"write {what} as a number ≥ {minimum}")
-    return float(v)
+    return number(value, source=source, field=field, minimum=minimum, label=label,
+                  lenient=True, what=field.rsplit(".", 1)[-1])
 
 
 def _choice(value: Any, choices: tuple[str, ...], source: str, field: str,
             label: str = "") -> str:
-    v = str(value).strip().lower() if value is not None else ""
-    if v not in choices:
-        who = f"{label}: " if label else ""
-        raise SpecError(f"{who}{value!r} is not one of {', '.join(choices)}", source=source,
-                        field=field, fix=f"use one of: {', '.join(choices)}")
-    return v
+    return choice(value, choices, source=source, field=field, label=label, normalise=True)
 
 
 def _table(rec: Mapping[str, Any], i: int, source: str) -> TableSpec:

@@ -13,9 +13,7 @@ path, so a file states parameters and the command line resizes it::
 from __future__ import annotations
 
 import copy
-import math
 import importlib.resources
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -23,7 +21,7 @@ import yaml
 
 from ..errors import SpecError
 from ..fileio import parse_yaml, read_text
-from ..units import parse_bandwidth, parse_bytes, parse_time
+from ..validation import Fields  # noqa: F401  (re-exported: the shared validation layer)
 
 __all__ = ["Fields", "builtin_topology_names", "read_topology_mapping", "parse_topology_ref"]
 
@@ -112,127 +110,3 @@ def read_topology_mapping(ref: str | Path, overrides: Mapping[str, Any] | None =
     return apply_overrides(doc, merged, source=source), source
 
 
-@dataclass(frozen=True, slots=True)
-class Fields:
-    """Typed access to one mapping of a spec, with errors that name the source and the field."""
-
-    data: Mapping[str, Any]
-    source: str
-    prefix: str = ""
-
-    def path(self, key: str) -> str:
-        return f"{self.prefix}.{key}" if self.prefix else key
-
-    def err(self, key: str, message: str, fix: str) -> SpecError:
-        return SpecError(message, source=self.source, field=self.path(key), fix=fix)
-
-    def has(self, key: str) -> bool:
-        return key in self.data and self.data[key] is not None
-
-    def sub(self, key: str, *, required: bool = False) -> "Fields":
-        value = self.data.get(key)
-        if value is None:
-            if required:
-                raise self.err(key, "missing section", f"add a '{key}:' mapping")
-            value = {}
-        if not isinstance(value, Mapping):
-            raise self.err(key, f"expected a mapping, got {value!r}", f"make '{key}' a mapping")
-        return Fields(value, self.source, self.path(key))
-
-    def check_keys(self, allowed: set[str]) -> None:
-        for key in self.data:
-            if key not in allowed:
-                raise self.err(str(key), f"unknown field {key!r}",
-                               f"remove it or use one of: {', '.join(sorted(allowed))}")
-
-    def _get(self, key: str, default: Any, required: bool) -> Any:
-        if key not in self.data or self.data[key] is None:
-            if required or default is _REQUIRED:
-                raise self.err(key, "missing field", f"add '{key}'")
-            return default
-        return self.data[key]
-
-    def str(self, key: str, default: Any = None, *, choices: tuple[str, ...] | None = None,
-            required: bool = False) -> Any:
-        value = self._get(key, default, required)
-        if value is None:
-            return None
-        if not isinstance(value, str):
-            raise self.err(key, f"expected text, got {value!r}", "write a string")
-        if choices and value not in choices:
-            raise self.err(key, f"{value!r} is not one of {', '.join(choices)}",
-                           f"use one of: {', '.join(choices)}")
-        return value
-
-    def int(self, key: str, default: Any = None, *, minimum: int = 0,
-            maximum: int = 2**31 - 1, required: bool = False) -> Any:
-        value = self._get(key, default, required)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.err(key, f"expected an integer ≥ {minimum}, got {value!r}",
-                           f"write a whole number ≥ {minimum}")
-        if value > maximum:
-            raise self.err(key, f"{value} is larger than the {maximum:,} this field allows",
-                           f"write a whole number ≤ {maximum:,}")
-        return value
-
-    def float(self, key: str, default: Any = None, *, minimum: float = 0.0,
-              exclusive: bool = False, maximum: float | None = None, required: bool = False) -> Any:
-        value = self._get(key, default, required)
-        if value is None:
-            return None
-        if isinstance(value, str):  # YAML 1.1 reads 8.5e13 (no dot, no sign) as text
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if ok:
-            ok = (value > minimum if exclusive else value >= minimum) and math.isfinite(value)
-            ok = ok and (maximum is None or value <= maximum)
-        if not ok:
-            rng = f"{'>' if exclusive else '≥'} {minimum}" + (f" and ≤ {maximum}" if maximum else "")
-            raise self.err(key, f"expected a number {rng}, got {value!r}", f"write a number {rng}")
-        return float(value)
-
-    def bool(self, key: str, default: bool = False) -> bool:
-        value = self._get(key, default, False)
-        if not isinstance(value, bool):
-            raise self.err(key, f"expected true or false, got {value!r}", "write true or false")
-        return value
-
-    def bandwidth(self, key: str, default: Any = None, *, required: bool = False) -> Any:
-        value = self._get(key, default, required)
-        if value is None:
-            return None
-        try:
-            return parse_bandwidth(value)
-        except SpecError as e:
-            raise self.err(key, e.message, e.fix or "") from None
-
-    def time(self, key: str, default: Any = 0.0, *, required: bool = False) -> Any:
-        value = self._get(key, default, required)
-        if value is None:
-            return None
-        try:
-            return parse_time(value)
-        except SpecError as e:
-            raise self.err(key, e.message, e.fix or "") from None
-
-    def bytes(self, key: str, default: Any = None, *, required: bool = False,
-              maximum: float = 2.0**60) -> Any:
-        value = self._get(key, default, required)
-        if value is None:
-            return None
-        try:
-            n = parse_bytes(value)
-        except SpecError as e:
-            raise self.err(key, e.message, e.fix or "") from None
-        if n > maximum:
-            raise self.err(key, f"{value!r} is more than {maximum:.3g} bytes",
-                           "check the unit (e.g. 650 MB, 20 GB)")
-        return n
-
-
-_REQUIRED = object()
