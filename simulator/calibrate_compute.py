@@ -45,11 +45,14 @@ import numpy as np
 import yaml
 
 from .compute import monotone_time_points
+from .errors import SpecError
 from .units import format_time
 
 __all__ = ["measure_cpu_profile", "write_profile", "main"]
 
 DEFAULT_SIZES = (64, 128, 256, 512, 1024, 2048)
+#: the matmul measurement runs in a child process; it is ended after this many seconds
+SUBPROCESS_TIMEOUT_S = 900.0
 DEFAULT_ARRAY_BYTES = tuple(2**k for k in range(16, 27, 2))  # 64 KiB .. 64 MiB per array
 #: A round of samples is retaken when other processes used more than this share of all cores.
 CONTENTION_LIMIT = 0.05
@@ -152,8 +155,17 @@ def _measure_matmul_threads(sizes: Sequence[int], repeats: int, min_sample_s: fl
     code = ("import json; from simulator.calibrate_compute import _measure_matmul; "
             f"print(json.dumps(_measure_matmul({list(sizes)!r}, {repeats}, {min_sample_s!r}, "
             f"{warm_up_s!r})))")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True)
+    try:
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True, timeout=SUBPROCESS_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise SpecError(f"the matmul measurement did not finish in {SUBPROCESS_TIMEOUT_S:g} s",
+                        field="--measure-cpu",
+                        fix="run it on an idle machine, or with fewer sizes") from None
+    except subprocess.CalledProcessError as exc:
+        tail = (exc.stderr or "").strip().splitlines()[-1:] or ["no output"]
+        raise SpecError(f"the matmul measurement failed: {tail[0]}", field="--measure-cpu",
+                        fix="check that numpy works in this environment") from None
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -52,6 +52,8 @@ __all__ = ["TorchRecPlanner", "torchrec_inputs", "from_torchrec_plan", "INSTALL_
 INSTALL_HINT = "install with `make setup-torchrec` (torch 2.13.0 CPU, fbgemm-gpu-cpu 1.8.0, " \
                "torchrec 1.8.0 --no-deps)"
 #: what TorchRec's CPU sharder offers its planner (formats.md §2.10)
+#: TorchRec's planner search stops after this many seconds when no time limit is given
+DEFAULT_TIME_LIMIT_S = 300
 CPU_SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "table_column_wise")
 _GPU_TYPES = ("data_parallel", "table_wise", "column_wise", "table_column_wise", "row_wise",
               "table_row_wise")
@@ -273,7 +275,8 @@ class TorchRecPlanner:
                     topology=topology, batch_size=batch, constraints=constraints,
                     enumerator=enumerator,
                     storage_reservation=FixedPercentageStorageReservation(0.0), debug=False,
-                    timeout_seconds=int(time_limit_s) if time_limit_s else None)
+                    timeout_seconds=max(1, int(time_limit_s)) if time_limit_s else
+                    DEFAULT_TIME_LIMIT_S)
                 sharding_plan = planner.plan(ebc, [sharder])
         except Exception as exc:
             if type(exc).__name__ == "PlannerError":
