@@ -105,7 +105,60 @@ def make_case(choice, tmp: Path) -> list[str]:
     """One argv for ``clusterplan`` (files it needs are written under ``tmp``)."""
     kind = choice(["topology", "collective", "simulate-model", "simulate-workload", "plan-tables",
                    "plan-model", "export", "mutated-model", "mutated-topology",
-                   "mutated-workload", "mutated-csv", "gpus", "diagnose"])
+                   "mutated-workload", "mutated-csv", "gpus", "diagnose", "sweep", "reorder",
+                   "export-torchrec", "plan-dmt", "calibrate-compute"])
+    if kind == "sweep":
+        doc = {"command": ["collective", "allreduce"], "args": {"--topology": "dgx-a100"},
+               "grid": {"--size": ["1MiB", "1GiB"], "--ranks": [2, 8]}, "keep": ["time_s"],
+               "plot": {"x": "ranks", "y": "time_s"}}
+        for _ in range(choice([1, 2])):
+            doc = _junk_leaf(doc, choice) if choice([True, False]) else _mutate(doc, choice)
+        grid = tmp / "grid.yaml"
+        grid.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return ["sweep", str(grid), "--workers", "1", "--out", str(tmp / choice(["r.csv", "r.txt"])),
+                "--restart"] + choice([[], ["--plot", str(tmp / "r.png")]])
+    if kind == "reorder":
+        n = 4
+        doc = {"format": "clusterplan.cost-matrix", "schema_version": 1, "ranks": n,
+               "hostnames": [f"h{i}" for i in range(n)],
+               "latency_s": [[0.0 if i == j else 1e-5 * (1 + (i + j) % 3) for j in range(n)]
+                             for i in range(n)],
+               "bandwidth_Bps": [[0.0 if i == j else 1e9 for j in range(n)] for i in range(n)],
+               "measured": {"how": "fuzz"}}
+        if choice([True, True, False]):
+            doc = _junk_leaf(doc, choice)
+        m = tmp / "matrix.json"
+        m.write_text(json.dumps(doc) if choice([True, True, False]) else choice(["{", "[]", ""]))
+        return ["reorder", str(m), "--collective",
+                choice(["allreduce", "tree", "alltoall", "bogus", "hierarchical"]),
+                "--json"] + choice([[], ["--size", choice(SIZES)],
+                                    ["--group-size", choice(INTS)], ["--time-limit", choice(INTS)]])
+    if kind == "export-torchrec":
+        doc = copy.deepcopy(_sharding_plan())
+        for _ in range(choice([0, 1, 2])):
+            doc = _junk_leaf(doc, choice)
+        p = tmp / "dlrm-plan.json"
+        p.write_text(json.dumps(doc))
+        return ["export", str(p), "--to", choice(["torchrec", "megatron"]), "--out",
+                str(tmp / "tr.json")]
+    if kind == "plan-dmt":
+        return ["plan", "criteo-dlrm", "--devices", choice(["16", "8", "3", "0"]), "--topology",
+                choice(["h100-ib:nodes=2", "dgx-a100:nodes=2", "dgx-a100"]), "--dmt",
+                "--towers", choice(["auto", "2", "0", "-1", "x", "99"]), "--json",
+                "--reproducible"]
+    if kind == "calibrate-compute":
+        rows = ["kind,dtype,flops,bytes,seconds", "launch,,,,4e-6", "matmul,bf16,1e12,,2e-3",
+                "matmul,bf16,1e9,,1e-5", "memory,,,1e9,5e-4", "memory,,,1e6,2e-5",
+                "attention,bf16,1e11,,1e-3"]
+        i = choice(range(1, len(rows)))
+        cells = rows[i].split(",")
+        cells[choice(range(5))] = choice(["", "-5", "abc", "0", "1e99", "nan", "1e-30", "bogus"])
+        rows[i] = ",".join(cells)
+        path = tmp / "kernels.csv"
+        path.write_text("\n".join(rows) + "\n")
+        return ["calibrate", "compute", "--gpu", choice(["h100-sxm", "nope"]), "--measurements",
+                str(path), "--out", str(tmp / "eff.yaml")] + choice(
+                    [[], ["--drop-cache-resident"]])
     if kind == "diagnose":
         t = tmp / "trace.json"
         t.write_text(choice(["{}", "[]", "{bad", json.dumps({"traceEvents": [{"ph": "X"}]}),
@@ -168,6 +221,20 @@ def make_case(choice, tmp: Path) -> list[str]:
     path = tmp / "tables.csv"
     path.write_text("\n".join(rows) + "\n")
     return ["plan", str(path), "--devices", choice(["2", "0", "x"]), "--json"]
+
+
+_PLAN_CACHE: dict = {}
+
+
+def _sharding_plan() -> dict:
+    """A valid 2-device sharding plan of criteo-dlrm (made once per process)."""
+    if "plan" not in _PLAN_CACHE:
+        import tempfile
+        with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
+            out = Path(d) / "plan.json"
+            assert main(["plan", "criteo-dlrm", "--devices", "2", "--out", str(out)]) == 0
+            _PLAN_CACHE["plan"] = json.loads(out.read_text())
+    return _PLAN_CACHE["plan"]
 
 
 class CaseTimeout(Exception):
