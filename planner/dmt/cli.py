@@ -92,9 +92,11 @@ def dmt_section(args, task, plan) -> tuple[dict, object]:
     co = _load_coaccess(args.coaccess, task.model.num_tables)
     part = partition_layout(task, n, towers=args.towers, module=module, method=args.partitioner,
                             coaccess=co, epsilon=args.balance, seed=args.seed)
+    # the planner's limit (mip's default 10 s) shared by the hosts' sub-plans
+    host_limit = max(0.5, (args.time_limit or 10.0) / part.layout.hosts)
     cmp = compare_flat_dmt(task, n, layout=part.layout, flat_plan=plan,
                            planner=plan.planner if plan.planner != "torchrec" else "greedy",
-                           seed=args.seed)
+                           seed=args.seed, time_limit_s=host_limit)
     model = task.model
     lay = part.layout.to_dict(model)
     for tw, c in zip(lay["towers"], part.tower_costs_s):

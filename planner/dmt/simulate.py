@@ -343,12 +343,14 @@ def simulate_flat(problem: Problem, shardings, *, mode: str = "explicit",
 def compare_flat_dmt(task: ShardingTask, devices: int, *, towers: int | str = "auto",
                      module=None, layout: TowerLayout | None = None, planner: str = "greedy",
                      partitioner: str = "affinity", seed: int = 0, flat_plan=None,
-                     mode: str | None = None, coaccess=None) -> Comparison:
+                     mode: str | None = None, coaccess=None,
+                     time_limit_s: float | None = None) -> Comparison:
     """Plan and simulate the flat step and the SPTT step of ``task`` on ``devices`` GPUs.
 
     The flat plan comes from ``planner`` over all ranks (types: the task's, default the tower
     types plus table-row-wise); the towers from :func:`planner.dmt.partition.partition_towers`
-    unless ``layout`` is given; each host's tables from the same planner inside the host.
+    unless ``layout`` is given; each host's tables from the same planner inside the host
+    (``time_limit_s`` per host for ``mip`` and ``local_search``).
     """
     from .module import TowerModuleSpec
     from .partition import partition_layout
@@ -367,7 +369,7 @@ def compare_flat_dmt(task: ShardingTask, devices: int, *, towers: int | str = "a
         layout = partition_layout(task, devices, towers=towers,
                                   module=module or TowerModuleSpec(), method=partitioner,
                                   seed=seed, coaccess=coaccess).layout
-    hps = shard_hosts(task, layout, planner=planner, seed=seed)
+    hps = shard_hosts(task, layout, planner=planner, seed=seed, time_limit_s=time_limit_s)
     dmt = simulate_sptt(task, devices, layout, hps, mode=mode)
     return Comparison(flat=flat, dmt=dmt, layout=layout, host_plans=hps, flat_plan=flat_plan,
                       flat_cross_host_bytes=cross_host_bytes(problem, mats))
