@@ -32,6 +32,7 @@ main commands (each has --help):
   clusterplan reorder --topology cloud-64 --collective allreduce   rank order for the network
   clusterplan probe --backend gloo --nproc 4 --out matrix.json     measure the network
   clusterplan diagnose rank*.json                      name stragglers in profiler traces
+  clusterplan replay rank*.json                        replay a real run's traces, op by op
   clusterplan fidelity --set korthikanti               error against published runs
   clusterplan calibrate compute --gpu h100-sxm --measurements kernels.csv --out h100.yaml
   clusterplan sweep grid.yaml --out results.csv --plot results.png [--ray local]
@@ -48,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     register_validate(sub)
     from .sweep.cli import register as register_sweep
     register_sweep(sub)
+    from .replay_cli import register as register_replay
+    register_replay(sub)
     return p
 
 
