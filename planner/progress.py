@@ -46,3 +46,29 @@ def track(items: Iterable[T], total: int | None, description: str) -> Iterator[T
         for item in items:
             yield item
             advance(1)
+
+
+class Bar:
+    """A bar driven by absolute updates (``update(done)``), for loops that poll; ``close()``
+    always (a no-op when bars are off)."""
+
+    def __init__(self, total: int | None, description: str) -> None:
+        self._p = None
+        if enabled():
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeElapsedColumn)
+            self._p = Progress(TextColumn("{task.description}"), BarColumn(),
+                               MofNCompleteColumn(), TimeElapsedColumn(),
+                               console=Console(stderr=True), transient=True)
+            self._p.start()
+            self._task = self._p.add_task(description, total=total)
+
+    def update(self, done: int) -> None:
+        if self._p is not None:
+            self._p.update(self._task, completed=done)
+
+    def close(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+            self._p = None

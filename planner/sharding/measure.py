@@ -493,11 +493,23 @@ def measure_shardings(problem, shardings: Sequence[TableSharding], *, repeats: i
                        notes=tuple(notes), wall_s=time.perf_counter() - t0)
 
 
-def measure_many(problem, plans: Sequence[Sequence[TableSharding]], *, repeats: int = 5,
-                 warmup: int = 2, comm_repeats: int = 7, comm_warmup: int = 2,
-                 comm: bool = True, group=None, ids: Sequence[TableIds] | None = None,
-                 seed: int = 0, backend: str = "auto", flush: bool = True, threads: int = 1,
-                 memory_limit_bytes: float | None = None) -> list[Measurement]:
+def measure_many(problem, plans: Sequence[Sequence[TableSharding]], **kw) -> list[Measurement]:
+    """See :func:`_measure_many`; draws a progress bar (kernels, then collectives) on a
+    terminal."""
+    from planner.progress import Bar
+    bar = Bar(2, f"measuring {len(plans)} plan(s) on {problem.devices} ranks "
+                 "(kernels, collectives)")
+    try:
+        return _measure_many(problem, plans, bar=bar, **kw)
+    finally:
+        bar.close()
+
+
+def _measure_many(problem, plans: Sequence[Sequence[TableSharding]], *, repeats: int = 5,
+                  warmup: int = 2, comm_repeats: int = 7, comm_warmup: int = 2,
+                  comm: bool = True, group=None, ids: Sequence[TableIds] | None = None,
+                  seed: int = 0, backend: str = "auto", flush: bool = True, threads: int = 1,
+                  memory_limit_bytes: float | None = None, bar=None) -> list[Measurement]:
     """Measure several plans of one problem *paired*: the kernels of every plan's ranks are built
     together and their iterations interleaved (plan 0 rank 0, plan 0 rank 1, …, plan 1 rank 0,
     …), and all plans' collectives run in one gloo job, interleaved per round — so load from
@@ -537,6 +549,8 @@ def measure_many(problem, plans: Sequence[Sequence[TableSharding]], *, repeats: 
             for r, t in enumerate(tm):
                 measured[i]["lookup_fwd_s"][r] += t.fwd_s / 2
                 measured[i]["lookup_bwd_s"][r] += t.bwd_s / 2
+    if bar is not None:
+        bar.update(1)
     notes: list[str] = []
     if comm and n > 1:
         ops = []

@@ -162,6 +162,17 @@ def run_many(cfgs: list[RunConfig], **kw) -> list:
 
 
 def _watch(cfg, job, procs, pids, progress, q, t0, start_limit, grace_s) -> RunResult:
+    """Wait for the run, with a progress bar over its steps (slowest rank) on a terminal."""
+    from planner.progress import Bar
+    bar = Bar(cfg.warmup + cfg.steps, f"validating on {cfg.world} processes (steps)")
+    try:
+        return _watch_run(cfg, job, procs, pids, progress, q, t0, start_limit, grace_s, bar)
+    finally:
+        bar.close()
+
+
+def _watch_run(cfg, job, procs, pids, progress, q, t0, start_limit, grace_s, bar
+               ) -> RunResult:
     world = cfg.world
     ready: set[int] = set()
     done: dict[int, dict] = {}
@@ -206,6 +217,7 @@ def _watch(cfg, job, procs, pids, progress, q, t0, start_limit, grace_s) -> RunR
                     for r in range(world))
         if sig != last_sig:
             last_sig, last_move = sig, now
+            bar.update(min(progress.snapshot(r)["step"] for r in range(world)))
         elif now - last_move > cfg.timeout_s + 15.0 and failing_since is None:
             snaps = {r: progress.snapshot(r) for r in range(world) if r not in done}
             stuck = min(snaps, key=lambda r: snaps[r]["last_s"])
