@@ -18,6 +18,8 @@ def register(sub) -> None:
     from planner.reorder.cli import add_probe_command, add_reorder_command
     add_reorder_command(sub)
     add_probe_command(sub)
+    from planner.costmodel.cli import add_costmodel_command
+    add_costmodel_command(sub)
 
 
 def _common_topology(p: argparse.ArgumentParser, *, default: str | None = None) -> None:

@@ -1,0 +1,91 @@
+"""``clusterplan costmodel collect | train``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+__all__ = ["add_costmodel_command"]
+
+
+def add_costmodel_command(sub) -> None:
+    p = sub.add_parser("costmodel", help="learned (NeuroShard) embedding cost model: collect "
+                                         "data on this machine, train, ship weights")
+    cs = p.add_subparsers(dest="costmodel_cmd", required=True)
+    c = cs.add_parser("collect", help="measure fused TBE lookups and straggler all-to-alls")
+    c.add_argument("--out", required=True, help="data CSV (appended; DATA.meta.json beside it)")
+    c.add_argument("--samples", type=int, default=400, help="compute combinations (default 400)")
+    c.add_argument("--comm-samples", type=int, default=100,
+                   help="all-to-all samples on --comm-devices gloo processes (default 100)")
+    c.add_argument("--noise-pairs", type=int, default=30,
+                   help="compute samples measured a second time at the end (default 30)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--repeats", type=int, default=7)
+    c.add_argument("--max-tables", type=int, default=20)
+    c.add_argument("--comm-devices", type=int, default=4)
+    c.add_argument("--mix-hardware", action="store_true",
+                   help="append to a file collected on other hardware")
+    c.add_argument("--no-progress", action="store_true")
+    c.set_defaults(func=_collect)
+    t = cs.add_parser("train", help="train the cost network and the gradient-boosting baseline")
+    t.add_argument("data", help="data CSV from `costmodel collect`")
+    t.add_argument("--out", help="weights file (.pt; a .json with the metadata beside it)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--epochs", type=int, default=3000)
+    t.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    t.set_defaults(func=_train)
+
+
+def _collect(a: argparse.Namespace) -> int:
+    from simulator.errors import SpecError
+    from .collect import CollectConfig, collect
+    for name in ("samples", "comm_samples", "noise_pairs", "repeats", "max_tables"):
+        if getattr(a, name) < (1 if name in ("repeats", "max_tables") else 0):
+            raise SpecError(f"--{name.replace('_', '-')} must be ≥ 0, got {getattr(a, name)}",
+                            source=f"--{name.replace('_', '-')}", fix="pass a positive count")
+    if a.comm_devices < 2:
+        raise SpecError(f"--comm-devices must be ≥ 2, got {a.comm_devices}",
+                        source="--comm-devices", fix="pass e.g. --comm-devices 4")
+    cfg = CollectConfig(seed=a.seed, samples=a.samples, comm_samples=a.comm_samples,
+                        noise_pairs=a.noise_pairs, repeats=a.repeats, max_tables=a.max_tables,
+                        comm_devices=a.comm_devices)
+    command = "clusterplan " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    counts = collect(a.out, cfg, mix_hardware=a.mix_hardware, progress=not a.no_progress,
+                     command=command)
+    print(f"{a.out}: {counts['compute']} compute and {counts['comm']} communication rows added "
+          f"({counts['skipped']} already there)")
+    return 0
+
+
+def _train(a: argparse.Namespace) -> int:
+    from .model import train
+    from .weights import save_weights
+    res = train(a.data, seed=a.seed, epochs=a.epochs)
+    m = res["metrics"]
+    if a.out:
+        save_weights(a.out, res, data_path=a.data, command="clusterplan " + " ".join(
+            shlex.quote(x) for x in sys.argv[1:]))
+    if a.json:
+        print(json.dumps(m, indent=1, sort_keys=True))
+        return 0
+    print(f"{m['samples']} combinations ({m['train']} train, {m['validation']} validation, "
+          f"{m['test']} held-out test, batch {m['batch']})")
+    print(f"{'model':<26}{'held-out MAPE':>15}{'Kendall tau':>13}")
+    for key, label in (("compute_net", "NeuroShard compute net"),
+                       ("hist_gradient_boosting", "HistGradientBoosting")):
+        print(f"{label:<26}{100 * m[key]['test_mape']:>14.1f}%{m[key]['test_kendall_tau']:>13.3f}")
+    if "noise_pairs" in m:
+        nz = m["noise_pairs"]
+        print(f"{'noise (same combo twice)':<26}{100 * nz['mape_round1_vs_round0']:>14.1f}%"
+              f"{nz['kendall_tau_round1_vs_round0']:>13.3f}   ({nz['pairs']} pairs)")
+    if "comm" in m:
+        c = m["comm"]
+        for key, label in (("fwd_net", "forward all-to-all net"),
+                           ("bwd_net", "backward all-to-all net")):
+            print(f"{label:<26}{100 * c[key]['test_mape']:>14.1f}%"
+                  f"{c[key]['test_kendall_tau']:>13.3f}   ({c['devices']} devices)")
+    if a.out:
+        print(f"weights: {a.out}")
+    return 0

@@ -1,0 +1,305 @@
+"""NeuroShard's cost networks in torch, the gradient-boosting baseline, training and metrics.
+
+- :class:`ComputeNet`: a table-feature MLP (``F → 128 → 32``, ReLU) applied to every table of a
+  device, summed over the tables, then a head ``32 → 64 → 1``. It predicts log(ms) of the fused
+  forward+backward TBE time (trained with MSE on the log, so relative errors are what it
+  minimises; NeuroShard trains MSE on ms).
+- :class:`CommNet`: an MLP ``in → 128 → 64 → 32 → 16 → D``; the forward net reads dim sums ‖
+  straggler waits (2D inputs), the backward net the dim sums (D inputs); both predict per-device
+  ms.
+- Baseline: scikit-learn's ``HistGradientBoostingRegressor`` on a fixed-length summary of the
+  table multiset (:func:`~.features.aggregate_vector`), also on log(ms).
+
+:func:`train` splits the compute combinations 80/10/10 by sample id (the test combinations are
+never seen in training; the validation tenth picks the best epoch), trains both models and
+reports MAPE and Kendall's tau on the test tenth, and the spread of the noise pairs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .features import NUM_FEATURES, aggregate_vector, parse_table_records, table_matrix
+
+__all__ = ["ComputeNet", "CommNet", "train", "mape", "kendall_tau", "load_dataset", "Dataset"]
+
+
+def _torch():
+    from planner.sharding.measure_kernels import require_torch
+    return require_torch("the learned cost model")
+
+
+def _mlp(sizes: Sequence[int], *, last_relu: bool):
+    nn = _torch().nn
+    layers = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2 or last_relu:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def ComputeNet(num_features: int = NUM_FEATURES, hidden: int = 128, embed: int = 32,
+               head: int = 64):
+    """Build the compute-cost network (a ``torch.nn.Module``; see the module docstring)."""
+    torch = _torch()
+
+    class _ComputeNet(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("mean", torch.zeros(num_features))
+            self.register_buffer("std", torch.ones(num_features))
+            self.table = _mlp([num_features, hidden, embed], last_relu=True)
+            self.head = _mlp([embed, head, 1], last_relu=False)
+
+        def forward(self, x, mask):
+            """x: (batch, tables, F) raw features; mask: (batch, tables) 1 for real tables."""
+            z = self.table((x - self.mean) / self.std) * mask.unsqueeze(-1)
+            return self.head(z.sum(dim=1)).squeeze(-1)
+
+    return _ComputeNet()
+
+
+def CommNet(inputs: int, devices: int):
+    """Build a communication network ``inputs → 128 → 64 → 32 → 16 → devices``."""
+    torch = _torch()
+
+    class _CommNet(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("scale", torch.ones(inputs))
+            self.mlp = _mlp([inputs, 128, 64, 32, 16, devices], last_relu=False)
+
+        def forward(self, x):
+            return self.mlp(x / self.scale)
+
+    return _CommNet()
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics
+
+def mape(pred, true) -> float:
+    pred, true = np.asarray(pred, float), np.asarray(true, float)
+    return float(np.mean(np.abs(pred - true) / np.abs(true)))
+
+
+def kendall_tau(pred, true) -> float:
+    from scipy.stats import kendalltau
+    return float(kendalltau(pred, true).statistic)
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+
+@dataclass
+class Dataset:
+    batch: int
+    sample_ids: np.ndarray          # compute samples, round 0
+    records: list                   # per sample: list of table records
+    total_ms: np.ndarray
+    noise: list                     # (ms round 0, ms round 1) pairs
+    comm_sums: np.ndarray           # (M, D)
+    comm_waits: np.ndarray          # (M, D) ms
+    comm_fwd: np.ndarray            # (M, D) ms
+    comm_bwd: np.ndarray
+    meta: dict
+
+
+def load_dataset(path) -> Dataset:
+    from .collect import meta_path, read_data
+    from simulator.errors import SpecError
+    rows = read_data(path)
+    mp = meta_path(path)
+    meta = json.loads(mp.read_text()) if mp.exists() else {}
+    batch = int(meta.get("config", {}).get("batch", 4096))
+    comp = {}
+    again = {}
+    cs, cw, cf, cb = [], [], [], []
+    for r in rows:
+        if r["kind"] == "compute":
+            key = (r["hw"], int(r["sample_id"]))
+            (comp if int(r["round"]) == 0 else again)[key] = r
+        elif r["kind"] == "comm":
+            sums = json.loads(r["dim_sums"])
+            sleeps = np.array(json.loads(r["sleeps_ms"]), dtype=float)
+            cs.append(sums)
+            cw.append(sleeps.max() - sleeps)     # how long each rank waits for the slowest
+            cf.append(json.loads(r["comm_fwd_ms"]))
+            cb.append(json.loads(r["comm_bwd_ms"]))
+    if not comp:
+        raise SpecError(f"{path}: no compute samples", source=str(path),
+                        fix="collect some with `clusterplan costmodel collect`")
+    def arr(v):
+        return np.array(v, float) if v else np.zeros((0, 1))
+    keys = sorted(comp)
+    noise = [(float(comp[k]["total_ms"]), float(again[k]["total_ms"])) for k in keys
+             if k in again]
+    return Dataset(batch=batch, sample_ids=np.array([k[1] for k in keys]),
+                   records=[parse_table_records(comp[k]["tables"]) for k in keys],
+                   total_ms=np.array([float(comp[k]["total_ms"]) for k in keys]),
+                   noise=noise, comm_sums=arr(cs),
+                   comm_waits=arr(cw),
+                   comm_fwd=arr(cf),
+                   comm_bwd=arr(cb), meta=meta)
+
+
+def pad(mats: Sequence[np.ndarray]):
+    """Stack variable-length (tables, F) matrices into (N, T, F) and a (N, T) mask."""
+    torch = _torch()
+    t = max(1, max(m.shape[0] for m in mats))
+    x = np.zeros((len(mats), t, NUM_FEATURES), dtype=np.float32)
+    mask = np.zeros((len(mats), t), dtype=np.float32)
+    for i, m in enumerate(mats):
+        x[i, :len(m)] = m
+        mask[i, :len(m)] = 1
+    return torch.from_numpy(x), torch.from_numpy(mask)
+
+
+def split_ids(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """80/10/10 split of ``n`` samples (a seeded permutation)."""
+    perm = np.random.default_rng(seed).permutation(n)
+    a, b = int(round(0.8 * n)), int(round(0.9 * n))
+    return perm[:a], perm[a:b], perm[b:]
+
+
+# ---------------------------------------------------------------------------------------------
+# training
+
+def _fit(model, make_loss, *, epochs: int, lr: float, seed: int, val_loss, patience: int = 300,
+         weight_decay: float = 0.0):
+    torch = _torch()
+    torch.manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    best, best_state, since = math.inf, None, 0
+    for ep in range(epochs):
+        model.train()
+        opt.zero_grad()
+        loss = make_loss()
+        loss.backward()
+        opt.step()
+        model.eval()
+        with torch.no_grad():
+            v = float(val_loss())
+        if v < best - 1e-7:
+            best, since = v, 0
+            best_state = {k: t.detach().clone() for k, t in model.state_dict().items()}
+        else:
+            since += 1
+            if since > patience:
+                break
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    return best
+
+
+def train_compute_net(mats, y_ms, tr, va, *, seed: int = 0, epochs: int = 3000, lr: float = 3e-3):
+    """Train :class:`ComputeNet` full-batch on log(ms); returns the model."""
+    torch = _torch()
+    torch.manual_seed(seed)
+    net = ComputeNet()
+    allx = np.concatenate([mats[i] for i in tr])
+    net.mean.copy_(torch.tensor(allx.mean(axis=0), dtype=torch.float32))
+    net.std.copy_(torch.tensor(np.maximum(allx.std(axis=0), 1e-3), dtype=torch.float32))
+    xt, mt = pad([mats[i] for i in tr])
+    xv, mv = pad([mats[i] for i in va])
+    yt = torch.tensor(np.log(y_ms[tr]), dtype=torch.float32)
+    yv = torch.tensor(np.log(y_ms[va]), dtype=torch.float32)
+    mse = torch.nn.functional.mse_loss
+    _fit(net, lambda: mse(net(xt, mt), yt), epochs=epochs, lr=lr, seed=seed,
+         val_loss=lambda: mse(net(xv, mv), yv), weight_decay=1e-5)
+    net.eval()
+    return net
+
+
+def train_comm_net(x, y, tr, va, *, seed: int = 0, epochs: int = 3000, lr: float = 3e-3):
+    torch = _torch()
+    net = CommNet(x.shape[1], y.shape[1])
+    net.scale.copy_(torch.tensor(np.maximum(np.abs(x[tr]).mean(axis=0), 1e-3),
+                                 dtype=torch.float32))
+    xt = torch.tensor(x[tr], dtype=torch.float32)
+    xv = torch.tensor(x[va], dtype=torch.float32)
+    yt = torch.tensor(np.log(y[tr]), dtype=torch.float32)
+    yv = torch.tensor(np.log(y[va]), dtype=torch.float32)
+    mse = torch.nn.functional.mse_loss
+    _fit(net, lambda: mse(net(xt), yt), epochs=epochs, lr=lr, seed=seed,
+         val_loss=lambda: mse(net(xv), yv))
+    net.eval()
+    return net
+
+
+def predict_compute(net, mats) -> np.ndarray:
+    torch = _torch()
+    with torch.no_grad():
+        x, m = pad(mats)
+        return np.exp(net(x, m).numpy().astype(float))
+
+
+def train(data_path, *, seed: int = 0, epochs: int = 3000, log=print) -> dict:
+    """Train both compute models (and the comm nets when there is comm data) on one data file.
+
+    Returns ``{"metrics": …, "compute_net": module, "fwd_net": …, "bwd_net": …, "data": Dataset}``.
+    """
+    from sklearn.ensemble import HistGradientBoostingRegressor
+    t0 = time.perf_counter()
+    ds = load_dataset(data_path)
+    n = len(ds.records)
+    if n < 10:
+        from simulator.errors import SpecError
+        raise SpecError(f"{data_path}: {n} compute samples are too few to train on",
+                        source=str(data_path), fix="collect ≥ 10 samples (--samples)")
+    mats = [table_matrix(r, batch=ds.batch) for r in ds.records]
+    tr, va, te = split_ids(n, seed)
+    y = ds.total_ms
+    net = train_compute_net(mats, y, tr, va, seed=seed, epochs=epochs)
+    p_net = predict_compute(net, [mats[i] for i in te])
+    agg = np.stack([aggregate_vector(r, batch=ds.batch) for r in ds.records])
+    gb = HistGradientBoostingRegressor(max_iter=500, learning_rate=0.05, random_state=seed,
+                                       early_stopping=False, min_samples_leaf=5)
+    gb.fit(agg[np.concatenate([tr, va])], np.log(y[np.concatenate([tr, va])]))
+    p_gb = np.exp(gb.predict(agg[te]))
+    metrics = {
+        "samples": n, "train": len(tr), "validation": len(va), "test": len(te),
+        "batch": ds.batch,
+        "compute_net": {"test_mape": mape(p_net, y[te]), "test_kendall_tau":
+                        kendall_tau(p_net, y[te])},
+        "hist_gradient_boosting": {"test_mape": mape(p_gb, y[te]),
+                                   "test_kendall_tau": kendall_tau(p_gb, y[te])},
+        "test_ms_range": [float(y[te].min()), float(y[te].max())],
+    }
+    if ds.noise:
+        a = np.array(ds.noise)
+        rel = np.abs(a[:, 0] - a[:, 1]) / a.mean(axis=1)
+        metrics["noise_pairs"] = {"pairs": len(a), "mean_rel_diff": float(rel.mean()),
+                                  "median_rel_diff": float(np.median(rel)),
+                                  "max_rel_diff": float(rel.max()),
+                                  "mape_round1_vs_round0": mape(a[:, 1], a[:, 0]),
+                                  "kendall_tau_round1_vs_round0": kendall_tau(a[:, 1], a[:, 0])}
+    out = {"metrics": metrics, "compute_net": net, "fwd_net": None, "bwd_net": None, "data": ds}
+    m = len(ds.comm_sums)
+    if m >= 10:
+        ctr, cva, cte = split_ids(m, seed + 1)
+        xf = np.concatenate([ds.comm_sums, ds.comm_waits], axis=1)
+        fnet = train_comm_net(xf, ds.comm_fwd, ctr, cva, seed=seed, epochs=epochs)
+        bnet = train_comm_net(ds.comm_sums, ds.comm_bwd, ctr, cva, seed=seed, epochs=epochs)
+        torch = _torch()
+        with torch.no_grad():
+            pf = np.exp(fnet(torch.tensor(xf[cte], dtype=torch.float32)).numpy())
+            pb = np.exp(bnet(torch.tensor(ds.comm_sums[cte], dtype=torch.float32)).numpy())
+        # baseline for the comm nets: every rank's mean over the training set (as a floor)
+        metrics["comm"] = {
+            "devices": int(ds.comm_sums.shape[1]), "samples": m, "test": len(cte),
+            "fwd_net": {"test_mape": mape(pf.ravel(), ds.comm_fwd[cte].ravel()),
+                        "test_kendall_tau": kendall_tau(pf.ravel(), ds.comm_fwd[cte].ravel())},
+            "bwd_net": {"test_mape": mape(pb.ravel(), ds.comm_bwd[cte].ravel()),
+                        "test_kendall_tau": kendall_tau(pb.ravel(), ds.comm_bwd[cte].ravel())},
+        }
+        out["fwd_net"], out["bwd_net"] = fnet, bnet
+    metrics["train_wall_s"] = time.perf_counter() - t0
+    return out

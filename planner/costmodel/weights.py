@@ -1,0 +1,166 @@
+"""Saving and loading trained cost-model weights: a plain ``state_dict`` (``NAME.pt``, loaded
+with ``torch.load(weights_only=True)``) and its metadata (``NAME.json``: architecture, data
+collection configuration and hardware, metrics, the data file's sha256 and the command).
+
+:func:`load_predictor` returns a :class:`Predictor`; it warns (``HardwareMismatchWarning``)
+when this machine's CPU model, core count, torch / fbgemm_gpu versions or kernel backend differ
+from the ones the data was collected on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from simulator.errors import SpecError
+
+from .features import FEATURE_NAMES, NUM_FEATURES, table_matrix
+
+__all__ = ["save_weights", "load_predictor", "Predictor", "HardwareMismatchWarning",
+           "shipped_weights_path", "FORMAT"]
+
+FORMAT = "clusterplan.costmodel-weights"
+CHECKED = ("cpu_model", "cpu_count", "torch", "fbgemm_gpu", "backend")
+
+
+class HardwareMismatchWarning(UserWarning):
+    """The weights were trained on data from other hardware than this machine."""
+
+
+def shipped_weights_path() -> Path:
+    """The weights shipped for this CPU class (see weights/README in the package)."""
+    return Path(__file__).resolve().parent / "weights" / "cpu-epyc-2core.pt"
+
+
+def _sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def save_weights(path, result: dict, *, data_path=None, command: str = "") -> None:
+    """Write ``path`` (state dict) and ``path`` with ``.json`` (metadata) from :func:`train`."""
+    import torch
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {f"compute.{k}": v for k, v in result["compute_net"].state_dict().items()}
+    ds = result["data"]
+    meta = {"format": FORMAT, "version": 1, "features": list(FEATURE_NAMES),
+            "architecture": {"compute": {"table_mlp": [NUM_FEATURES, 128, 32], "head": [32, 64, 1],
+                                         "target": "log(ms) of fused forward+backward"}},
+            "batch": ds.batch, "collection": ds.meta,
+            "metrics": result["metrics"], "command": command,
+            "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    if data_path is not None:
+        meta["data_file"] = Path(data_path).name
+        meta["data_sha256"] = _sha256(data_path)
+    for key in ("fwd_net", "bwd_net"):
+        net = result.get(key)
+        if net is not None:
+            state.update({f"{key}.{k}": v for k, v in net.state_dict().items()})
+            first = net.mlp[0]
+            meta["architecture"][key] = {"inputs": first.in_features,
+                                         "devices": net.mlp[-1].out_features}
+    torch.save(state, path)
+    path.with_suffix(".json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+
+
+class Predictor:
+    """Cost predictions (ms) from loaded weights.
+
+    ``compute_ms(tables_per_device)`` takes, per device, records ``[rows, dim, pooling,
+    bin_0 … bin_16]`` at the collection batch (:attr:`batch`) and returns the predicted fused
+    forward+backward time of each device. ``comm_ms(dim_sums, waits_ms)`` returns per-device
+    forward and backward all-to-all times when comm nets for that device count were shipped.
+    """
+
+    def __init__(self, compute, fwd, bwd, meta: dict) -> None:
+        self.compute_net, self.fwd_net, self.bwd_net, self.meta = compute, fwd, bwd, meta
+        self.batch = int(meta["batch"])
+        self.comm_devices = meta["architecture"].get("bwd_net", {}).get("devices")
+        self._memo: dict = {}
+
+    def compute_ms(self, tables_per_device: Sequence[Sequence[Sequence[float]]]) -> np.ndarray:
+        from .model import predict_compute
+        out = np.zeros(len(tables_per_device))
+        todo, mats = [], []
+        for i, recs in enumerate(tables_per_device):
+            if not recs:
+                continue
+            key = tuple(sorted(tuple(r) for r in recs))
+            if key in self._memo:
+                out[i] = self._memo[key]
+            else:
+                todo.append((i, key))
+                mats.append(table_matrix(recs, batch=self.batch))
+        if mats:
+            pred = predict_compute(self.compute_net, mats)
+            for (i, key), p in zip(todo, pred):
+                self._memo[key] = float(p)
+                out[i] = float(p)
+        return out
+
+    def comm_ms(self, dim_sums: Sequence[float], waits_ms: Sequence[float]):
+        import torch
+        if self.fwd_net is None or len(dim_sums) != self.comm_devices:
+            return None
+        with torch.no_grad():
+            x = torch.tensor([list(dim_sums) + list(waits_ms)], dtype=torch.float32)
+            f = np.exp(self.fwd_net(x).numpy()[0])
+            b = np.exp(self.bwd_net(torch.tensor([list(dim_sums)], dtype=torch.float32))
+                       .numpy()[0])
+        return f, b
+
+
+def load_predictor(path=None, *, check_hardware: bool = True) -> Predictor:
+    """Load weights (default: the shipped ones) with ``torch.load(weights_only=True)``."""
+    from planner.sharding.measure_kernels import require_torch
+    torch = require_torch("loading cost-model weights")
+    from .model import CommNet, ComputeNet
+    path = Path(path) if path is not None else shipped_weights_path()
+    mp = path.with_suffix(".json")
+    if not path.exists() or not mp.exists():
+        raise SpecError(f"{path}: cost-model weights or their {mp.name} not found",
+                        source=str(path), fix="train some with `clusterplan costmodel train "
+                                              "DATA.csv --out FILE.pt`")
+    meta = json.loads(mp.read_text())
+    if meta.get("format") != FORMAT:
+        raise SpecError(f"{mp}: not cost-model weights (format {meta.get('format')!r})",
+                        source=str(mp), field="format", fix="pass a file written by "
+                                                              "`clusterplan costmodel train`")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+
+    def part(prefix):
+        return {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + ".")}
+
+    compute = ComputeNet()
+    compute.load_state_dict(part("compute"))
+    compute.eval()
+    fwd = bwd = None
+    arch = meta["architecture"]
+    if "fwd_net" in arch:
+        d = arch["fwd_net"]["devices"]
+        fwd, bwd = CommNet(2 * d, d), CommNet(d, d)
+        fwd.load_state_dict(part("fwd_net"))
+        bwd.load_state_dict(part("bwd_net"))
+        fwd.eval()
+        bwd.eval()
+    if check_hardware:
+        from .collect import hardware_info
+        here = hardware_info()
+        hw = (meta.get("collection", {}).get("hardware") or [{}])[0]
+        diff = [f"{k} {hw.get(k)!r} (here {here.get(k)!r})" for k in CHECKED
+                if hw.get(k) != here.get(k)]
+        if diff:
+            warnings.warn(f"cost-model weights {path.name} were trained on other hardware: "
+                          + "; ".join(diff) + " — predictions may be off; collect and train "
+                          "on this machine", HardwareMismatchWarning, stacklevel=2)
+    return Predictor(compute, fwd, bwd, meta)
