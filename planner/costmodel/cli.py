@@ -33,7 +33,7 @@ def add_costmodel_command(sub) -> None:
     t.add_argument("data", help="data CSV from `costmodel collect`")
     t.add_argument("--out", help="weights file (.pt; a .json with the metadata beside it)")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--epochs", type=int, default=3000)
+    t.add_argument("--epochs", type=int, default=300)
     t.add_argument("--json", action="store_true", help="print the metrics as JSON")
     t.set_defaults(func=_train)
 
@@ -73,7 +73,8 @@ def _train(a: argparse.Namespace) -> int:
     print(f"{m['samples']} combinations ({m['train']} train, {m['validation']} validation, "
           f"{m['test']} held-out test, batch {m['batch']})")
     print(f"{'model':<26}{'held-out MAPE':>15}{'Kendall tau':>13}")
-    for key, label in (("compute_net", "NeuroShard compute net"),
+    for key, label in (("compute_net", "additive net (shipped)"),
+                       ("neuroshard_net", "NeuroShard pooled net"),
                        ("hist_gradient_boosting", "HistGradientBoosting")):
         print(f"{label:<26}{100 * m[key]['test_mape']:>14.1f}%{m[key]['test_kendall_tau']:>13.3f}")
     if "noise_pairs" in m:

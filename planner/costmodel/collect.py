@@ -88,11 +88,37 @@ def meta_path(data: str | Path) -> Path:
     return Path(str(data) + ".meta.json")
 
 
-def hardware_info(threads: int = 1) -> dict:
-    from planner.sharding.measure_kernels import cpu_description, kernel_backend
-    info = cpu_description()
+def hardware_info(threads: int = 1, *, light: bool = False) -> dict:
+    """What the measurements depend on: CPU model and cores, torch and fbgemm_gpu versions,
+    threads and kernel backend (plus platform facts). ``light`` reads the versions from the
+    installed package metadata instead of importing fbgemm_gpu (the weights loader's check)."""
+    if not light:
+        from planner.sharding.measure_kernels import cpu_description, kernel_backend
+        info = cpu_description()
+        info["threads"] = int(threads)
+        info["backend"] = kernel_backend("auto")
+        return info
+    import importlib.metadata as md
+    import platform
+    from planner.sharding.measure_kernels import last_level_cache_bytes
+    info = {"platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "python": platform.python_version(), "numpy": np.__version__}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    for dist, key in (("torch", "torch"), ("fbgemm-gpu-cpu", "fbgemm_gpu"),
+                      ("fbgemm-gpu", "fbgemm_gpu")):
+        try:
+            info.setdefault(key, md.version(dist))
+        except md.PackageNotFoundError:
+            pass
+    info["last_level_cache_bytes"] = last_level_cache_bytes()
     info["threads"] = int(threads)
-    info["backend"] = kernel_backend("auto")
+    info["backend"] = "fbgemm" if "fbgemm_gpu" in info else "torch"
     return info
 
 

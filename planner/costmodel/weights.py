@@ -155,7 +155,7 @@ def load_predictor(path=None, *, check_hardware: bool = True) -> Predictor:
         bwd.eval()
     if check_hardware:
         from .collect import hardware_info
-        here = hardware_info()
+        here = hardware_info(light=True)
         hw = (meta.get("collection", {}).get("hardware") or [{}])[0]
         diff = [f"{k} {hw.get(k)!r} (here {here.get(k)!r})" for k in CHECKED
                 if hw.get(k) != here.get(k)]

@@ -16,6 +16,8 @@ name               what it does
                    table-row-wise across hosts); warm-started from ``local_search``
 ``torchrec``       TorchRec's own ``EmbeddingShardingPlanner``, run for real (needs
                    ``make setup-torchrec``); its plan converted back and costed by our model
+``neuroshard``     NeuroShard's greedy grid search (table-wise) over the learned cost model
+                   shipped in ``planner/costmodel`` (``planner/costmodel/README.md``)
 =================  ==========================================================================
 
 Every planner falls back to row-wise for a table that fits no single device, when row-wise is
@@ -33,7 +35,7 @@ from ..task import ShardingTask
 __all__ = ["Planner", "PLANNER_NAMES", "get_planner"]
 
 PLANNER_NAMES = ("random", "size", "dim", "lookup", "size_lookup", "greedy", "local_search", "mip",
-                 "torchrec")
+                 "torchrec", "neuroshard")
 
 
 @runtime_checkable
@@ -69,5 +71,8 @@ def get_planner(name: str, **options) -> Planner:
     if name == "torchrec":
         from .torchrec_planner import TorchRecPlanner
         return TorchRecPlanner(**options)
+    if name == "neuroshard":
+        from planner.costmodel.planner import NeuroShardPlanner
+        return NeuroShardPlanner(**options)
     raise SpecError(f"unknown planner {name!r}", source="--planner",
                     fix=f"use one of: {', '.join(PLANNER_NAMES)}")
