@@ -48,8 +48,10 @@ def worker_main(slot: int, inbox, progress: Progress, outbox) -> None:
         job, cfg, port = msg
         state: dict = {"step": -1}
         try:
-            result = _run(slot, cfg, port, progress, lambda kind, payload, job=job:
-                          outbox.put((kind, job, slot, payload)), state)
+            send = (lambda kind, payload, job=job: outbox.put((kind, job, slot, payload)))
+            rank_main = getattr(cfg, "rank_main", None)      # DLRM runs bring their own
+            result = (rank_main(slot, port, progress, send, state) if rank_main is not None
+                      else _run(slot, cfg, port, progress, send, state))
         except BaseException as exc:  # every failure goes to the parent, then the rank ends
             text = str(exc).strip()
             info = {"type": type(exc).__name__,

@@ -1,0 +1,221 @@
+"""DLRM plans: the simulator's expected step, the exact comparison, predicted vs measured.
+
+:func:`validate_dlrm` returns the ``--json`` dictionary of ``clusterplan validate PLAN.json``
+for a sharding plan: ``structure`` (every rank's collectives per step and process group against
+:func:`planner.sharding.simulate_torchrec.torchrec_comm_ops` of the same batch: kind, bytes,
+all-to-all send and receive splits in bytes, order), ``predicted_step_time_s`` (the simulated
+step on this machine's topology and CPU profile), ``measured_step_time_s`` (median over the
+measured steps of the slowest rank), ``relative_error``, ``per_kind`` and the configuration.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass
+
+from simulator.units import format_time
+
+from .dlrm import DLRMRunConfig, step_batch
+from .runner import RunResult, run
+
+__all__ = ["expected_ops", "measured_channels", "compare_dlrm", "validate_dlrm",
+           "format_dlrm_report", "dense_param_sizes"]
+
+FWD_KINDS = {"a2a": "embedding all-to-all", "rw_comm": "reduce-scatter/all-gather",
+             "dense_allreduce": "dense all-reduce", "dp_allreduce": "data-parallel all-reduce"}
+
+
+def dense_param_sizes(model) -> list[int]:
+    """Bytes of the dense parameters in registration order (as the real run builds them)."""
+    d = model.dense
+    if d is None:
+        return []
+    dims = [t.embedding_dim for t in model.tables]
+    ls = d.layers(dims)
+    out = []
+    for i, o in ls["bottom"]:
+        out += [i * o * 4, o * 4]
+    if d.interaction != "dot":
+        top_in = ls["top"][0][0]
+        out += [top_in * d.dcn_projection * 4] * d.dcn_layers          # u
+        out += [d.dcn_projection * top_in * 4] * d.dcn_layers          # v
+        out += [top_in * 4] * d.dcn_layers                             # biases
+    for i, o in ls["top"]:
+        out += [i * o * 4, o * 4]
+    return out
+
+
+def expected_ops(cfg: DLRMRunConfig, step: int):
+    from planner.sharding.simulate_torchrec import torchrec_comm_ops
+    lengths, ids = step_batch(cfg, step)
+    return torchrec_comm_ops(cfg.shardings, [t.embedding_dim for t in cfg.model.tables],
+                             lengths, ids, world=cfg.world, local_world=cfg.local_world,
+                             dense_param_sizes=dense_param_sizes(cfg.model))
+
+
+def measured_channels(events, step: int) -> dict[str, list[tuple]]:
+    """A worker's records of ``step`` → ``{channel: [(kind, bytes, send, recv, label)]}``."""
+    out: dict[str, list[tuple]] = {}
+    for step_, kind, nbytes, group, name, ch, _t0, _t1, send, recv in events:
+        if step_ != step:
+            continue
+        key = "world" if ch == "world" else f"{ch} {list(group)}"
+        out.setdefault(key, []).append((kind, int(nbytes), tuple(send), tuple(recv), name))
+    return out
+
+
+@dataclass
+class DLRMMismatch:
+    rank: int
+    step: int
+    channel: str
+    index: int
+    expected: tuple | None
+    measured: tuple | None
+
+    def text(self) -> str:
+        def side(x):
+            if x is None:
+                return "nothing"
+            kind, b, send, recv, name = x
+            sp = f" send {list(send)} recv {list(recv)}" if send or recv else ""
+            return f"{kind} {b} B{sp} ({name})"
+        return (f"rank {self.rank}, step {self.step}, {self.channel} call {self.index}: "
+                f"simulator {side(self.expected)}; real run {side(self.measured)}")
+
+
+def compare_dlrm(cfg: DLRMRunConfig, ranks: list[dict], steps) -> dict:
+    """Exact comparison of every rank's calls per step and channel (labels not compared)."""
+    from planner.sharding.simulate_torchrec import rank_events
+    first = None
+    counts: dict[str, int] = {}
+    mcounts: dict[str, int] = {}
+    for s in steps:
+        ops = expected_ops(cfg, s)
+        for r in ranks:
+            rank = r["rank"]
+            a, b = rank_events(ops, rank), measured_channels(r["events"], s)
+            for ch in sorted(set(a) | set(b)):
+                xs, ys = a.get(ch, []), b.get(ch, [])
+                if s == steps[0]:
+                    for x in xs:
+                        k = f"{ch.split()[0]} {x[0]}"
+                        counts[k] = counts.get(k, 0) + 1
+                    for y in ys:
+                        k = f"{ch.split()[0]} {y[0]}"
+                        mcounts[k] = mcounts.get(k, 0) + 1
+                for i in range(max(len(xs), len(ys))):
+                    x = xs[i] if i < len(xs) else None
+                    y = ys[i] if i < len(ys) else None
+                    if (x and x[:4]) != (y and y[:4]):
+                        mm = DLRMMismatch(rank, s, ch, i, x, y)
+                        if first is None or (s, rank) < (first.step, first.rank):
+                            first = mm
+                        break
+    f = first
+    return {"match": f is None, "steps_checked": len(steps), "ranks": len(ranks),
+            "calls_per_step": dict(sorted(counts.items())),
+            "measured_calls_per_step": dict(sorted(mcounts.items())),
+            "first_mismatch": None if f is None else {
+                "rank": f.rank, "step": f.step, "channel": f.channel, "index": f.index,
+                "expected": None if f.expected is None else list(map(_plain, f.expected)),
+                "measured": None if f.measured is None else list(map(_plain, f.measured)),
+                "text": f.text()}}
+
+
+def _plain(x):
+    return list(x) if isinstance(x, tuple) else x
+
+
+def predicted(cfg: DLRMRunConfig, step: int) -> dict:
+    """The simulated step (this machine's topology and CPU profile) of ``step``'s batch."""
+    from planner.sharding.measure import cpu_topology_ref
+    from planner.sharding.simulate_torchrec import build_torchrec_step_workload
+    from planner.sharding.task import ShardingTask, prepare
+    from simulator.engine import simulate
+    problem = prepare(ShardingTask(model=cfg.model, topology=cpu_topology_ref(cfg.world)),
+                      cfg.world)
+    w = build_torchrec_step_workload(problem, cfg.shardings, expected_ops(cfg, step))
+    res = simulate(problem.topology, w)
+    per = res.per_device()
+    kinds = {}
+    for cat in ("emb_fwd", "emb_bwd", "mlp_fwd", "mlp_bwd", "a2a", "rw_comm",
+                "dense_allreduce", "dp_allreduce"):
+        sel = per[per.category == cat]
+        kinds[cat] = float(sel.groupby("rank").duration_s.sum().max()) if len(sel) else 0.0
+    return {"step_time_s": res.step_time_s, "per_kind": kinds,
+            "topology": problem.topology_ref}
+
+
+def measure(cfg: DLRMRunConfig, res: RunResult) -> dict:
+    first, last = cfg.warmup, cfg.warmup + cfg.steps
+    per_rank = {}
+    for r in res.ranks:
+        durs = {s: t1 - t0 for s, t0, t1 in r["steps"] if first <= s < last}
+        per_rank[r["rank"]] = [durs[s] for s in sorted(durs)]
+    slowest = [max(v[i] for v in per_rank.values()) for i in range(cfg.steps)]
+    critical = max(per_rank, key=lambda r: statistics.median(per_rank[r]))
+    losses = [r["losses"] for r in res.ranks if r["losses"]]
+    loss = [statistics.fmean(x[i] for x in losses) for i in range(len(losses[0]))] \
+        if losses else []
+    return {"steps_s": slowest, "step_time_s": statistics.median(slowest),
+            "critical_rank": critical, "loss": loss}
+
+
+def validate_dlrm(cfg: DLRMRunConfig, *, result: RunResult | None = None) -> dict:
+    """Run (unless ``result`` is given), compare exactly, predict; see the module docstring."""
+    res = result or run(cfg)
+    steps = list(range(cfg.warmup, cfg.warmup + cfg.steps))
+    structure = compare_dlrm(cfg, res.ranks, steps)
+    meas = measure(cfg, res)
+    pred = predicted(cfg, steps[0])
+    p, m = pred["step_time_s"], meas["step_time_s"]
+    cores = os.cpu_count() or 1
+    return {"config": cfg.to_dict(), "structure": structure,
+            "predicted_step_time_s": p, "measured_step_time_s": m,
+            "relative_error": p / m - 1.0 if m > 0 else None,
+            "per_kind": {"predicted_s": pred["per_kind"]},
+            "critical_rank": meas["critical_rank"], "steps_s": meas["steps_s"],
+            "loss": meas["loss"], "run_wall_s": res.wall_s, "processes": cfg.world,
+            "cores": cores, "oversubscription": cfg.world / cores,
+            "topology": pred["topology"],
+            "traces": sorted(r["trace"] for r in res.ranks if r.get("trace")),
+            "real": {"model": "TorchRec DistributedModelParallel (EmbeddingBagCollection + "
+                              "dense MLPs), gloo, fused exact SGD"}}
+
+
+def format_dlrm_report(d: dict) -> str:
+    c, s = d["config"], d["structure"]
+    lines = [f"validate {c['model']} ({c['tables']} tables, {', '.join(c['sharding_types'])}; "
+             f"batch {c['batch_size']}, {c['local_batch']} per rank) from {c['plan']}: "
+             f"TorchRec DMP, {c['backend']}, {d['processes']} processes on {d['cores']} cores"]
+
+    def desc(counts):
+        return ", ".join(f"{n} {k}" for k, n in counts.items()) or "no communication"
+    if s["match"]:
+        lines.append(f"  structure: MATCH on every rank and step ({s['steps_checked']} steps, "
+                     f"{s['ranks']} ranks): {desc(s['calls_per_step'])} per step (all ranks), "
+                     "as in the simulator's op graph")
+    else:
+        lines.append(f"  structure: MISMATCH, first at {s['first_mismatch']['text']}")
+        lines.append(f"    simulator per step: {desc(s['calls_per_step'])}")
+        lines.append(f"    real run per step:  {desc(s['measured_calls_per_step'])}")
+    err = d["relative_error"]
+    lines.append(f"  step time: predicted {format_time(d['predicted_step_time_s'])}, measured "
+                 f"{format_time(d['measured_step_time_s'])} (median of {len(d['steps_s'])} "
+                 f"steps, slowest rank), error {err:+.0%}" if err is not None
+                 else "  step time: not measured")
+    pk = d["per_kind"]["predicted_s"]
+    lines.append("  predicted per step (busiest rank): " + ", ".join(
+        f"{k} {format_time(v)}" for k, v in pk.items() if v > 0))
+    if d["loss"]:
+        lines.append(f"  loss {d['loss'][0]:.4f} -> {d['loss'][-1]:.4f} (warm-up included)")
+    if d["oversubscription"] > 1:
+        lines.append(f"  note: {d['processes']} processes share {d['cores']} cores: measured "
+                     "times include waiting for a core")
+    lines.append("  note: timing accuracy is not validated (the prediction uses the "
+                 f"{d['topology']} priors and the CPU profile); the structure is")
+    if d["traces"]:
+        lines.append(f"  traces: {os.path.dirname(d['traces'][0])}/rank*.trace.json")
+    return "\n".join(lines)
