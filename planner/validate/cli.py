@@ -25,7 +25,10 @@ def register(sub) -> None:
                     "process per rank (gloo). Checks that every rank's collectives and "
                     "pipeline messages (kind, count, bytes, group, order) equal the "
                     "simulator's op graph for the same plan, and prints predicted vs "
-                    "measured step time. See planner/validate/README.md.")
+                    "measured step time. A sharding plan (clusterplan plan TABLES "
+                    "--devices N --out plan.json) runs in TorchRec's "
+                    "DistributedModelParallel instead, its collectives compared with the "
+                    "simulator's TorchRec step. See planner/validate/README.md.")
     p.add_argument("source", metavar="MODEL|PLAN.json",
                    help="model spec (YAML path or built-in name) or a plan from clusterplan plan")
     p.add_argument("--parallel", metavar="SPEC",
@@ -60,6 +63,11 @@ def register(sub) -> None:
     p.add_argument("--inject-fault", default=None, metavar="RANK:KIND@STEP",
                    help="testing: make a rank raise, hang or exit at a step, e.g. 1:hang@1")
     p.add_argument("--json", action="store_true", help="print JSON")
+    d = p.add_argument_group("sharding plans (DLRM, TorchRec DistributedModelParallel)")
+    d.add_argument("--tables", metavar="TABLES",
+                   help="the plan's table spec (default: the plan's task.source)")
+    d.add_argument("--batch-size", type=int, default=None, metavar="B",
+                   help="global batch of the run and the prediction (default: the plan's)")
     p.set_defaults(func=run_validate)
 
 
@@ -74,6 +82,10 @@ def run_validate(args) -> int:
 
     from .config import load_source, parse_fault, run_config
     from .report import format_report, validate
+    from .dlrm import is_sharding_plan
+    if is_sharding_plan(args.source):
+        from .dlrm_cli import run_validate_dlrm
+        return run_validate_dlrm(args)
     if args.backend != "gloo":
         raise SpecError("only gloo runs in this slice (nccl needs CUDA GPUs and a device "
                         "placement the worker does not do yet)", field="--backend",
