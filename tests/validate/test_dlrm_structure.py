@@ -138,8 +138,11 @@ def test_plan_format_is_recognised(tmp_path):
 
 # -- real runs ------------------------------------------------------------------------------
 
-CASES = [("mixed", 2, True, None), ("mixed", 4, True, None), ("table_wise", 4, False, None),
+CASES = [("mixed", 2, True, None), ("row_wise", 2, False, None), ("mixed", 4, True, None),
+         ("table_wise", 4, False, None), ("column_wise", 4, True, None),
+         ("table_row_wise", 4, False, None), ("data_parallel", 4, True, None),
          ("mixed", 4, True, (4, 2, 3, 0, 1))]
+MIXED4 = 2
 
 
 @pytest.fixture(scope="module")
@@ -173,20 +176,32 @@ def test_real_run_issues_the_simulated_collectives(runs, case):
 
 def test_a_wrong_expectation_is_caught(runs):
     cfgs, results, _ = runs
-    cfg = replace(cfgs[1], seed=cfgs[1].seed + 1)          # another batch: other RW splits
-    d = validate_dlrm(cfg, result=results[1])
+    cfg = replace(cfgs[MIXED4], seed=cfgs[MIXED4].seed + 1)   # another batch: other splits
+    d = validate_dlrm(cfg, result=results[MIXED4])
     assert not d["structure"]["match"]
     assert "values a2a" in d["structure"]["first_mismatch"]["text"]
 
 
-@pytest.mark.parametrize("kind", ["raise", "hang"])
-def test_a_failing_rank_is_named_within_the_timeout(tmp_path, kind):
+def test_a_rank_that_hangs_is_named_within_the_timeout(tmp_path):
     pytest.importorskip("torchrec")
     cfg = load_dlrm_config(str(write_plan(tmp_path, "mixed", 2)), steps=2, warmup=1,
-                           timeout_s=5.0, fault=Fault(1, kind, 1))
+                           timeout_s=3.0, fault=Fault(1, "hang", 1))
     t0 = time.monotonic()
     out = run_many([cfg])[0]
     took = time.monotonic() - t0
     assert isinstance(out, RunFailed)
-    assert out.rank == 1 and re.search(r"rank 1 (raised|hung)", str(out)), str(out)
+    assert out.rank == 1 and re.search(r"rank 1 hung: .*step 1", str(out)), str(out)
     assert took < 60
+
+
+def test_cli_names_a_rank_that_raises(tmp_path, capsys):
+    pytest.importorskip("torchrec")
+    from planner.cli import main
+    plan = write_plan(tmp_path, "mixed", 2)
+    assert main(["validate", str(plan), "--nproc", "4"]) == 2          # bad input, no run
+    t0 = time.monotonic()
+    assert main(["validate", str(plan), "--steps", "1", "--no-trace", "--timeout", "5",
+                 "--inject-fault", "0:raise@1"]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"rank 0 raised RuntimeError: injected fault on rank 0 at step 1", err), err
+    assert time.monotonic() - t0 < 60
