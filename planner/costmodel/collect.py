@@ -219,11 +219,6 @@ def _open_meta(out: Path, cfg: CollectConfig, hw: dict, mix_hardware: bool) -> d
             raise SpecError(f"{out} exists without its metadata {mp.name}", source=str(out),
                             fix="collect into a new file")
         meta = json.loads(mp.read_text())
-        if meta.get("config") != cfg.key():
-            diff = sorted(k for k in cfg.key() if meta.get("config", {}).get(k) != cfg.key()[k])
-            raise SpecError(f"{out} was collected with another configuration ({', '.join(diff)})",
-                            source=str(out), field="config",
-                            fix="resume with the same --seed and options, or use a new --out")
         known = {h["id"] for h in meta["hardware"]}
         if hid not in known:
             if not mix_hardware:
@@ -235,6 +230,11 @@ def _open_meta(out: Path, cfg: CollectConfig, hw: dict, mix_hardware: bool) -> d
                     f"threads)", source=str(out), field="hardware",
                     fix="collect into a new file, or pass --mix-hardware to append anyway")
             meta["hardware"].append(dict(hw, id=hid))
+        if meta.get("config") != cfg.key():
+            diff = sorted(k for k in cfg.key() if meta.get("config", {}).get(k) != cfg.key()[k])
+            raise SpecError(f"{out} was collected with another configuration ({', '.join(diff)})",
+                            source=str(out), field="config",
+                            fix="resume with the same --seed and options, or use a new --out")
         return meta
     return {"format": FORMAT, "version": 1, "config": cfg.key(),
             "hardware": [dict(hw, id=hid)], "runs": []}

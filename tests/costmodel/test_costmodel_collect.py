@@ -1,0 +1,76 @@
+"""costmodel collect: rows + hardware metadata, resume, refusing mixed hardware."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from planner.costmodel.collect import CollectConfig, collect, meta_path, read_data  # noqa: E402
+from simulator.errors import SpecError  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = dict(pool_size=12, max_tables=3, repeats=1, warmup=0, comm_devices=2, comm_repeats=1,
+            comm_warmup=0, max_bytes=8 * 1024 ** 2)
+
+
+def test_collect_writes_rows_and_metadata_and_resumes(tmp_path):
+    out = tmp_path / "d.csv"
+    c = collect(out, CollectConfig(samples=3, comm_samples=2, noise_pairs=1, **TINY),
+                progress=False)
+    assert c == {"compute": 4, "comm": 2, "skipped": 0}
+    rows = read_data(out)
+    assert [r["kind"] for r in rows].count("compute") == 4
+    comp = [r for r in rows if r["kind"] == "compute"]
+    assert all(float(r["total_ms"]) > 0 for r in comp)
+    assert {(int(r["sample_id"]), int(r["round"])) for r in comp} == {(0, 0), (1, 0), (2, 0),
+                                                                      (0, 1)}
+    tabs = json.loads(comp[0]["tables"])
+    assert 1 <= len(tabs) <= 3 and all(len(t) == 4 + 17 for t in tabs)
+    comm = [r for r in rows if r["kind"] == "comm"]
+    assert all(len(json.loads(r["comm_fwd_ms"])) == 2 for r in comm)
+    meta = json.loads(meta_path(out).read_text())
+    hw = meta["hardware"][0]
+    for key in ("cpu_model", "torch", "fbgemm_gpu", "threads", "id"):
+        assert key in hw
+    assert rows[0]["hw"] == hw["id"]
+    # resume: more samples → only the new ones are measured
+    c2 = collect(out, CollectConfig(samples=5, comm_samples=2, noise_pairs=1, **TINY),
+                 progress=False)
+    assert c2["compute"] == 2 and c2["comm"] == 0 and c2["skipped"] == 6
+    ids = [(r["kind"], r["sample_id"], r["round"]) for r in read_data(out)]
+    assert len(ids) == len(set(ids)) == 8
+    assert len(json.loads(meta_path(out).read_text())["runs"]) == 2
+
+
+def test_refuses_mixed_hardware_and_other_config(tmp_path):
+    out = tmp_path / "d.csv"
+    cfg = CollectConfig(samples=1, comm_samples=0, noise_pairs=0, **TINY)
+    collect(out, cfg, progress=False)
+    mp = meta_path(out)
+    meta = json.loads(mp.read_text())
+    meta["hardware"][0].update(cpu_model="Some Other CPU", id="000000000000")
+    mp.write_text(json.dumps(meta))
+    more = CollectConfig(samples=2, comm_samples=0, noise_pairs=0, **TINY)
+    with pytest.raises(SpecError, match="other hardware"):
+        collect(out, more, progress=False)
+    with pytest.raises(SpecError, match="another configuration"):
+        collect(out, CollectConfig(samples=2, comm_samples=0, noise_pairs=0, seed=5,
+                                   **TINY), progress=False, mix_hardware=True)
+    c = collect(out, more, progress=False, mix_hardware=True)
+    assert c["compute"] == 1       # rows are keyed by the hardware id: sample 0 is done
+    assert len(json.loads(mp.read_text())["hardware"]) == 2
+    # the CLI: exit 2 and one line naming the fix
+    meta = json.loads(mp.read_text())
+    meta["hardware"] = meta["hardware"][:1]
+    mp.write_text(json.dumps(meta))
+    exe = Path(sys.executable).with_name("clusterplan")
+    r = subprocess.run([str(exe), "costmodel", "collect", "--out",
+                        str(out), "--samples", "1"], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 2, r.stderr
+    assert "--mix-hardware" in r.stderr and len(r.stderr.strip().splitlines()) == 1
