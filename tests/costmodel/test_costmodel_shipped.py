@@ -1,0 +1,50 @@
+"""The shipped weights load with weights_only and predict; --planner neuroshard plans."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from planner.costmodel.weights import load_predictor, shipped_weights_path  # noqa: E402
+
+
+def test_shipped_weights_load_and_predict():
+    path = shipped_weights_path()
+    state = torch.load(path, weights_only=True)
+    assert state and all(isinstance(v, torch.Tensor) for v in state.values())
+    meta = json.loads(path.with_suffix(".json").read_text())
+    assert meta["collection"]["hardware"][0]["cpu_model"]
+    assert meta["data_file"] == "cpu-epyc.csv"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # other hardware only warns
+        pred = load_predictor()
+    recs = [[[r, d, p] + [0.5, 0.3] + [0.2 / 15] * 15 for r, d, p in
+             [(1000, 16, 3.0), (50000, 128, 20.0)]],
+            [[2000, 4, 1.0] + [1.0] + [0.0] * 16]]
+    ms = pred.compute_ms(recs)
+    assert np.all(np.isfinite(ms)) and np.all(ms > 0)
+    f, b = pred.comm_ms([100, 200, 300, 400], [0.0, 1.0, 2.0, 3.0])
+    assert np.all(np.isfinite(f)) and np.all(f > 0) and np.all(b > 0)
+
+
+def test_planner_neuroshard_returns_a_valid_plan():
+    from planner.sharding.generate import neuroshard_tasks
+    from planner.sharding.measure import cpu_topology_ref, scale_model
+    from planner.sharding.planners import PLANNER_NAMES, get_planner
+    assert "neuroshard" in PLANNER_NAMES
+    bt = neuroshard_tasks(3, 1)[0]
+    model = scale_model(bt.model, 1 / 16)
+    task = bt.task(model=model, memory_bytes=bt.memory_bytes // 16,
+                   topology=cpu_topology_ref(4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = get_planner("neuroshard").plan(task, 4, seed=0)
+    assert plan.valid and plan.planner == "neuroshard"
+    assert len(plan.shardings) == model.num_tables
+    assert {ts.sharding_type.value for ts in plan.shardings} == {"table_wise"}
+    assert any("learned cost" in n for n in plan.stats.notes)
