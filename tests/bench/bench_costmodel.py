@@ -1,0 +1,86 @@
+"""Benchmark of the learned cost model: weights load time, neuroshard search time per task, and
+(with --measure) the measured cost of neuroshard's plans beside size_lookup and greedy.
+
+    python tests/bench/bench_costmodel.py [--tasks 8] [--measure] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--measure", action="store_true", help="also measure the plans (slow)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    import torch  # noqa: F401  (import time is not the loader's)
+    warnings.simplefilter("ignore")
+    from planner.costmodel.weights import load_predictor
+    loads = []
+    for _ in range(5):
+        t = time.perf_counter()
+        load_predictor()
+        loads.append(time.perf_counter() - t)
+    from planner.sharding.generate import neuroshard_tasks
+    from planner.sharding.measure import cpu_topology_ref, measure_many, scale_model
+    from planner.sharding.planners import get_planner
+    from planner.sharding.task import prepare
+    rows = []
+    for i, bt in enumerate(neuroshard_tasks(a.seed, a.tasks)):
+        for scaled in (True, False):
+            model = scale_model(bt.model, 1 / 16) if scaled else bt.model
+            task = bt.task(model=model, memory_bytes=bt.memory_bytes // (16 if scaled else 1),
+                           topology=cpu_topology_ref(4))
+            prepare(task, 4)           # the shared problem set-up is not the search's time
+            plans = {}
+            for name in ("neuroshard", "size_lookup", "greedy"):
+                t = time.perf_counter()
+                plans[name] = get_planner(name).plan(task, 4, seed=0)
+                wall = time.perf_counter() - t
+                rows.append({"task": i, "tables": model.num_tables, "scaled": scaled,
+                             "planner": name, "wall_s": wall, "valid": plans[name].valid,
+                             "analytic_max_ms": plans[name].max_cost_s * 1e3})
+            if scaled and a.measure:
+                ms = measure_many(prepare(task, 4), [p.shardings for p in plans.values()],
+                                  repeats=a.repeats)
+                for name, m in zip(plans, ms):
+                    for r in rows:
+                        if r["task"] == i and r["scaled"] and r["planner"] == name:
+                            r["measured_max_ms"] = m.max_s * 1e3
+    ns = [r["wall_s"] for r in rows if r["planner"] == "neuroshard"]
+    summary = {"weights_load_s": {"median": statistics.median(loads), "max": max(loads)},
+               "neuroshard_search_s": {"median": statistics.median(ns), "max": max(ns)}}
+    for scaled in (True, False):
+        for name in ("neuroshard", "greedy"):
+            ratios = []
+            for r in rows:
+                if r["planner"] == name and r["scaled"] == scaled:
+                    base = next(b for b in rows if b["planner"] == "size_lookup"
+                                and b["task"] == r["task"] and b["scaled"] == scaled)
+                    key = "measured_max_ms" if "measured_max_ms" in r else "analytic_max_ms"
+                    ratios.append(r[key] / base[key])
+            summary[f"{name}_vs_size_lookup_{'scaled' if scaled else 'full'}"] = \
+                statistics.mean(ratios)
+    print(json.dumps(summary, indent=1))
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "rows.json").write_text(json.dumps(rows, indent=1))
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
