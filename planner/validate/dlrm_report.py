@@ -57,7 +57,7 @@ def expected_ops(cfg: DLRMRunConfig, step: int):
 def measured_channels(events, step: int) -> dict[str, list[tuple]]:
     """A worker's records of ``step`` → ``{channel: [(kind, bytes, send, recv, label)]}``."""
     out: dict[str, list[tuple]] = {}
-    for step_, kind, nbytes, group, name, ch, _t0, _t1, send, recv in events:
+    for step_, kind, nbytes, group, name, ch, _t0, _t1, send, recv, *_ in events:
         if step_ != step:
             continue
         key = "world" if ch == "world" else f"{ch} {list(group)}"
@@ -156,11 +156,42 @@ def measure(cfg: DLRMRunConfig, res: RunResult) -> dict:
         per_rank[r["rank"]] = [durs[s] for s in sorted(durs)]
     slowest = [max(v[i] for v in per_rank.values()) for i in range(cfg.steps)]
     critical = max(per_rank, key=lambda r: statistics.median(per_rank[r]))
+    # per kind on the critical rank: issue + wait time of its calls, the rest is compute
+    kinds = []
+    for r in res.ranks:
+        if r["rank"] != critical:
+            continue
+        for s in range(first, last):
+            row = dict.fromkeys(("a2a", "rw_comm", "dense_allreduce", "dp_allreduce"), 0.0)
+            for ev in r["events"]:
+                if ev[0] != s:
+                    continue
+                kind, name, t0, t1 = ev[1], ev[4], ev[6], ev[7]
+                wait = ev[10] if len(ev) > 10 else 0.0
+                k = ("a2a" if kind == "alltoall" else
+                     "rw_comm" if kind in ("reducescatter", "allgather") else
+                     "dense_allreduce" if name.endswith("dense") else "dp_allreduce")
+                row[k] += (t1 - t0) + wait
+            # TorchRec's all-to-alls, reduce-scatters and all-gathers are asynchronous: their
+            # issue time is not their duration, so only the (blocking) DDP all-reduces count
+            row["a2a"] = row["rw_comm"] = None
+            kinds.append(row)
+    per_kind = {k: (None if kinds[0][k] is None else statistics.median(x[k] for x in kinds))
+                for k in kinds[0]} if kinds else {}
     losses = [r["losses"] for r in res.ranks if r["losses"]]
     loss = [statistics.fmean(x[i] for x in losses) for i in range(len(losses[0]))] \
         if losses else []
     return {"steps_s": slowest, "step_time_s": statistics.median(slowest),
-            "critical_rank": critical, "loss": loss}
+            "critical_rank": critical, "loss": loss, "per_kind": per_kind}
+
+
+def _per_kind(pred: dict, meas: dict) -> dict:
+    """``{kind: {predicted_s, measured_s}}``: compute (lookups and MLPs) and each kind of
+    communication, per step; measured on the slowest rank where it can be (the DDP all-reduces,
+    blocking in their hooks; None for compute and TorchRec's asynchronous calls)."""
+    p = {"compute": sum(pred.get(k, 0.0) for k in ("emb_fwd", "emb_bwd", "mlp_fwd", "mlp_bwd")),
+         **{k: pred.get(k, 0.0) for k in ("a2a", "rw_comm", "dense_allreduce", "dp_allreduce")}}
+    return {k: {"predicted_s": p[k], "measured_s": meas.get(k)} for k in p}
 
 
 def validate_dlrm(cfg: DLRMRunConfig, *, result: RunResult | None = None) -> dict:
@@ -175,7 +206,7 @@ def validate_dlrm(cfg: DLRMRunConfig, *, result: RunResult | None = None) -> dic
     return {"config": cfg.to_dict(), "structure": structure,
             "predicted_step_time_s": p, "measured_step_time_s": m,
             "relative_error": p / m - 1.0 if m > 0 else None,
-            "per_kind": {"predicted_s": pred["per_kind"]},
+            "per_kind": _per_kind(pred["per_kind"], meas["per_kind"]),
             "critical_rank": meas["critical_rank"], "steps_s": meas["steps_s"],
             "loss": meas["loss"], "run_wall_s": res.wall_s, "processes": cfg.world,
             "cores": cores, "oversubscription": cfg.world / cores,
@@ -206,9 +237,11 @@ def format_dlrm_report(d: dict) -> str:
                  f"{format_time(d['measured_step_time_s'])} (median of {len(d['steps_s'])} "
                  f"steps, slowest rank), error {err:+.0%}" if err is not None
                  else "  step time: not measured")
-    pk = d["per_kind"]["predicted_s"]
-    lines.append("  predicted per step (busiest rank): " + ", ".join(
-        f"{k} {format_time(v)}" for k, v in pk.items() if v > 0))
+    pk = d["per_kind"]
+    lines.append(f"  per step (predicted / measured on rank {d['critical_rank']}): " + ", ".join(
+        f"{FWD_KINDS.get(k, k)} {format_time(v['predicted_s'])} / "
+        + (format_time(v['measured_s']) if v['measured_s'] is not None else "-")
+        for k, v in pk.items() if v["predicted_s"] > 0 or (v["measured_s"] or 0) > 0))
     if d["loss"]:
         lines.append(f"  loss {d['loss'][0]:.4f} -> {d['loss'][-1]:.4f} (warm-up included)")
     if d["oversubscription"] > 1:

@@ -45,6 +45,8 @@ class _Tap:
     def __init__(self, rec: Recorder, dist, world: int, lws: int) -> None:
         self.rec, self.dist, self.world, self.lws = rec, dist, world, lws
         self.splits: list[tuple] = []          # parallel to rec.events
+        self.waits: list[float] = []           # likewise; 0 (async calls are not waited here)
+        self.tag = ""
         self.saved = {}
         import inspect
         for name in PATCHED:
@@ -97,9 +99,10 @@ class _Tap:
             else:
                 ts = [v for v in args.values() if isinstance(v, torch.Tensor)]
                 nbytes = sum(_nbytes(t) for t in ts)
-            label = f"{ch} {name}"
+            label = f"{ch} {name}" + (f" {self.tag}" if self.tag else "")
             out = self.rec._call(kind, nbytes, ranks, label, ch, lambda: fn(*a, **k))
             self.splits.append((send, recv))
+            self.waits.append(0.0)
             return out
         return call
 
@@ -245,12 +248,20 @@ def run_rank(rank: int, cfg, port: int, progress, report, state: dict) -> dict:
         ddps = _ddps(model, nn)
         world = cfg.world
 
-        def hook(_state, bucket):
+        def hook(tag, bucket):
+            # blocking, so the recorded time is the all-reduce's (DDP waits on the future)
             buf = bucket.buffer()
-            fut = dist.all_reduce(buf, async_op=True).get_future()
-            return fut.then(lambda f: f.value()[0].div_(world))
+            tap.tag = tag
+            try:
+                dist.all_reduce(buf)
+            finally:
+                tap.tag = ""
+            fut = torch.futures.Future()
+            fut.set_result(buf.div_(world))
+            return fut
         for ddp in ddps:
-            ddp.register_comm_hook(None, hook)
+            dense = type(ddp.module).__name__ == "DLRM"      # else a data-parallel lookup
+            ddp.register_comm_hook("dense" if dense else "dp-tables", hook)
         B = cfg.local_batch
         lo, hi = rank * B, (rank + 1) * B
         params = [p for p in model.parameters() if p.requires_grad]
@@ -312,6 +323,6 @@ def run_rank(rank: int, cfg, port: int, progress, report, state: dict) -> dict:
     finally:
         tap.restore()
     dist.destroy_process_group()
-    events = [ev + sp for ev, sp in zip(rec.events, tap.splits)]
+    events = [ev + sp + (w,) for ev, sp, w in zip(rec.events, tap.splits, tap.waits)]
     return {"rank": rank, "events": events, "steps": steps, "losses": losses,
             "trace": trace, "ddps": len(ddps)}
