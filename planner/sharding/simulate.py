@@ -153,9 +153,26 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
 
 
 def simulate_step(problem: Problem, shardings: Sequence[TableSharding], *,
-                  mode: str = "explicit") -> StepSimulation:
-    """Simulate one training step of ``shardings`` on the problem's topology."""
-    w, mats = build_step_workload(problem, shardings)
+                  mode: str = "explicit", comm: str = "model") -> StepSimulation:
+    """Simulate one training step of ``shardings`` on the problem's topology.
+
+    ``comm="model"``: the averaged all-to-alls above; ``comm="torchrec"``: the collectives
+    TorchRec 1.8.0 issues for one seeded batch (:mod:`planner.sharding.simulate_torchrec`,
+    checked call for call against real runs by ``clusterplan validate``)."""
+    if comm == "torchrec":
+        from .simulate_torchrec import build_torchrec_step_workload, torchrec_step_ops
+        ops = torchrec_step_ops(problem, shardings)
+        w = build_torchrec_step_workload(problem, shardings, ops)
+        def sent(sel) -> np.ndarray:       # bytes between different ranks
+            return np.array(sum(float(o.matrix.sum() - np.trace(o.matrix)) for o in ops
+                                if o.matrix is not None and sel(o)))
+        mats = {"input": sent(lambda o: o.phase == "fwd" and "pooled" not in o.name),
+                "output_fwd": sent(lambda o: o.phase == "fwd" and "pooled" in o.name),
+                "output_bwd": sent(lambda o: o.phase == "bwd")}
+    elif comm == "model":
+        w, mats = build_step_workload(problem, shardings)
+    else:
+        raise ValueError(f"comm must be 'model' or 'torchrec', not {comm!r}")
     res = simulate(problem.topology, w, mode=mode)
     per = res.per_device()
     breakdown = {}

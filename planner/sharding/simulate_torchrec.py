@@ -311,3 +311,28 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
         if op.name.startswith("data-parallel"):
             dp_ar.append(coll(op, bwd + dp_ar[-1:]))
     return w
+
+
+def torchrec_step_ops(problem, shardings: Sequence[TableSharding], *, seed: int = 0,
+                      local_world: int | None = None) -> list[CommOp]:
+    """:func:`torchrec_comm_ops` for one seeded global batch drawn from the tables' access
+    distributions (:func:`planner.sharding.measure.table_ids`), the problem's dense part and
+    its hosts (``local_world``: ranks per host, default the topology's)."""
+    from .measure import table_ids
+    m = problem.model
+    n = problem.devices
+    batch = int(m.batch_size)
+    if batch % n:
+        batch = max(n, batch - batch % n)
+    lengths, ids = [], []
+    for i, t in enumerate(m.tables):
+        x = table_ids(t, batch, seed=seed, index=i)
+        lengths.append(np.diff(x.offsets).astype(np.int64))
+        ids.append(np.asarray(x.indices, dtype=np.int64))
+    lws = local_world or len(problem.hosts[0])
+    d = m.dense
+    sizes: list[int] = []
+    if d is not None:
+        sizes = [d.param_count([t.embedding_dim for t in m.tables]) * FLOAT_BYTES]
+    return torchrec_comm_ops(shardings, [t.embedding_dim for t in m.tables], lengths, ids,
+                             world=n, local_world=lws, dense_param_sizes=sizes)

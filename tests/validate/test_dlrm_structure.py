@@ -205,3 +205,20 @@ def test_cli_names_a_rank_that_raises(tmp_path, capsys):
     err = capsys.readouterr().err
     assert re.search(r"rank 0 raised RuntimeError: injected fault on rank 0 at step 1", err), err
     assert time.monotonic() - t0 < 60
+
+
+def test_simulate_step_with_torchrec_comm(tmp_path):
+    """The planners' simulator can use the TorchRec step: same pooled bytes as the averaged
+    model for a table-wise plan, more calls, a finite step time."""
+    from planner.sharding.simulate import simulate_step
+    cfg = load_dlrm_config(str(write_plan(tmp_path, "table_wise", 4)), steps=1, warmup=0)
+    problem = prepare(ShardingTask(model=cfg.model, topology=TOPOLOGY[4]), 4)
+    a = simulate_step(problem, cfg.shardings)
+    b = simulate_step(problem, cfg.shardings, comm="torchrec")
+    assert b.a2a_bytes["output_fwd"] == pytest.approx(a.a2a_bytes["output_fwd"])
+    assert b.a2a_bytes["output_bwd"] == pytest.approx(a.a2a_bytes["output_bwd"])
+    assert 0 < b.step_time_s < 1
+    n_a2a = sum(1 for op in b.result.ops.itertuples() if op.category == "a2a")
+    assert n_a2a > sum(1 for op in a.result.ops.itertuples() if op.category == "a2a")
+    with pytest.raises(ValueError):
+        simulate_step(problem, cfg.shardings, comm="nccl")
