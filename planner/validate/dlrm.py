@@ -130,6 +130,15 @@ def load_dlrm_config(plan_path: str, *, tables: str | None = None, nproc: int | 
         raise SpecError("the plan does not place every table exactly once", source=plan_path,
                         field="shards", fix="re-plan with clusterplan plan")
     tr = export_torchrec_plan(doc, device="cpu")
+    from planner.sharding.torchrec_plan import empty_row_shards
+    empty = empty_row_shards(tr)
+    if empty:
+        _fqn, name, k, rank = empty[0]
+        raise SpecError(f"table {name!r} has an empty row shard on rank {rank}; FBGEMM 1.8.0's "
+                        "CPU kernel fails or trains the next table wrongly with one",
+                        source=plan_path, field=f"shards.{name}",
+                        fix="give the table table_wise, column_wise or data_parallel, or plan "
+                            "on fewer devices")
     # a validation run keeps the plan's tables but may use a smaller batch
     from dataclasses import replace
     b = batch_size if batch_size is not None else model.batch_size

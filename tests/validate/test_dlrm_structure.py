@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.sharding import shards as sh
 from planner.sharding.plan import PlannerStats, make_plan
 from planner.sharding.simulate_torchrec import (KJT_SPLITS, ddp_buckets, rank_events,
                                                 torchrec_comm_ops)
@@ -101,7 +101,8 @@ def test_torchrec_ops_of_a_mixed_plan(tmp_path):
                    "data-parallel tables ddp all-reduce b0"]
     assert ev["world"][-1][1] == 64 * 20 * 4
     assert [e[-1] for e in ev["intra [0, 1]"]] == [
-        "table_row_wise pooled reduce-scatter host 0", "table_row_wise pooled grad all-gather host 0"]
+        "table_row_wise pooled reduce-scatter host 0",
+        "table_row_wise pooled grad all-gather host 0"]
     # every all-to-all sends what its peers receive
     for op in ops:
         if op.matrix is not None:
@@ -134,6 +135,13 @@ def test_plan_format_is_recognised(tmp_path):
         load_dlrm_config(str(p), nproc=4)
     with pytest.raises(SpecError, match="batch"):
         load_dlrm_config(str(p), batch_size=7)
+
+
+def test_empty_row_shards_are_refused_before_any_process_starts(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "TABLES", (("e0", 5, 8), ("e1", 24, 12)))
+    p = write_plan(tmp_path, "row_wise", 4, dense=False)      # 5 rows → 2, 2, 1, 0
+    with pytest.raises(SpecError, match="empty row shard on rank 3"):
+        load_dlrm_config(str(p))
 
 
 # -- real runs ------------------------------------------------------------------------------
