@@ -109,6 +109,10 @@ class NeuroShardPlanner:
                      f"{model.batch_size} (cap s={s_best}, {tried} grid points)")
         if rowwise:
             notes.append(f"{len(rowwise)} tables row-wise (fit no single device)")
+        if not problem.topology_ref.startswith("localhost"):
+            notes.append(f"the learned model times this machine's CPU kernels, not "
+                         f"{problem.topology.gpu.name}: collect and train on the target to plan "
+                         "for it")
         if pred.batch != model.batch_size:
             notes.append(f"model trained at batch {pred.batch}: rows scaled by {factor:.4g}")
         stats = PlannerStats(wall_s=time.perf_counter() - t0, status="heuristic", seed=seed,
