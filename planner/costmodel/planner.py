@@ -1,4 +1,5 @@
-"""``--planner neuroshard``: NeuroShard's greedy grid search over the learned cost (table-wise).
+"""``--planner neuroshard``: NeuroShard's greedy grid search and column-wise beam search over the
+learned cost.
 
 For each cap ``s`` in {1.0, 1.05, …, 1.5}: tables sorted by their predicted single-table cost,
 largest first; each goes to the device with the lowest predicted fused cost among the devices
@@ -14,8 +15,15 @@ The shipped model was trained at one global batch (:attr:`Predictor.batch`, 4,09
 another batch is mapped to it by scaling rows by ``batch_trained / batch`` and the predicted
 times back by ``batch / batch_trained`` (distinct rows and lookups scale alike) — exact for
 tasks scaled like the training data, an approximation otherwise. Tables that fit no single
-device go row-wise (when allowed) and are costed by the analytic model only. Column-wise beam
-search (NeuroShard's second stage) is not implemented.
+device go row-wise (when allowed) and are costed by the analytic model only.
+
+**Column-wise beam search** (NeuroShard's second stage): from the table-wise plan, at each depth
+and for each of the ``beam`` (3) best states, the candidates are the top ``candidates`` (10)
+shards by size and by predicted single-shard cost whose width halves into multiples of 4 (and
+whose table allows column-wise); each is halved and the whole grid search rerun. The ``beam``
+best new states go on; the search stops when no candidate is valid, after ``depth`` (10)
+halvings or at the time limit (``time_limit_s``, default 8 s), and returns the best plan seen
+(zero halvings included). Halves that land on one device are merged into one shard.
 """
 
 from __future__ import annotations
@@ -47,21 +55,29 @@ def _bins(t, batch: int):
 
 
 class NeuroShardPlanner:
-    """Greedy grid search on the learned cost (see the module docstring)."""
+    """Greedy grid search (and column-wise beam search) on the learned cost (module docstring).
+
+    ``beam=0`` keeps the plan table-wise; otherwise ``beam`` sequences, ``candidates`` shards
+    per ranking and ``depth`` halvings at most, within ``time_limit_s`` (default 8 s).
+    """
 
     name = "neuroshard"
 
-    def __init__(self, weights=None, grid=GRID) -> None:
+    def __init__(self, weights=None, grid=GRID, beam: int = 3, candidates: int = 10,
+                 depth: int = 10) -> None:
         self.weights = weights
         self.grid = tuple(grid)
+        self.beam, self.candidates, self.depth = int(beam), int(candidates), int(depth)
 
     def plan(self, task: ShardingTask, devices: int, *, seed: int = 0,
              time_limit_s: float | None = None) -> Plan:
         import warnings
         from .weights import HardwareMismatchWarning, load_predictor
         t0 = time.perf_counter()
+        limit = 8.0 if time_limit_s is None else float(time_limit_s)
         problem = prepare(task, devices)
-        check_feasible(problem, (ShardingType.TABLE_WISE, ShardingType.ROW_WISE))
+        check_feasible(problem, (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
+                                 ShardingType.ROW_WISE))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", HardwareMismatchWarning)
             pred = load_predictor(self.weights)
@@ -71,42 +87,77 @@ class NeuroShardPlanner:
         factor = pred.batch / model.batch_size
         recs = [[max(1.0, round(t.num_embeddings * factor)), t.embedding_dim,
                  t.pooling_factor] + _bins(t, model.batch_size) for t in model.tables]
-        mem = np.array([shard_memory_bytes(t, t.num_embeddings, t.embedding_dim,
-                                           ShardingType.TABLE_WISE, model.optimizer)
-                        for t in model.tables], dtype=float)
         cap = np.array(problem.capacity_bytes, dtype=float)
-        rowwise = [i for i, m in enumerate(mem) if m > cap.max()
+        full = [shard_memory_bytes(t, t.num_embeddings, t.embedding_dim,
+                                   ShardingType.TABLE_WISE, model.optimizer)
+                for t in model.tables]
+        rowwise = [i for i, m in enumerate(full) if m > cap.max()
                    and problem.allowed(i, ShardingType.ROW_WISE)]
         tw = [i for i in range(model.num_tables) if i not in rowwise]
-        dims = np.array([t.embedding_dim for t in model.tables], dtype=float)
-        single = pred.compute_ms([[recs[i]] for i in tw])
-        order = [tw[k] for k in sorted(range(len(tw)), key=lambda k: (-single[k], tw[k]))]
-        mean_dim = dims[tw].sum() / n
-        best = None
-        tried = 0
-        for s in self.grid:
-            if time_limit_s is not None and best is not None and \
-                    time.perf_counter() - t0 > time_limit_s:
-                notes.append(f"time limit: grid stopped before s={s}")
-                break
-            tried += 1
-            ranks = self._grid_point(order, recs, mem, dims, cap, s * mean_dim, n, pred)
+        ctx = _Context(problem, pred, recs, rowwise, factor, cap)
+        mean_dim = sum(model.tables[i].embedding_dim for i in tw) / n
+        state0 = tuple((i, (model.tables[i].embedding_dim,)) for i in tw)
+
+        def grid(state):
+            units = ctx.units(state)
+            order = sorted(range(len(units)), key=lambda k: (-ctx.single(units[k]), k))
+            best = None
+            for s in self.grid:
+                ranks = ctx.grid_point(units, order, s * mean_dim)
+                if ranks is None:
+                    continue
+                score = ctx.score(units, ranks)
+                if best is None or score < best[0] - 1e-12:
+                    best = (score, state, units, ranks, s)
+            return best
+
+        best = grid(state0)
+        if best is None:           # no grid point kept the dim cap: memory-only greedy
+            units = ctx.units(state0)
+            order = sorted(range(len(units)), key=lambda k: (-ctx.single(units[k]), k))
+            ranks = ctx.grid_point(units, order, float("inf"))
             if ranks is None:
-                continue
-            score, per = self._score(problem, ranks, recs, dims, rowwise, n, pred, factor)
-            if best is None or score < best[0] - 1e-12:
-                best = (score, s, ranks, per)
-        if best is None:      # no grid point kept the dim cap: memory-only greedy
-            ranks = self._grid_point(order, recs, mem, dims, cap, float("inf"), n, pred)
-            if ranks is None:
-                ranks = {i: int(np.argmin(np.zeros(n))) for i in tw}
+                ranks = [int(np.argmin(ctx.unit_mem(u) * 0 + np.arange(n))) for u in units]
                 notes.append("no device has room for every table; plan is over memory")
-            score, per = self._score(problem, ranks, recs, dims, rowwise, n, pred, factor)
-            best = (score, None, ranks, per)
-        score, s_best, ranks, per = best
-        shardings = self._layouts(problem, ranks, rowwise)
+            best = (ctx.score(units, ranks), state0, units, ranks, None)
+        grids, depth_done, timed_out = 1, 0, False
+        beams = [best]
+        seen = {state0}
+        if self.beam > 0 and n >= 2:
+            for depth in range(self.depth):
+                found = []
+                for b in beams:
+                    for cand in ctx.candidates(b[1], self.candidates):
+                        if time.perf_counter() - t0 > limit:
+                            timed_out = True
+                            break
+                        new = _halve(b[1], cand)
+                        if new in seen:
+                            continue
+                        seen.add(new)
+                        grids += 1
+                        r = grid(new)
+                        if r is not None:
+                            found.append(r)
+                    if timed_out:
+                        break
+                if not found:
+                    break
+                depth_done = depth + 1
+                found.sort(key=lambda r: r[0])
+                beams = found[:self.beam]
+                if found[0][0] < best[0] - 1e-12:
+                    best = found[0]
+                if timed_out:
+                    break
+        score, state, units, ranks, s_best = best
+        shardings = ctx.layouts(units, ranks)
+        splits = sum(len(w) - 1 for _, w in state)
         notes.append(f"learned cost: predicted max {score:.3f} ms per step at batch "
-                     f"{model.batch_size} (cap s={s_best}, {tried} grid points)")
+                     f"{model.batch_size} (cap s={s_best}, {splits} column halvings, "
+                     f"{grids} grid searches, beam depth {depth_done})")
+        if timed_out:
+            notes.append(f"time limit {limit:g} s: beam search stopped at depth {depth_done + 1}")
         if rowwise:
             notes.append(f"{len(rowwise)} tables row-wise (fit no single device)")
         if not problem.topology_ref.startswith("localhost"):
@@ -119,36 +170,98 @@ class NeuroShardPlanner:
                              time_limit_s=time_limit_s, notes=tuple(notes))
         return make_plan(problem, shardings, self.name, stats)
 
+
+def _halve(state, unit):
+    """The state with shard ``unit = (table, k, width)`` cut into two halves."""
+    t, k, w = unit
+    out = []
+    for i, widths in state:
+        if i == t:
+            ws = list(widths)
+            ws[k:k + 1] = [w // 2, w // 2]
+            widths = tuple(ws)
+        out.append((i, widths))
+    return tuple(out)
+
+
+class _Context:
+    """Per-plan caches: unit records, memory, single-unit costs, scoring and layouts."""
+
+    def __init__(self, problem, pred, recs, rowwise, factor, cap) -> None:
+        self.problem, self.pred, self.recs = problem, pred, recs
+        self.rowwise, self.factor, self.cap = rowwise, factor, cap
+        self.n = problem.devices
+        self._mem: dict = {}
+        self._single: dict = {}
+
     @staticmethod
-    def _grid_point(order, recs, mem, dims, cap, dim_cap, n, pred):
+    def units(state):
+        return [(t, k, w) for t, widths in state for k, w in enumerate(widths)]
+
+    def rec(self, unit):
+        r = list(self.recs[unit[0]])
+        r[1] = unit[2]
+        return r
+
+    def unit_mem(self, unit) -> float:
+        key = (unit[0], unit[2])
+        if key not in self._mem:
+            t = self.problem.model.tables[unit[0]]
+            st = ShardingType.TABLE_WISE if unit[2] == t.embedding_dim \
+                else ShardingType.COLUMN_WISE
+            self._mem[key] = float(shard_memory_bytes(t, t.num_embeddings, unit[2], st,
+                                                      self.problem.model.optimizer))
+        return self._mem[key]
+
+    def single(self, unit) -> float:
+        key = (unit[0], unit[2])
+        if key not in self._single:
+            self._single[key] = float(self.pred.compute_ms([[self.rec(unit)]])[0])
+        return self._single[key]
+
+    def candidates(self, state, k: int):
+        """Top-k shards by size ∪ top-k by predicted cost that may be halved."""
+        units = [u for u in self.units(state)
+                 if u[2] % 8 == 0 and self.problem.allowed(u[0], ShardingType.COLUMN_WISE)]
+        by_size = sorted(units, key=lambda u: (-self.unit_mem(u), u))[:k]
+        by_cost = sorted(units, key=lambda u: (-self.single(u), u))[:k]
+        out = []
+        for u in by_size + by_cost:
+            if u not in out:
+                out.append(u)
+        return out
+
+    def grid_point(self, units, order, dim_cap):
+        n = self.n
         used = np.zeros(n)
         dsum = np.zeros(n)
         cost = np.zeros(n)
-        members: list[list[int]] = [[] for _ in range(n)]
-        ranks = {}
-        for i in order:
-            ok = [r for r in range(n) if used[r] + mem[i] <= cap[r]
-                  and dsum[r] + dims[i] <= dim_cap + 1e-9]
+        members: list[list] = [[] for _ in range(n)]
+        ranks = [0] * len(units)
+        for k in order:
+            u = units[k]
+            m = self.unit_mem(u)
+            ok = [r for r in range(n) if used[r] + m <= self.cap[r]
+                  and dsum[r] + u[2] <= dim_cap + 1e-9]
             if not ok:
                 return None
             r = min(ok, key=lambda r: (cost[r], used[r], r))
-            ranks[i] = r
-            used[r] += mem[i]
-            dsum[r] += dims[i]
-            members[r].append(i)
-            cost[r] = pred.compute_ms([[recs[j] for j in members[r]]])[0]
+            ranks[k] = r
+            used[r] += m
+            dsum[r] += u[2]
+            members[r].append(self.rec(u))
+            cost[r] = self.pred.compute_ms([members[r]])[0]
         return ranks
 
-    @staticmethod
-    def _score(problem, ranks, recs, dims, rowwise, n, pred, factor):
-        members: list[list[int]] = [[] for _ in range(n)]
-        for i, r in ranks.items():
-            members[r].append(i)
-        comp = pred.compute_ms([[recs[j] for j in m] for m in members]) / factor
+    def score(self, units, ranks) -> float:
+        n, pred, factor = self.n, self.pred, self.factor
+        members: list[list] = [[] for _ in range(n)]
         dsum = np.zeros(n)
-        for i, r in ranks.items():
-            dsum[r] += dims[i]
-        comm = None if rowwise else pred.comm_ms(list(dsum), [0.0] * n)
+        for u, r in zip(units, ranks):
+            members[r].append(self.rec(u))
+            dsum[r] += u[2]
+        comp = pred.compute_ms(members) / factor
+        comm = None if self.rowwise else pred.comm_ms(list(dsum), [0.0] * n)
         if comm is not None:
             bwd = comm[1] / factor
             base = comp + bwd
@@ -156,19 +269,30 @@ class NeuroShardPlanner:
             fwd = pred.comm_ms(list(dsum), list(waits * factor))[0] / factor
             per = comp + bwd + fwd
         else:
-            ev = evaluate_shardings(problem, NeuroShardPlanner._layouts(problem, ranks, rowwise))
-            analytic = sum(np.asarray(ev.breakdown_s[k]) for k in _COMM_KEYS) * 1e3
-            per = comp + analytic
-        return float(per.max()), per
+            ev = evaluate_shardings(self.problem, self.layouts(units, ranks))
+            per = comp + sum(np.asarray(ev.breakdown_s[k]) for k in _COMM_KEYS) * 1e3
+        return float(per.max())
 
-    @staticmethod
-    def _layouts(problem, ranks, rowwise):
-        from planner.sharding.shards import row_wise
+    def layouts(self, units, ranks):
+        from planner.sharding.shards import column_wise, row_wise
+        model = self.problem.model
+        parts: dict[int, list] = {}
+        for u, r in zip(units, ranks):
+            parts.setdefault(u[0], []).append((r, u[2]))
         out = []
-        for i, t in enumerate(problem.model.tables):
-            if i in ranks:
-                out.append(table_wise(i, t.name, t.num_embeddings, t.embedding_dim, ranks[i]))
-            else:
+        for i, t in enumerate(model.tables):
+            if i not in parts:
                 out.append(row_wise(i, t.name, t.num_embeddings, t.embedding_dim,
-                                    problem.devices))
+                                    self.problem.devices))
+                continue
+            per_rank: dict[int, int] = {}
+            for r, w in parts[i]:
+                per_rank[r] = per_rank.get(r, 0) + w
+            if len(per_rank) == 1:
+                out.append(table_wise(i, t.name, t.num_embeddings, t.embedding_dim,
+                                      next(iter(per_rank))))
+            else:
+                rs = sorted(per_rank)
+                out.append(column_wise(i, t.name, t.num_embeddings, t.embedding_dim, rs,
+                                       [per_rank[r] for r in rs]))
         return tuple(out)

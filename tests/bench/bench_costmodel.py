@@ -45,9 +45,11 @@ def main() -> int:
                            topology=cpu_topology_ref(4))
             prepare(task, 4)           # the shared problem set-up is not the search's time
             plans = {}
-            for name in ("neuroshard", "size_lookup", "greedy"):
+            for name in ("neuroshard", "neuroshard_tw", "size_lookup", "greedy"):
                 t = time.perf_counter()
-                plans[name] = get_planner(name).plan(task, 4, seed=0)
+                planner = get_planner("neuroshard", beam=0) if name == "neuroshard_tw" \
+                    else get_planner(name)
+                plans[name] = planner.plan(task, 4, seed=0)
                 wall = time.perf_counter() - t
                 rows.append({"task": i, "tables": model.num_tables, "scaled": scaled,
                              "planner": name, "wall_s": wall, "valid": plans[name].valid,
@@ -59,11 +61,12 @@ def main() -> int:
                     for r in rows:
                         if r["task"] == i and r["scaled"] and r["planner"] == name:
                             r["measured_max_ms"] = m.max_s * 1e3
-    ns = [r["wall_s"] for r in rows if r["planner"] == "neuroshard"]
-    summary = {"weights_load_s": {"median": statistics.median(loads), "max": max(loads)},
-               "neuroshard_search_s": {"median": statistics.median(ns), "max": max(ns)}}
+    summary = {"weights_load_s": {"median": statistics.median(loads), "max": max(loads)}}
+    for name in ("neuroshard", "neuroshard_tw"):
+        ns = [r["wall_s"] for r in rows if r["planner"] == name]
+        summary[f"{name}_search_s"] = {"median": statistics.median(ns), "max": max(ns)}
     for scaled in (True, False):
-        for name in ("neuroshard", "greedy"):
+        for name in ("neuroshard", "neuroshard_tw", "greedy"):
             ratios = []
             for r in rows:
                 if r["planner"] == name and r["scaled"] == scaled:

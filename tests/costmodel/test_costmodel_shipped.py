@@ -43,8 +43,21 @@ def test_planner_neuroshard_returns_a_valid_plan():
                    topology=cpu_topology_ref(4))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        plan = get_planner("neuroshard").plan(task, 4, seed=0)
-    assert plan.valid and plan.planner == "neuroshard"
-    assert len(plan.shardings) == model.num_tables
-    assert {ts.sharding_type.value for ts in plan.shardings} == {"table_wise"}
-    assert any("learned cost" in n for n in plan.stats.notes)
+        tw = get_planner("neuroshard", beam=0).plan(task, 4, seed=0)
+        cw = get_planner("neuroshard").plan(task, 4, seed=0, time_limit_s=1.0)
+    for plan in (tw, cw):
+        assert plan.valid and plan.planner == "neuroshard"
+        assert len(plan.shardings) == model.num_tables
+        for ts in plan.shardings:         # every table's columns covered exactly once
+            t = model.tables[ts.table]
+            assert sum(s.cols for s in ts.shards) == t.embedding_dim
+            assert all(s.cols % 4 == 0 and s.rows == t.num_embeddings for s in ts.shards)
+    assert {ts.sharding_type.value for ts in tw.shardings} == {"table_wise"}
+    assert {ts.sharding_type.value for ts in cw.shardings} <= {"table_wise", "column_wise"}
+    assert any("learned cost" in n for n in cw.stats.notes)
+    assert cw.stats.wall_s < 1.0 + 1.0        # the time limit holds (one grid search over)
+
+    def learned(plan):
+        note = next(n for n in plan.stats.notes if n.startswith("learned cost"))
+        return float(note.split("predicted max ")[1].split(" ms")[0])
+    assert learned(cw) <= learned(tw) + 1e-9   # the beam keeps the best, halvings or not
