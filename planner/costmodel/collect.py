@@ -99,17 +99,8 @@ def hardware_info(threads: int = 1, *, light: bool = False) -> dict:
         info["backend"] = kernel_backend("auto")
         return info
     import importlib.metadata as md
-    import platform
-    from planner.sharding.measure_kernels import last_level_cache_bytes
-    info = {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "python": platform.python_version(), "numpy": np.__version__}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu_model"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from planner.sharding.measure_kernels import last_level_cache_bytes, platform_description
+    info = platform_description()
     for dist, key in (("torch", "torch"), ("fbgemm-gpu-cpu", "fbgemm_gpu"),
                       ("fbgemm-gpu", "fbgemm_gpu")):
         try:

@@ -368,8 +368,8 @@ def time_shard_set(tables: Sequence[KernelTable], *, optimizer: str = "sgd", rep
                       backend=backend, device=device, flush=flush, threads=threads)[0]
 
 
-def cpu_description() -> dict:
-    """Machine facts recorded beside measurements (model, cores, versions)."""
+def platform_description() -> dict:
+    """Platform, cores, Python and numpy versions and the CPU model (no torch import)."""
     import platform
     info = {"platform": platform.platform(), "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "numpy": np.__version__}
@@ -380,6 +380,12 @@ def cpu_description() -> dict:
                 break
     except OSError:
         pass
+    return info
+
+
+def cpu_description() -> dict:
+    """Machine facts recorded beside measurements (model, cores, versions)."""
+    info = platform_description()
     try:
         import torch
         info["torch"] = torch.__version__

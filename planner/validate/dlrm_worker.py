@@ -20,10 +20,9 @@ which reduce in C++ otherwise). Each record has its process group (``world``, ``
 from __future__ import annotations
 
 import os
-import time
 
 from .comm import Recorder
-from .worker import _inject, _quiet_stderr
+from .worker import _inject, timed_steps
 
 __all__ = ["run_rank"]
 
@@ -302,23 +301,7 @@ def run_rank(rank: int, cfg, port: int, progress, report, state: dict) -> dict:
                         p.add_(p.grad, alpha=-cfg.lr)
             losses.append(float(loss.detach()))
 
-        steps: list[tuple[int, float, float]] = []
-        n_steps = cfg.warmup + cfg.steps
-        for step in range(n_steps):
-            rec.barrier()
-            t0 = time.perf_counter()
-            run_step(step)
-            steps.append((step, t0, time.perf_counter()))
-        trace = None
-        if cfg.trace_dir:
-            from torch.profiler import ProfilerActivity, profile
-            rec.barrier()
-            with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
-                run_step(n_steps)
-            os.makedirs(cfg.trace_dir, exist_ok=True)
-            trace = os.path.join(cfg.trace_dir, f"rank{rank}.trace.json")
-            prof.export_chrome_trace(trace)
-        rec.barrier()
+        steps, trace = timed_steps(rec, run_step, cfg, rank)
         state["step"] = -2
     finally:
         tap.restore()

@@ -228,6 +228,17 @@ def _run(rank: int, cfg: RunConfig, port: int, progress: Progress, report, state
         if s == (nv - 1) % p.pp:
             losses.append(total)
 
+    steps, trace = timed_steps(rec, run_step, cfg, rank)
+    state["step"] = -2
+    dist.destroy_process_group()
+    return {"rank": rank, "coords": co, "events": rec.events, "steps": steps,
+            "losses": losses, "params": {c: param_count(chunks[c]) for c in chunks},
+            "trace": trace}
+
+
+def timed_steps(rec: Recorder, run_step, cfg, rank: int) -> tuple[list, str | None]:
+    """Run warm-up and measured steps between barriers, (step, start, end) wall times each,
+    then one profiled step whose Chrome trace goes to ``cfg.trace_dir`` (when set)."""
     steps: list[tuple[int, float, float]] = []
     n_steps = cfg.warmup + cfg.steps
     for step in range(n_steps):
@@ -245,11 +256,7 @@ def _run(rank: int, cfg: RunConfig, port: int, progress: Progress, report, state
         trace = os.path.join(cfg.trace_dir, f"rank{rank}.trace.json")
         prof.export_chrome_trace(trace)
     rec.barrier()
-    state["step"] = -2
-    dist.destroy_process_group()
-    return {"rank": rank, "coords": co, "events": rec.events, "steps": steps,
-            "losses": losses, "params": {c: param_count(chunks[c]) for c in chunks},
-            "trace": trace}
+    return steps, trace
 
 
 def _inject(kind: str, rank: int, step: int) -> None:
