@@ -223,7 +223,9 @@ def test_diagnose_reads_simulated_and_real_profiler_traces(tmp_path, capsys):
     torch.set_num_threads(1)
     a = torch.randn(256, 256)
     files = []
-    for rank, reps in enumerate((40, 40, 40, 80)):      # rank 3 does twice the work
+    # rank 3 does 4× the work; eight ranks of ~0.1 s each, so that load from other processes
+    # (scheduler slices of several ms) averages out and one slowed healthy rank cannot hide it
+    for rank, reps in enumerate((300, 300, 300, 1200, 300, 300, 300, 300)):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             for _ in range(reps):
                 a @ a
