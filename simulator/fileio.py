@@ -8,6 +8,7 @@ file in the same folder renamed into place, so nothing is ever half-written).
 from __future__ import annotations
 
 import importlib.resources
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -74,6 +75,24 @@ def read_text(path: str | Path) -> str:
     except OSError as e:
         raise SpecError(f"cannot read: {e.strerror}", source=str(path),
                         fix="check the path and its permissions") from None
+
+
+def read_json_file(path: str | Path, *, field: str, missing_fix: str, json_fix: str) -> Any:
+    """A JSON file's document; SpecError (exit 2) naming the file and ``field`` when it is
+    missing (``missing_fix``: how to make one), unreadable, or not JSON (``json_fix``)."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise SpecError("no such file", source=source, field=field, fix=missing_fix) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read: {exc.__class__.__name__}", source=source, field=field,
+                        fix="pass a readable JSON file") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"not JSON: {exc.msg}", source=source,
+                        field=f"line {exc.lineno} column {exc.colno}", fix=json_fix) from None
 
 
 def read_spec_mapping(ref: str | Path, *, package: str, what: str, fix: str) -> tuple[dict, str]:

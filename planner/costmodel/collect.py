@@ -191,12 +191,12 @@ def read_data(path: str | Path) -> list[dict]:
     """Rows of a data file as dicts (strings; see :data:`COLUMNS`)."""
     p = Path(path)
     if not p.exists():
-        raise SpecError(f"{p}: no such data file", source=str(p),
+        raise SpecError("no such data file", source=str(p),
                         fix="collect one with `clusterplan costmodel collect --out FILE`")
     with open(p, newline="") as f:
         rows = list(csv.DictReader(f))
     if rows and set(COLUMNS) - set(rows[0]):
-        raise SpecError(f"{p}: not a costmodel data file (missing columns "
+        raise SpecError(f"not a costmodel data file (missing columns "
                         f"{sorted(set(COLUMNS) - set(rows[0]))})", source=str(p),
                         fix="pass a file written by `clusterplan costmodel collect`")
     return rows

@@ -152,7 +152,7 @@ def load_dataset(path) -> Dataset:
             cf.append(json.loads(r["comm_fwd_ms"]))
             cb.append(json.loads(r["comm_bwd_ms"]))
     if not comp:
-        raise SpecError(f"{path}: no compute samples", source=str(path),
+        raise SpecError("no compute samples", source=str(path),
                         fix="collect some with `clusterplan costmodel collect`")
     def arr(v):
         return np.array(v, float) if v else np.zeros((0, 1))

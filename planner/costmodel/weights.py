@@ -128,7 +128,7 @@ def load_predictor(path=None, *, check_hardware: bool = True) -> Predictor:
     path = Path(path) if path is not None else shipped_weights_path()
     mp = path.with_suffix(".json")
     if not path.exists() or not mp.exists():
-        raise SpecError(f"{path}: cost-model weights or their {mp.name} not found",
+        raise SpecError(f"cost-model weights or their {mp.name} not found",
                         source=str(path), fix="train some with `clusterplan costmodel train "
                                               "DATA.csv --out FILE.pt`")
     meta = json.loads(mp.read_text())

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from simulator.errors import ClusterplanError, SpecError
-from simulator.fileio import atomic_write_text
+from simulator.fileio import atomic_write_text, read_json_file
 
 from . import TARGETS, export_plan
 from ._plan import check_plan
@@ -56,23 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def read_plan_file(path: str) -> dict:
     """Read a plan file as JSON; every failure is a SpecError naming the file."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise SpecError("no such file", source=path, field="PLAN",
-                        fix="write one with `clusterplan plan MODEL --out plan.json`") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise SpecError(f"cannot read: {exc.__class__.__name__}", source=path, field="PLAN",
-                        fix="pass a readable plan JSON file") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"not JSON: {exc.msg}", source=path,
-                        field=f"line {exc.lineno} column {exc.colno}",
-                        fix="pass the JSON written by `clusterplan plan MODEL --out plan.json`"
-                        ) from None
-    return doc
+    return read_json_file(path, field="PLAN",
+                          missing_fix="write one with `clusterplan plan MODEL --out plan.json`",
+                          json_fix="pass the JSON written by `clusterplan plan MODEL --out "
+                                   "plan.json`")
 
 
 def load_plan(path: str) -> dict:

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from simulator.errors import SpecError
+from simulator.fileio import read_json_file
 
 from .torchrec_plan import (check_torchrec_plan, empty_row_shards, parse_placement, placement,
                             table_shapes)
@@ -39,22 +39,11 @@ def read_torchrec_plan(path_or_dict: Any) -> tuple[dict[str, Any], str | None]:
                         field="path_or_dict", fix="pass the JSON file `clusterplan export "
                         "PLAN.json --to torchrec --out FILE` wrote")
     source = os.fspath(path_or_dict)
-    try:
-        text = Path(source).read_text()
-    except FileNotFoundError:
-        raise SpecError("no such file", source=source, field="PLAN",
-                        fix="write one with `clusterplan export plan.json --to torchrec "
-                            "--out FILE`") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise SpecError(f"cannot read: {exc.__class__.__name__}", source=source, field="PLAN",
-                        fix="pass a readable plan JSON file") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"not JSON: {exc.msg}", source=source,
-                        field=f"line {exc.lineno} column {exc.colno}",
-                        fix="pass the file `clusterplan export PLAN.json --to torchrec` wrote"
-                        ) from None
+    doc = read_json_file(source, field="PLAN",
+                         missing_fix="write one with `clusterplan export plan.json --to torchrec "
+                                     "--out FILE`",
+                         json_fix="pass the file `clusterplan export PLAN.json --to torchrec` "
+                                  "wrote")
     return check_torchrec_plan(doc, source=source), source
 
 

@@ -37,11 +37,16 @@ class Mismatch:
     expected: tuple | None
     measured: tuple | None
 
+    #: what one entry of the channel is called in the message
+    item = "event"
+
+    @staticmethod
+    def side(x) -> str:
+        return "nothing" if x is None else " ".join(str(v) for v in x)
+
     def text(self) -> str:
-        def side(x):
-            return "nothing" if x is None else " ".join(str(v) for v in x)
-        return (f"rank {self.rank}, step {self.step}, {self.channel} event {self.index}: "
-                f"simulator {side(self.expected)}; real run {side(self.measured)}")
+        return (f"rank {self.rank}, step {self.step}, {self.channel} {self.item} {self.index}: "
+                f"simulator {self.side(self.expected)}; real run {self.side(self.measured)}")
 
 
 @dataclass

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import os
 import statistics
-from dataclasses import dataclass
 
 from simulator.units import format_time
 
+from .compare import Mismatch
 from .dlrm import DLRMRunConfig, step_batch
+from .report import verdict_lines
 from .runner import RunResult, run
 
 __all__ = ["expected_ops", "measured_channels", "compare_dlrm", "validate_dlrm",
@@ -65,24 +66,18 @@ def measured_channels(events, step: int) -> dict[str, list[tuple]]:
     return out
 
 
-@dataclass
-class DLRMMismatch:
-    rank: int
-    step: int
-    channel: str
-    index: int
-    expected: tuple | None
-    measured: tuple | None
+class DLRMMismatch(Mismatch):
+    """A call that differs: (kind, bytes, send splits, receive splits, name) on each side."""
 
-    def text(self) -> str:
-        def side(x):
-            if x is None:
-                return "nothing"
-            kind, b, send, recv, name = x
-            sp = f" send {list(send)} recv {list(recv)}" if send or recv else ""
-            return f"{kind} {b} B{sp} ({name})"
-        return (f"rank {self.rank}, step {self.step}, {self.channel} call {self.index}: "
-                f"simulator {side(self.expected)}; real run {side(self.measured)}")
+    item = "call"
+
+    @staticmethod
+    def side(x) -> str:
+        if x is None:
+            return "nothing"
+        kind, b, send, recv, name = x
+        sp = f" send {list(send)} recv {list(recv)}" if send or recv else ""
+        return f"{kind} {b} B{sp} ({name})"
 
 
 def compare_dlrm(cfg: DLRMRunConfig, ranks: list[dict], steps) -> dict:
@@ -224,19 +219,9 @@ def format_dlrm_report(d: dict) -> str:
 
     def desc(counts):
         return ", ".join(f"{n} {k}" for k, n in counts.items()) or "no communication"
-    if s["match"]:
-        lines.append(f"  structure: MATCH on every rank and step ({s['steps_checked']} steps, "
-                     f"{s['ranks']} ranks): {desc(s['calls_per_step'])} per step (all ranks), "
-                     "as in the simulator's op graph")
-    else:
-        lines.append(f"  structure: MISMATCH, first at {s['first_mismatch']['text']}")
-        lines.append(f"    simulator per step: {desc(s['calls_per_step'])}")
-        lines.append(f"    real run per step:  {desc(s['measured_calls_per_step'])}")
-    err = d["relative_error"]
-    lines.append(f"  step time: predicted {format_time(d['predicted_step_time_s'])}, measured "
-                 f"{format_time(d['measured_step_time_s'])} (median of {len(d['steps_s'])} "
-                 f"steps, slowest rank), error {err:+.0%}" if err is not None
-                 else "  step time: not measured")
+    lines += verdict_lines(d, desc(s["calls_per_step"]) + " per step (all ranks)",
+                           desc(s["calls_per_step"]),
+                           ("real run per step: ", desc(s["measured_calls_per_step"])))
     pk = d["per_kind"]
     lines.append(f"  per step (predicted / measured on rank {d['critical_rank']}): " + ", ".join(
         f"{FWD_KINDS.get(k, k)} {format_time(v['predicted_s'])} / "

@@ -95,19 +95,9 @@ def format_report(d: dict) -> str:
         f"pp={p['pp']} dp={p['dp']} vpp={p['vpp']}, {c['schedule']}, {c['microbatches']} "
         f"micro-batches, recompute {c['training']['activation_recompute']}: {c['backend']}, "
         f"{d['processes']} processes on {d['cores']} cores"]
-    if s["match"]:
-        lines.append(f"  structure: MATCH on every rank and step ({s['steps_checked']} steps, "
-                     f"{s['ranks']} ranks): {describe(s['events_per_step'])} per step, as in "
-                     "the simulator's op graph")
-    else:
-        lines.append(f"  structure: MISMATCH, first at {s['first_mismatch']['text']}")
-        lines.append(f"    simulator per step: {describe(s['events_per_step'])}")
-        lines.append(f"    real run step 0:    {describe(s['measured_events_per_step'])}")
-    err = d["relative_error"]
-    lines.append(f"  step time: predicted {format_time(d['predicted_step_time_s'])}, measured "
-                 f"{format_time(d['measured_step_time_s'])} (median of {len(d['steps_s'])} "
-                 f"steps, slowest rank), error {err:+.0%}" if err is not None else
-                 "  step time: not measured")
+    lines += verdict_lines(d, describe(s["events_per_step"]) + " per step",
+                           describe(s["events_per_step"]),
+                           ("real run step 0:   ", describe(s["measured_events_per_step"])))
     pk = d["per_kind"]
     lines.append(f"  per step on rank {d['critical_rank']} (predicted / measured): " + ", ".join(
         f"{k} {format_time(v['predicted_s'])} / {format_time(v['measured_s'])}"
@@ -123,3 +113,23 @@ def format_report(d: dict) -> str:
     if d["traces"]:
         lines.append(f"  traces: {os.path.dirname(d['traces'][0])}/rank*.trace.json")
     return "\n".join(lines)
+
+
+def verdict_lines(d: dict, matched: str, expected: str, measured: tuple[str, str]) -> list[str]:
+    """The structure verdict and the step-time line of a validation report (LLM and DLRM):
+    ``matched`` describes the calls when they match, ``expected`` the simulator's per step and
+    ``measured`` (label, description) the real run's when they do not."""
+    s = d["structure"]
+    if s["match"]:
+        lines = [f"  structure: MATCH on every rank and step ({s['steps_checked']} steps, "
+                 f"{s['ranks']} ranks): {matched}, as in the simulator's op graph"]
+    else:
+        lines = [f"  structure: MISMATCH, first at {s['first_mismatch']['text']}",
+                 f"    simulator per step: {expected}",
+                 f"    {measured[0]} {measured[1]}"]
+    err = d["relative_error"]
+    lines.append(f"  step time: predicted {format_time(d['predicted_step_time_s'])}, measured "
+                 f"{format_time(d['measured_step_time_s'])} (median of {len(d['steps_s'])} "
+                 f"steps, slowest rank), error {err:+.0%}" if err is not None else
+                 "  step time: not measured")
+    return lines
