@@ -15,19 +15,26 @@ memory); sequence parallelism only where the source says so (Korthikanti's selec
   virtual stages as in Calculon's execution files.
 * vTrain multi-node (Megatron-DeepSpeed, A100 nodes with 800 Gb/s each: ``dgx-a100`` with
   8 × 100 Gb/s NICs): V = 51,200 (not recorded), fp16, full activation recompute (its best
-  3.6B/18.4B/39.1B times match Narayanan's recompute-inclusive throughput within 4%), 1F1B.
+  3.6B/18.4B/39.1B times match Narayanan's recompute-inclusive throughput within 4%), 1F1B;
+  the DeepSpeed engine's gradient reduction (``MEGATRON_DEEPSPEED``: once after the last
+  backward, fp16 on the wire).
+
+Cross-node TP (TP16 over 2 nodes) runs NCCL's ring: its tuner rates tree's bandwidth below
+ring's, so it does not take the 2-node tree whose flows would beat the NIC line rate
+(simulator/collectives ``_tuner_tree_time``); this took the TP16 rows from −26..−32% to
+−2..−15%.
 
 Known gaps (vTrain; tests/llm/test_fidelity.py marks them as strict expected failures):
-Kendall's tau is 0.88 (3.6B) and 0.76 (175B) but 0.56 (18.4B) and 0.51 (39.1B). The rows
-predicted too fast are TP2/TP4 (39.1B: TP2 −19 to −41%, TP4 up to −23%, while TP1 and TP8 rows
-are within ~5%) and cross-node TP16 (−26 to −32%). Ruled out as causes, by the numbers: GEMM
-size (TP2 and TP8 GEMMs are both past the efficiency knee), DP volume per GPU (P/(tp·pp) is equal
-for TP2·PP8 and TP8·PP2, and the TP8 rows are accurate), kernel-launch count (grows with TP, the
-wrong direction), memory (TP8·PP2 holds more than TP2·PP16). The within-config times are also
-non-monotonic in micro-batch size by up to 10% (39.1B TP4 DP16 PP8: 16.1, 17.6, 17.4, 16.1 s at
-mbs 2, 3, 4, 6), a noise floor no model reproduces. Candidates still open: Megatron-DeepSpeed
-pipeline-engine behaviour with partial-node TP, and NCCL's cross-node ring bandwidth for TP16;
-both need a measurement, not a fit to these rows.
+Kendall's tau is 0.89 (3.6B) and 0.74 (175B) but 0.66 (18.4B) and 0.54 (39.1B). The rows
+predicted too fast are TP2/TP4 with PP (39.1B: TP2 −19 to −41%, TP4 up to −23%, while TP1 and
+TP8 rows are within ~8%). Ruled out as causes, by the numbers: GEMM size (TP2 and TP8 GEMMs
+are both past the efficiency knee, and TP1 rows are accurate), DP volume and placement (the
+whole un-overlapped fp16 all-reduce of a TP2 stage is ≤ 0.25 s, the misses 4–10 s), pipeline
+sends (DeepSpeed sends 1/tp of the activation; per-GPU bytes relative to compute do not depend
+on TP), kernel-launch count (grows with TP, the wrong direction), memory (TP1·PP16 holds more
+per GPU than TP2·PP16 and is accurate, while TP2·PP16 measures 31% slower than it). The misses
+are also non-monotonic in micro-batch size (39.1B TP4 DP16 PP8: −21, −23, −18, −2, −2% at
+mbs 2, 3, 4, 6, 12; TP4 DP8 PP16: −7, −5, −3, −16, −22%), which no smooth cost does.
 """
 
 from __future__ import annotations
@@ -61,6 +68,14 @@ KORTHIKANTI = [
     ("530B", 20480, 128, 105, 8, 35, 280, 280, 49.05, 37.83, 3),
     ("1T", 25600, 160, 128, 8, 64, 512, 512, 94.42, 71.49, 1),
 ]
+
+
+# vTrain's runs use microsoft/Megatron-DeepSpeed (its data README): the DeepSpeed engine reduces
+# gradients once, after the last micro-batch's backward (the pipeline schedule's ReduceGrads
+# instruction follows the last BackwardPass; ZeRO stages 0/1 do not overlap it), in the fp16
+# type of the gradients (fp32_allreduce is off by default). Megatron-core (Narayanan,
+# Korthikanti) keeps fp32 gradient buffers reduced in buckets that overlap the backward.
+MEGATRON_DEEPSPEED = {"dp_buckets": 1, "grad_bytes": 2}
 
 
 def _gpt(name: str, h: int, heads: int, layers: int, *, s: int = 2048, V: int = 51200) -> ModelSpec:
@@ -127,7 +142,8 @@ def vtrain_rows(path: str | Path) -> list[dict]:
                                               dp=int(r["data parallelism"])),
                      "topology": f"dgx-a100:nodes={gpus // 8},node.nic_bandwidth=100Gb/s",
                      "measured_s": float(r["iteration time (ms)"]) / 1e3,
-                     "attention": "standard", "sequence_parallel": False})
+                     "attention": "standard", "sequence_parallel": False,
+                     "trainer": MEGATRON_DEEPSPEED})
     return rows
 
 
@@ -159,7 +175,8 @@ def vtrain_single_rows(path: str | Path, *, every: int = 1) -> list[dict]:
                      "spec": spec, "parallel": ParallelSpec(tp=tp, pp=pp, dp=dp),
                      "topology": f"dgx-a100:node.gpus={g},node.nics={g}",
                      "measured_s": float(r["iteration time (ms)"]) / 1e3,
-                     "attention": "standard", "sequence_parallel": False})
+                     "attention": "standard", "sequence_parallel": False,
+                     "trainer": MEGATRON_DEEPSPEED})
     return rows
 
 
@@ -172,7 +189,8 @@ def run_set(rows: list[dict], *, progress=None) -> pd.DataFrame:
         res = simulate_llm(r["spec"], r["parallel"], topo,
                            schedule_name="interleaved" if r["parallel"].vpp > 1 else "1f1b",
                            attention=r.get("attention", "flash"),
-                           sequence_parallel=r.get("sequence_parallel", True))
+                           sequence_parallel=r.get("sequence_parallel", True),
+                           **r.get("trainer", {}))
         pred = res.step_time_s
         out.append({"set": r["set"], "group": r["group"], "row": r["row"],
                     "measured_s": r["measured_s"], "predicted_s": pred,

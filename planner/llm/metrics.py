@@ -118,17 +118,22 @@ def simulate_llm(spec: LLMSpec, parallel: ParallelSpec, topo: Topology, *, mode:
                  order: str = "tp-cp-dp-pp", schedule_name: str = "1f1b",
                  attention: str = "flash", sequence_parallel: bool = True,
                  slowdown: Mapping[int, float] | None = None,
-                 link_faults=(), track_links: bool = False) -> LLMResult:
+                 link_faults=(), track_links: bool = False, dp_buckets: int = 4,
+                 grad_bytes: int = 4) -> LLMResult:
     """Simulate one step. ``attention`` and ``sequence_parallel`` describe the trainer's
     kernels (flash attention and Megatron sequence parallelism are today's defaults).
 
     ``slowdown`` (rank → compute factor ≥ 1) models stragglers. A slow rank holds up its
     TP/CP group at every block and so its whole pipeline stage in its replica; the step waits
     for that replica at the gradient reduction. Replicas being alike, the stage's representative
-    runs at the slowest factor among the stage's ranks, which is exact for that critical path."""
+    runs at the slowest factor among the stage's ranks, which is exact for that critical path.
+
+    ``dp_buckets`` and ``grad_bytes`` describe the trainer's gradient reduction (overlapped
+    buckets of fp32 gradients by default; see :func:`~planner.llm.step.build_step`)."""
     p = resolve_parallel(spec, parallel, topo.num_gpus)
     plan = build_step(spec, p, topo, order=order, schedule_name=schedule_name,
-                      attention=attention, sequence_parallel=sequence_parallel)
+                      attention=attention, sequence_parallel=sequence_parallel,
+                      dp_buckets=dp_buckets, grad_bytes=grad_bytes)
     if mode == "auto":
         mode = "symmetric" if topo.num_gpus > 8192 else "explicit"
     rep_slow: dict[int, float] = {}

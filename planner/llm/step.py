@@ -104,7 +104,7 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
                profile: ComputeProfile | None = None, schedule_name: str = "1f1b",
                dp_buckets: int = 4, attention: str = "flash",
                sequence_parallel: bool = True, expand_collectives: bool = False,
-               p2p_scatter_gather: bool | None = None) -> StepPlan:
+               p2p_scatter_gather: bool | None = None, grad_bytes: int = 4) -> StepPlan:
     """Build the workload of one step; ``p`` must be resolved (see :func:`resolve_parallel`).
 
     ``expand_collectives``: every TP/CP collective becomes an op on its real group (see the
@@ -118,6 +118,14 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
     sequence parallelism, the whole activation without. ``True`` without sequence parallelism
     in the expanded step adds the receiver's TP all-gather as an op; ``False`` sends the whole
     activation (see :func:`p2p_activation_bytes`).
+
+    ``dp_buckets`` and ``grad_bytes``: the data-parallel gradient reduction. The last
+    micro-batch's backward is cut into ``dp_buckets`` parts, each bucket reduced as soon as its
+    part lands (Megatron-core's overlapped DDP); ``dp_buckets=1`` reduces all gradients after the
+    last backward, not overlapped (DeepSpeed's engine, whose pipeline schedule issues
+    ``ReduceGrads`` after the last ``BackwardPass``). ``grad_bytes`` per gradient element on the
+    wire: 4 for fp32 main-gradient buffers (Megatron-core), 2 where fp16/bf16 gradients are
+    reduced in their own type (DeepSpeed without ``fp32_allreduce``).
     """
     m, t = spec.model, spec.training
     if expand_collectives and (m.is_moe or p.ep > 1):
@@ -152,7 +160,6 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
 
     zero3 = p.fsdp in ("zero3", "hsdp")
     dp_reduce = "allreduce" if p.fsdp == "none" else "reducescatter"
-    grad_bytes = 4
     dp_groups = {}
     for s in range(p.pp):
         dp_groups[s] = [lay.group("dp", lay.rank(tp=i, cp=j, pp=s))

@@ -67,7 +67,8 @@ def _parse_hier(algo: str):
 
 def plan_collective(topo: Topology, kind: str, ranks: Sequence[int], size_bytes: float, *,
                     algo: str = "auto", splits=None) -> CollectivePlan:
-    """Decompose a collective into flows; ``algo='auto'`` picks the fastest as NCCL's tuner does.
+    """Decompose a collective into flows; ``algo='auto'`` picks the fastest as NCCL's tuner
+    rates them (ring against tree with the tuner's bandwidth model, :func:`_tuner_tree_time`).
 
     Parameters
     ----------
@@ -101,6 +102,9 @@ def plan_collective(topo: Topology, kind: str, ranks: Sequence[int], size_bytes:
             return ALGORITHMS[cands[0]][0](topo, ranks, size_bytes, kind, **kw)
         plans = [ALGORITHMS[a][0](topo, ranks, size_bytes, kind, **kw) for a in cands]
         times = [_uncontended_time(topo, p) for p in plans]
+        if "ring" in cands and "tree" in cands and len(ranks) > 1:
+            i_r, i_t = cands.index("ring"), cands.index("tree")
+            times[i_t] = _tuner_tree_time(plans[i_r], times[i_r], plans[i_t], len(ranks))
         return plans[int(np.argmin(times))]
     if algo.startswith("hier:"):
         if kind != "allreduce":
@@ -115,6 +119,23 @@ def plan_collective(topo: Topology, kind: str, ranks: Sequence[int], size_bytes:
         raise SpecError(f"algorithm {algo} does not implement {kind}", field="--algo",
                         fix=f"for {kind} use: {', '.join(a for a, (_, k) in ALGORITHMS.items() if kind in k)}")
     return builder(topo, ranks, size_bytes, kind, **kw)
+
+
+def _tuner_tree_time(ring_plan: CollectivePlan, ring_s: float, tree_plan: CollectivePlan,
+                     n: int) -> float:
+    """The tree all-reduce's time *as NCCL's tuner rates it* when it picks between ring and tree.
+
+    NCCL (``src/graph/tuning.cc``, ``ncclTopoTuneModel``) gives both algorithms the same bus
+    bandwidth per channel, takes 0.92 of it for tree, and converts bus to algorithm bandwidth
+    with a ratio of 0.5 for tree but ``n / (2(n - 1))`` for ring: in its model the tree's
+    bandwidth term is ``n / (0.92 (n - 1))`` times the ring's, so it picks tree only where
+    latency dominates (small messages, many nodes). The flows of a tree on few nodes move
+    less inter-node data than a ring (on 2 nodes nccl-tests shows tree bus bandwidth above the
+    NIC line rate), a gain the tuner does not see: NCCL runs ring there, and so does ``auto``.
+    The chosen algorithm is then timed by its own flows."""
+    lat_r = sum(ph.latency_s for ph in ring_plan.phases)
+    lat_t = sum(ph.latency_s for ph in tree_plan.phases)
+    return lat_t + max(0.0, ring_s - lat_r) * n / (0.92 * (n - 1))
 
 
 def _uncontended_time(topo: Topology, plan: CollectivePlan) -> float:

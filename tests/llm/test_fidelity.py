@@ -35,8 +35,8 @@ def vtrain_df():
 
 
 @pytest.mark.parametrize("group", [
-    pytest.param(g, marks=pytest.mark.xfail(strict=True, reason="known gap: TP2/TP4 rows and "
-                                                                "cross-node TP16 predicted too fast"))
+    pytest.param(g, marks=pytest.mark.xfail(strict=True, reason="known gap: TP2/TP4 rows with "
+                                                                "PP predicted too fast"))
     if g in VTRAIN_KNOWN_GAPS else g
     for g in ("3.6B", "18.4B", "39.1B", "175.0B")])
 def test_vtrain_ranking_kendall_tau(vtrain_df, group):
