@@ -362,8 +362,14 @@ def _diagnose_run(args) -> int:
 
 # -- calibrate --------------------------------------------------------------------------------
 def _calibrate(sub) -> None:
-    p = sub.add_parser("calibrate", help="fit simulator parameters to measurements")
-    csub = p.add_subparsers(dest="what", metavar="WHAT", required=True)
+    p = sub.add_parser("calibrate", help="fit simulator parameters to measurements",
+                       description="Fit or measure simulator parameters. `clusterplan calibrate "
+                                   "--backend gloo` is `clusterplan calibrate gloo`.")
+    p.add_argument("--backend", choices=["gloo", "nccl"],
+                   help="measure this machine's torch.distributed backend (gloo: see "
+                        "`calibrate gloo`; nccl: needs CUDA GPUs)")
+    p.set_defaults(func=_calibrate_backend, out=None, json=False)
+    csub = p.add_subparsers(dest="what", metavar="WHAT")
     n = csub.add_parser("nccl", help="fit collective alpha and link efficiency to nccl-tests tables",
                         description="Fit the per-step latency of an algorithm and the protocol "
                                     "efficiency of a link kind to measured nccl-tests tables, by "
@@ -404,6 +410,23 @@ def _calibrate(sub) -> None:
     h.add_argument("--repeats", type=int, default=40)
     h.add_argument("--json", action="store_true")
     h.set_defaults(func=_calibrate_host)
+    g = csub.add_parser("gloo", help="measure torch.distributed (gloo) on this machine: "
+                                     "collectives per size, one core's compute, host time",
+                        description="Spawn gloo processes (one thread each, pinned to a core) "
+                                    "and measure per-size tables of every collective (all-reduce, "
+                                    "all-gather, reduce-scatter, all-to-all, broadcast, send/recv), "
+                                    "the extra cost of a call issued after compute, one core's "
+                                    "matmul / attention / memory efficiency, per-op dispatch and "
+                                    "eager PyTorch's host time per block; each measured in "
+                                    "--rounds rounds, the spread recorded as noise. The profile "
+                                    "times `clusterplan validate --calibration FILE`. See "
+                                    "planner/validate/README.md.")
+    g.add_argument("--out", metavar="FILE", default="traces/calibration/gloo-localhost.yaml",
+                   help="profile YAML to write (default %(default)s)")
+    g.add_argument("--nproc", type=int, default=2, help="processes (default 2)")
+    g.add_argument("--rounds", type=int, default=2, help="measurement rounds (default 2)")
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(func=_calibrate_gloo)
 
 
 def _calibrate_nccl(args) -> int:
@@ -469,6 +492,35 @@ def _calibrate_compute(args) -> int:
             "matmul_dtypes": sorted(check.matmul)}
     _emit(args, data, f"wrote {args.out} for {prof['gpu']}: matmul curves for "
                       f"{', '.join(sorted(check.matmul))}, launch {format_time(check.launch_overhead_s)}")
+    return 0
+
+
+def _calibrate_backend(args) -> int:
+    if args.what is None and args.backend == "gloo":
+        args.out = "traces/calibration/gloo-localhost.yaml"
+        args.nproc, args.rounds = 2, 2
+        return _calibrate_gloo(args)
+    if args.what is None and args.backend == "nccl":
+        raise SpecError("measuring NCCL needs CUDA GPUs and is not built yet; fit NCCL from "
+                        "nccl-tests tables instead", field="--backend",
+                        fix="use `clusterplan calibrate nccl --table RANKS=FILE`, or --backend gloo")
+    raise SpecError("say what to calibrate", field="WHAT",
+                    fix="use one of: nccl, compute, embedding, host, gloo (or --backend gloo)")
+
+
+def _calibrate_gloo(args) -> int:
+    import yaml
+    from planner.validate.calibrate import GlooCalibration, measure_gloo, summary_lines
+    if not 2 <= args.nproc <= 8:
+        raise SpecError(f"--nproc {args.nproc} is outside 2..8", field="--nproc",
+                        fix="use --nproc 2 (one process per core of this machine)")
+    if not 1 <= args.rounds <= 10:
+        raise SpecError(f"--rounds {args.rounds} is outside 1..10", field="--rounds",
+                        fix="use --rounds 2 or 3")
+    doc = measure_gloo(GlooCalibration(world=args.nproc, rounds=args.rounds))
+    _atomic_write(args.out, "# clusterplan calibrate gloo: see planner/validate/calibrate.py\n"
+                  + yaml.safe_dump(doc, sort_keys=False, width=100))
+    _emit(args, doc, "\n".join(summary_lines(doc) + [f"wrote {args.out}"]))
     return 0
 
 

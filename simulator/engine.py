@@ -125,7 +125,7 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
              compute: ComputeProfile | None = None,
              slowdown: Mapping[int, float] | None = None,
              link_faults: Sequence["LinkFault"] = (),
-             track_links: bool = False) -> SimResult:
+             track_links: bool = False, measured_comm=None) -> SimResult:
     """Simulate ``workload`` on ``topo`` and return per-op timings.
 
     Parameters
@@ -143,6 +143,12 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
     track_links:
         Record bytes and busy seconds per link (``SimResult.link_busy_s``; explicit mode), the
         input of hot-link diagnosis (:func:`simulator.faults.find_hot_links`).
+    measured_comm:
+        A :class:`~simulator.gloo_profile.GlooProfile` (or anything with ``comm_time_s(kind,
+        nranks, nbytes)`` and ``shared_core``): collectives and messages it has a table for
+        take their measured time instead of flows (algorithm ``measured``); with
+        ``shared_core`` every rank is one core that its compute ops and its measured
+        communication hold in turn (CPU processes under gloo).
     """
     t0 = time.perf_counter()
     ops = workload.ops
@@ -193,6 +199,38 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
     algo = [""] * n
     plan_cache: dict[tuple, CollectivePlan] = {}
     counter = {"events": 0}
+    cores = ([simpy.Resource(env, capacity=1) for _ in range(n_gpus)]
+             if measured_comm is not None and measured_comm.shared_core else None)
+    last_comm = np.zeros(n_gpus)        # when each rank's last measured call ended, seconds
+
+    def on_cores(i: int, ranks, d):
+        held = []
+        for r in sorted(set(ranks)):     # one global order: no two ops wait for each other
+            req = cores[r].request()
+            yield req
+            held.append((r, req))
+        start[i] = env.now               # the op runs from when it holds its cores
+        yield env.timeout(d() if callable(d) else d)
+        for r, req in held:
+            cores[r].release(req)
+        finish(i)
+
+    def run_for(i: int, ranks, d) -> None:
+        """Run op ``i`` for ``d`` seconds (or ``d()``, evaluated once its cores are free)."""
+        if cores is None:
+            ev = env.timeout(d() if callable(d) else d)
+            ev.callbacks.append(lambda _e, i=i: finish(i))
+        else:
+            env.process(on_cores(i, ranks, d))
+
+    def measured_time(op, kind: str):
+        def seconds() -> float:
+            idx = list(op.ranks)
+            gap = float(env.now - last_comm[idx].min())
+            d = measured_comm.comm_time_s(kind, len(idx), op.bytes_moved, gap)
+            last_comm[idx] = env.now + d
+            return d
+        return seconds
 
     def finish(i: int) -> None:
         end[i] = env.now
@@ -221,9 +259,14 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
                                       f"{MAX_OP_S:.0e} s this simulator resolves (fix: check "
                                       "the op's flops, bytes or duration and their units)")
             algo[i] = ""
-            ev = env.timeout(d)
-            ev.callbacks.append(lambda _e, i=i: finish(i))
+            run_for(i, op.ranks[:1], d)
             return
+        if measured_comm is not None:
+            kind = op.collective if op.kind == "collective" else "sendrecv"
+            if measured_comm.comm_time_s(kind, len(op.ranks), op.bytes_moved) is not None:
+                algo[i] = "measured"
+                run_for(i, op.ranks, measured_time(op, kind))
+                return
         if op.kind == "collective":
             key = (op.collective, op.ranks, op.bytes_moved, op.algo, op.splits)
             plan = plan_cache.get(key)

@@ -104,7 +104,9 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
                profile: ComputeProfile | None = None, schedule_name: str = "1f1b",
                dp_buckets: int = 4, attention: str = "flash",
                sequence_parallel: bool = True, expand_collectives: bool = False,
-               p2p_scatter_gather: bool | None = None, grad_bytes: int = 4) -> StepPlan:
+               p2p_scatter_gather: bool | None = None,
+               host: "HostOverhead | None | str" = "measured",
+               host_serial: bool = False, grad_bytes: int = 4) -> StepPlan:
     """Build the workload of one step; ``p`` must be resolved (see :func:`resolve_parallel`).
 
     ``expand_collectives``: every TP/CP collective becomes an op on its real group (see the
@@ -118,6 +120,8 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
     sequence parallelism, the whole activation without. ``True`` without sequence parallelism
     in the expanded step adds the receiver's TP all-gather as an op; ``False`` sends the whole
     activation (see :func:`p2p_activation_bytes`).
+
+    ``host`` and ``host_serial``: see :func:`pass_times`.
 
     ``dp_buckets`` and ``grad_bytes``: the data-parallel gradient reduction. The last
     micro-batch's backward is cut into ``dp_buckets`` parts, each bucket reduced as soon as its
@@ -145,7 +149,8 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
     fwd_s, bwd_s, tpc_s, chunk_layers = pass_times(spec, p, topo, lay, prof, detail=detail,
                                                    attention=attention,
                                                    sequence_parallel=sequence_parallel,
-                                                   include_comm=not expand_collectives)
+                                                   include_comm=not expand_collectives,
+                                                   host=host, host_serial=host_serial)
 
     w = Workload(name=f"{m.name} step")
     # parameters held per rank in each (stage, chunk), for DP traffic and the optimizer
@@ -274,14 +279,18 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
                prof: ComputeProfile, comm_cache: dict | None = None, *,
                attention: str = "flash", sequence_parallel: bool = True,
                detail: dict | None = None, host: HostOverhead | None | str = "measured",
-               include_comm: bool = True):
+               include_comm: bool = True, host_serial: bool = False):
     """Per (stage, chunk): forward and backward seconds of one micro-batch on the stage's
     representative (TP/CP collectives included, timed on their actual groups), the TP/CP part
     of it, and the blocks per chunk. ``comm_cache`` may be shared across calls.
 
     Each block pass takes at least the trainer's host time (``host``, planner/llm/host.py:
     eager PyTorch measured by ``clusterplan calibrate host``; ``None`` for a trainer without
-    that floor, e.g. CUDA graphs). CPU devices run ops synchronously and get no floor.
+    that floor, e.g. CUDA graphs). CPU devices run ops synchronously and get no floor, unless
+    ``host_serial``: then the host time is *added* to the kernels' (a CPU thread dispatches
+    and computes in turn), and the kernels are charged no launch overhead of their own (the
+    measured host time already holds every op's dispatch), as ``clusterplan calibrate gloo``
+    measures it for :mod:`planner.validate`.
 
     ``include_comm=False`` leaves the TP/CP/EP collectives out of the pass times (the expanded
     step issues them as ops). ``detail`` receives, per stage, the seconds of one block's
@@ -303,7 +312,8 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
 
     blk = block_kernels(m, b=b, tp=p.tp, cp=p.cp, precision=t.precision, attention=attention,
                         sequence_parallel=sequence_parallel, ep=p.ep)
-    blk_f, blk_b = kernels_time(prof, blk), kernels_time(prof, blk, backward=True)
+    kprof = replace(prof, launch_overhead_s=0.0) if host_serial and host else prof
+    blk_f, blk_b = kernels_time(kprof, blk), kernels_time(kprof, blk, backward=True)
     attn = [k for k in blk if k.name.startswith("attention")]
     attn_f = kernels_time(prof, attn)
     logit = logits_kernels(m, b=b, tp=p.tp, cp=p.cp, precision=t.precision)
@@ -313,6 +323,9 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
         host = load_host_overhead() if topo.gpu.name != "cpu" else None
     host_f = host.forward_s if host else 0.0
     host_b = host.backward_pass_s(t.activation_recompute) if host else 0.0
+
+    def floor(kernel_s: float, host_s: float) -> float:
+        return kernel_s + host_s if host_serial else max(kernel_s, host_s)
     layers_per_chunk = chunk_layer_counts(m.layers, p.pp, p.vpp)
     fwd_s, bwd_s, tpc_s = [], [], []
     chunk_layers = []
@@ -337,9 +350,9 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
         recompute = {"none": 0.0, "selective": attn_f, "full": blk_f + comm_f}[
             t.activation_recompute]
         if detail is not None:
-            layer_b = max(blk_b + comm_b + recompute, host_b)
+            layer_b = floor(blk_b + comm_b + recompute, host_b)
             layer_r = blk_f if t.activation_recompute == "full" and not include_comm else 0.0
-            detail.setdefault("layer_fwd_s", []).append(max(blk_f + comm_f, host_f))
+            detail.setdefault("layer_fwd_s", []).append(floor(blk_f + comm_f, host_f))
             detail.setdefault("layer_recompute_s", []).append(layer_r)
             detail.setdefault("layer_bwd_s", []).append(layer_b - layer_r)
         per_chunk = layers_per_chunk[s]
@@ -347,8 +360,8 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
         f_row, b_row, c_row = [], [], []
         for c, n in enumerate(per_chunk):
             vs = c * p.pp + s
-            f = n * max(blk_f + comm_f, host_f)
-            bw = n * max(blk_b + comm_b + recompute, host_b)
+            f = n * floor(blk_f + comm_f, host_f)
+            bw = n * floor(blk_b + comm_b + recompute, host_b)
             embed_f = op_time(prof, flops=0, bytes_moved=2 * T * m.hidden_size * e)
             embed_b = op_time(prof, flops=0, bytes_moved=3 * T * m.hidden_size * e)
             logits_b = logit_b + (logit_f if t.activation_recompute == "full" else 0.0)

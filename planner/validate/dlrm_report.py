@@ -123,8 +123,12 @@ def _plain(x):
     return list(x) if isinstance(x, tuple) else x
 
 
-def predicted(cfg: DLRMRunConfig, step: int) -> dict:
-    """The simulated step (this machine's topology and CPU profile) of ``step``'s batch."""
+def predicted(cfg: DLRMRunConfig, step: int, calibration=None) -> dict:
+    """The simulated step (this machine's topology and CPU profile) of ``step``'s batch;
+    with ``calibration`` (:class:`simulator.gloo_profile.GlooProfile`) the MLPs run at one
+    core's measured rates, the collectives take their measured per-size times and share the
+    ranks' cores with compute, and each step pays TorchRec's measured fixed cost per
+    sharding type (:mod:`planner.validate.calibrate`)."""
     from planner.sharding.measure import cpu_topology_ref
     from planner.sharding.simulate_torchrec import build_torchrec_step_workload
     from planner.sharding.task import ShardingTask, prepare
@@ -132,7 +136,11 @@ def predicted(cfg: DLRMRunConfig, step: int) -> dict:
     problem = prepare(ShardingTask(model=cfg.model, topology=cpu_topology_ref(cfg.world)),
                       cfg.world)
     w = build_torchrec_step_workload(problem, cfg.shardings, expected_ops(cfg, step))
-    res = simulate(problem.topology, w)
+    if calibration is None:
+        res = simulate(problem.topology, w)
+    else:
+        res = simulate(problem.topology, w, compute=calibration.compute,
+                       measured_comm=calibration)
     per = res.per_device()
     kinds = {}
     for cat in ("emb_fwd", "emb_bwd", "mlp_fwd", "mlp_bwd", "a2a", "rw_comm",
@@ -189,13 +197,15 @@ def _per_kind(pred: dict, meas: dict) -> dict:
     return {k: {"predicted_s": p[k], "measured_s": meas.get(k)} for k in p}
 
 
-def validate_dlrm(cfg: DLRMRunConfig, *, result: RunResult | None = None) -> dict:
-    """Run (unless ``result`` is given), compare exactly, predict; see the module docstring."""
+def validate_dlrm(cfg: DLRMRunConfig, *, result: RunResult | None = None,
+                  calibration=None) -> dict:
+    """Run (unless ``result`` is given), compare exactly, predict (timed with
+    ``calibration`` when given); see the module docstring."""
     res = result or run(cfg)
     steps = list(range(cfg.warmup, cfg.warmup + cfg.steps))
     structure = compare_dlrm(cfg, res.ranks, steps)
     meas = measure(cfg, res)
-    pred = predicted(cfg, steps[0])
+    pred = predicted(cfg, steps[0], calibration)
     p, m = pred["step_time_s"], meas["step_time_s"]
     cores = os.cpu_count() or 1
     return {"config": cfg.to_dict(), "structure": structure,

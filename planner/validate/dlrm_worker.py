@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 
 from .comm import Recorder
-from .worker import _inject, timed_steps
+from .worker import _inject, pin_main_thread, timed_steps, unpin
 
 __all__ = ["run_rank"]
 
@@ -245,6 +245,7 @@ def run_rank(rank: int, cfg, port: int, progress, report, state: dict) -> dict:
                                          sharders=[sharder])
         # the DDPs reduce in C++: a hook makes each bucket's all-reduce a recorded call
         ddps = _ddps(model, nn)
+        pin_main_thread(rank)          # TorchRec's groups (and their gloo threads) exist now
         world = cfg.world
 
         def hook(tag, bucket):
@@ -306,6 +307,7 @@ def run_rank(rank: int, cfg, port: int, progress, report, state: dict) -> dict:
     finally:
         tap.restore()
     dist.destroy_process_group()
+    unpin()
     events = [ev + sp + (w,) for ev, sp, w in zip(rec.events, tap.splits, tap.waits)]
     return {"rank": rank, "events": events, "steps": steps, "losses": losses,
             "trace": trace, "ddps": len(ddps)}

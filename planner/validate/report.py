@@ -51,9 +51,11 @@ def measure(cfg: RunConfig, res: RunResult) -> dict:
 
 
 def validate(cfg: RunConfig, *, expected: Expected | None = None,
-             result: RunResult | None = None) -> dict:
-    """Simulate, run (unless ``result`` is given) and compare; see the module docstring."""
-    exp = expected or expected_step(cfg)
+             result: RunResult | None = None, calibration=None) -> dict:
+    """Simulate, run (unless ``result`` is given) and compare; see the module docstring.
+    ``calibration``: a :class:`simulator.gloo_profile.GlooProfile` to time the prediction
+    with (``clusterplan calibrate gloo``)."""
+    exp = expected or expected_step(cfg, calibration=calibration)
     res = result or run(cfg)
     measured = {r["rank"]: events_from_records(r["events"]) for r in res.ranks}
     structure = compare_structure(exp.events, measured)

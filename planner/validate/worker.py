@@ -6,7 +6,7 @@ block, and runs ``warmup + steps`` training steps, each executing the stage's sc
 :func:`planner.llm.schedule.schedule` (the simulator's own): receive (blocking), pass, send
 (``isend``, completed at the end of the step); after the last micro-batch's backward of each
 chunk, its gradients (fp32, a flat buffer in backward order) are all-reduced over the DP group
-in :func:`planner.llm.step.dp_bucket_elements` buckets; then SGD. A barrier separates steps
+in :func:`planner.llm.step.dp_bucket_elements` buckets; then AdamW (foreach ops). A barrier separates steps
 (not part of any step's record). Every communication call goes through
 :class:`planner.validate.comm.Recorder`.
 
@@ -71,6 +71,27 @@ def worker_main(slot: int, inbox, progress: Progress, outbox) -> None:
     outbox.join_thread()
 
 
+def pin_main_thread(rank: int) -> None:
+    """Pin the calling (main) thread of a rank to core ``rank mod cores``, once its process
+    groups exist. Unpinned, the kernel moves two single-thread ranks between the cores and one
+    of them computed up to 25% slower (a GEMM, on this 2-core VM; pinned, both ran at the
+    speed of one alone). Only this thread: gloo's threads, started with the groups, keep every
+    core (pinned beside the main thread, a small all-reduce took 1.6 ms instead of 0.5)."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})   # pid 0: this thread only
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        pass
+
+
+def unpin() -> None:
+    """Give the calling thread every core again (a pool process runs several jobs)."""
+    try:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        pass
+
+
 def _die_with_parent() -> None:
     """Linux: have the kernel kill this process if the parent dies (no orphans left)."""
     try:
@@ -114,6 +135,7 @@ def _run(rank: int, cfg: RunConfig, port: int, progress: Progress, report, state
                 if rank in g:
                     pgs[g] = pg
     report("ready", None)
+    pin_main_thread(rank)
     rec = Recorder(rank, progress)
     co = lay.coords(rank)
     s = co["pp"]
@@ -162,10 +184,17 @@ def _run(rank: int, cfg: RunConfig, port: int, progress: Progress, report, state
             x = x.chunk(p.tp)[tp.index]
         rec.send(x.contiguous().clone(), peer(vs_to), name, tag)
 
+    flat_bufs: dict = {}
+
     def reduce_grads(c: int) -> None:
+        # a persistent flat buffer per chunk, as Megatron's contiguous gradient buffer (a new
+        # one each step would page-fault megabytes of fresh memory on every step)
         params = list(chunks[c].parameters())
         grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in params]
-        flat = torch.cat([g.reshape(-1).float() for g in reversed(grads)])
+        flat = flat_bufs.get(c)
+        if flat is None:
+            flat = flat_bufs[c] = torch.empty(sum(q.numel() for q in params))
+        torch.cat([g.reshape(-1).float() for g in reversed(grads)], out=flat)
         k = max(1, min(cfg.dp_buckets, chunk_layers[s][c]))
         o = 0
         for j, n in enumerate(dp_bucket_elements(flat.numel(), k)):
@@ -175,8 +204,33 @@ def _run(rank: int, cfg: RunConfig, port: int, progress: Progress, report, state
         o = 0
         for q in reversed(params):
             n = q.numel()
-            q.grad = flat[o:o + n].view_as(q).to(q.dtype).clone()
+            q.grad = flat[o:o + n].view_as(q)
             o += n
+
+    adam: dict = {}
+
+    def optimizer_step() -> None:
+        """AdamW on fp32 states with multi-tensor (foreach) ops, as the simulator's optimizer
+        op models a trainer's fused Adam (torch.optim would import torch._dynamo)."""
+        params = [q for ch in chunks.values() for q in ch.parameters() if q.grad is not None]
+        if not params:
+            return
+        grads = [q.grad for q in params]
+        if "m" not in adam:
+            adam["m"] = [torch.zeros_like(q) for q in params]
+            adam["v"] = [torch.zeros_like(q) for q in params]
+            adam["t"] = 0
+        adam["t"] += 1
+        b1, b2, lr, eps, wd = 0.9, 0.95, 1e-3, 1e-8, 0.01
+        m_, v_ = adam["m"], adam["v"]
+        torch._foreach_mul_(params, 1.0 - lr * wd)
+        torch._foreach_lerp_(m_, grads, 1.0 - b1)
+        torch._foreach_mul_(v_, b2)
+        torch._foreach_addcmul_(v_, grads, grads, 1.0 - b2)
+        denom = torch._foreach_sqrt(v_)
+        torch._foreach_div_(denom, (1.0 - b2 ** adam["t"]) ** 0.5)
+        torch._foreach_add_(denom, eps)
+        torch._foreach_addcdiv_(params, m_, denom, -lr / (1.0 - b1 ** adam["t"]))
 
     losses: list[float] = []
 
@@ -220,17 +274,15 @@ def _run(rank: int, cfg: RunConfig, port: int, progress: Progress, report, state
                     reduce_grads(c)
         rec.wait_sends()
         rec.note(f"optimizer step {step}")
-        with torch.no_grad():          # plain SGD (torch.optim would import torch._dynamo)
-            for ch in chunks.values():
-                for q in ch.parameters():
-                    if q.grad is not None:
-                        q.add_(q.grad, alpha=-1e-3)
+        with torch.no_grad():
+            optimizer_step()
         if s == (nv - 1) % p.pp:
             losses.append(total)
 
     steps, trace = timed_steps(rec, run_step, cfg, rank)
     state["step"] = -2
     dist.destroy_process_group()
+    unpin()
     return {"rank": rank, "coords": co, "events": rec.events, "steps": steps,
             "losses": losses, "params": {c: param_count(chunks[c]) for c in chunks},
             "trace": trace}

@@ -1,0 +1,197 @@
+"""A measured profile of torch.distributed on CPUs (gloo): per-size collective times, one
+core's compute rates and eager PyTorch's host time per transformer block.
+
+Written by ``clusterplan calibrate gloo`` (:mod:`planner.validate.calibrate`), read here so the
+simulator can time a step the way such a machine runs it:
+
+- **Collectives from tables.** Loopback TCP between processes that share a few cores is not a
+  network of links: gloo's time per call is its own software path (copies, reductions on the
+  calling core, TCP through the kernel), so a flow model of a 1 GB/s "link" misses it by 2-5×
+  at small sizes (``shared/reference/gloo-on-cpu.md``). A :class:`CommTable` per kind and group
+  size, measured on the machine in the same run, gives the time of one call of ``n`` bytes by
+  interpolation in log-log between measured sizes (the nccl-tests byte convention of
+  :mod:`simulator.collectives.plan`), and by the last measured bandwidth beyond them.
+- **Communication competes with compute.** A rank is a process on one core: gloo reduces,
+  copies and drives TCP on CPU cores, so a collective or message does not overlap that rank's
+  compute, it takes turns with it (``shared_core``). The engine gives every rank one core
+  that compute ops and its measured communication hold in turn.
+- **One core's compute.** The compute profile's peak is what one thread reached in the same
+  run (with every other rank busy with the same work, as in a step), not the all-core peak.
+- **Host time.** On a CPU the Python and dispatch work of eager PyTorch runs on the same core
+  as the arithmetic, so a block pass takes host time *plus* kernel time (on a GPU it is the
+  larger of the two, :mod:`planner.llm.host`).
+
+Units: seconds, bytes, FLOP/s, as everywhere in the simulator.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .compute import ComputeProfile, EfficiencyCurve, monotone_time_points
+from .errors import SpecError
+from .fileio import parse_yaml, read_text
+from .hardware import gpu_spec
+
+__all__ = ["CommTable", "GlooProfile", "load_gloo_profile", "gloo_profile_from_dict", "COMM_KINDS"]
+
+#: collective kinds a profile may time (simulator names), plus ``sendrecv`` for messages
+COMM_KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv")
+
+
+@dataclass(frozen=True, slots=True)
+class CommTable:
+    """Measured seconds of one call of ``kind`` on ``nranks`` processes, per size in bytes.
+
+    ``sizes`` strictly increase; ``seconds`` are the medians measured at them (slowest rank).
+    """
+
+    kind: str
+    nranks: int
+    sizes: tuple[float, ...]
+    seconds: tuple[float, ...]
+    _lx: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _ly: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.sizes) != len(self.seconds) or len(self.sizes) < 2:
+            raise SpecError(f"{self.kind}: need at least two (bytes, seconds) rows",
+                            field=f"comm.{self.kind}", fix="measure several sizes")
+        if any(b <= a for a, b in zip(self.sizes, self.sizes[1:])) or self.sizes[0] <= 0:
+            raise SpecError(f"{self.kind}: sizes must be positive and increasing",
+                            field=f"comm.{self.kind}", fix="sort the rows by bytes")
+        if any(not (s > 0 and math.isfinite(s)) for s in self.seconds):
+            raise SpecError(f"{self.kind}: seconds must be positive", field=f"comm.{self.kind}",
+                            fix="give the measured times")
+        object.__setattr__(self, "_lx", tuple(math.log(s) for s in self.sizes))
+        object.__setattr__(self, "_ly", tuple(math.log(t) for t in self.seconds))
+
+    def time_s(self, nbytes: float) -> float:
+        """Seconds for one call of ``nbytes`` (the smallest size's time below it; beyond the
+        largest, that time plus the extra bytes at the last measured interval's rate)."""
+        if nbytes <= self.sizes[0]:
+            return self.seconds[0]
+        if nbytes >= self.sizes[-1]:
+            s0, s1 = self.sizes[-2], self.sizes[-1]
+            t0, t1 = self.seconds[-2], self.seconds[-1]
+            per_byte = max(t1 - t0, 0.0) / (s1 - s0)
+            return t1 + (nbytes - s1) * per_byte
+        x = math.log(nbytes)
+        i = bisect.bisect_right(self._lx, x)
+        x0, x1, y0, y1 = self._lx[i - 1], self._lx[i], self._ly[i - 1], self._ly[i]
+        return math.exp(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GlooProfile:
+    """What :mod:`planner.validate.calibrate` measured (see the module docstring).
+
+    Attributes
+    ----------
+    comm : Mapping[tuple[str, int], CommTable]
+        Per (kind, processes) the measured table.
+    compute : ComputeProfile
+        One core's rates: ``gpu.peak_flops['fp32']`` the best single-thread matmul rate,
+        ``gpu.hbm_bandwidth_Bps`` the best single-thread add rate, FLOP/s and bytes/s.
+    host_block_s : Mapping[str, float]
+        Eager PyTorch's host seconds per block pass of the validation model on this CPU:
+        ``forward``, ``backward`` (tiny tensors: dispatch and autograd, not arithmetic), for
+        SwiGLU blocks; ``host_block_gelu_s`` the same for GELU blocks.
+    wake_penalty_s : tuple of (gap seconds, seconds)
+        Extra seconds of a call whose process did no communication for ``gap`` seconds before
+        it (its gloo threads slept; linear in log(gap) between points, clamped outside).
+    shared_core : bool
+        Communication takes turns with compute on each rank's core (see the module docstring).
+    noise : Mapping[str, Any]
+        Run-to-run spread recorded beside the numbers (relative, per kind).
+    source : str
+    """
+
+    comm: Mapping[tuple[str, int], CommTable]
+    compute: ComputeProfile
+    host_block_s: Mapping[str, float]
+    host_block_gelu_s: Mapping[str, float] = field(default_factory=dict)
+    wake_penalty_s: tuple[tuple[float, float], ...] = ()
+    shared_core: bool = True
+    noise: Mapping[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+    def comm_time_s(self, kind: str, nranks: int, nbytes: float, gap_s: float = 0.0
+                    ) -> float | None:
+        """Seconds of one call, or None where this profile has no table for it; ``gap_s``:
+        the longest time any member went without communication before it."""
+        table = self.comm.get((kind, nranks))
+        return None if table is None else table.time_s(nbytes) + self.wake_s(gap_s)
+
+    def wake_s(self, gap_s: float) -> float:
+        """Extra seconds of a call after ``gap_s`` seconds without communication."""
+        pts = self.wake_penalty_s
+        if not pts or gap_s <= pts[0][0]:
+            return pts[0][1] * (gap_s / pts[0][0]) if pts and gap_s > 0 else 0.0
+        if gap_s >= pts[-1][0]:
+            return pts[-1][1]
+        i = bisect.bisect_right([g for g, _ in pts], gap_s)
+        (g0, e0), (g1, e1) = pts[i - 1], pts[i]
+        return e0 + (e1 - e0) * math.log(gap_s / g0) / math.log(g1 / g0)
+
+
+def gloo_profile_from_dict(doc: Mapping[str, Any], *, source: str = "<dict>") -> GlooProfile:
+    """Build a profile from the mapping ``clusterplan calibrate gloo`` writes."""
+    if not isinstance(doc, Mapping) or doc.get("format") != "clusterplan.gloo-profile":
+        raise SpecError("not a gloo profile (format: clusterplan.gloo-profile)", source=source,
+                        field="format", fix="write one with: clusterplan calibrate gloo --out FILE")
+    try:
+        comm = {}
+        for key, rows in doc["comm"].items():
+            kind, _, n = str(key).partition("@")
+            if kind not in COMM_KINDS or not n.isdigit():
+                raise SpecError(f"unknown table {key!r}", source=source, field=f"comm.{key}",
+                                fix=f"name tables KIND@PROCESSES with KIND one of "
+                                    f"{', '.join(COMM_KINDS)}")
+            comm[(kind, int(n))] = CommTable(kind, int(n), tuple(float(r[0]) for r in rows),
+                                             tuple(float(r[1]) for r in rows))
+        c = doc["compute"]
+        base = gpu_spec("cpu")
+        from dataclasses import replace
+        gpu = replace(base, vendor_name=f"{base.vendor_name} (one core, measured)",
+                      peak_flops={"fp32": float(c["peak_fp32_flops"])},
+                      hbm_bandwidth_Bps=float(c["memory_bandwidth_Bps"]))
+        prof = ComputeProfile(
+            gpu=gpu,
+            matmul={"fp32": EfficiencyCurve.from_points(
+                monotone_time_points(c["matmul_fp32"]), source=source, field="compute.matmul_fp32")},
+            memory=EfficiencyCurve.from_points(monotone_time_points(c["memory"]), source=source,
+                                               field="compute.memory"),
+            launch_overhead_s=float(c["launch_overhead_s"]),
+            attention={"fp32": EfficiencyCurve.from_points(
+                monotone_time_points(c["attention_fp32"]), source=source,
+                field="compute.attention_fp32")} if c.get("attention_fp32") else {},
+            attention_backward={"fp32": EfficiencyCurve.from_points(
+                monotone_time_points(c["attention_backward_fp32"]), source=source,
+                field="compute.attention_backward_fp32")}
+            if c.get("attention_backward_fp32") else {},
+            source=f"{source} (one core, measured with the other ranks busy)")
+        host = {k: float(v) for k, v in doc["host_block_s"].items()}
+        host_gelu = {k: float(v) for k, v in doc.get("host_block_gelu_s", {}).items()}
+    except SpecError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise SpecError(f"malformed gloo profile ({type(exc).__name__}: {exc})", source=source,
+                        fix="write it again with: clusterplan calibrate gloo --out FILE") from None
+    wake = tuple((float(g), float(e)) for g, e in doc.get("wake_penalty_s", []))
+    if any(not (g > 0 and e >= 0) for g, e in wake):
+        raise SpecError("wake_penalty_s rows must be [gap > 0, seconds >= 0]", source=source,
+                        field="wake_penalty_s", fix="write it again with clusterplan calibrate gloo")
+    return GlooProfile(comm=comm, compute=prof, host_block_s=host, host_block_gelu_s=host_gelu,
+                       wake_penalty_s=tuple(sorted(wake)),
+                       shared_core=bool(doc.get("shared_core", True)),
+                       noise=dict(doc.get("noise", {})), source=source)
+
+
+def load_gloo_profile(path: str | Path) -> GlooProfile:
+    """Read a profile written by ``clusterplan calibrate gloo``."""
+    return gloo_profile_from_dict(parse_yaml(read_text(path), source=str(path)), source=str(path))
