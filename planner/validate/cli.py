@@ -62,6 +62,10 @@ def register(sub) -> None:
     p.add_argument("--no-trace", action="store_true", help="write no profiler trace")
     p.add_argument("--inject-fault", default=None, metavar="RANK:KIND@STEP",
                    help="testing: make a rank raise, hang or exit at a step, e.g. 1:hang@1")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="time the prediction with this machine's measured gloo profile "
+                        "(`clusterplan calibrate gloo --out FILE`; default: the "
+                        "localhost-gloo priors and the CPU compute profile)")
     p.add_argument("--json", action="store_true", help="print JSON")
     d = p.add_argument_group("sharding plans (DLRM, TorchRec DistributedModelParallel)")
     d.add_argument("--tables", metavar="TABLES",
@@ -69,6 +73,14 @@ def register(sub) -> None:
     d.add_argument("--batch-size", type=int, default=None, metavar="B",
                    help="global batch of the run and the prediction (default: the plan's)")
     p.set_defaults(func=run_validate)
+
+
+def load_calibration(path: str | None):
+    """The ``--calibration`` profile (None without the flag), read before any process starts."""
+    if path is None:
+        return None
+    from simulator.gloo_profile import load_gloo_profile
+    return load_gloo_profile(path)
 
 
 def _positive(value, flag: str, minimum: float = 1) -> None:
@@ -117,6 +129,6 @@ def run_validate(args) -> int:
             f"vpp{p.vpp}-{time.strftime('%Y%m%d-%H%M%S')}")
         from dataclasses import replace
         cfg = replace(cfg, trace_dir=trace_dir)
-    d = validate(cfg)
+    d = validate(cfg, calibration=load_calibration(args.calibration))
     emit(args, d, format_report(d))
     return 0 if d["structure"]["match"] else 1

@@ -27,6 +27,8 @@ def run_validate_dlrm(args) -> int:
         raise SpecError(f"{args.timeout} is not a positive number of seconds", field="--timeout",
                         fix="pass e.g. --timeout 60")
     fault = parse_fault(args.inject_fault)
+    from .cli import load_calibration
+    calibration = load_calibration(getattr(args, "calibration", None))
     cfg = load_dlrm_config(args.source, tables=args.tables, nproc=args.nproc,
                            batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
                            timeout_s=args.timeout, fault=fault)
@@ -38,6 +40,6 @@ def run_validate_dlrm(args) -> int:
             Path("traces") / "validate" / f"{cfg.model.name}-dlrm{cfg.world}-"
             f"{time.strftime('%Y%m%d-%H%M%S')}")
         cfg = replace(cfg, trace_dir=trace_dir)
-    d = validate_dlrm(cfg)
+    d = validate_dlrm(cfg, calibration=calibration)
     emit(args, d, format_dlrm_report(d))
     return 0 if d["structure"]["match"] else 1

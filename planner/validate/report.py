@@ -78,6 +78,7 @@ def validate(cfg: RunConfig, *, expected: Expected | None = None,
         "loss": meas["loss"],
         "run_wall_s": res.wall_s,
         "processes": cfg.world, "cores": cores, "oversubscription": cfg.world / cores,
+        "calibration": calibration.source if calibration is not None else None,
         "topology": exp.topology.name, "compute_profile": f"traces/efficiency/{exp.profile.gpu.name}.yaml",
         "traces": sorted(r["trace"] for r in res.ranks if r.get("trace")),
         "real": {"tensor_parallel": "manual Megatron-style (autograd functions), gloo",
@@ -110,8 +111,12 @@ def format_report(d: dict) -> str:
         lines.append(f"  note: {d['processes']} processes share {d['cores']} cores "
                      f"({d['oversubscription']:.1f}× oversubscribed): measured times include "
                      "waiting for a core, which the prediction does not model")
-    lines.append("  note: timing accuracy is not validated yet (the prediction uses the "
-                 f"{d['topology']} priors and the CPU compute profile); the structure is")
+    if d.get("calibration"):
+        lines.append(f"  timed with the measured gloo profile {d['calibration']}")
+    else:
+        lines.append(f"  note: timed with the {d['topology']} priors and the all-core CPU "
+                     "profile; pass --calibration FILE (clusterplan calibrate gloo) for this "
+                     "machine's measured times")
     if d["traces"]:
         lines.append(f"  traces: {os.path.dirname(d['traces'][0])}/rank*.trace.json")
     return "\n".join(lines)
