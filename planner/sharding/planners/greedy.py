@@ -121,6 +121,16 @@ class GreedyPlanner:
         problem = prepare(task, devices)
         check_feasible(problem, (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
                                  ShardingType.ROW_WISE))
+        no_tw = [problem.model.tables[i].name for i in range(problem.num_tables)
+                 if not problem.allowed(i, ShardingType.TABLE_WISE)]
+        if no_tw:
+            from simulator.errors import SpecError
+            raise SpecError(f"the greedy planner places tables table-wise (column-split when "
+                            f"that helps), but {len(no_tw)} table(s) may not be table-wise "
+                            f"({', '.join(no_tw[:4])}{', …' if len(no_tw) > 4 else ''})",
+                            field="--sharding-types",
+                            fix="allow table_wise, or use --planner local_search or mip, "
+                                "which choose among any allowed types")
         cat = catalog(problem)
         choices, notes = greedy_choices(cat, split=self.split, parts=self.parts)
         stats = PlannerStats(wall_s=time.perf_counter() - t0, status="heuristic", seed=seed,

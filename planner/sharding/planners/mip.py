@@ -167,7 +167,13 @@ class _Model:
                         for q in range(8):
                             feats[d][q].append((var, G[d, q]))
             if not one:
-                raise ValueError(f"table {t} has no option")
+                from simulator.errors import SpecError
+                have = ", ".join(sorted(x.value for x in cat.problem.allowed_types(t)))
+                raise SpecError(f"table {cat.problem.model.tables[t].name!r} has no placement "
+                                f"the MIP can use on {n} device(s) (allowed: {have or 'none'}; "
+                                "table-row-wise needs more than one host)",
+                                field="--sharding-types",
+                                fix="allow another sharding type for it")
             lp += _lin([(o, 1) for o in one]) == 1
         # memory
         for d in range(n):
@@ -571,8 +577,8 @@ class MipPlanner:
     @staticmethod
     def _representable(cat: Catalog, choices, types, parts) -> bool:
         kinds = {"tw": _TW, "cw": _CW, "rw": _RW, "dp": _DP, "twrw": _TWRW}
-        for c in choices:
-            if kinds[c[0]] not in types:
+        for t, c in enumerate(choices):
+            if kinds[c[0]] not in types or not cat.problem.allowed(t, kinds[c[0]]):
                 return False
             if c[0] == "cw" and c[1] not in parts:
                 return False
