@@ -35,6 +35,12 @@ on TP), kernel-launch count (grows with TP, the wrong direction), memory (TP1·P
 per GPU than TP2·PP16 and is accurate, while TP2·PP16 measures 31% slower than it). The misses
 are also non-monotonic in micro-batch size (39.1B TP4 DP16 PP8: −21, −23, −18, −2, −2% at
 mbs 2, 3, 4, 6, 12; TP4 DP8 PP16: −7, −5, −3, −16, −22%), which no smooth cost does.
+Also checked: DeepSpeed's step-locked pipeline schedule (TrainSchedule, sends paired with
+receives at each step, simulated) gives exactly 1F1B's time, and blocking its sends on the
+compute stream costs the same share at every TP (≤ 6% at PP16); the rows' error does not
+correlate with an estimate of their memory per GPU (|r| ≤ 0.14 per group); the 175B TP2 rows
+(PP32) are within 1%. Per pipeline slot, 39.1B PP16 mbs3 runs at 61% (TP1), 35% (TP2), 52%
+(TP4) and 43% (TP8) of peak: TP2 is the outlier, with nothing in it that TP1 and TP4 lack.
 """
 
 from __future__ import annotations
