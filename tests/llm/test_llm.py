@@ -104,6 +104,18 @@ def test_dp_traffic_overlaps_backward_and_shares_the_fabric():
     assert dp.start_s.min() < bwd_end                   # first bucket starts inside backward
 
 
+def test_deepspeed_gradient_reduction_after_backward_in_fp16():
+    topo = load_topology("h100-ib:nodes=4")
+    spec = _small()
+    base = simulate_llm(spec, ParallelSpec(tp=1, pp=1, dp=32), topo)
+    ds = simulate_llm(spec, ParallelSpec(tp=1, pp=1, dp=32), topo, dp_buckets=1, grad_bytes=2)
+    df = ds.sim.ops
+    dp = df[df.category == "dp"]
+    assert len(dp) == 1 and dp.start_s.min() >= df[df.category == "bwd"].end_s.max()
+    full = base.sim.ops[base.sim.ops.category == "dp"]["bytes"].sum()
+    assert dp["bytes"].sum() == pytest.approx(full / 2)
+
+
 def test_parallel_errors_exit_2(capsys):
     assert main(["simulate", "llama3-8b", "--topology", "h100-ib:nodes=8", "--parallel",
                  "tp=3"]) == 2
