@@ -41,6 +41,11 @@ compute stream costs the same share at every TP (≤ 6% at PP16); the rows' erro
 correlate with an estimate of their memory per GPU (|r| ≤ 0.14 per group); the 175B TP2 rows
 (PP32) are within 1%. Per pipeline slot, 39.1B PP16 mbs3 runs at 61% (TP1), 35% (TP2), 52%
 (TP4) and 43% (TP8) of peak: TP2 is the outlier, with nothing in it that TP1 and TP4 lack.
+Timing every intra-node TP all-reduce from vTrain's own NCCL tables instead of the fitted ring
+(the flow model is 16–24% fast for 2 GPUs at 24–64 MiB, 5–8% slow for 8) moves 18.4B's tau
+to 0.695 and 39.1B's to 0.54; not adopted (a table for the folded TP time only would disagree
+with the engine's flows for the same collective), and 18.4B's ten rows between 9.6 and 11.0 s
+then turn on predicted differences of 0.02–0.05 s, below any model's resolution.
 """
 
 from __future__ import annotations
