@@ -316,6 +316,11 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
     blk_f, blk_b = kernels_time(kprof, blk), kernels_time(kprof, blk, backward=True)
     attn = [k for k in blk if k.name.startswith("attention")]
     attn_f = kernels_time(prof, attn)
+    # the attention half of a block (QKV, attention, output projection): its share of the
+    # block's kernel time, forward and backward (the host time splits the same way)
+    half = [k for k in blk if k.name in ("qkv", "attn_out") or k.name.startswith("attention")]
+    frac_f = kernels_time(kprof, half) / blk_f if blk_f > 0 else 0.5
+    frac_b = kernels_time(kprof, half, backward=True) / blk_b if blk_b > 0 else 0.5
     logit = logits_kernels(m, b=b, tp=p.tp, cp=p.cp, precision=t.precision)
     logit_f, logit_b = kernels_time(prof, logit), kernels_time(prof, logit, backward=True)
 
@@ -345,6 +350,8 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
             tp_ar = cp_ag = ep_a2a = 0.0
         if detail is not None:   # EP all-to-all seconds per micro-batch and layer, per stage
             detail.setdefault("ep_a2a_s", []).append(ep_a2a)
+            detail.setdefault("layer_attn_frac_f", []).append(frac_f)
+            detail.setdefault("layer_attn_frac_b", []).append(frac_b)
         comm_f = 2 * tp_ar + cp_ag + 2 * ep_a2a
         comm_b = 2 * tp_ar + 2 * cp_ag + 2 * ep_a2a
         recompute = {"none": 0.0, "selective": attn_f, "full": blk_f + comm_f}[
@@ -539,14 +546,22 @@ class _PassEmitter:
         if self.p.cp > 1:
             self._coll(s, ch, "cp", "allgather", self.kv, f"cp kv {at}")
         seconds = self.d["layer_fwd_s" if ps == "F" else "layer_recompute_s"][s]
-        self._comp(s, ch, at, seconds, "fwd" if ps == "F" else "bwd")
+        cat = "fwd" if ps == "F" else "bwd"
         if self.sp:
+            self._comp(s, ch, at, seconds, cat)
             for part in ("attn", "mlp"):
                 self._coll(s, ch, "tp", "allgather", self.act, f"sp {part} in {at}")
                 self._coll(s, ch, "tp", "reducescatter", self.act, f"sp {part} out {at}")
-        else:
+        elif len(self.groups["tp"][s]) > 1:
+            # the attention half, its all-reduce, the MLP half, its all-reduce (as a real
+            # block runs them; a call after compute costs more than one right after another)
+            frac = self.d["layer_attn_frac_f"][s]
+            self._comp(s, ch, at, seconds * frac, cat)
             self._coll(s, ch, "tp", "allreduce", self.act, f"tp attn {at}")
+            self._comp(s, ch, f"{at} mlp", seconds * (1.0 - frac), cat)
             self._coll(s, ch, "tp", "allreduce", self.act, f"tp mlp {at}")
+        else:
+            self._comp(s, ch, at, seconds, cat)
 
     def _block_backward(self, s: int, ch: _Chain, tag: str, layer: int) -> None:
         if self.full:
@@ -554,12 +569,17 @@ class _PassEmitter:
         at = f"B {tag} l{layer}"
         if self.p.cp > 1:
             self._coll(s, ch, "cp", "allgather", self.kv, f"cp kv {at}")
-        self._comp(s, ch, at, self.d["layer_bwd_s"][s], "bwd")
+        seconds = self.d["layer_bwd_s"][s]
+        split = not self.sp and len(self.groups["tp"][s]) > 1
+        mlp_part = seconds * (1.0 - self.d["layer_attn_frac_b"][s]) if split else seconds
+        self._comp(s, ch, at, mlp_part, "bwd")
         if self.sp:
             self._coll(s, ch, "tp", "allgather", self.act, f"sp mlp out {at}")
             self._coll(s, ch, "tp", "reducescatter", self.act, f"sp mlp in {at}")
         else:
             self._coll(s, ch, "tp", "allreduce", self.act, f"tp mlp {at}")
+        if split:
+            self._comp(s, ch, f"{at} attn", seconds - mlp_part, "bwd")
         if self.p.cp > 1:
             self._coll(s, ch, "cp", "reducescatter", self.kv, f"cp dkv {at}")
         if self.sp:

@@ -259,8 +259,8 @@ def _time_wake(dist, torch, *, iters: int = 40) -> list:
                     dist.all_reduce(probe)
             return (time.perf_counter() - t0) / iters
         loop(True)
-        c = statistics.median(loop(False) for _ in range(5))
-        cc = statistics.median(loop(True) for _ in range(5))
+        c = statistics.median(loop(False) for _ in range(7))
+        cc = statistics.median(loop(True) for _ in range(7))
         rows.append((c, cc - c))
     return rows
 
@@ -384,18 +384,19 @@ def profile_document(ranks: list[dict], cfg: GlooCalibration, *, load: dict | No
         host[key] = {k: _sig(statistics.median(
             max(r["host"][rnd][key][k] for r in ranks) for rnd in range(rounds)))
             for k in ("forward", "backward")}
-    # wake-up: per gap the slowest rank's extra time, minus the back-to-back call's time
+    # wake-up: per gap the slowest rank's extra time, minus the back-to-back call's time;
+    # single points are noisy (the ranks' skew after a long segment varies from run to run),
+    # so a line extra = a + b·gap (a, b ≥ 0) is fitted through them and written at the gaps
     probe = CommTable("allreduce", world, tuple(r[0] for r in comm[f"allreduce@{world}"]),
                       tuple(r[1] for r in comm[f"allreduce@{world}"])).time_s(WAKE_PROBE_BYTES)
-    wake = []
+    raw = []
     for i in range(len(WAKE_SEGMENTS)):
         gap = statistics.median(max(r["wake"][rnd][i][0] for r in ranks) for rnd in range(rounds))
         extra = statistics.median(max(r["wake"][rnd][i][1] for r in ranks)
                                   for rnd in range(rounds))
-        wake.append([_sig(gap), _sig(max(0.0, extra - probe))])
-    wake.sort()
-    for i in range(1, len(wake)):            # a longer sleep never wakes faster
-        wake[i][1] = max(wake[i][1], wake[i - 1][1])
+        raw.append([_sig(gap), _sig(max(0.0, extra - probe))])
+    raw.sort()
+    wake = [[g, _sig(e)] for g, e in _nonneg_line(raw)]
     cpu_used = sum(r["cpu"][0] for r in ranks)
     wall = max(r["cpu"][1] for r in ranks)
     return {
@@ -409,6 +410,7 @@ def profile_document(ranks: list[dict], cfg: GlooCalibration, *, load: dict | No
         "shared_core": True,
         "comm": comm,
         "wake_penalty_s": wake,
+        "wake_penalty_measured_s": raw,
         "compute": {"peak_fp32_flops": _sig(peak), "memory_bandwidth_Bps": _sig(mpeak),
                     "launch_overhead_s": _sig(launch),
                     "matmul_fp32": matmul_curve, "memory": memory_curve,
@@ -424,6 +426,19 @@ def profile_document(ranks: list[dict], cfg: GlooCalibration, *, load: dict | No
                   "memory": {"median": _sig(statistics.median(s for *_, s in mem)),
                              "max": _sig(max(s for *_, s in mem))}},
     }
+
+
+def _nonneg_line(points: list) -> list:
+    """Least-squares a + b·x through (x, y) points with a, b ≥ 0, evaluated at each x."""
+    n = len(points)
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx) if sxx > 0 else 0.0
+    a = my - b * mx
+    if a < 0:                               # through the origin instead
+        a, b = 0.0, max(0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs))
+    return [(x, a + b * x) for x in xs]
 
 
 def _bytes(kind: str, size: int, world: int) -> int:

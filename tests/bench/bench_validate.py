@@ -1,0 +1,198 @@
+"""Timing benchmark of ``clusterplan validate``: predicted vs measured step time on this machine.
+
+    python tests/bench/bench_validate.py [--only llm|dlrm] [--steps 10] [--warmup 5]
+                                         [--retries 2] [--out FILE.json]
+
+One pool of 2 spawned gloo processes (one thread each, main threads pinned to a core) runs,
+in this order and in the same run: ``clusterplan calibrate gloo`` (per-size collective tables,
+reduce-scatter and all-gather separate, the extra cost of a call after compute, one core's
+compute curves, host time per block), then every configuration: ``--warmup`` steps, then
+``--steps`` measured steps; the measured step time is the median over the steps of the
+slowest rank's step. While each run (and the calibration) goes, the CPU time other processes
+used is metered (``/proc``); a run where they used more than 0.2 cores is flagged and run
+again (``--retries``), and the table says so.
+
+Configurations (2 processes): a scaled Llama-style transformer (SwiGLU, GQA) with DP, TP, PP
+(1F1B and GPipe), interleaved PP, and a GPT-style (GELU) one with TP and DP; DLRM sharding plans
+(TorchRec) made by the planners for one table spec. A mix of axes needs four processes, twice
+this machine's cores; that is left out here (its structure is checked by the tests).
+
+Prints one row per configuration (predicted, measured, error, other cores, retries), the MAPE,
+the worst error and Kendall's tau between predicted and measured times, against the goals of
+issue 10 (each within 20%, MAPE ≤ 12%, tau ≥ 0.8), and writes everything as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+LLAMA = dict(hidden=512, seq=128, layers=4, heads=8, kv_heads=2)
+GPT = dict(hidden=384, seq=128, layers=4, heads=6, kv_heads=6)
+
+#: (label, model, parallel, schedule, scale overrides)
+LLM_CONFIGS = (
+    ("llama dp2", "llama3-8b", "tp=1,pp=1,dp=2", "1f1b", dict(LLAMA, microbatches=2)),
+    ("llama tp2", "llama3-8b", "tp=2,pp=1,dp=1", "1f1b", dict(LLAMA, microbatches=2)),
+    ("llama pp2 1f1b", "llama3-8b", "tp=1,pp=2,dp=1", "1f1b", dict(LLAMA, microbatches=4)),
+    ("llama pp2 gpipe", "llama3-8b", "tp=1,pp=2,dp=1", "gpipe", dict(LLAMA, microbatches=4)),
+    ("llama pp2 vpp2", "llama3-8b", "tp=1,pp=2,dp=1,vpp=2", "interleaved",
+     dict(LLAMA, microbatches=4)),
+    ("gpt tp2", "gpt3-175b", "tp=2,pp=1,dp=1,fsdp=none", "1f1b", dict(GPT, microbatches=2)),
+    ("gpt dp2", "gpt3-175b", "tp=1,pp=1,dp=2,fsdp=none", "1f1b", dict(GPT, microbatches=2)),
+)
+
+DLRM_TABLES = """name: bench-dlrm
+batch_size: 2048
+optimizer: sgd
+dense: {num_dense_features: 13, bottom_mlp: [128, 64], top_mlp: [128, 64, 1], interaction: dcnv2,
+        dcn_layers: 1, dcn_projection: 32}
+tables:
+  - {name: t0, num_embeddings: 200000, embedding_dim: 64, pooling_factor: 20, zipf_exponent: 1.1}
+  - {name: t1, num_embeddings: 100000, embedding_dim: 64, pooling_factor: 10, zipf_exponent: 1.05}
+  - {name: t2, num_embeddings: 50000, embedding_dim: 32, pooling_factor: 30, zipf_exponent: 1.2}
+  - {name: t3, num_embeddings: 400000, embedding_dim: 32, pooling_factor: 5, zipf_exponent: 1.1}
+  - {name: t4, num_embeddings: 20000, embedding_dim: 64, pooling_factor: 15, zipf_exponent: 1.0}
+  - {name: t5, num_embeddings: 80000, embedding_dim: 16, pooling_factor: 25, zipf_exponent: 1.15}
+  - {name: t6, num_embeddings: 160000, embedding_dim: 32, pooling_factor: 8, zipf_exponent: 1.1}
+  - {name: t7, num_embeddings: 40000, embedding_dim: 64, pooling_factor: 12, zipf_exponent: 1.05}
+"""
+
+#: (label, planner, allowed sharding types or None)
+DLRM_CONFIGS = (
+    ("dlrm greedy", "greedy", None),
+    ("dlrm size_lookup", "size_lookup", None),
+    ("dlrm mip", "mip", None),
+    ("dlrm mip row-wise", "mip", "row_wise"),
+    ("dlrm mip column-wise", "mip", "column_wise"),
+)
+
+
+def llm_runs(steps: int, warmup: int):
+    from planner.validate.config import Scale, load_source, run_config
+    for label, model, par, sched, scale in LLM_CONFIGS:
+        spec, p, order, _ = load_source(model)
+        cfg = run_config(spec, p, parallel_text=par, nproc=2, scale=Scale(**scale), order=order,
+                         schedule=sched, recompute=None, steps=steps, warmup=warmup,
+                         dp_buckets=4, p2p_scatter_gather=False, timeout_s=120, fault=None)
+        yield label, "llm", cfg
+
+
+def dlrm_runs(steps: int, warmup: int, work: Path):
+    import contextlib
+    import io
+
+    from planner.cli import main as clusterplan
+    from planner.validate.dlrm import load_dlrm_config
+    tables = work / "bench-dlrm.yaml"
+    tables.write_text(DLRM_TABLES)
+    for label, planner, types in DLRM_CONFIGS:
+        out = work / f"plan-{label.replace(' ', '-')}.json"
+        argv = ["plan", str(tables), "--devices", "2", "--planner", planner, "--out", str(out),
+                "--time-limit", "10"]
+        if types:
+            argv += ["--sharding-types", types]
+        with contextlib.redirect_stdout(io.StringIO()):
+            if clusterplan(argv) != 0:
+                raise SystemExit(f"clusterplan {' '.join(argv)} failed")
+        cfg = load_dlrm_config(str(out), nproc=2, steps=steps, warmup=warmup, timeout_s=120)
+        yield label, "dlrm", cfg
+
+
+def kendall_tau(a, b) -> float:
+    from scipy.stats import kendalltau
+    return float(kendalltau(a, b).statistic)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", choices=("llm", "dlrm"))
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--retries", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3, help="calibration rounds (3)")
+    ap.add_argument("--out", default=None, help="JSON to write (default traces/validate/"
+                                                "bench-<time>.json)")
+    a = ap.parse_args(argv)
+
+    from planner.validate.calibrate import GlooCalibration, measure_gloo, summary_lines
+    from planner.validate.dlrm_report import validate_dlrm
+    from planner.validate.load import OTHER_CORES_LIMIT, LoadMeter
+    from planner.validate.report import validate
+    from planner.validate.runner import Pool
+    from simulator.gloo_profile import gloo_profile_from_dict
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(a.out or ROOT / "traces" / "validate" / f"bench-{stamp}.json")
+    rows = []
+    t_start = time.time()
+    with Pool(2) as pool, tempfile.TemporaryDirectory() as tmp:
+        configs = []
+        if a.only in (None, "llm"):
+            configs += list(llm_runs(a.steps, a.warmup))
+        if a.only in (None, "dlrm"):
+            configs += list(dlrm_runs(a.steps, a.warmup, Path(tmp)))
+        for attempt in range(a.retries + 1):
+            doc = measure_gloo(GlooCalibration(world=2, rounds=a.rounds), pool=pool)
+            if doc["measured"]["other_cores"] <= OTHER_CORES_LIMIT:
+                break
+        cal = gloo_profile_from_dict(doc, source=f"calibrate gloo in this run ({stamp})")
+        print("\n".join(summary_lines(doc)), flush=True)
+        for label, kind, cfg in configs:
+            cfg = replace(cfg, trace_dir=None)
+            tries = []
+            for attempt in range(a.retries + 1):
+                meter = LoadMeter()
+                res = pool.run(cfg)
+                other = meter.other_cores()
+                tries.append(other)
+                if other <= OTHER_CORES_LIMIT:
+                    break
+            d = (validate(cfg, result=res, calibration=cal) if kind == "llm"
+                 else validate_dlrm(cfg, result=res, calibration=cal))
+            row = {"config": label, "kind": kind,
+                   "predicted_step_time_s": d["predicted_step_time_s"],
+                   "measured_step_time_s": d["measured_step_time_s"],
+                   "relative_error": d["relative_error"], "steps_s": d["steps_s"],
+                   "structure_match": d["structure"]["match"],
+                   "other_cores": tries[-1], "retries": len(tries) - 1,
+                   "flagged": tries[-1] > OTHER_CORES_LIMIT, "per_kind": d["per_kind"]}
+            rows.append(row)
+            print(f"{label:20s} predicted {row['predicted_step_time_s'] * 1e3:8.1f} ms  measured "
+                  f"{row['measured_step_time_s'] * 1e3:8.1f} ms  error "
+                  f"{row['relative_error']:+6.1%}  other cores {row['other_cores']:.2f}"
+                  + ("  FLAGGED" if row["flagged"] else "")
+                  + (f"  retried {row['retries']}×" if row["retries"] else ""), flush=True)
+    errs = [abs(r["relative_error"]) for r in rows]
+    tau = kendall_tau([r["predicted_step_time_s"] for r in rows],
+                      [r["measured_step_time_s"] for r in rows]) if len(rows) > 1 else None
+    summary = {"configs": len(rows), "mape": statistics.fmean(errs), "worst": max(errs),
+               "within_20": sum(e <= 0.20 for e in errs), "kendall_tau": tau,
+               "flagged": sum(r["flagged"] for r in rows), "wall_s": time.time() - t_start}
+    goals = {"each within 20%": summary["within_20"] == len(rows),
+             "MAPE <= 12%": summary["mape"] <= 0.12,
+             "Kendall tau >= 0.8": tau is not None and tau >= 0.8}
+    print(f"\n{summary['configs']} configurations: MAPE {summary['mape']:.1%}, worst "
+          f"{summary['worst']:.1%}, {summary['within_20']} within 20%, Kendall tau "
+          f"{tau:.2f}; {summary['flagged']} flagged for load; {summary['wall_s']:.0f} s")
+    print("goals: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in goals.items()))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"summary": summary, "goals": goals, "rows": rows,
+                               "calibration": doc, "machine": doc["measured"]["machine"],
+                               "command": " ".join(sys.argv)}, indent=1, default=float))
+    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
