@@ -70,6 +70,7 @@ class GlooCalibration:
     min_sample_s: float = 0.002
     timeout_s: float = 60.0
     sizes: tuple = SIZES
+    quick: bool = False                  # a few shapes only (tests): same document, coarser
     steps: int = 1                       # the runner's progress bar: one "step"
     warmup: int = 0
     trace_dir: str | None = None
@@ -106,7 +107,7 @@ def _rank_main(cfg: GlooCalibration, rank: int, port: int, progress, report) -> 
                                                             rank, cfg.repeats)
         progress.end(rank)
         progress.begin(rank, f"compute round {rnd}", rnd)
-        out["compute"][rnd] = _time_compute(dist, torch, cfg.min_sample_s)
+        out["compute"][rnd] = _time_compute(dist, torch, cfg.min_sample_s, quick=cfg.quick)
         out["host"][rnd] = _time_host(dist, torch, cfg.world, rank)
         out.setdefault("wake", {})[rnd] = _time_wake(dist, torch)
         progress.end(rank)
@@ -190,21 +191,22 @@ def _sync_time(dist, torch, fn, min_s: float, samples: int = 3) -> float:
     return statistics.median(out)
 
 
-def _time_compute(dist, torch, min_s: float) -> dict:
+def _time_compute(dist, torch, min_s: float, *, quick: bool = False) -> dict:
     import torch.nn.functional as F
     rows = {"matmul": [], "memory": [], "launch": [], "attention": [], "attention_backward": []}
-    for t in GEMM_T:
-        for k in GEMM_K:
-            for n in GEMM_N:
+    pick = (lambda xs: xs[::2]) if quick else (lambda xs: xs)
+    for t in pick(GEMM_T):
+        for k in pick(GEMM_K):
+            for n in pick(GEMM_N):
                 flops = 2.0 * t * k * n
                 if flops > GEMM_MAX_FLOPS:
                     continue
                 x, w, g = torch.randn(t, k), torch.randn(n, k), torch.randn(t, n)
                 for fn in (lambda: F.linear(x, w), lambda: g.t().mm(x), lambda: g.mm(w)):
                     rows["matmul"].append((flops, _sync_time(dist, torch, fn, min_s)))
-    for heads in ATTN_HEADS:
-        for seq in ATTN_SEQ:
-            for hd in ATTN_HEAD_DIM:
+    for heads in pick(ATTN_HEADS):
+        for seq in pick(ATTN_SEQ):
+            for hd in pick(ATTN_HEAD_DIM):
                 kv = max(1, heads // 4)
                 q = torch.randn(1, heads, seq, hd, requires_grad=True)
                 kk, v = torch.randn(1, kv, seq, hd), torch.randn(1, kv, seq, hd)
@@ -222,7 +224,7 @@ def _time_compute(dist, torch, min_s: float) -> dict:
                 tfb = _sync_time(dist, torch, fwd_bwd, min_s)
                 rows["attention"].append((flops, tf))
                 rows["attention_backward"].append((2.5 * flops, max(tfb - tf, 1e-7)))
-    for nbytes in MEMORY_BYTES:
+    for nbytes in pick(MEMORY_BYTES):
         a, b = torch.ones(nbytes // 4), torch.ones(nbytes // 4)
         c = torch.empty_like(a)
         rows["memory"].append((3.0 * nbytes, _sync_time(dist, torch,
