@@ -152,8 +152,13 @@ def gloo_profile_from_dict(doc: Mapping[str, Any], *, source: str = "<dict>") ->
                 raise SpecError(f"unknown table {key!r}", source=source, field=f"comm.{key}",
                                 fix=f"name tables KIND@PROCESSES with KIND one of "
                                     f"{', '.join(COMM_KINDS)}")
-            comm[(kind, int(n))] = CommTable(kind, int(n), tuple(float(r[0]) for r in rows),
-                                             tuple(float(r[1]) for r in rows))
+            try:
+                comm[(kind, int(n))] = CommTable(kind, int(n),
+                                                 tuple(float(r[0]) for r in rows),
+                                                 tuple(float(r[1]) for r in rows))
+            except SpecError as exc:
+                raise SpecError(exc.message, source=source, field=f"comm.{key}",
+                                fix=exc.fix) from None
         c = doc["compute"]
         base = gpu_spec("cpu")
         from dataclasses import replace

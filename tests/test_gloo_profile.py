@@ -1,0 +1,121 @@
+"""The measured gloo profile (simulator/gloo_profile.py) and how the engine uses it: per-size
+collective tables, the wake-up cost after compute, communication taking turns with compute on
+each rank's core, host time added to kernel time on a CPU; closed forms, and bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from simulator.engine import simulate
+from simulator.errors import SpecError
+from simulator.gloo_profile import CommTable, gloo_profile_from_dict
+from simulator.topology import load_topology
+from simulator.workload import Workload
+
+
+def profile_doc(**over) -> dict:
+    doc = {
+        "format": "clusterplan.gloo-profile", "version": 1, "shared_core": True,
+        "comm": {"allreduce@2": [[4, 100e-6], [1024, 200e-6], [1048576, 1.2e-3]],
+                 "sendrecv@2": [[4, 50e-6], [1048576, 0.5e-3]]},
+        "wake_penalty_s": [[1e-4, 1e-4], [1e-3, 4e-4], [1e-2, 1e-3]],
+        "compute": {"peak_fp32_flops": 1e11, "memory_bandwidth_Bps": 5e10,
+                    "launch_overhead_s": 2e-6,
+                    "matmul_fp32": [[1e6, 0.5], [1e9, 0.9]], "memory": [[1e4, 1.0], [1e8, 0.3]]},
+        "host_block_s": {"forward": 2e-4, "backward": 3e-4},
+    }
+    doc.update(over)
+    return doc
+
+
+def test_table_interpolates_log_log_and_extrapolates_by_the_last_bandwidth():
+    t = CommTable("allreduce", 2, (4.0, 1024.0, 1048576.0), (100e-6, 200e-6, 1.2e-3))
+    assert t.time_s(1) == 100e-6 and t.time_s(1024) == pytest.approx(200e-6)
+    # geometric midpoint in bytes → geometric mean in time
+    assert t.time_s(64) == pytest.approx(math.sqrt(100e-6 * 200e-6))
+    per_byte = (1.2e-3 - 200e-6) / (1048576 - 1024)
+    assert t.time_s(2 * 1048576) == pytest.approx(1.2e-3 + 1048576 * per_byte)
+
+
+def test_wake_cost_is_zero_back_to_back_and_clamped_after_the_longest_gap():
+    p = gloo_profile_from_dict(profile_doc())
+    assert p.wake_s(0.0) == 0.0
+    assert p.wake_s(5e-5) == pytest.approx(5e-5)               # linear from 0 to the first point
+    assert p.wake_s(1e-3) == pytest.approx(4e-4)
+    assert p.wake_s(math.sqrt(1e-3 * 1e-2)) == pytest.approx(7e-4)   # linear in log(gap)
+    assert p.wake_s(1.0) == pytest.approx(1e-3)
+    assert p.comm_time_s("allreduce", 2, 1024, gap_s=1e-3) == pytest.approx(200e-6 + 4e-4)
+    assert p.comm_time_s("allreduce", 4, 1024) is None         # no table for 4 processes
+    assert p.comm_time_s("alltoall", 2, 1024) is None
+
+
+def test_engine_times_measured_calls_and_shares_each_rank_core():
+    topo = load_topology("localhost-gloo:node.gpus=2")
+    prof = gloo_profile_from_dict(profile_doc())
+    w = Workload()
+    w.compute(0, "work", duration_s=2e-3)
+    w.collective("allreduce", [0, 1], 1024, stream="comm")     # independent of the compute
+    shared = simulate(topo, w, measured_comm=prof)
+    ops = shared.ops.set_index("name")
+    assert ops.loc["allreduce", "algorithm"] == "measured"
+    # rank 0's core runs the compute first (issued first), then the call: 2 ms idle before
+    # it on rank 1 → the call pays the wake cost of a 2 ms gap
+    wake = prof.wake_s(2e-3)
+    assert ops.loc["allreduce", "duration_s"] == pytest.approx(200e-6 + wake)
+    assert shared.step_time_s == pytest.approx(2e-3 + 200e-6 + wake)
+    unshared = gloo_profile_from_dict(profile_doc(shared_core=False))
+    free = simulate(topo, w, measured_comm=unshared)
+    assert free.step_time_s == pytest.approx(2e-3)             # overlapped: the compute's time
+    p2p = Workload()
+    p2p.sendrecv(0, 1, 1048576)
+    assert simulate(topo, p2p, measured_comm=prof).step_time_s == pytest.approx(0.5e-3)
+
+
+def test_host_time_is_added_to_kernels_on_a_cpu():
+    from planner.llm.host import HostOverhead
+    from planner.llm.layout import Layout
+    from planner.llm.spec import load_llm_spec, parse_parallel
+    from planner.llm.step import pass_times, resolve_parallel
+    from dataclasses import replace as dc_replace
+    spec = load_llm_spec("llama3-8b")
+    spec = dc_replace(spec, training=dc_replace(spec.training, precision="fp32"))
+    topo = load_topology("localhost-gloo:node.gpus=1")
+    prof = gloo_profile_from_dict(profile_doc()).compute
+    p = resolve_parallel(spec, parse_parallel("tp=1,pp=1,dp=1"), 1)
+    lay = Layout(1, 1, 1, 1)
+    host = HostOverhead(forward_s=0.5, backward_s=0.7, recompute_s=0.5)
+    d_max, d_sum = {}, {}
+    pass_times(spec, p, topo, lay, prof, detail=d_max, host=host)
+    pass_times(spec, p, topo, lay, prof, detail=d_sum, host=host, host_serial=True)
+    # the full-size block takes far more than 0.5 s of kernels on one core: max() = kernels
+    kernels = d_max["layer_fwd_s"][0]
+    assert kernels > 0.5
+    from dataclasses import replace
+    from planner.llm.kernels import block_kernels, kernels_time
+    no_launch = replace(prof, launch_overhead_s=0.0)
+    t = spec.training
+    blk = block_kernels(spec.model, b=t.micro_batch_size, tp=1, cp=1, precision=t.precision)
+    assert d_sum["layer_fwd_s"][0] == pytest.approx(kernels_time(no_launch, blk) + 0.5)
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"format": "something else"}, "format"),
+    ({"comm": {"gather@2": [[4, 1e-4], [8, 2e-4]]}}, "comm.gather@2"),
+    ({"comm": {"allreduce@2": [[8, 1e-4], [4, 2e-4]]}}, "comm.allreduce"),
+    ({"wake_penalty_s": [[0, 1e-4]]}, "wake_penalty_s"),
+])
+def test_bad_profile_names_the_field(change, field):
+    with pytest.raises(SpecError) as e:
+        gloo_profile_from_dict(profile_doc(**change), source="p.yaml")
+    assert e.value.field is not None and e.value.field.startswith(field)
+    assert "p.yaml" in str(e.value)
+
+
+def test_missing_section_is_a_located_error():
+    doc = profile_doc()
+    del doc["compute"]
+    with pytest.raises(SpecError) as e:
+        gloo_profile_from_dict(doc, source="p.yaml")
+    assert "p.yaml" in str(e.value) and "calibrate gloo" in str(e.value)
