@@ -1,6 +1,6 @@
 """Timing benchmark of ``clusterplan validate``: predicted vs measured step time on this machine.
 
-    python tests/bench/bench_validate.py [--only llm|dlrm] [--steps 10] [--warmup 5]
+    python tests/bench/bench_validate.py [--only llm|dlrm] [--steps 20] [--warmup 5]
                                          [--retries 2] [--out FILE.json]
 
 One pool of 2 spawned gloo processes (one thread each, main threads pinned to a core) runs,
@@ -117,7 +117,7 @@ def kendall_tau(a, b) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", choices=("llm", "dlrm"))
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--retries", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3, help="calibration rounds (3)")
