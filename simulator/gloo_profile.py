@@ -119,6 +119,8 @@ class GlooProfile:
     shared_core: bool = True
     noise: Mapping[str, Any] = field(default_factory=dict)
     source: str = ""
+    #: TorchRec probe plans' measured steps (``torchrec:``, :mod:`planner.validate.calibrate_dlrm`)
+    torchrec: Mapping[str, Any] | None = None
 
     def comm_time_s(self, kind: str, nranks: int, nbytes: float, gap_s: float = 0.0
                     ) -> float | None:
@@ -194,7 +196,9 @@ def gloo_profile_from_dict(doc: Mapping[str, Any], *, source: str = "<dict>") ->
     return GlooProfile(comm=comm, compute=prof, host_block_s=host, host_block_gelu_s=host_gelu,
                        wake_penalty_s=tuple(sorted(wake)),
                        shared_core=bool(doc.get("shared_core", True)),
-                       noise=dict(doc.get("noise", {})), source=source)
+                       noise=dict(doc.get("noise", {})), source=source,
+                       torchrec=doc.get("torchrec") if isinstance(doc.get("torchrec"), Mapping)
+                       else None)
 
 
 def load_gloo_profile(path: str | Path) -> GlooProfile:

@@ -44,7 +44,7 @@ from simulator.workload import Workload
 from .shards import ShardingType, TableSharding
 
 __all__ = ["CommOp", "torchrec_comm_ops", "rank_events", "build_torchrec_step_workload",
-           "ddp_buckets", "INPUT_DIST_ORDER", "KJT_SPLITS"]
+           "ddp_buckets", "dense_op_list", "INPUT_DIST_ORDER", "KJT_SPLITS"]
 
 #: int64 entries per rank pair in KJTAllToAll's first (splits) all-to-all
 KJT_SPLITS = 3
@@ -245,10 +245,74 @@ def rank_events(ops: Sequence[CommOp], rank: int) -> dict[str, list[tuple]]:
     return out
 
 
-def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], ops: Sequence[CommOp]
-                                 ) -> Workload:
+def dense_op_list(dense, dims: Sequence[int], batch: float) -> list[tuple[str, str, float, float]]:
+    """The dense part's ops as the validation model (:mod:`planner.validate.dlrm_worker`)
+    runs them eagerly on ``batch`` samples per rank: ``(block, phase, flops, bytes)`` with
+    ``block`` ``bottom`` or ``top`` (interaction and top MLP), ``phase`` ``fwd`` or ``bwd``:
+    every GEMM with its real shape, and the elementwise ops around them (bias, ReLU and their
+    backward, DCNv2's products and sums, the concatenation, the loss), fp32 bytes read and
+    written. Empty without a dense part."""
+    if dense is None:
+        return []
+    B, f4 = float(batch), 4.0
+    out: list[tuple[str, str, float, float]] = []
+    ls = dense.layers(dims)
+
+    def mlp(block, layers, first_needs_grad):
+        for k, (i, o) in enumerate(layers):
+            last = k == len(layers) - 1
+            out.append((block, "fwd", 2 * B * i * o, f4 * (B * i + i * o + 2 * B * o)))
+            if not last:
+                out.append((block, "fwd", 0.0, f4 * 2 * B * o))                    # relu
+                out.append((block, "bwd", 0.0, f4 * 3 * B * o))                    # relu bwd
+            out.append((block, "bwd", 2 * B * i * o, f4 * (B * o + B * i + i * o)))   # dW
+            out.append((block, "bwd", 0.0, f4 * (B * o + o)))                      # db
+            if k > 0 or first_needs_grad:
+                out.append((block, "bwd", 2 * B * i * o, f4 * (B * o + i * o + B * i)))  # dX
+    mlp("bottom", ls["bottom"], False)
+    f = len(dims) + 1
+    if dense.interaction == "dot":
+        d = ls["interaction"][0][0]
+        top_in = ls["top"][0][0]
+        out.append(("top", "fwd", 0.0, f4 * 2 * B * f * d))                        # stack
+        out.append(("top", "fwd", 2 * B * f * f * d, f4 * (2 * B * f * d + B * f * f)))  # bmm
+        out.append(("top", "fwd", 0.0, f4 * 2 * B * f * f))                        # triu gather
+        out.append(("top", "fwd", 0.0, f4 * 2 * B * top_in))                       # cat
+        out.append(("top", "bwd", 0.0, f4 * 2 * B * top_in))                       # cat bwd
+        out.append(("top", "bwd", 0.0, f4 * 3 * B * f * f))                        # scatter
+        out += [("top", "bwd", 2 * B * f * f * d, f4 * (2 * B * f * d + B * f * f))] * 2
+        out.append(("top", "bwd", 0.0, f4 * 3 * B * f * d))                        # sum grads
+        out.append(("top", "bwd", 0.0, f4 * 2 * B * f * d))                        # unstack
+    else:
+        top_in = ls["top"][0][0]
+        p = dense.dcn_projection
+        x = B * top_in
+        out.append(("top", "fwd", 0.0, f4 * 2 * x))                                # cat
+        out.append(("top", "bwd", 0.0, f4 * 2 * x))                                # cat bwd
+        for _ in range(dense.dcn_layers):
+            out.append(("top", "fwd", 2 * x * p, f4 * (x + top_in * p + B * p)))       # u
+            out.append(("top", "fwd", 2 * x * p, f4 * (B * p + top_in * p + x)))       # v
+            out += [("top", "fwd", 0.0, f4 * 2 * x)] + [("top", "fwd", 0.0, f4 * 3 * x)] * 2
+            out += [("top", "bwd", 2 * x * p, f4 * (x + B * p + top_in * p))] * 4      # u, v
+            out += [("top", "bwd", 0.0, f4 * 3 * x)] * 4                           # products
+            out.append(("top", "bwd", 0.0, f4 * (x + top_in)))                     # db
+    mlp("top", ls["top"], True)
+    out.append(("top", "fwd", 0.0, f4 * 3 * B))                                    # loss
+    out.append(("top", "bwd", 0.0, f4 * 3 * B))
+    return out
+
+
+def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], ops: Sequence[CommOp],
+                                 *, compute=None, host_s: Sequence[float] | None = None,
+                                 dense_op_s: float = 0.0) -> Workload:
     """The step's :class:`Workload` with ``ops`` as its collectives and the compute of
-    :func:`planner.sharding.simulate.build_step_workload` (lookups, MLPs) between them."""
+    :func:`planner.sharding.simulate.build_step_workload` (lookups, MLPs) between them.
+
+    With ``compute`` (a measured :class:`simulator.compute.ComputeProfile`) the dense part is
+    timed op by op (:func:`dense_op_list`: each GEMM at its own size on the matmul curve, the
+    elementwise ops on the memory curve, each op's dispatch, plus ``dense_op_s`` of eager host
+    time per op); ``host_s`` (seconds per rank): TorchRec's host work per step, run before the
+    input dist (:mod:`planner.validate.calibrate_dlrm`)."""
     from .cost import F_BWD, F_FWD
     from .simulate import _mlp_flops
     cm = problem.cost
@@ -260,6 +324,24 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     ranks = list(range(n))
     w = Workload(name=f"dlrm-torchrec-step:{problem.model.name}")
     launch, hbm = cm.launch_s, cm.hbm_Bps
+    dur: dict[tuple[str, str], float] = {}
+    if compute is not None and d is not None:
+        from simulator.compute import op_time
+        for block, phase, flops, nbytes in dense_op_list(
+                d, [t.embedding_dim for t in problem.model.tables], cm.local_batch):
+            dur[(block, phase)] = dur.get((block, phase), 0.0) + dense_op_s + op_time(
+                compute, flops=flops, bytes_moved=nbytes, dtype=dtype)
+
+    def mlp_op(r, name, block, phase, flops, deps=None):
+        cat = "mlp_fwd" if phase == "fwd" else "mlp_bwd"
+        if dur:
+            return w.compute(r, name, duration_s=dur.get((block, phase), 0.0), deps=deps,
+                             category=cat)
+        return w.compute(r, name, flops=flops, dtype=dtype, deps=deps, category=cat)
+    host = None
+    if host_s is not None and any(h > 0 for h in host_s):
+        host = [w.compute(r, "torchrec_host", duration_s=float(host_s[r]), category="host")
+                for r in ranks]
 
     def coll(op: CommOp, deps) -> int:
         if op.kind == "alltoall":
@@ -279,32 +361,34 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     last: int | None = None
     ids_done = []
     for op in ids_ops:
-        last = coll(op, [last] if last is not None else None)
+        last = coll(op, [last] if last is not None else host)
         ids_done.append(last)
-    bottom = [w.compute(r, "bottom_mlp_fwd", flops=fl["bottom"], dtype=dtype,
-                        category="mlp_fwd") if fl["bottom"] else None for r in ranks]
+    bottom = [mlp_op(r, "bottom_mlp_fwd", "bottom", "fwd", fl["bottom"])
+              if fl["bottom"] else None for r in ranks]
     fwd = [w.compute(r, "lookups_fwd", duration_s=float(F[r, F_FWD] + launch),
                      bytes_moved=float(F[r, F_FWD] * hbm), deps=ids_done[-1:] or None,
                      category="emb_fwd") for r in ranks]
     outs = []
     for op in out_ops:
         outs.append(coll(op, [fwd[r] for r in op.group] + outs[-1:]))
-    top_fwd = [w.compute(r, "interaction_top_mlp_fwd", flops=fl["top"], dtype=dtype,
-                         deps=[fwd[r]] + outs + [x for x in (bottom[r],) if x is not None],
-                         category="mlp_fwd") for r in ranks]
-    top_bwd = [w.compute(r, "top_mlp_interaction_bwd", flops=2 * fl["top"], dtype=dtype,
-                         deps=[top_fwd[r]], category="mlp_bwd") for r in ranks]
-    bottom_bwd = [w.compute(r, "bottom_mlp_bwd", flops=2 * fl["bottom"], dtype=dtype,
-                            deps=[top_bwd[r]], category="mlp_bwd") if fl["bottom"] else top_bwd[r]
-                  for r in ranks]
+    top_fwd = [mlp_op(r, "interaction_top_mlp_fwd", "top", "fwd", fl["top"],
+                      deps=[fwd[r]] + outs + [x for x in (bottom[r],) if x is not None])
+               for r in ranks]
+    top_bwd = [mlp_op(r, "top_mlp_interaction_bwd", "top", "bwd", 2 * fl["top"],
+                      deps=[top_fwd[r]]) for r in ranks]
+    bottom_bwd = [mlp_op(r, "bottom_mlp_bwd", "bottom", "bwd", 2 * fl["bottom"],
+                         deps=[top_bwd[r]]) if fl["bottom"] else top_bwd[r] for r in ranks]
     grads, dense_ar = [], []
     for op in bwd_ops:
         if op.name.startswith("dense"):
             dense_ar.append(coll(op, bottom_bwd + dense_ar[-1:]))
         elif not op.name.startswith("data-parallel"):
             grads.append(coll(op, [top_bwd[r] for r in op.group] + grads[-1:]))
+    # measured profile: the autograd engine's order (the bottom MLP's nodes are newer than the
+    # lookups', and the DDP hook's all-reduce blocks the backward thread), not any ready order
+    after = dense_ar[-1:] if compute is not None else []
     bwd = [w.compute(r, "lookups_bwd", duration_s=float(F[r, F_BWD] + 2 * launch),
-                     bytes_moved=float(F[r, F_BWD] * hbm), deps=[bottom_bwd[r]] + grads,
+                     bytes_moved=float(F[r, F_BWD] * hbm), deps=[bottom_bwd[r]] + grads + after,
                      category="emb_bwd") for r in ranks]
     dp_ar: list[int] = []
     for op in bwd_ops:

@@ -71,6 +71,7 @@ class GlooCalibration:
     timeout_s: float = 60.0
     sizes: tuple = SIZES
     quick: bool = False                  # a few shapes only (tests): same document, coarser
+    torchrec: bool = True                # TorchRec probe plans (calibrate_dlrm.py) if installed
     steps: int = 1                       # the runner's progress bar: one "step"
     warmup: int = 0
     trace_dir: str | None = None
@@ -476,14 +477,22 @@ def measure_gloo(cfg: GlooCalibration | None = None, *, pool=None) -> dict:
     from .runner import Pool
     cfg = cfg or GlooCalibration()
     meter = LoadMeter()
+    from .calibrate_dlrm import measure_torchrec
+
+    def both(p):
+        # TorchRec probe plans on the same ranks, right after (planner/validate/calibrate_dlrm.py)
+        return p.run(cfg), (measure_torchrec(p, cfg.world, quick=cfg.quick)
+                            if cfg.torchrec else None)
     if pool is None:
         with Pool(cfg.world) as p:
-            res = p.run(cfg)
+            res, torchrec = both(p)
     else:
-        res = pool.run(cfg)
+        res, torchrec = both(pool)
     other = meter.other_cores()
     doc = profile_document(sorted(res.ranks, key=lambda r: r["rank"]), cfg,
                            load={"other_cores": _sig(other, 3)})
+    if torchrec is not None:
+        doc["torchrec"] = torchrec
     gloo_profile_from_dict(doc)          # what we write must load
     return doc
 

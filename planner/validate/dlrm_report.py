@@ -23,7 +23,7 @@ from .runner import RunResult, run
 __all__ = ["expected_ops", "measured_channels", "compare_dlrm", "validate_dlrm",
            "format_dlrm_report", "dense_param_sizes"]
 
-FWD_KINDS = {"a2a": "embedding all-to-all", "rw_comm": "reduce-scatter/all-gather",
+FWD_KINDS = {"torchrec_host": "TorchRec host work", "a2a": "embedding all-to-all", "rw_comm": "reduce-scatter/all-gather",
              "dense_allreduce": "dense all-reduce", "dp_allreduce": "data-parallel all-reduce"}
 
 
@@ -135,10 +135,24 @@ def predicted(cfg: DLRMRunConfig, step: int, calibration=None) -> dict:
     from simulator.engine import simulate
     problem = prepare(ShardingTask(model=cfg.model, topology=cpu_topology_ref(cfg.world)),
                       cfg.world)
-    w = build_torchrec_step_workload(problem, cfg.shardings, expected_ops(cfg, step))
+    ops = expected_ops(cfg, step)
+    host = None
     if calibration is None:
+        w = build_torchrec_step_workload(problem, cfg.shardings, ops)
         res = simulate(problem.topology, w)
     else:
+        hc = _host_costs(calibration, cfg.world)
+        if hc:
+            from .calibrate_dlrm import size_measure
+            types = [k for k in sorted({ts.sharding_type.value for ts in cfg.shardings})
+                     if k in hc]
+            # every probe's intercept holds the step's own fixed cost once (taken as the
+            # smallest intercept): a plan of k types pays it once, not k times
+            base = min(a for a, _ in hc.values()) if hc else 0.0
+            host = [sum(hc[k][0] + hc[k][1] * size_measure(k, cfg, ops, r) for k in types)
+                    - base * max(0, len(types) - 1) for r in range(cfg.world)]
+        w = build_torchrec_step_workload(problem, cfg.shardings, ops,
+                                         compute=calibration.compute, host_s=host)
         res = simulate(problem.topology, w, compute=calibration.compute,
                        measured_comm=calibration)
     per = res.per_device()
@@ -147,8 +161,34 @@ def predicted(cfg: DLRMRunConfig, step: int, calibration=None) -> dict:
                 "dense_allreduce", "dp_allreduce"):
         sel = per[per.category == cat]
         kinds[cat] = float(sel.groupby("rank").duration_s.sum().max()) if len(sel) else 0.0
+    kinds["torchrec_host"] = max(host) if host else 0.0
     return {"step_time_s": res.step_time_s, "per_kind": kinds,
             "topology": problem.topology_ref}
+
+
+_HOST_COSTS: dict = {}
+
+
+def _host_costs(calibration, world: int) -> dict:
+    """TorchRec's host costs from the calibration's probe plans (cached per profile)."""
+    key = (id(calibration), world)
+    if key not in _HOST_COSTS:
+        from .calibrate_dlrm import host_costs
+
+        def sim(cfg, host) -> float:        # a probe simulated with host work per rank
+            from planner.sharding.measure import cpu_topology_ref
+            from planner.sharding.simulate_torchrec import build_torchrec_step_workload
+            from planner.sharding.task import ShardingTask, prepare
+            from simulator.engine import simulate
+            problem = prepare(ShardingTask(model=cfg.model,
+                                           topology=cpu_topology_ref(cfg.world)), cfg.world)
+            w = build_torchrec_step_workload(problem, cfg.shardings,
+                                             expected_ops(cfg, cfg.warmup),
+                                             compute=calibration.compute, host_s=host)
+            return simulate(problem.topology, w, compute=calibration.compute,
+                            measured_comm=calibration).step_time_s
+        _HOST_COSTS[key] = (calibration, host_costs(calibration, world, sim))
+    return _HOST_COSTS[key][1]
 
 
 def measure(cfg: DLRMRunConfig, res: RunResult) -> dict:
@@ -193,6 +233,7 @@ def _per_kind(pred: dict, meas: dict) -> dict:
     communication, per step; measured on the slowest rank where it can be (the DDP all-reduces,
     blocking in their hooks; None for compute and TorchRec's asynchronous calls)."""
     p = {"compute": sum(pred.get(k, 0.0) for k in ("emb_fwd", "emb_bwd", "mlp_fwd", "mlp_bwd")),
+         "torchrec_host": pred.get("torchrec_host", 0.0),
          **{k: pred.get(k, 0.0) for k in ("a2a", "rw_comm", "dense_allreduce", "dp_allreduce")}}
     return {k: {"predicted_s": p[k], "measured_s": meas.get(k)} for k in p}
 

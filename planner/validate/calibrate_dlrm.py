@@ -1,0 +1,162 @@
+"""TorchRec probes of ``clusterplan calibrate gloo``: what a DLRM step costs beyond its kernels.
+
+A TorchRec ``DistributedModelParallel`` step on CPU spends a good part of its time in Python and
+small tensor ops around the collectives and the FBGEMM kernels: building, splitting and
+permuting ``KeyedJaggedTensor``s for the input dist, bucketising ids by row block (row-wise),
+the awaitables and the autograd nodes of the dists, DDP around data-parallel lookups. None of
+that is in the collectives' tables or the kernels' curves. So the calibration runs **probe
+plans** on the same pool and with the same worker as ``clusterplan validate``
+(:mod:`planner.validate.dlrm_worker`: pinned ranks, one thread each, inputs made before the
+timed steps), right after the gloo measurements:
+
+- per sharding type (table-wise, column-wise, row-wise, data-parallel) two plans of
+  :data:`PROBE_TABLES` tables of that type (dim :data:`PROBE_DIM`), no dense part: ``small``
+  (:data:`PROBE_SMALL` samples per rank, one id per bag: the zero-size intercept, like an
+  empty kernel's launch time) and ``large`` (:data:`PROBE_LARGE` samples per rank,
+  :data:`PROBE_POOLING` ids per bag, bigger tables for data-parallel): the size-dependent part.
+
+Only the probes' measured steps (median of the slowest rank, as validation measures) are stored
+(``torchrec:`` in the profile); the probes are rebuilt from this module's constants
+(:func:`probe_config`). The prediction (:func:`planner.validate.dlrm_report.predicted`)
+simulates each probe with the same model it uses for a real plan and finds the host seconds
+per rank that make the model reproduce the measured probe (:func:`host_costs`): a line per type
+in the type's size measure (:func:`size_measure`: ids a rank sends plus receives in the type's
+values all-to-all; data-parallel: the table bytes a rank holds), intercept and slope never
+below zero. Nothing is fitted to the plans being validated.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+__all__ = ["PROBE_TYPES", "probe_config", "measure_torchrec", "host_costs", "size_measure"]
+
+PROBE_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
+PROBE_TABLES = 4
+PROBE_DIM = 32
+PROBE_ROWS = 4096
+PROBE_SMALL = 8              # samples per rank
+PROBE_LARGE = 1024
+PROBE_POOLING = 32
+PROBE_DP_LARGE_ROWS = 32768  # 4 MiB fp32 per table at dim 32
+
+
+def probe_config(kind: str, size: str, world: int, *, steps: int = 30, warmup: int = 5):
+    """The probe's :class:`planner.validate.dlrm.DLRMRunConfig` (deterministic: the prediction
+    rebuilds it to simulate it)."""
+    from planner.sharding import shards as sh
+    from planner.sharding.measure import cpu_topology_ref
+    from planner.sharding.plan import PlannerStats, make_plan
+    from planner.sharding.spec import ModelSpec, TableSpec
+    from planner.sharding.task import ShardingTask, prepare
+    from planner.sharding.torchrec_plan import export_torchrec_plan
+
+    from .dlrm import DLRMRunConfig
+    large = size == "large"
+    rows = PROBE_DP_LARGE_ROWS if (large and kind == "data_parallel") else PROBE_ROWS
+    rows -= rows % world
+    pooling = float(PROBE_POOLING if large else 1)
+    per_rank = PROBE_LARGE if large else PROBE_SMALL
+    tables = tuple(TableSpec(name=f"p{i}", num_embeddings=rows, embedding_dim=PROBE_DIM,
+                             pooling_factor=pooling, zipf_exponent=1.05)
+                   for i in range(PROBE_TABLES))
+    model = ModelSpec(name=f"probe-{kind}-{size}", tables=tables, dense=None,
+                      batch_size=per_rank * world, optimizer="sgd", source="calibrate_dlrm")
+    problem = prepare(ShardingTask(model=model, topology=cpu_topology_ref(world)), world)
+    out = []
+    for i, t in enumerate(tables):
+        if kind == "table_wise":
+            out.append(sh.table_wise(i, t.name, rows, PROBE_DIM, i % world))
+        elif kind == "column_wise":
+            w = PROBE_DIM // world
+            out.append(sh.column_wise(i, t.name, rows, PROBE_DIM, list(range(world)),
+                                      [w] * world))
+        elif kind == "row_wise":
+            out.append(sh.row_wise(i, t.name, rows, PROBE_DIM, world))
+        else:
+            out.append(sh.data_parallel(i, t.name, rows, PROBE_DIM, world))
+    plan = make_plan(problem, out, "probe", PlannerStats())
+    tr = export_torchrec_plan(plan.to_dict(), device="cpu")
+    return DLRMRunConfig(model=model, shardings=tuple(out), torchrec_plan=tr,
+                         plan_source=f"<{model.name}>", world=world,
+                         local_world=int(tr["local_world_size"]), steps=steps, warmup=warmup)
+
+
+
+
+def measure_torchrec(pool, world: int, *, quick: bool = False) -> dict:
+    """Run every probe on ``pool`` and return the profile's ``torchrec`` section (None
+    where TorchRec or FBGEMM is not installed)."""
+    import importlib.util
+    if not all(importlib.util.find_spec(m) for m in ("torchrec", "fbgemm_gpu")):
+        return None
+    from .dlrm_report import measure
+    steps, warmup = (4, 2) if quick else (30, 5)
+    rows = []
+    for kind in PROBE_TYPES:
+        for size in ("small", "large"):
+            cfg = probe_config(kind, size, world, steps=steps, warmup=warmup)
+            m = measure(cfg, pool.run(cfg))
+            rows.append({"sharding_type": kind, "size": size,
+                     "step_s": float(f"{m['step_time_s']:.4g}"),
+                     "spread": float(f"{_spread(m['steps_s']):.3g}")})
+    return {"what": "TorchRec DMP probe plans on this pool (planner/validate/calibrate_dlrm.py): "
+                    "median step of the slowest rank",
+            "world": world, "steps": steps, "warmup": warmup, "probes": rows}
+
+
+def _spread(xs) -> float:
+    m = statistics.median(xs)
+    return (max(xs) - min(xs)) / m if m > 0 else 0.0
+
+
+def size_measure(kind: str, cfg, ops, rank: int) -> float:
+    """The size a type's host cost grows with on ``rank``: ids it sends plus receives in the
+    type's values all-to-all (table-wise, column-wise, row-wise), or the bytes of its
+    data-parallel tables."""
+    if kind == "data_parallel":
+        return float(sum(4 * ts.shards[0].rows * ts.shards[0].cols for ts in cfg.shardings
+                         if ts.sharding_type.value == kind))
+    for op in ops:
+        if op.name == f"{kind} values a2a":
+            i = op.group.index(rank)
+            return float(op.matrix[i].sum() + op.matrix[:, i].sum()) / 8.0
+    return 0.0
+
+
+def host_costs(calibration, world: int, simulate_probe, *, iterations: int = 4) -> dict:
+    """Per type ``(intercept_s, slope_s_per_unit)`` from the stored probes.
+
+    ``simulate_probe(cfg, host_s) -> seconds`` simulates a probe with ``host_s`` seconds of
+    host work per rank (the model the prediction uses). The host cost is what makes the model
+    reproduce the measured probe: starting from measured − simulated without host work, the
+    line through the two probes is corrected by the remaining difference a few times (the
+    host work lengthens the compute gap before the next call, whose wake-up cost the model
+    then charges too, so one subtraction would count that twice)."""
+    tr = getattr(calibration, "torchrec", None) or {}
+    if int(tr.get("world", -1)) != world:
+        return {}
+    from .dlrm_report import expected_ops
+    probes: dict[str, dict] = {}
+    for p in tr.get("probes", []):
+        cfg = probe_config(p["sharding_type"], p["size"], world)
+        ops = expected_ops(cfg, cfg.warmup)
+        xs = [size_measure(p["sharding_type"], cfg, ops, r) for r in range(world)]
+        probes.setdefault(p["sharding_type"], {})[p["size"]] = (cfg, xs, float(p["step_s"]))
+    out = {}
+    for kind, got in probes.items():
+        if "small" not in got:
+            continue
+        pts = [got[k] for k in ("small", "large") if k in got]
+        target = [0.0] * len(pts)                 # host seconds (slowest rank) per probe
+        a = b = 0.0
+        for _ in range(iterations):
+            for i, (cfg, xs, meas) in enumerate(pts):
+                host = [a + b * x for x in xs]
+                target[i] = max(host) + meas - simulate_probe(cfg, host)
+            x0, t0 = max(pts[0][1]), target[0]
+            if len(pts) > 1 and max(pts[1][1]) > x0:
+                b = max(0.0, (target[1] - t0) / (max(pts[1][1]) - x0))
+            a = max(0.0, t0 - b * x0)
+        out[kind] = (a, b)
+    return out
