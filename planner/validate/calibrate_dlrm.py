@@ -13,9 +13,12 @@ timed steps), right after the gloo measurements:
   :data:`PROBE_TABLES` tables of that type (dim :data:`PROBE_DIM`), no dense part: ``small``
   (:data:`PROBE_SMALL` samples per rank, one id per bag: the zero-size intercept, like an
   empty kernel's launch time) and ``large`` (:data:`PROBE_LARGE` samples per rank,
-  :data:`PROBE_POOLING` ids per bag, bigger tables for data-parallel): the size-dependent part.
+  :data:`PROBE_POOLING` ids per bag, bigger tables for data-parallel): the size-dependent part;
+  two rounds over all eight (a whole run of a small step is sometimes 20-40% slower than the
+  next), 15 steps after 3 warm-up each.
 
-Only the probes' measured steps (median of the slowest rank, as validation measures) are stored
+Only the probes' measured steps (median of the slowest rank, as validation measures; the mean of
+the rounds) are stored
 (``torchrec:`` in the profile); the probes are rebuilt from this module's constants
 (:func:`probe_config`). The prediction (:func:`planner.validate.dlrm_report.predicted`)
 simulates each probe with the same model it uses for a real plan and finds the host seconds
@@ -91,18 +94,23 @@ def measure_torchrec(pool, world: int, *, quick: bool = False) -> dict:
     if not all(importlib.util.find_spec(m) for m in ("torchrec", "fbgemm_gpu")):
         return None
     from .dlrm_report import measure
-    steps, warmup = (4, 2) if quick else (30, 5)
-    rows = []
-    for kind in PROBE_TYPES:
-        for size in ("small", "large"):
-            cfg = probe_config(kind, size, world, steps=steps, warmup=warmup)
-            m = measure(cfg, pool.run(cfg))
-            rows.append({"sharding_type": kind, "size": size,
-                     "step_s": float(f"{m['step_time_s']:.4g}"),
-                     "spread": float(f"{_spread(m['steps_s']):.3g}")})
+    steps, warmup, rounds = (4, 2, 1) if quick else (15, 3, 2)
+    got: dict[tuple[str, str], list] = {}
+    # rounds over all probes (not one probe twice in a row): a whole run of a small step is
+    # sometimes 20-40% slower than the next, so each probe is the mean of separate runs
+    for _ in range(rounds):
+        for kind in PROBE_TYPES:
+            for size in ("small", "large"):
+                cfg = probe_config(kind, size, world, steps=steps, warmup=warmup)
+                m = measure(cfg, pool.run(cfg))
+                got.setdefault((kind, size), []).append((m["step_time_s"], _spread(m["steps_s"])))
+    rows = [{"sharding_type": kind, "size": size,
+             "step_s": float(f"{statistics.fmean(t for t, _ in v):.4g}"),
+             "runs_s": [float(f"{t:.4g}") for t, _ in v],
+             "spread": float(f"{max(s_ for _, s_ in v):.3g}")} for (kind, size), v in got.items()]
     return {"what": "TorchRec DMP probe plans on this pool (planner/validate/calibrate_dlrm.py): "
-                    "median step of the slowest rank",
-            "world": world, "steps": steps, "warmup": warmup, "probes": rows}
+                    "median step of the slowest rank per run, mean over runs",
+            "world": world, "steps": steps, "warmup": warmup, "rounds": rounds, "probes": rows}
 
 
 def _spread(xs) -> float:

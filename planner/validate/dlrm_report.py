@@ -257,6 +257,8 @@ def validate_dlrm(cfg: DLRMRunConfig, *, result: RunResult | None = None,
             "loss": meas["loss"], "run_wall_s": res.wall_s, "processes": cfg.world,
             "cores": cores, "oversubscription": cfg.world / cores,
             "topology": pred["topology"],
+            "calibration": getattr(calibration, "source", None) if calibration is not None
+            else None,
             "traces": sorted(r["trace"] for r in res.ranks if r.get("trace")),
             "real": {"model": "TorchRec DistributedModelParallel (EmbeddingBagCollection + "
                               "dense MLPs), gloo, fused exact SGD"}}
@@ -283,8 +285,13 @@ def format_dlrm_report(d: dict) -> str:
     if d["oversubscription"] > 1:
         lines.append(f"  note: {d['processes']} processes share {d['cores']} cores: measured "
                      "times include waiting for a core")
-    lines.append("  note: timing accuracy is not validated (the prediction uses the "
-                 f"{d['topology']} priors and the CPU profile); the structure is")
+    if d.get("calibration"):
+        lines.append(f"  timed with {d['calibration']} (collective tables, one core's curves, "
+                     "TorchRec probe plans); the benchmark: tests/bench/bench_validate.py")
+    else:
+        lines.append("  note: timing accuracy is not validated (the prediction uses the "
+                     f"{d['topology']} priors and the CPU profile; pass --calibration FILE "
+                     "from clusterplan calibrate gloo); the structure is")
     if d["traces"]:
         lines.append(f"  traces: {os.path.dirname(d['traces'][0])}/rank*.trace.json")
     return "\n".join(lines)

@@ -1,0 +1,75 @@
+"""DLRM timing model pieces (simulator side, no processes): the dense part op by op, TorchRec
+host costs from probe plans (planner/validate/calibrate_dlrm.py), the profile's torchrec key."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.sharding.simulate_torchrec import dense_op_list
+from planner.sharding.spec import DenseSpec
+from planner.validate.calibrate_dlrm import PROBE_TYPES, host_costs, probe_config, size_measure
+from planner.validate.dlrm_report import _HOST_COSTS, expected_ops, predicted
+
+BASE = {"format": "clusterplan.gloo-profile", "version": 1, "shared_core": True,
+        "comm": {f"{k}@2": [[4.0, 3e-4], [1048576.0, 1e-3], [16777216.0, 1e-2]]
+                 for k in ("allreduce", "allgather", "reducescatter", "alltoall")},
+        "wake_penalty_s": [[1e-4, 2e-4], [5e-3, 2e-3]],
+        "compute": {"peak_fp32_flops": 8e10, "memory_bandwidth_Bps": 8e10,
+                    "launch_overhead_s": 2e-6, "matmul_fp32": [[1e5, 0.2], [1e9, 0.9]],
+                    "memory": [[4096.0, 0.5], [6.7e7, 0.9]]},
+        "host_block_s": {"forward": 1e-4, "backward": 1e-4}}
+
+
+def test_dense_ops_count_the_spec_flops():
+    d = DenseSpec(num_dense_features=13, bottom_mlp=(128, 64), top_mlp=(128, 64, 1),
+                  interaction="dcnv2", dcn_layers=1, dcn_projection=32)
+    dims = [64, 32, 16]
+    ops = dense_op_list(d, dims, 1024)
+    ls = d.layers(dims)
+    fwd = sum(f for _, ph, f, _ in ops if ph == "fwd")
+    want = sum(2 * 1024 * i * o for i, o in ls["bottom"] + ls["interaction"] + ls["top"])
+    assert fwd == pytest.approx(want)
+    # backward: dW everywhere, dX everywhere but the bottom MLP's first layer (no input grad)
+    bwd = sum(f for _, ph, f, _ in ops if ph == "bwd")
+    assert bwd == pytest.approx(2 * want - 2 * 1024 * 13 * 128)
+    assert all(b > 0 for *_, b in ops)
+    assert dense_op_list(None, dims, 1024) == []
+
+
+def test_probe_host_costs_reproduce_the_probes():
+    from simulator.gloo_profile import gloo_profile_from_dict
+    sim = {}
+    bare = gloo_profile_from_dict(BASE)
+    for kind in PROBE_TYPES:
+        for size in ("small", "large"):
+            cfg = probe_config(kind, size, 2)
+            sim[(kind, size)] = predicted(cfg, cfg.warmup, bare)["step_time_s"]
+    # measured = simulated + 2 ms (small) / + 6 ms (large): a host line the model must recover
+    probes = [{"sharding_type": k, "size": s, "step_s": t + (0.002 if s == "small" else 0.006),
+               "spread": 0.1} for (k, s), t in sim.items()]
+    cal = gloo_profile_from_dict({**BASE, "torchrec": {"world": 2, "probes": probes}})
+    assert cal.torchrec["world"] == 2
+
+    def run(cfg, host):
+        from planner.sharding.measure import cpu_topology_ref
+        from planner.sharding.simulate_torchrec import build_torchrec_step_workload
+        from planner.sharding.task import ShardingTask, prepare
+        from simulator.engine import simulate
+        problem = prepare(ShardingTask(model=cfg.model, topology=cpu_topology_ref(2)), 2)
+        w = build_torchrec_step_workload(problem, cfg.shardings, expected_ops(cfg, cfg.warmup),
+                                         compute=cal.compute, host_s=host)
+        return simulate(problem.topology, w, compute=cal.compute,
+                        measured_comm=cal).step_time_s
+    hc = host_costs(cal, 2, run)
+    assert set(hc) == set(PROBE_TYPES)
+    for kind, (a, b) in hc.items():
+        assert a >= 0 and b >= 0
+        for size, meas in (("small", 0.002), ("large", 0.006)):
+            cfg = probe_config(kind, size, 2)
+            xs = [size_measure(kind, cfg, expected_ops(cfg, cfg.warmup), r) for r in range(2)]
+            got = run(cfg, [a + b * x for x in xs])
+            assert got == pytest.approx(sim[(kind, size)] + meas, rel=0.1, abs=5e-4)
+    assert host_costs(cal, 4, run) == {}            # probes of another world size: unused
+    _HOST_COSTS.clear()
+    p = predicted(probe_config("table_wise", "large", 2), 5, cal)
+    assert p["per_kind"]["torchrec_host"] > 0
