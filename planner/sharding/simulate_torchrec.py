@@ -111,8 +111,14 @@ def _types_in_order(shardings: Sequence[TableSharding]) -> list[ShardingType]:
 
 def torchrec_comm_ops(shardings: Sequence[TableSharding], dims: Sequence[int],
                       lengths: Sequence[np.ndarray], ids: Sequence[np.ndarray], *, world: int,
-                      local_world: int, dense_param_sizes: Sequence[int] = ()) -> list[CommOp]:
+                      local_world: int, dense_param_sizes: Sequence[int] = (),
+                      rebuilt: bool = False) -> list[CommOp]:
     """Every collective of one step, in issue order (see the module docstring).
+
+    ``rebuilt``: DDP has rebuilt its buckets (every step after a model's first): the data-
+    parallel tables' gradients then go in one all-reduce of their total, whatever its size
+    (measured in real runs: 1.3 MB + 20.6 MB in step 0, one 21.9 MB all-reduce after; six
+    buckets of 30.7 MB in step 0, one 175 MB all-reduce after).
 
     ``lengths[t]`` / ``ids[t]``: the global batch of table ``t`` (bag lengths, ``batch`` of them,
     and the concatenated row ids; rank ``r`` holds samples ``r·B .. (r+1)·B - 1``);
@@ -224,7 +230,9 @@ def torchrec_comm_ops(shardings: Sequence[TableSharding], dims: Sequence[int],
     dp = [ts for ts in by_type.get(DP, [])]
     if n > 1 and dp:
         sizes = [ts.shards[0].rows * ts.shards[0].cols * FLOAT_BYTES for ts in dp]
-        for k, b in enumerate(ddp_buckets(sizes, DP_FIRST_BUCKET_BYTES, DP_BUCKET_BYTES)):
+        buckets = [sum(sizes)] if rebuilt else ddp_buckets(sizes, DP_FIRST_BUCKET_BYTES,
+                                                              DP_BUCKET_BYTES)
+        for k, b in enumerate(buckets):
             ops.append(CommOp(f"data-parallel tables ddp all-reduce b{k}", "allreduce", world_g,
                               "world", "bwd", size=b))
     # 7. table-row-wise in-host all-gather

@@ -52,7 +52,7 @@ def expected_ops(cfg: DLRMRunConfig, step: int):
     lengths, ids = step_batch(cfg, step)
     return torchrec_comm_ops(cfg.shardings, [t.embedding_dim for t in cfg.model.tables],
                              lengths, ids, world=cfg.world, local_world=cfg.local_world,
-                             dense_param_sizes=dense_param_sizes(cfg.model))
+                             dense_param_sizes=dense_param_sizes(cfg.model), rebuilt=step >= 1)
 
 
 def measured_channels(events, step: int) -> dict[str, list[tuple]]:
@@ -289,9 +289,8 @@ def format_dlrm_report(d: dict) -> str:
         lines.append(f"  timed with {d['calibration']} (collective tables, one core's curves, "
                      "TorchRec probe plans); the benchmark: tests/bench/bench_validate.py")
     else:
-        lines.append("  note: timing accuracy is not validated (the prediction uses the "
-                     f"{d['topology']} priors and the CPU profile; pass --calibration FILE "
-                     "from clusterplan calibrate gloo); the structure is")
+        lines.append(f"  note: timed with the {d['topology']} priors and the CPU profile; pass "
+                     "--calibration FILE (clusterplan calibrate gloo) for this machine's times")
     if d["traces"]:
         lines.append(f"  traces: {os.path.dirname(d['traces'][0])}/rank*.trace.json")
     return "\n".join(lines)

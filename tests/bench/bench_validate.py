@@ -13,8 +13,11 @@ used is metered (``/proc``); a run where they used more than 0.2 cores is flagge
 again (``--retries``), and the table says so.
 
 Configurations (2 processes): a scaled Llama-style transformer (SwiGLU, GQA) with DP, TP, PP
-(1F1B and GPipe), interleaved PP, and a GPT-style (GELU) one with TP and DP; DLRM sharding plans
-(TorchRec) made by the planners for one table spec. A mix of axes needs four processes, twice
+(1F1B and GPipe), interleaved PP, and a GPT-style (GELU, selective recompute) one with TP and
+DP; DLRM sharding plans (TorchRec DMP) for one table spec of 8 tables (20k-400k rows, dims
+16-64, pooling 5-30, batch 2,048, DCNv2 dense part): the greedy planner's (table-wise) and hand
+layouts (column-wise, row-wise, TW+RW, TW/CW/RW/DP mixed), and mixed and all data-parallel on
+the same tables with rows ÷ 8 (all-DP of the full tables takes ~370 ms a step). A mix of axes needs four processes, twice
 this machine's cores; that is left out here (its structure is checked by the tests).
 
 Prints one row per configuration (predicted, measured, error, other cores, retries), the MAPE,
@@ -67,14 +70,43 @@ tables:
   - {name: t7, num_embeddings: 40000, embedding_dim: 64, pooling_factor: 12, zipf_exponent: 1.05}
 """
 
-#: (label, planner, allowed sharding types or None)
+#: (label, table spec (full or rows ÷ 8), planner name or a hand layout: the sharding type of
+#: each table in turn, tw / cw (halves) / rw / dp)
 DLRM_CONFIGS = (
-    ("dlrm greedy", "greedy", None),
-    ("dlrm size_lookup", "size_lookup", None),
-    ("dlrm mip", "mip", None),
-    ("dlrm mip row-wise", "mip", "row_wise"),
-    ("dlrm mip column-wise", "mip", "column_wise"),
+    ("dlrm greedy", "full", "greedy"),
+    ("dlrm cw", "full", ("cw",)),
+    ("dlrm rw", "full", ("rw",)),
+    ("dlrm tw+rw", "full", ("tw", "rw")),
+    ("dlrm mixed", "full", ("tw", "cw", "rw", "dp")),
+    ("dlrm mixed small", "small", ("tw", "cw", "rw", "dp")),
+    ("dlrm dp small", "small", ("dp",)),
 )
+
+
+def _small(text: str) -> str:
+    import re
+    return re.sub(r"num_embeddings: (\d+)", lambda m: f"num_embeddings: {int(m[1]) // 8}",
+                  text).replace("name: bench-dlrm", "name: bench-dlrm-small")
+
+
+def _hand_plan(spec: Path, kinds: tuple, out: Path) -> None:
+    import planner.sharding.shards as sh
+    from planner.sharding.plan import PlannerStats, make_plan
+    from planner.sharding.spec import load_model_spec
+    from planner.sharding.task import ShardingTask, prepare
+    model = load_model_spec(spec)
+    problem = prepare(ShardingTask(model=model, topology="localhost-gloo:node.gpus=2"), 2)
+    shards = []
+    for i, t in enumerate(model.tables):
+        k, rows, dim = kinds[i % len(kinds)], t.num_embeddings, t.embedding_dim
+        shards.append(sh.table_wise(i, t.name, rows, dim, i % 2) if k == "tw" else
+                      sh.column_wise(i, t.name, rows, dim, [0, 1], [dim // 2, dim - dim // 2])
+                      if k == "cw" else sh.row_wise(i, t.name, rows, dim, 2) if k == "rw" else
+                      sh.data_parallel(i, t.name, rows, dim, 2))
+    plan = make_plan(problem, shards, "hand", PlannerStats())
+    if not plan.valid:
+        raise SystemExit(f"hand plan {kinds} is invalid: {plan.problems[:2]}")
+    out.write_text(json.dumps(plan.to_dict()))
 
 
 def llm_runs(steps: int, warmup: int):
@@ -93,17 +125,19 @@ def dlrm_runs(steps: int, warmup: int, work: Path):
 
     from planner.cli import main as clusterplan
     from planner.validate.dlrm import load_dlrm_config
-    tables = work / "bench-dlrm.yaml"
-    tables.write_text(DLRM_TABLES)
-    for label, planner, types in DLRM_CONFIGS:
+    specs = {"full": work / "bench-dlrm.yaml", "small": work / "bench-dlrm-small.yaml"}
+    specs["full"].write_text(DLRM_TABLES)
+    specs["small"].write_text(_small(DLRM_TABLES))
+    for label, which, how in DLRM_CONFIGS:
         out = work / f"plan-{label.replace(' ', '-')}.json"
-        argv = ["plan", str(tables), "--devices", "2", "--planner", planner, "--out", str(out),
-                "--time-limit", "10"]
-        if types:
-            argv += ["--sharding-types", types]
-        with contextlib.redirect_stdout(io.StringIO()):
-            if clusterplan(argv) != 0:
-                raise SystemExit(f"clusterplan {' '.join(argv)} failed")
+        if isinstance(how, str):
+            argv = ["plan", str(specs[which]), "--devices", "2", "--planner", how,
+                    "--out", str(out)]
+            with contextlib.redirect_stdout(io.StringIO()):
+                if clusterplan(argv) != 0:
+                    raise SystemExit(f"clusterplan {' '.join(argv)} failed")
+        else:
+            _hand_plan(specs[which], how, out)
         cfg = load_dlrm_config(str(out), nproc=2, steps=steps, warmup=warmup, timeout_s=120)
         yield label, "dlrm", cfg
 
