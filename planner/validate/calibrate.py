@@ -12,7 +12,8 @@ same time (as in a step, so shared caches and memory bandwidth are loaded as the
   slowest rank's, then the median. Reduce-scatter and all-gather get
   tables of their own (gloo runs them 2-3× slower per byte than all-reduce).
 - **compute on one core**: fp32 GEMMs shaped as a small transformer's (``F.linear`` forward
-  and both backward products) for the matmul efficiency curve, causal scaled-dot-product
+  and both backward products, with the weights, or the saved input, taken from a pool larger
+  than the caches, as a step finds them) for the matmul efficiency curve, causal scaled-dot-product
   attention (forward, and backward as forward+backward minus forward) for the attention
   curves, charged the simulator's FLOPs (:func:`planner.llm.kernels.block_kernels`),
   elementwise adds of 4 KiB to 64 MiB for the memory curve, a one-element add for the per-op
@@ -35,7 +36,6 @@ from other processes during the measurement is recorded too.
 from __future__ import annotations
 
 import datetime
-import math
 import os
 import platform
 import statistics
@@ -52,6 +52,7 @@ GEMM_T = (32, 128, 512)                                # tokens
 GEMM_K = (64, 256, 1024, 2048)                         # input width
 GEMM_N = (64, 256, 1024, 4096)                         # output width
 GEMM_MAX_FLOPS = 2.2e9                                 # shapes above are left out (time)
+COLD_POOL_BYTES = 96 * 2 ** 20                         # > the 32 MiB L3: operands come cold
 MEMORY_BYTES = tuple(4096 * 4 ** i for i in range(8))  # per array, 4 KiB .. 64 MiB
 ATTN_HEADS = (2, 4, 8)                                 # causal SDPA, KV heads = heads / 4
 ATTN_SEQ = (32, 64, 128, 256)
@@ -202,8 +203,22 @@ def _time_compute(dist, torch, min_s: float, *, quick: bool = False) -> dict:
                 flops = 2.0 * t * k * n
                 if flops > GEMM_MAX_FLOPS:
                     continue
-                x, w, g = torch.randn(t, k), torch.randn(n, k), torch.randn(t, n)
-                for fn in (lambda: F.linear(x, w), lambda: g.t().mm(x), lambda: g.mm(w)):
+                # operands a step reads from memory come from a pool larger than the caches,
+                # a new one each call: the weights (forward, input gradient) and the saved
+                # input (weight gradient) were evicted since their last use in a real step;
+                # the freshly made activation or gradient is the same (hot) tensor
+                copies = max(1, min(64, -(-COLD_POOL_BYTES // (4 * n * k))))
+                ws = [torch.randn(n, k) for _ in range(copies)]
+                xcopies = max(1, min(64, -(-COLD_POOL_BYTES // (4 * t * k))))
+                xs = [torch.randn(t, k) for _ in range(xcopies)]
+                x, g = xs[0], torch.randn(t, n)
+                it = {"w": 0, "x": 0}
+
+                def nxt(key, pool):
+                    it[key] = (it[key] + 1) % len(pool)
+                    return pool[it[key]]
+                for fn in (lambda: F.linear(x, nxt("w", ws)), lambda: g.t().mm(nxt("x", xs)),
+                           lambda: g.mm(nxt("w", ws))):
                     rows["matmul"].append((flops, _sync_time(dist, torch, fn, min_s)))
     for heads in pick(ATTN_HEADS):
         for seq in pick(ATTN_SEQ):
