@@ -122,12 +122,14 @@ class Dataset:
     sample_ids: np.ndarray          # compute samples, round 0
     records: list                   # per sample: list of table records
     total_ms: np.ndarray
-    noise: list                     # (ms round 0, ms round 1) pairs
+    noise: list                     # (ms round 0, ms round 1) pairs of the target column
     comm_sums: np.ndarray           # (M, D)
     comm_waits: np.ndarray          # (M, D) ms
     comm_fwd: np.ndarray            # (M, D) ms
     comm_bwd: np.ndarray
     meta: dict
+    noise_min: list = ()            # the same pairs of the fastest iterations (total_min_ms)
+    target: str = "total_ms"       # the column the target was taken from
 
 
 def load_dataset(path) -> Dataset:
@@ -157,15 +159,21 @@ def load_dataset(path) -> Dataset:
     def arr(v):
         return np.array(v, float) if v else np.zeros((0, 1))
     keys = sorted(comp)
-    noise = [(float(comp[k]["total_ms"]), float(again[k]["total_ms"])) for k in keys
-             if k in again]
-    # target: the lower of a combination's medians over the passes (see collect.py)
-    target = [min(float(comp[k]["total_ms"]), float(again[k]["total_ms"])) if k in again
-              else float(comp[k]["total_ms"]) for k in keys]
+    # target: the lower of a combination's medians over the passes (see collect.py). The fastest
+    # iteration (total_min_ms) is more reproducible between passes on the shipped data (8.2%
+    # MAPE vs 10.5%), but nets trained on it were not better on held-out combinations (additive
+    # 8.3% / 8.5% / 6.0% on split seeds 0 / 1 / 2 vs 6.9% / 8.4% / 5.7%), so the median stays.
+    col = "total_ms"
+    noise = [(float(comp[k][col]), float(again[k][col])) for k in keys if k in again]
+    noise_min = [(float(comp[k]["total_min_ms"]), float(again[k]["total_min_ms"]))
+                 for k in keys if k in again and comp[k].get("total_min_ms")
+                 and again[k].get("total_min_ms")]
+    target = [min(float(comp[k][col]), float(again[k][col])) if k in again
+              else float(comp[k][col]) for k in keys]
     return Dataset(batch=batch, sample_ids=np.array([k[1] for k in keys]),
                    records=[parse_table_records(comp[k]["tables"]) for k in keys],
                    total_ms=np.array(target),
-                   noise=noise, comm_sums=arr(cs),
+                   noise=noise, noise_min=noise_min, target=col, comm_sums=arr(cs),
                    comm_waits=arr(cw),
                    comm_fwd=arr(cf),
                    comm_bwd=arr(cb), meta=meta)
@@ -309,7 +317,13 @@ def train(data_path, *, seed: int = 0, epochs: int = 300, log=print) -> dict:
                                   "median_rel_diff": float(np.median(rel)),
                                   "max_rel_diff": float(rel.max()),
                                   "mape_round1_vs_round0": mape(a[:, 1], a[:, 0]),
-                                  "kendall_tau_round1_vs_round0": kendall_tau(a[:, 1], a[:, 0])}
+                                  "kendall_tau_round1_vs_round0": kendall_tau(a[:, 1], a[:, 0]),
+                                  "column": ds.target}
+        if ds.noise_min:
+            b = np.array(ds.noise_min)
+            metrics["noise_pairs"]["total_min_ms_mape_round1_vs_round0"] = \
+                mape(b[:, 1], b[:, 0])
+        metrics["target"] = f"min over passes of {ds.target}"
     out = {"metrics": metrics, "compute_net": net, "neuroshard_net": ns_net, "fwd_net": None,
            "bwd_net": None, "data": ds}
     m = len(ds.comm_sums)
