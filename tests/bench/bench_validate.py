@@ -8,7 +8,8 @@ in this order and in the same run: ``clusterplan calibrate gloo`` (per-size coll
 reduce-scatter and all-gather separate, the extra cost of a call after compute, one core's
 compute curves, host time per block), then every configuration: ``--warmup`` steps, then
 ``--steps`` measured steps; the measured step time is the median over the steps of the
-slowest rank's step. While each run (and the calibration) goes, the CPU time other processes
+slowest rank's step (``--recalibrate``: a quick one-round calibration before each
+configuration as well). While each run (and the calibration) goes, the CPU time other processes
 used is metered (``/proc``); a run where they used more than 0.2 cores is flagged and run
 again (``--retries``), and the table says so.
 
@@ -154,6 +155,10 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--retries", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3, help="calibration rounds (3)")
+    ap.add_argument("--recalibrate", action="store_true",
+                    help="a quick calibration (one round, fewer shapes) right before each "
+                         "configuration; tried once: its single-round noise made it worse "
+                         "(MAPE 14.8%%, one +46%% outlier)")
     ap.add_argument("--out", default=None, help="JSON to write (default traces/validate/"
                                                 "bench-<time>.json)")
     a = ap.parse_args(argv)
@@ -183,6 +188,16 @@ def main(argv=None) -> int:
         print("\n".join(summary_lines(doc)), flush=True)
         for label, kind, cfg in configs:
             cfg = replace(cfg, trace_dir=None)
+            used = cal
+            if a.recalibrate:
+                # collectives, compute and host time again, just before this configuration;
+                # the TorchRec probe plans (slow, per sharding type) from the first calibration
+                fresh = measure_gloo(GlooCalibration(world=2, rounds=1, quick=True,
+                                                     torchrec=False), pool=pool)
+                if "torchrec" in doc:
+                    fresh["torchrec"] = doc["torchrec"]
+                used = gloo_profile_from_dict(fresh, source=f"quick calibrate gloo before "
+                                                            f"{label}")
             tries = []
             for attempt in range(a.retries + 1):
                 meter = LoadMeter()
@@ -191,8 +206,8 @@ def main(argv=None) -> int:
                 tries.append(other)
                 if other <= OTHER_CORES_LIMIT:
                     break
-            d = (validate(cfg, result=res, calibration=cal) if kind == "llm"
-                 else validate_dlrm(cfg, result=res, calibration=cal))
+            d = (validate(cfg, result=res, calibration=used) if kind == "llm"
+                 else validate_dlrm(cfg, result=res, calibration=used))
             row = {"config": label, "kind": kind,
                    "predicted_step_time_s": d["predicted_step_time_s"],
                    "measured_step_time_s": d["measured_step_time_s"],
