@@ -214,7 +214,11 @@ def run_config(spec: LLMSpec, parallel: ParallelSpec | None, *, parallel_text: s
     if nproc is not None and nproc < 1:
         raise SpecError(f"--nproc {nproc} runs nothing", field="--nproc", fix="pass 1 or more")
     if not p.dp:
-        if nproc is None or nproc % mp:
+        if nproc is None:
+            raise SpecError(f"the layout leaves dp open and no --nproc gives it (tp·cp·pp = "
+                            f"{mp})", field="--nproc",
+                            fix=f"pass --nproc (a multiple of {mp}) or dp= in --parallel")
+        if nproc % mp:
             raise SpecError(f"dp is open and --nproc {nproc} is not a multiple of tp·cp·pp = {mp}",
                             field="--nproc", fix=f"pass --nproc as a multiple of {mp}, or dp=")
         p = replace(p, dp=nproc // mp)
