@@ -58,16 +58,22 @@ DEFAULT_ARRAY_BYTES = tuple(2**k for k in range(16, 27, 2))  # 64 KiB .. 64 MiB 
 CONTENTION_LIMIT = 0.05
 
 
-def _cpu_seconds() -> tuple[float, float] | None:
-    """(busy CPU-seconds of the whole machine, CPU-seconds of this process); None off Linux."""
+def machine_busy_s() -> float | None:
+    """Busy CPU-seconds of the whole machine since boot, all cores (steal time counts as
+    busy: another VM used the core); None off Linux."""
     try:
         with open("/proc/stat", encoding="ascii") as fh:
             ticks = [int(x) for x in fh.readline().split()[1:9]]
         hz = os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, AttributeError):
         return None
-    busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
-    return busy / hz, time.process_time()
+    return (sum(ticks) - ticks[3] - ticks[4]) / hz  # all but idle and iowait
+
+
+def _cpu_seconds() -> tuple[float, float] | None:
+    """(busy CPU-seconds of the whole machine, CPU-seconds of this process); None off Linux."""
+    busy = machine_busy_s()
+    return None if busy is None else (busy, time.process_time())
 
 
 def _time_interleaved(fns: Sequence[Callable[[], object]], *, repeats: int, min_sample_s: float,

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import platform
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -172,6 +171,13 @@ def _time_comm(dist, torch, kind: str, size: int, world: int, rank: int, repeats
     return times
 
 
+def _loop_length(dist, torch, one_s: float, min_s: float) -> int:
+    """Calls per timed loop, the same on every rank: enough for ``min_s`` on the slowest."""
+    k = torch.tensor([max(1, int(min_s / max(one_s, 1e-7)))])
+    dist.all_reduce(k, op=dist.ReduceOp.MAX)
+    return int(k)
+
+
 def _sync_time(dist, torch, fn, min_s: float, samples: int = 3) -> float:
     """Seconds per call of ``fn`` with every rank running it at the same time: the same loop
     length k on every rank (calls for at least ``min_s``), a barrier before each of
@@ -179,10 +185,7 @@ def _sync_time(dist, torch, fn, min_s: float, samples: int = 3) -> float:
     fn()
     t0 = time.perf_counter()
     fn()
-    one = time.perf_counter() - t0
-    k = torch.tensor([max(1, int(min_s / max(one, 1e-7)))])
-    dist.all_reduce(k, op=dist.ReduceOp.MAX)
-    k = int(k)
+    k = _loop_length(dist, torch, time.perf_counter() - t0, min_s)
     out = []
     for _ in range(samples):
         dist.barrier()
@@ -329,10 +332,7 @@ def _time_host(dist, torch, world: int, rank: int, *, layers: int = 8) -> dict:
 def _sync_net(dist, torch, timed, min_s: float, samples: int) -> float:
     """Like :func:`_sync_time` for a function that returns its own (net) seconds."""
     timed()
-    one = max(timed(), 1e-6)
-    k = torch.tensor([max(1, int(min_s / one))])
-    dist.all_reduce(k, op=dist.ReduceOp.MAX)
-    k = int(k)
+    k = _loop_length(dist, torch, timed(), min_s)
     out = []
     for _ in range(samples):
         dist.barrier()
@@ -471,18 +471,11 @@ def _sig(x: float, digits: int = 4) -> float:
 
 
 def _machine() -> dict:
+    """This machine as the other measurements describe it, plus the torch version."""
     import torch
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"cpu_model": model, "cores": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "torch": str(torch.__version__)}
+
+    from planner.sharding.measure_kernels import platform_description
+    return {**platform_description(), "torch": str(torch.__version__)}
 
 
 def measure_gloo(cfg: GlooCalibration | None = None, *, pool=None) -> dict:
@@ -516,7 +509,8 @@ def summary_lines(doc: dict) -> list[str]:
     """A few lines a person reads: latency and bandwidth per kind, compute, noise, load."""
     from simulator.units import format_time
     m, c, n = doc["measured"], doc["compute"], doc["noise"]
-    lines = [f"gloo on {m['machine']['cpu_model']} ({m['machine']['cores']} cores), "
+    mach = m["machine"]
+    lines = [f"gloo on {mach.get('cpu_model', mach['platform'])} ({mach['cpu_count']} cores), "
              f"{m['processes']} processes × 1 thread, {m['rounds']} rounds, {m['wall_s']:.0f} s; "
              f"other processes used {m.get('other_cores', 0):.2f} cores"]
     for key, rows in doc["comm"].items():

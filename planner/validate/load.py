@@ -10,21 +10,12 @@ from __future__ import annotations
 import os
 import time
 
+from simulator.calibrate_compute import machine_busy_s
+
 __all__ = ["LoadMeter", "OTHER_CORES_LIMIT"]
 
 OTHER_CORES_LIMIT = 0.2
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _busy_s() -> float | None:
-    """Busy CPU seconds of the whole machine since boot (all cores), or None off Linux."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = v[3] + (v[4] if len(v) > 4 else 0)
-    return (sum(v[:8]) - idle) / _TICK
 
 
 def _tree_cpu_s() -> float:
@@ -64,12 +55,12 @@ class LoadMeter:
 
     def __init__(self) -> None:
         self.t0 = time.monotonic()
-        self.busy0 = _busy_s()
+        self.busy0 = machine_busy_s()
         self.ours0 = _tree_cpu_s()
 
     def other_cores(self) -> float:
         wall = time.monotonic() - self.t0
-        busy = _busy_s()
+        busy = machine_busy_s()
         if self.busy0 is None or busy is None or wall <= 0:
             return 0.0
         ours = _tree_cpu_s() - self.ours0
