@@ -46,6 +46,39 @@ Timing every intra-node TP all-reduce from vTrain's own NCCL tables instead of t
 to 0.695 and 39.1B's to 0.54; not adopted (a table for the folded TP time only would disagree
 with the engine's flows for the same collective), and 18.4B's ten rows between 9.6 and 11.0 s
 then turn on predicted differences of 0.02–0.05 s, below any model's resolution.
+
+Further mechanisms tested, none adopted (each applies to every row; none lifts a group):
+* DeepSpeed pipeline sends: its PipelineEngine partitions the first output tensor over TP
+  (``pipe_partitioned``/``grad_partitioned`` default on, receiver all-gathers), as simulated;
+  sending the whole activation from every TP rank instead takes tau to 0.62 (18.4B) and 0.51
+  (39.1B), MAPE 9.5%: it pushes the accurate TP8·PP8/PP16 rows to +6..+16%. The attention mask
+  DeepSpeed also ships per send is 4 MiB (bool s×s), 0.34 ms at 100 Gb/s.
+* Tied word-embedding gradient all-reduce (``_exec_reduce_tied_grads``, V·h/tp fp16 between the
+  first and last stage, one NIC per GPU): 8 ms (TP8) to 67 ms (TP1) for 39.1B, against misses
+  of 4–10 s, and largest for the accurate TP1 rows. Overflow check and gradient norm (fp32
+  copies, ~10 B per parameter each, plus MAX/SUM all-reduces over the model-parallel group):
+  ≤ 0.05 s, scaling with parameters per GPU, which TP1·PP16, TP2·PP8 and TP8·PP2 share
+  (≈ 2.4·10⁹) while their errors are −3%, −18..−40% and −3..−8%.
+* Stage imbalance: Megatron-DeepSpeed's ``partition_method="type:transformer"`` puts the
+  embedding on the first stage and final norm + logits on the last, as simulated; the layer
+  counts divide evenly in every row.
+* Memory pressure: a DeepSpeed estimate per GPU (fp16 weights and gradients, fp32 master and
+  Adam unsharded or ZeRO-1, checkpointed layer inputs of the in-flight micro-batches plus the
+  stage's send buffers, one layer's recompute working set with the b·(a/tp)·s² scores, fp32
+  logits) puts slow rows at 11–17 GB (ZeRO-1; TP2 DP16 PP16 mbs2/3, TP4 DP16 PP8 mbs2/3) and
+  accurate rows up to 60–71 GB (TP8 PP8/PP16 mbs24, −0.2%/+2.2%); without ZeRO the accurate
+  TP1·PP16 row needs 55 GB. No threshold separates them (rows above 40 GB are accurate, so
+  the cards are most likely 80 GB).
+* NICs: 4 × 200 Gb/s instead of 8 × 100 Gb/s per node (same 800 Gb/s): tau 0.66 / 0.53.
+  DP reduction and pipeline sends never share a NIC here: DeepSpeed reduces after a stage's
+  last backward, and every stage spans whole nodes.
+What the data ask for: setting every TP2 row to measured × (1 + the group's median error)
+gives 39.1B 0.71, every TP4 row 0.69, both 0.89; 18.4B needs its three TP4·DP32·PP2 rows (0.83).
+Yet 175B's TP2/TP4 rows are within 5.3%, and 39.1B TP4·DP8·PP16 is within 7% at mbs 2–4 but
+−16/−22% at mbs 6/12 while TP4·DP16·PP8 is the reverse (−21/−23/−18%, then −2/−2%), so no
+TP-dependent cost fits. The 3.6B set has similar single-row jumps (TP8 mbs64 9.84 s vs mbs32
+4.97 s; TP8 mbs2 8.88 s vs mbs4 5.62 s), although the one repeated configuration (175B TP4 DP4
+PP32 mbs2) repeats within 0.05%.
 """
 
 from __future__ import annotations
