@@ -8,7 +8,8 @@ distinct rows per batch and rows keep their ratio; every pool table is augmented
 Sample ``i`` draws 1–``max_tables`` (table, dim) configurations uniformly with replacement,
 redrawn until their fp32 size ≤ ``max_bytes``, builds one fused FBGEMM TBE and times forward +
 backward with the fused exact-SGD update (``measure_kernels.time_shard_set``: one thread, cache
-flushed before every iteration, median of ``repeats`` after ``warmup``).
+flushed before every iteration, ``repeats`` timed iterations after ``warmup``; the row keeps
+their median ``total_ms`` and their fastest ``total_min_ms``).
 
 **Communication samples** on ``comm_devices`` gloo processes: T ~ U{10..59} tables with dims
 from the same set; balance level p ~ U(0, 1): dims sorted descending, each to a random device
@@ -16,11 +17,14 @@ with probability p, else to the device with the smallest dim sum; straggler spre
 d ~ U{1..19} ms, per-rank sleeps U{0..d−1} ms minus their minimum. Per rank the forward
 all-to-all including the straggler wait and the backward all-to-all (``comm_worker.py``).
 
-**Noise pairs**: the first ``noise_pairs`` compute samples are measured a second time in a
-second pass after all first measurements (``round`` 1), minutes later, so the spread of two
-identical measurements can be reported; training uses the lower of a combination's two
-medians (bursts of load from other processes on this shared machine last seconds, so they
-hit one pass, rarely both). ``total_min_ms`` is the fastest single iteration.
+**Passes**: every compute sample is measured in ``passes`` passes over all samples, pass
+``p`` (column ``round``) after the whole of pass ``p − 1``, minutes apart. Training takes the
+median over the passes of each pass's fastest iteration. Why (measured on the 2-core EPYC VM,
+2026-11-22): a kernel's iterations are bimodal, a fast mode and a slow one 20–40% above it,
+and the slow share drifts with other tenants' load (invisible in ``/proc/stat``), so a median
+of 7 moved by 10–12% between passes; the fastest of 25 moved by 6%, apart from rare spells in
+which every iteration of one pass was slow (+14–26%), which the median over three passes
+discards. ``train`` reports the pass-to-pass spread of both columns.
 
 Every sample derives from ``(seed, sample_id)`` alone, so a run can be interrupted and resumed:
 rows are appended and flushed one by one, and ids already in the file are skipped. The sidecar
@@ -63,13 +67,13 @@ class CollectConfig:
     seed: int = 0
     samples: int = 400
     comm_samples: int = 100
-    noise_pairs: int = 30
+    passes: int = 3
     pool_size: int = 856
     row_scale: float = 1 / 16
     batch: int = 4096
     max_tables: int = 20
     max_bytes: int = 256 * 1024 ** 2
-    repeats: int = 7
+    repeats: int = 20
     warmup: int = 1
     comm_devices: int = 4
     comm_repeats: int = 5
@@ -79,7 +83,7 @@ class CollectConfig:
     def key(self) -> dict:
         """The fields that fix what sample ``i`` is (``samples`` counts may grow on resume)."""
         d = asdict(self)
-        for k in ("samples", "comm_samples", "noise_pairs"):
+        for k in ("samples", "comm_samples", "passes"):
             d.pop(k)
         return d
 
@@ -257,8 +261,7 @@ def collect(out: str | Path, cfg: CollectConfig = CollectConfig(), *, mix_hardwa
     _write_meta(out, meta)
     out.parent.mkdir(parents=True, exist_ok=True)
     new_file = not out.exists() or out.stat().st_size == 0
-    todo = [("compute", i, 0) for i in range(cfg.samples)]
-    todo += [("compute", i, 1) for i in range(min(cfg.noise_pairs, cfg.samples))]
+    todo = [("compute", i, p) for p in range(cfg.passes) for i in range(cfg.samples)]
     comm = [i for i in range(cfg.comm_samples) if ("comm", i, 0, hid) not in done]
     todo = [t for t in todo if (t[0], t[1], t[2], hid) not in done]
     t_start = time.monotonic()

@@ -54,7 +54,10 @@ def save_weights(path, result: dict, *, data_path=None, command: str = "") -> No
     state = {f"compute.{k}": v for k, v in result["compute_net"].state_dict().items()}
     ds = result["data"]
     meta = {"format": FORMAT, "version": 1, "features": list(FEATURE_NAMES),
-            "architecture": {"compute": {"table_mlp": [NUM_FEATURES, 128, 32], "head": [32, 64, 1],
+            "architecture": {"compute": {"table_mlp": [NUM_FEATURES, 128, 32],
+                                         "out": "additive: per-table exp(32 → 1) + overhead",
+                                         "members": len(getattr(result["compute_net"],
+                                                                "members", [None])),
                                          "target": "log(ms) of fused forward+backward"}},
             "batch": ds.batch, "collection": ds.meta,
             "metrics": result["metrics"], "command": command,
@@ -124,7 +127,7 @@ def load_predictor(path=None, *, check_hardware: bool = True) -> Predictor:
     """Load weights (default: the shipped ones) with ``torch.load(weights_only=True)``."""
     from planner.sharding.measure_kernels import require_torch
     torch = require_torch("loading cost-model weights")
-    from .model import CommNet, ComputeNet
+    from .model import CommNet, ComputeEnsemble, ComputeNet
     path = Path(path) if path is not None else shipped_weights_path()
     mp = path.with_suffix(".json")
     if not path.exists() or not mp.exists():
@@ -141,7 +144,8 @@ def load_predictor(path=None, *, check_hardware: bool = True) -> Predictor:
     def part(prefix):
         return {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + ".")}
 
-    compute = ComputeNet()
+    members = int(meta["architecture"]["compute"].get("members", 1))
+    compute = ComputeEnsemble(members) if members > 1 else ComputeNet()
     compute.load_state_dict(part("compute"))
     compute.eval()
     fwd = bwd = None

@@ -21,15 +21,17 @@ TINY = dict(pool_size=12, max_tables=3, repeats=1, warmup=0, comm_devices=2, com
 
 def test_collect_writes_rows_and_metadata_and_resumes(tmp_path):
     out = tmp_path / "d.csv"
-    c = collect(out, CollectConfig(samples=3, comm_samples=2, noise_pairs=1, **TINY),
+    c = collect(out, CollectConfig(samples=3, comm_samples=2, passes=2, **TINY),
                 progress=False)
-    assert c == {"compute": 4, "comm": 2, "skipped": 0}
+    assert c == {"compute": 6, "comm": 2, "skipped": 0}
     rows = read_data(out)
-    assert [r["kind"] for r in rows].count("compute") == 4
+    assert [r["kind"] for r in rows].count("compute") == 6
     comp = [r for r in rows if r["kind"] == "compute"]
     assert all(float(r["total_ms"]) > 0 for r in comp)
-    assert {(int(r["sample_id"]), int(r["round"])) for r in comp} == {(0, 0), (1, 0), (2, 0),
-                                                                      (0, 1)}
+    # pass 1 starts after the whole of pass 0
+    assert [(int(r["sample_id"]), int(r["round"])) for r in comp] == [
+        (0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
+    assert all(float(r["total_min_ms"]) <= float(r["total_ms"]) for r in comp)
     tabs = json.loads(comp[0]["tables"])
     assert 1 <= len(tabs) <= 3 and all(len(t) == 4 + 17 for t in tabs)
     comm = [r for r in rows if r["kind"] == "comm"]
@@ -40,27 +42,27 @@ def test_collect_writes_rows_and_metadata_and_resumes(tmp_path):
         assert key in hw
     assert rows[0]["hw"] == hw["id"]
     # resume: more samples → only the new ones are measured
-    c2 = collect(out, CollectConfig(samples=5, comm_samples=2, noise_pairs=1, **TINY),
+    c2 = collect(out, CollectConfig(samples=5, comm_samples=2, passes=2, **TINY),
                  progress=False)
-    assert c2["compute"] == 2 and c2["comm"] == 0 and c2["skipped"] == 6
+    assert c2["compute"] == 4 and c2["comm"] == 0 and c2["skipped"] == 8
     ids = [(r["kind"], r["sample_id"], r["round"]) for r in read_data(out)]
-    assert len(ids) == len(set(ids)) == 8
+    assert len(ids) == len(set(ids)) == 12
     assert len(json.loads(meta_path(out).read_text())["runs"]) == 2
 
 
 def test_refuses_mixed_hardware_and_other_config(tmp_path):
     out = tmp_path / "d.csv"
-    cfg = CollectConfig(samples=1, comm_samples=0, noise_pairs=0, **TINY)
+    cfg = CollectConfig(samples=1, comm_samples=0, passes=1, **TINY)
     collect(out, cfg, progress=False)
     mp = meta_path(out)
     meta = json.loads(mp.read_text())
     meta["hardware"][0].update(cpu_model="Some Other CPU", id="000000000000")
     mp.write_text(json.dumps(meta))
-    more = CollectConfig(samples=2, comm_samples=0, noise_pairs=0, **TINY)
+    more = CollectConfig(samples=2, comm_samples=0, passes=1, **TINY)
     with pytest.raises(SpecError, match="other hardware"):
         collect(out, more, progress=False)
     with pytest.raises(SpecError, match="another configuration"):
-        collect(out, CollectConfig(samples=2, comm_samples=0, noise_pairs=0, seed=5,
+        collect(out, CollectConfig(samples=2, comm_samples=0, passes=1, seed=5,
                                    **TINY), progress=False, mix_hardware=True)
     c = collect(out, more, progress=False, mix_hardware=True)
     assert c["compute"] == 1       # rows are keyed by the hardware id: sample 0 is done

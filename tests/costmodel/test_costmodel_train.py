@@ -79,6 +79,14 @@ def test_train_reports_metrics_and_weights_round_trip(tmp_path):
         pred = load_predictor(out)
     ms = pred.compute_ms([[[1000, 16, 3.0] + [1.0] + [0.0] * 16], []])
     assert ms[0] > 0 and ms[1] == 0
+    # the shipped compute model is the ensemble of 5 nets, and it survives the round trip
+    assert meta["architecture"]["compute"]["members"] == 5
+    assert len(m["compute_net"]["member_test_mape"]) == 5
+    from planner.costmodel.features import table_matrix
+    from planner.costmodel.model import predict_compute
+    recs = [[1000, 16, 3.0] + [1.0] + [0.0] * 16, [5000, 64, 8.0] + [0.5] * 2 + [0.0] * 15]
+    assert pred.compute_ms([recs])[0] == pytest.approx(
+        predict_compute(res["compute_net"], [table_matrix(recs, batch=BATCH)])[0], rel=1e-6)
     f, b = pred.comm_ms([100, 200], [0.0, 1.0])
     assert np.all(f > 0) and np.all(b > 0)
 
@@ -102,3 +110,25 @@ def test_cli_train(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "held-out MAPE" in text and "HistGradientBoosting" in text and "noise" in text
     assert (tmp_path / "w.pt").exists() and (tmp_path / "w.json").exists()
+
+
+def test_target_is_median_over_passes_of_fastest_iteration(tmp_path):
+    """Three passes: the target is the median of the passes' fastest iterations (a pass in
+    which every iteration was slow does not move it); the noise pairs are passes 0 and 1."""
+    from planner.costmodel.model import load_dataset
+    hw = hardware_info(light=True)
+    hid = hardware_id(hw)
+    data = tmp_path / "d.csv"
+    rec = json.dumps([[0, 1000, 16, 3.0, 1.0] + [0.0] * 16])
+    with open(data, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(COLUMNS)
+        for rnd, (med, fastest) in enumerate([(12.0, 10.0), (12.5, 10.4), (16.0, 13.0)]):
+            w.writerow(["compute", 0, rnd, hid, 1, rec, med / 3, 2 * med / 3, med, fastest,
+                        "", "", "", ""])
+    meta_path(data).write_text(json.dumps({"config": CollectConfig().key(),
+                                           "hardware": [dict(hw, id=hid)], "runs": []}))
+    ds = load_dataset(data)
+    assert ds.target == "total_min_ms" and ds.passes == 3
+    assert ds.total_ms.tolist() == [10.4]
+    assert ds.noise == [(10.0, 10.4)] and ds.noise_alt == [(12.0, 12.5)]
