@@ -39,11 +39,12 @@ import datetime
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from simulator.gloo_profile import CommTable, gloo_profile_from_dict
 
-__all__ = ["GlooCalibration", "measure_gloo", "profile_document", "summary_lines", "SIZES"]
+__all__ = ["GlooCalibration", "measure_gloo", "measure_gloo_raw", "profile_from_raw",
+           "profile_document", "summary_lines", "SIZES"]
 
 SIZES = tuple(4 * 4 ** i for i in range(12))          # 4 B .. 16 MiB
 KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv")
@@ -72,6 +73,7 @@ class GlooCalibration:
     sizes: tuple = SIZES
     quick: bool = False                  # a few shapes only (tests): same document, coarser
     torchrec: bool = True                # TorchRec probe plans (calibrate_dlrm.py) if installed
+    torchrec_rounds: int | None = None   # runs per probe (None: 2, 1 when quick)
     steps: int = 1                       # the runner's progress bar: one "step"
     warmup: int = 0
     trace_dir: str | None = None
@@ -478,31 +480,71 @@ def _machine() -> dict:
     return {**platform_description(), "torch": str(torch.__version__)}
 
 
-def measure_gloo(cfg: GlooCalibration | None = None, *, pool=None) -> dict:
-    """Run the calibration (on ``pool`` when given) and return the profile mapping; the load
-    of other processes during it is recorded (``measured.other_cores``)."""
+def measure_gloo_raw(cfg: GlooCalibration | None = None, *, pool=None) -> dict:
+    """Run the calibration (on ``pool`` when given) and return its raw parts: the ranks' rows,
+    the TorchRec probes section (or None) and the cores other processes used meanwhile.
+    :func:`profile_from_raw` makes the profile of one or several such runs."""
+    from .calibrate_dlrm import measure_torchrec
     from .load import LoadMeter
     from .runner import Pool
     cfg = cfg or GlooCalibration()
     meter = LoadMeter()
-    from .calibrate_dlrm import measure_torchrec
 
     def both(p):
         # TorchRec probe plans on the same ranks, right after (planner/validate/calibrate_dlrm.py)
-        return p.run(cfg), (measure_torchrec(p, cfg.world, quick=cfg.quick)
+        return p.run(cfg), (measure_torchrec(p, cfg.world, quick=cfg.quick,
+                                             rounds=cfg.torchrec_rounds)
                             if cfg.torchrec else None)
     if pool is None:
         with Pool(cfg.world) as p:
             res, torchrec = both(p)
     else:
         res, torchrec = both(pool)
-    other = meter.other_cores()
-    doc = profile_document(sorted(res.ranks, key=lambda r: r["rank"]), cfg,
-                           load={"other_cores": _sig(other, 3)})
+    return {"cfg": cfg, "ranks": sorted(res.ranks, key=lambda r: r["rank"]),
+            "torchrec": torchrec, "other_cores": meter.other_cores()}
+
+
+def _renumbered(rank_rows: list[dict], rounds: list[int]) -> dict:
+    """One rank's rows of several runs as one run's, rounds numbered on from run to run."""
+    out = {"rank": rank_rows[0]["rank"], "comm": {}, "compute": {}, "host": {}, "wake": {},
+           "cpu": [0.0, 0.0]}
+    base = 0
+    for rows, n in zip(rank_rows, rounds):
+        for (rnd, kind, size), v in rows["comm"].items():
+            out["comm"][(base + rnd, kind, size)] = v
+        for key in ("compute", "host", "wake"):
+            for rnd, v in rows[key].items():
+                out[key][base + rnd] = v
+        out["cpu"] = [a + b for a, b in zip(out["cpu"], rows["cpu"])]
+        base += n
+    return out
+
+
+def profile_from_raw(raws: list[dict]) -> dict:
+    """The profile mapping of one or several :func:`measure_gloo_raw` runs of the same
+    calibration (several: each run's rounds count as rounds of one calibration, so runs spread
+    over a benchmark average the machine's slow and fast spells as its measurements do)."""
+    from .calibrate_dlrm import merge_torchrec
+    if not raws:
+        raise ValueError("profile_from_raw needs at least one run")
+    rounds = [r["cfg"].rounds for r in raws]
+    cfg = replace(raws[0]["cfg"], rounds=sum(rounds))
+    ranks = [_renumbered([r["ranks"][i] for r in raws], rounds)
+             for i in range(len(raws[0]["ranks"]))]
+    other = statistics.fmean(r["other_cores"] for r in raws)
+    doc = profile_document(ranks, cfg, load={"other_cores": _sig(other, 3),
+                                             "runs": len(raws)})
+    torchrec = merge_torchrec([r["torchrec"] for r in raws if r["torchrec"] is not None])
     if torchrec is not None:
         doc["torchrec"] = torchrec
     gloo_profile_from_dict(doc)          # what we write must load
     return doc
+
+
+def measure_gloo(cfg: GlooCalibration | None = None, *, pool=None) -> dict:
+    """Run the calibration (on ``pool`` when given) and return the profile mapping; the load
+    of other processes during it is recorded (``measured.other_cores``)."""
+    return profile_from_raw([measure_gloo_raw(cfg, pool=pool)])
 
 
 def summary_lines(doc: dict) -> list[str]:

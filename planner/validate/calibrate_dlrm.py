@@ -87,14 +87,17 @@ def probe_config(kind: str, size: str, world: int, *, steps: int = 30, warmup: i
 
 
 
-def measure_torchrec(pool, world: int, *, quick: bool = False) -> dict:
+def measure_torchrec(pool, world: int, *, quick: bool = False, rounds: int | None = None
+                     ) -> dict:
     """Run every probe on ``pool`` and return the profile's ``torchrec`` section (None
-    where TorchRec or FBGEMM is not installed)."""
+    where TorchRec or FBGEMM is not installed); ``rounds`` overrides the runs per probe (1 in
+    quick mode, else 2)."""
     import importlib.util
     if not all(importlib.util.find_spec(m) for m in ("torchrec", "fbgemm_gpu")):
         return None
     from .dlrm_report import measure
-    steps, warmup, rounds = (4, 2, 1) if quick else (15, 3, 2)
+    steps, warmup, default_rounds = (4, 2, 1) if quick else (15, 3, 2)
+    rounds = default_rounds if rounds is None else rounds
     got: dict[tuple[str, str], list] = {}
     # rounds over all probes (not one probe twice in a row): a whole run of a small step is
     # sometimes 20-40% slower than the next, so each probe is the mean of separate runs
@@ -111,6 +114,24 @@ def measure_torchrec(pool, world: int, *, quick: bool = False) -> dict:
     return {"what": "TorchRec DMP probe plans on this pool (planner/validate/calibrate_dlrm.py): "
                     "median step of the slowest rank per run, mean over runs",
             "world": world, "steps": steps, "warmup": warmup, "rounds": rounds, "probes": rows}
+
+
+def merge_torchrec(sections: list[dict]) -> dict | None:
+    """One ``torchrec`` section from several runs' (each probe the mean over all their runs);
+    None when there are none."""
+    if not sections:
+        return None
+    if len(sections) == 1:
+        return sections[0]
+    runs: dict[tuple[str, str], list] = {}
+    for sec in sections:
+        for p in sec["probes"]:
+            v = runs.setdefault((p["sharding_type"], p["size"]), [[], 0.0])
+            v[0].extend(p["runs_s"])
+            v[1] = max(v[1], p["spread"])
+    rows = [{"sharding_type": kind, "size": size, "step_s": float(f"{statistics.fmean(t):.4g}"),
+             "runs_s": t, "spread": spread} for (kind, size), (t, spread) in runs.items()]
+    return {**sections[0], "rounds": sum(s["rounds"] for s in sections), "probes": rows}
 
 
 def _spread(xs) -> float:

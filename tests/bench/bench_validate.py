@@ -1,17 +1,20 @@
 """Timing benchmark of ``clusterplan validate``: predicted vs measured step time on this machine.
 
-    python tests/bench/bench_validate.py [--only llm|dlrm] [--steps 20] [--warmup 5]
-                                         [--retries 2] [--out FILE.json]
+    python tests/bench/bench_validate.py [--only llm|dlrm] [--rounds 3] [--steps 10]
+                                         [--warmup 5] [--retries 2] [--out FILE.json]
 
-One pool of 2 spawned gloo processes (one thread each, main threads pinned to a core) runs,
-in this order and in the same run: ``clusterplan calibrate gloo`` (per-size collective tables,
-reduce-scatter and all-gather separate, the extra cost of a call after compute, one core's
-compute curves, host time per block), then every configuration: ``--warmup`` steps, then
-``--steps`` measured steps; the measured step time is the median over the steps of the
-slowest rank's step (``--recalibrate``: a quick one-round calibration before each
-configuration as well). While each run (and the calibration) goes, the CPU time other processes
-used is metered (``/proc``); a run where they used more than 0.2 cores is flagged and run
-again (``--retries``), and the table says so.
+One pool of 2 spawned gloo processes (one thread each, main threads pinned to a core) runs
+``--rounds`` rounds, each a round of ``clusterplan calibrate gloo`` (per-size collective
+tables, reduce-scatter and all-gather separate, the extra cost of a call after compute, one
+core's compute curves, host time per block, TorchRec probe plans) followed by every
+configuration once: ``--warmup`` steps, then ``--steps`` measured steps. The calibration is
+the median over its rounds, the measured step time the median over all rounds' steps of the
+slowest rank's step. Why rounds: this shared VM's speed drifts by up to ±20% over minutes
+(other tenants; invisible in ``/proc``), so a calibration taken once, then configurations
+run one after the other, each see a different machine; interleaved, calibration and every
+configuration sample the same spells. While each run (and each calibration round) goes, the
+CPU time other processes used is metered (``/proc``); a run where they used more than 0.2
+cores is flagged and run again (``--retries``), and the table says so.
 
 Configurations (2 processes): a scaled Llama-style transformer (SwiGLU, GQA) with DP, TP, PP
 (1F1B and GPipe), interleaved PP, and a GPT-style (GELU, selective recompute) one with TP and
@@ -151,19 +154,19 @@ def kendall_tau(a, b) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", choices=("llm", "dlrm"))
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=10, help="measured steps per round (10)")
+    ap.add_argument("--warmup", type=int, default=5, help="warm-up steps per round (5)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds (3): each a calibration round, then every configuration once")
     ap.add_argument("--retries", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3, help="calibration rounds (3)")
-    ap.add_argument("--recalibrate", action="store_true",
-                    help="a quick calibration (one round, fewer shapes) right before each "
-                         "configuration; tried once: its single-round noise made it worse "
-                         "(MAPE 14.8%%, one +46%% outlier)")
     ap.add_argument("--out", default=None, help="JSON to write (default traces/validate/"
                                                 "bench-<time>.json)")
     a = ap.parse_args(argv)
+    if min(a.steps, a.rounds) < 1 or a.warmup < 0 or a.retries < 0:
+        ap.error("--steps and --rounds must be ≥ 1, --warmup and --retries ≥ 0")
 
-    from planner.validate.calibrate import GlooCalibration, measure_gloo, summary_lines
+    from planner.validate.calibrate import (GlooCalibration, measure_gloo_raw, profile_from_raw,
+                                            summary_lines)
     from planner.validate.dlrm_report import validate_dlrm
     from planner.validate.load import OTHER_CORES_LIMIT, LoadMeter
     from planner.validate.report import validate
@@ -180,47 +183,54 @@ def main(argv=None) -> int:
             configs += list(llm_runs(a.steps, a.warmup))
         if a.only in (None, "dlrm"):
             configs += list(dlrm_runs(a.steps, a.warmup, Path(tmp)))
-        for attempt in range(a.retries + 1):
-            doc = measure_gloo(GlooCalibration(world=2, rounds=a.rounds), pool=pool)
-            if doc["measured"]["other_cores"] <= OTHER_CORES_LIMIT:
-                break
-        cal = gloo_profile_from_dict(doc, source=f"calibrate gloo in this run ({stamp})")
+        configs = [(label, kind, replace(cfg, trace_dir=None)) for label, kind, cfg in configs]
+        raws, runs = [], {label: [] for label, _, _ in configs}
+        for rnd in range(a.rounds):
+            for attempt in range(a.retries + 1):
+                raw = measure_gloo_raw(GlooCalibration(world=2, rounds=1, torchrec_rounds=1),
+                                       pool=pool)
+                if raw["other_cores"] <= OTHER_CORES_LIMIT:
+                    break
+            raws.append(raw)
+            print(f"round {rnd + 1}/{a.rounds}: calibrated (other cores "
+                  f"{raw['other_cores']:.2f}), running {len(configs)} configurations", flush=True)
+            for label, kind, cfg in configs:
+                tries = []
+                for attempt in range(a.retries + 1):
+                    meter = LoadMeter()
+                    res = pool.run(cfg)
+                    tries.append(meter.other_cores())
+                    if tries[-1] <= OTHER_CORES_LIMIT:
+                        break
+                runs[label].append((res, tries))
+        doc = profile_from_raw(raws)
+        cal = gloo_profile_from_dict(doc, source=f"calibrate gloo in this run ({stamp}, "
+                                                 f"{a.rounds} rounds between the runs)")
         print("\n".join(summary_lines(doc)), flush=True)
         for label, kind, cfg in configs:
-            cfg = replace(cfg, trace_dir=None)
-            used = cal
-            if a.recalibrate:
-                # collectives, compute and host time again, just before this configuration;
-                # the TorchRec probe plans (slow, per sharding type) from the first calibration
-                fresh = measure_gloo(GlooCalibration(world=2, rounds=1, quick=True,
-                                                     torchrec=False), pool=pool)
-                if "torchrec" in doc:
-                    fresh["torchrec"] = doc["torchrec"]
-                used = gloo_profile_from_dict(fresh, source=f"quick calibrate gloo before "
-                                                            f"{label}")
-            tries = []
-            for attempt in range(a.retries + 1):
-                meter = LoadMeter()
-                res = pool.run(cfg)
-                other = meter.other_cores()
-                tries.append(other)
-                if other <= OTHER_CORES_LIMIT:
-                    break
-            d = (validate(cfg, result=res, calibration=used) if kind == "llm"
-                 else validate_dlrm(cfg, result=res, calibration=used))
+            ds = [validate(cfg, result=res, calibration=cal) if kind == "llm"
+                  else validate_dlrm(cfg, result=res, calibration=cal)
+                  for res, _ in runs[label]]
+            steps = [t for d in ds for t in d["steps_s"]]
+            tries = [t for _, tr in runs[label] for t in tr]
+            measured = statistics.median(steps)
+            predicted = ds[0]["predicted_step_time_s"]
+            flagged = sum(tr[-1] > OTHER_CORES_LIMIT for _, tr in runs[label])
             row = {"config": label, "kind": kind,
-                   "predicted_step_time_s": d["predicted_step_time_s"],
-                   "measured_step_time_s": d["measured_step_time_s"],
-                   "relative_error": d["relative_error"], "steps_s": d["steps_s"],
-                   "structure_match": d["structure"]["match"],
-                   "other_cores": tries[-1], "retries": len(tries) - 1,
-                   "flagged": tries[-1] > OTHER_CORES_LIMIT, "per_kind": d["per_kind"]}
+                   "predicted_step_time_s": predicted, "measured_step_time_s": measured,
+                   "relative_error": (predicted - measured) / measured, "steps_s": steps,
+                   "round_medians_s": [d["measured_step_time_s"] for d in ds],
+                   "structure_match": all(d["structure"]["match"] for d in ds),
+                   "other_cores": max(tries), "retries": len(tries) - len(ds),
+                   "flagged": flagged > 0, "per_kind": [d["per_kind"] for d in ds]}
             rows.append(row)
-            print(f"{label:20s} predicted {row['predicted_step_time_s'] * 1e3:8.1f} ms  measured "
-                  f"{row['measured_step_time_s'] * 1e3:8.1f} ms  error "
-                  f"{row['relative_error']:+6.1%}  other cores {row['other_cores']:.2f}"
-                  + ("  FLAGGED" if row["flagged"] else "")
-                  + (f"  retried {row['retries']}×" if row["retries"] else ""), flush=True)
+            rm = ", ".join(f"{t * 1e3:.0f}" for t in row["round_medians_s"])
+            print(f"{label:20s} predicted {predicted * 1e3:8.1f} ms  measured "
+                  f"{measured * 1e3:8.1f} ms ({rm})  error {row['relative_error']:+6.1%}  "
+                  f"other cores ≤ {row['other_cores']:.2f}"
+                  + (f"  FLAGGED in {flagged} round(s)" if flagged else "")
+                  + (f"  retried {row['retries']}×" if row["retries"] else "")
+                  + ("" if row["structure_match"] else "  STRUCTURE MISMATCH"), flush=True)
     errs = [abs(r["relative_error"]) for r in rows]
     tau = kendall_tau([r["predicted_step_time_s"] for r in rows],
                       [r["measured_step_time_s"] for r in rows]) if len(rows) > 1 else None

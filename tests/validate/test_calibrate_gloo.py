@@ -9,7 +9,10 @@ import sys
 
 import pytest
 
-from planner.validate.calibrate import GlooCalibration, measure_gloo
+from planner.validate.calibrate import (GlooCalibration, measure_gloo, measure_gloo_raw,
+                                        profile_from_raw)
+from planner.validate.calibrate_dlrm import merge_torchrec
+from planner.validate.runner import Pool
 from simulator.gloo_profile import gloo_profile_from_dict
 
 
@@ -45,3 +48,37 @@ def test_quick_real_calibration_loads_and_is_plausible():
     assert doc["noise"]["comm"]["allreduce"]["median"] >= 0
     assert doc["measured"]["processes"] == 2 and "other_cores" in doc["measured"]
     assert [g for g, _ in prof.wake_penalty_s] == sorted(g for g, _ in prof.wake_penalty_s)
+
+
+def test_calibration_runs_spread_over_time_merge_as_rounds():
+    """Two one-round runs (as the timing benchmark spreads them between its configurations)
+    make one two-round profile: every entry between the two runs' own values, the spread
+    between them recorded as the noise."""
+    cfg = GlooCalibration(rounds=1, repeats=3, quick=True, torchrec=False,
+                          sizes=(4, 4096, 262144, 1048576))
+    with Pool(2) as pool:
+        raws = [measure_gloo_raw(cfg, pool=pool) for _ in range(2)]
+    one = [profile_from_raw([r]) for r in raws]
+    both = profile_from_raw(raws)
+    assert both["measured"]["rounds"] == 2 and both["measured"]["runs"] == 2
+    for kind in ("allreduce", "reducescatter"):
+        big = [d["comm"][f"{kind}@2"][-1][1] for d in one]
+        got = both["comm"][f"{kind}@2"][-1][1]
+        assert min(big) * 0.999 <= got <= max(big) * 1.001
+    peaks = [d["compute"]["peak_fp32_flops"] for d in one]
+    assert min(peaks) * 0.999 <= both["compute"]["peak_fp32_flops"] <= max(peaks) * 1.001
+    assert both["noise"]["matmul"]["max"] > 0           # two rounds: a spread exists
+    assert all(d["noise"]["matmul"]["max"] == 0 for d in one)
+    gloo_profile_from_dict(both, source="merged")
+
+
+def test_torchrec_probe_sections_merge_as_more_runs():
+    sec = lambda t, spread: {"what": "x", "world": 2, "steps": 15, "warmup": 3, "rounds": 1,
+                             "probes": [{"sharding_type": "table_wise", "size": "small",
+                                         "step_s": t, "runs_s": [t], "spread": spread}]}
+    assert merge_torchrec([]) is None
+    m = merge_torchrec([sec(0.010, 0.1), sec(0.014, 0.3)])
+    assert m["rounds"] == 2
+    (p,) = m["probes"]
+    assert p["runs_s"] == [0.010, 0.014] and p["step_s"] == pytest.approx(0.012)
+    assert p["spread"] == 0.3
