@@ -46,8 +46,10 @@ def _collect(a: argparse.Namespace) -> int:
     from simulator.errors import SpecError
     from .collect import CollectConfig, collect
     for name in ("samples", "comm_samples", "passes", "repeats", "max_tables"):
-        if getattr(a, name) < (1 if name in ("passes", "repeats", "max_tables") else 0):
-            raise SpecError(f"--{name.replace('_', '-')} must be ≥ 0, got {getattr(a, name)}",
+        least = 1 if name in ("passes", "repeats", "max_tables") else 0
+        if getattr(a, name) < least:
+            flag = f"--{name.replace('_', '-')}"
+            raise SpecError(f"{flag} must be ≥ {least}, got {getattr(a, name)}",
                             source=f"--{name.replace('_', '-')}", fix="pass a positive count")
     if a.comm_devices < 2:
         raise SpecError(f"--comm-devices must be ≥ 2, got {a.comm_devices}",
