@@ -171,6 +171,30 @@ class NeuroShardPlanner:
         return make_plan(problem, shardings, self.name, stats)
 
 
+def learned_plan_cost_ms(task: ShardingTask, devices: int, shardings, *, predictor=None
+                         ) -> float | None:
+    """The learned cost (ms per step, max over devices, as the search scores its states) of any
+    plan whose tables are all table- or column-wise; None when another type occurs (the
+    learned model times fused TW/CW lookups only). Used to rank other planners' plans."""
+    from .weights import load_predictor
+    if any(ts.sharding_type not in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE)
+           for ts in shardings):
+        return None
+    pred = predictor or load_predictor(check_hardware=False)
+    problem = prepare(task, devices)
+    model = problem.model
+    factor = pred.batch / model.batch_size
+    recs = [[max(1.0, round(t.num_embeddings * factor)), t.embedding_dim,
+             t.pooling_factor] + _bins(t, model.batch_size) for t in model.tables]
+    ctx = _Context(problem, pred, recs, [], factor, np.array(problem.capacity_bytes, float))
+    units, ranks = [], []
+    for ts in shardings:
+        for k, sh in enumerate(ts.shards):
+            units.append((ts.table, k, sh.cols))
+            ranks.append(sh.rank)
+    return ctx.score(units, ranks)
+
+
 def _halve(state, unit):
     """The state with shard ``unit = (table, k, width)`` cut into two halves."""
     t, k, w = unit

@@ -43,6 +43,8 @@ def main() -> int:
     from planner.sharding.measure import cpu_topology_ref, measure_many, scale_model
     from planner.sharding.planners import get_planner
     from planner.sharding.task import prepare
+    from planner.costmodel.planner import learned_plan_cost_ms
+    predictor = load_predictor(check_hardware=False)
     rows = []
     for i, bt in enumerate(neuroshard_tasks(a.seed, a.tasks)):
         for scaled in (True, False):
@@ -64,7 +66,9 @@ def main() -> int:
                 wall = time.perf_counter() - t
                 rows.append({"task": i, "tables": model.num_tables, "scaled": scaled,
                              "planner": name, "wall_s": wall, "valid": plans[name].valid,
-                             "analytic_max_ms": plans[name].max_cost_s * 1e3})
+                             "analytic_max_ms": plans[name].max_cost_s * 1e3,
+                             "learned_max_ms": learned_plan_cost_ms(
+                                 task, 4, plans[name].shardings, predictor=predictor)})
             if scaled and a.measure:
                 ms = measure_many(prepare(task, 4), [p.shardings for p in plans.values()],
                                   repeats=a.repeats)
@@ -97,6 +101,25 @@ def main() -> int:
                         "mean": round(statistics.mean(ratios), 4),
                         "median": round(statistics.median(ratios), 4),
                         "wins": sum(x < 1 for x in ratios), "tasks": len(ratios)}
+    # plan rankings: per measured task, Kendall's tau of the learned and of the analytic cost
+    # against the measured one, over the plans the learned model can cost (TW/CW only)
+    from scipy.stats import kendalltau
+    taus: dict[str, list] = {"learned": [], "analytic": []}
+    for i in sorted({r["task"] for r in rows}):
+        got = [r for r in rows if r["task"] == i and r["scaled"] and r["valid"]
+               and "measured_max_ms" in r and r.get("learned_max_ms") is not None]
+        if len(got) < 3:
+            continue
+        meas = [r["measured_max_ms"] for r in got]
+        for key in taus:
+            taus[key].append(float(kendalltau([r[f"{key}_max_ms"] for r in got],
+                                              meas).statistic))
+    for key, v in taus.items():
+        v = [x for x in v if x == x]
+        if v:
+            summary[f"plan_ranking_tau_{key}_vs_measured"] = {
+                "mean": round(statistics.mean(v), 3), "median": round(statistics.median(v), 3),
+                "tasks": len(v)}
     print(json.dumps(summary, indent=1))
     if a.out:
         out = Path(a.out)

@@ -61,3 +61,11 @@ def test_planner_neuroshard_returns_a_valid_plan():
         note = next(n for n in plan.stats.notes if n.startswith("learned cost"))
         return float(note.split("predicted max ")[1].split(" ms")[0])
     assert learned(cw) <= learned(tw) + 1e-9   # the beam keeps the best, halvings or not
+    # any TW/CW plan is costed as the search scores its own states; other types are not
+    from planner.costmodel.planner import learned_plan_cost_ms
+    from planner.sharding.shards import row_wise
+    assert learned_plan_cost_ms(task, 4, tw.shardings) == pytest.approx(learned(tw), abs=1e-3)
+    assert learned_plan_cost_ms(task, 4, cw.shardings) == pytest.approx(learned(cw), abs=1e-3)
+    t0 = model.tables[0]
+    rw = (row_wise(0, t0.name, t0.num_embeddings, t0.embedding_dim, 4),) + tw.shardings[1:]
+    assert learned_plan_cost_ms(task, 4, rw) is None
