@@ -27,7 +27,8 @@ import numpy as np
 
 from .features import NUM_FEATURES, aggregate_vector, parse_table_records, table_matrix
 
-__all__ = ["ComputeNet", "ComputeEnsemble", "CommNet", "train", "mape", "kendall_tau", "load_dataset", "Dataset"]
+__all__ = ["ComputeNet", "ComputeEnsemble", "CommNet", "train", "mape", "kendall_tau",
+           "load_dataset", "Dataset"]
 
 
 def _torch():

@@ -84,9 +84,7 @@ class NeuroShardPlanner:
         notes = [str(w.message) for w in caught]
         model = problem.model
         n = problem.devices
-        factor = pred.batch / model.batch_size
-        recs = [[max(1.0, round(t.num_embeddings * factor)), t.embedding_dim,
-                 t.pooling_factor] + _bins(t, model.batch_size) for t in model.tables]
+        recs, factor = _table_records(model, pred)
         cap = np.array(problem.capacity_bytes, dtype=float)
         full = [shard_memory_bytes(t, t.num_embeddings, t.embedding_dim,
                                    ShardingType.TABLE_WISE, model.optimizer)
@@ -171,6 +169,15 @@ class NeuroShardPlanner:
         return make_plan(problem, shardings, self.name, stats)
 
 
+def _table_records(model, pred) -> tuple[list, float]:
+    """The predictor's per-table records ``[rows, dim, pooling, bins…]`` at its training batch
+    (rows scaled by ``factor = batch_trained / batch``), and that factor."""
+    factor = pred.batch / model.batch_size
+    recs = [[max(1.0, round(t.num_embeddings * factor)), t.embedding_dim,
+             t.pooling_factor] + _bins(t, model.batch_size) for t in model.tables]
+    return recs, factor
+
+
 def learned_plan_cost_ms(task: ShardingTask, devices: int, shardings, *, predictor=None
                          ) -> float | None:
     """The learned cost (ms per step, max over devices, as the search scores its states) of any
@@ -183,9 +190,7 @@ def learned_plan_cost_ms(task: ShardingTask, devices: int, shardings, *, predict
     pred = predictor or load_predictor(check_hardware=False)
     problem = prepare(task, devices)
     model = problem.model
-    factor = pred.batch / model.batch_size
-    recs = [[max(1.0, round(t.num_embeddings * factor)), t.embedding_dim,
-             t.pooling_factor] + _bins(t, model.batch_size) for t in model.tables]
+    recs, factor = _table_records(model, pred)
     ctx = _Context(problem, pred, recs, [], factor, np.array(problem.capacity_bytes, float))
     units, ranks = [], []
     for ts in shardings:
