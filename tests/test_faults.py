@@ -234,5 +234,8 @@ def test_diagnose_reads_simulated_and_real_profiler_traces(tmp_path, capsys):
         files.append(str(path))
     assert main(["diagnose", *files, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert [s["rank"] for s in d["stragglers"]] == [3]
+    # the 4x rank is found first and about 4x the median; a healthy rank that another tenant
+    # slowed by a few percent may be named after it (it was slower), never near 4x
+    assert d["stragglers"][0]["rank"] == 3 and 2.5 < d["stragglers"][0]["slowdown"] < 6
+    assert all(s["slowdown"] < 1.6 for s in d["stragglers"][1:])
     assert main(["diagnose", str(tmp_path / "missing.json")]) == 2
