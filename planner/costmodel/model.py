@@ -283,6 +283,33 @@ def train_comm_net(x, y, tr, va, *, seed: int = 0, epochs: int = 300, lr: float 
     return net
 
 
+def additive_members(net) -> list | None:
+    """The additive nets whose log-times ``net`` averages (itself when single), or None when
+    ``net`` is not additive (its device time is then not a sum of per-table terms)."""
+    members = list(net.members) if hasattr(net, "members") else [net]
+    return members if all(getattr(m, "kind", None) == "additive" for m in members) else None
+
+
+def table_terms(members, mat: np.ndarray) -> np.ndarray:
+    """Per table and member, the additive term ``exp(w·z + b)`` in ms: (tables, members)."""
+    torch = _torch()
+    x = torch.from_numpy(np.asarray(mat, dtype=np.float32))
+    with torch.no_grad():
+        cols = [torch.exp(m.out(m.table((x - m.mean) / m.std)).squeeze(-1)) for m in members]
+    return torch.stack(cols, dim=1).numpy().astype(float)
+
+
+def member_overheads(members) -> np.ndarray:
+    """Per member, the learned kernel overhead ``exp(overhead)`` in ms."""
+    return np.array([float(m.overhead.detach().exp()) for m in members])
+
+
+def combine_terms(terms: np.ndarray, overheads: np.ndarray) -> float:
+    """A device's ms from its tables' terms (tables, members): the members' log-mean of
+    ``Σ terms + overhead`` — what the ensemble's forward computes, without torch."""
+    return float(np.exp(np.mean(np.log(terms.sum(axis=0) + overheads))))
+
+
 def predict_compute(net, mats) -> np.ndarray:
     torch = _torch()
     with torch.no_grad():

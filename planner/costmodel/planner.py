@@ -1,29 +1,30 @@
 """``--planner neuroshard``: NeuroShard's greedy grid search and column-wise beam search over the
-learned cost.
+learned cost, then a local search on the full objective.
 
 For each cap ``s`` in {1.0, 1.05, …, 1.5}: tables sorted by their predicted single-table cost,
 largest first; each goes to the device with the lowest predicted fused cost among the devices
 where its memory fits and the device's dim sum stays ≤ ``s ×`` the mean dim sum per device
 (ties: less memory used); the device's cost is then re-predicted on its whole table multiset
-(memoised). Every feasible grid point's plan is scored with the full objective and the best
-kept: ``max_r C_r + A_bw,r + A_fw,r`` with the learned compute ``C`` and, when comm nets for
-this device count were shipped, the learned all-to-alls (the forward one with the straggler
-waits ``w_r = (C_r + A_bw,r) − min``); otherwise the analytic model's communication terms of
-the plan.
-
-The shipped model was trained at one global batch (:attr:`Predictor.batch`, 4,096); a task with
-another batch is mapped to it by scaling rows by ``batch_trained / batch`` and the predicted
-times back by ``batch / batch_trained`` (distinct rows and lookups scale alike) — exact for
-tasks scaled like the training data, an approximation otherwise. Tables that fit no single
-device go row-wise (when allowed) and are costed by the analytic model only.
+(memoised). Every feasible grid point's plan is scored with the full objective
+(:class:`~.objective.Objective`: ``max_r C_r + A_bw,r + A_fw,r`` with the learned compute and,
+when comm nets for this device count were shipped, the learned all-to-alls; otherwise the
+analytic model's communication) and the best kept. Tables that fit no single device go
+row-wise (when allowed), costed as row blocks.
 
 **Column-wise beam search** (NeuroShard's second stage): from the table-wise plan, at each depth
 and for each of the ``beam`` (3) best states, the candidates are the top ``candidates`` (10)
 shards by size and by predicted single-shard cost whose width halves into multiples of 4 (and
 whose table allows column-wise); each is halved and the whole grid search rerun. The ``beam``
-best new states go on; the search stops when no candidate is valid, after ``depth`` (10)
-halvings or at the time limit (``time_limit_s``, default 8 s), and returns the best plan seen
-(zero halvings included). Halves that land on one device are merged into one shard.
+best new states go on; the search stops when no candidate is valid or after ``depth`` (10)
+halvings or ``max_grids`` grid searches, and returns the best plan seen (zero halvings
+included). Halves that land on one device are one shard.
+
+**Local search** (``refine``, :mod:`.refine`; the improvements of the reference notes):
+moves, swaps, column splits that need not be halvings and row-wise for hot tables, descending
+on the full objective from the search's plan; never worse than it.
+
+Each stage's work is bounded by counts (grid searches, objective evaluations), so the plan
+depends only on the inputs; ``time_limit_s`` (default 8 s) is a safety stop, noted when hit.
 """
 
 from __future__ import annotations
@@ -32,42 +33,39 @@ import time
 
 import numpy as np
 
-from planner.sharding.access import default_reuse_bins, zipf_reuse
 from planner.sharding.memory import check_feasible, shard_memory_bytes
-from planner.sharding.plan import Plan, PlannerStats, evaluate_shardings, make_plan
-from planner.sharding.shards import ShardingType, table_wise
+from planner.sharding.plan import Plan, PlannerStats, make_plan
+from planner.sharding.shards import ShardingType
 from planner.sharding.task import ShardingTask, prepare
 
-__all__ = ["NeuroShardPlanner", "GRID"]
+from .objective import Objective
+from .refine import refine as local_search
+
+__all__ = ["NeuroShardPlanner", "GRID", "learned_plan_cost_ms"]
 
 GRID = tuple(round(1.0 + 0.05 * i, 2) for i in range(11))
-_COMM_KEYS = ("input_a2a_s", "output_a2a_fwd_s", "output_a2a_bwd_s", "row_wise_comm_s",
-              "table_row_wise_comm_s", "data_parallel_allreduce_s")
-
-
-def _bins(t, batch: int):
-    if t.reuse_bins is not None:
-        return list(t.reuse_bins)
-    if t.zipf_exponent is not None:
-        return list(zipf_reuse(float(t.zipf_exponent), int(t.num_embeddings),
-                               float(batch * t.pooling_factor))[0])
-    return list(default_reuse_bins())
 
 
 class NeuroShardPlanner:
-    """Greedy grid search (and column-wise beam search) on the learned cost (module docstring).
+    """Greedy grid search, column-wise beam search and local search on the learned cost
+    (module docstring).
 
-    ``beam=0`` keeps the plan table-wise; otherwise ``beam`` sequences, ``candidates`` shards
-    per ranking and ``depth`` halvings at most, within ``time_limit_s`` (default 8 s).
+    ``beam=0`` skips the beam search (table-wise grid search only); otherwise ``beam``
+    sequences, ``candidates`` shards per ranking, ``depth`` halvings and ``max_grids`` grid
+    searches at most. ``refine``: the local search, with at most ``refine_evals`` objective
+    evaluations.
     """
 
     name = "neuroshard"
 
     def __init__(self, weights=None, grid=GRID, beam: int = 3, candidates: int = 10,
-                 depth: int = 10) -> None:
+                 depth: int = 10, max_grids: int = 601, refine: bool = True,
+                 refine_evals: int = 20000) -> None:
         self.weights = weights
         self.grid = tuple(grid)
         self.beam, self.candidates, self.depth = int(beam), int(candidates), int(depth)
+        self.max_grids = int(max_grids)
+        self.refine, self.refine_evals = bool(refine), int(refine_evals)
 
     def plan(self, task: ShardingTask, devices: int, *, seed: int = 0,
              time_limit_s: float | None = None) -> Plan:
@@ -75,6 +73,7 @@ class NeuroShardPlanner:
         from .weights import HardwareMismatchWarning, load_predictor
         t0 = time.perf_counter()
         limit = 8.0 if time_limit_s is None else float(time_limit_s)
+        deadline = t0 + limit
         problem = prepare(task, devices)
         check_feasible(problem, (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
                                  ShardingType.ROW_WISE))
@@ -84,7 +83,6 @@ class NeuroShardPlanner:
         notes = [str(w.message) for w in caught]
         model = problem.model
         n = problem.devices
-        recs, factor = _table_records(model, pred)
         cap = np.array(problem.capacity_bytes, dtype=float)
         full = [shard_memory_bytes(t, t.num_embeddings, t.embedding_dim,
                                    ShardingType.TABLE_WISE, model.optimizer)
@@ -92,42 +90,52 @@ class NeuroShardPlanner:
         rowwise = [i for i, m in enumerate(full) if m > cap.max()
                    and problem.allowed(i, ShardingType.ROW_WISE)]
         tw = [i for i in range(model.num_tables) if i not in rowwise]
-        ctx = _Context(problem, pred, recs, rowwise, factor, cap)
+        obj = Objective(problem, pred, forced_rowwise=rowwise)
+        base_used = obj.memory([], [])
         mean_dim = sum(model.tables[i].embedding_dim for i in tw) / n
         state0 = tuple((i, (model.tables[i].embedding_dim,)) for i in tw)
+        # the beam stops at 75% of the time limit so that the local search has time left
+        beam_deadline = t0 + (0.75 if self.refine else 1.0) * limit
+        stops = []
 
         def grid(state):
-            units = ctx.units(state)
-            order = sorted(range(len(units)), key=lambda k: (-ctx.single(units[k]), k))
+            units = obj.units(state)
+            order = sorted(range(len(units)), key=lambda k: (-obj.single(units[k]), k))
             best = None
             for s in self.grid:
-                ranks = ctx.grid_point(units, order, s * mean_dim)
+                ranks = _grid_point(obj, units, order, s * mean_dim, base_used)
                 if ranks is None:
                     continue
-                score = ctx.score(units, ranks)
+                score = obj.score(units, ranks)
                 if best is None or score < best[0] - 1e-12:
                     best = (score, state, units, ranks, s)
             return best
 
         best = grid(state0)
         if best is None:           # no grid point kept the dim cap: memory-only greedy
-            units = ctx.units(state0)
-            order = sorted(range(len(units)), key=lambda k: (-ctx.single(units[k]), k))
-            ranks = ctx.grid_point(units, order, float("inf"))
+            units = obj.units(state0)
+            order = sorted(range(len(units)), key=lambda k: (-obj.single(units[k]), k))
+            ranks = _grid_point(obj, units, order, float("inf"), base_used)
             if ranks is None:
-                ranks = [int(np.argmin(ctx.unit_mem(u) * 0 + np.arange(n))) for u in units]
+                ranks = [k % n for k in range(len(units))]
                 notes.append("no device has room for every table; plan is over memory")
-            best = (ctx.score(units, ranks), state0, units, ranks, None)
-        grids, depth_done, timed_out = 1, 0, False
+            best = (obj.score(units, ranks), state0, units, ranks, None)
+        tw_best = best
+        grids, depth_done = 1, 0
         beams = [best]
         seen = {state0}
         if self.beam > 0 and n >= 2:
             for depth in range(self.depth):
                 found = []
                 for b in beams:
-                    for cand in ctx.candidates(b[1], self.candidates):
-                        if time.perf_counter() - t0 > limit:
-                            timed_out = True
+                    for cand in _candidates(obj, b[1], self.candidates):
+                        if grids >= self.max_grids:
+                            stops.append(f"beam search stopped at its {self.max_grids} grid "
+                                         "searches")
+                            break
+                        if time.perf_counter() > beam_deadline:
+                            stops.append(f"time limit {limit:g} s: beam search stopped at "
+                                         f"depth {depth + 1}")
                             break
                         new = _halve(b[1], cand)
                         if new in seen:
@@ -137,7 +145,7 @@ class NeuroShardPlanner:
                         r = grid(new)
                         if r is not None:
                             found.append(r)
-                    if timed_out:
+                    if stops:
                         break
                 if not found:
                     break
@@ -146,16 +154,35 @@ class NeuroShardPlanner:
                 beams = found[:self.beam]
                 if found[0][0] < best[0] - 1e-12:
                     best = found[0]
-                if timed_out:
+                if stops:
                     break
         score, state, units, ranks, s_best = best
-        shardings = ctx.layouts(units, ranks)
         splits = sum(len(w) - 1 for _, w in state)
         notes.append(f"learned cost: predicted max {score:.3f} ms per step at batch "
-                     f"{model.batch_size} (cap s={s_best}, {splits} column halvings, "
-                     f"{grids} grid searches, beam depth {depth_done})")
-        if timed_out:
-            notes.append(f"time limit {limit:g} s: beam search stopped at depth {depth_done + 1}")
+                     f"{model.batch_size} after the grid search (cap s={s_best}, {splits} "
+                     f"column halvings, {grids} grid searches, beam depth {depth_done})")
+        rw_final = frozenset()
+        if self.refine and n >= 2:
+            # from the beam's plan and from the table-wise one: the halvings the beam chose on
+            # the compute-only grid can be a worse start for the full objective
+            starts = [("beam", best), ("table-wise", tw_best)] if tw_best is not best \
+                else [("table-wise", tw_best)]
+            results = []
+            for label, (_, _, u0, r0, _) in starts:
+                res = local_search(obj, u0, r0, max_evals=self.refine_evals,
+                                   deadline=deadline)
+                results.append((res.score_ms, len(results), label, res))
+                done = ", ".join(f"{v} {k}" for k, v in sorted(res.moves.items())) \
+                    or "no move"
+                notes.append(f"local search from the {label} plan: {res.start_ms:.3f} → "
+                             f"{res.score_ms:.3f} ms predicted ({done}; {res.evals} "
+                             f"evaluations, stopped: {res.stopped_by})")
+                if res.stopped_by == "deadline":
+                    stops.append(f"time limit {limit:g} s: local search stopped early")
+            res = min(results)[3]
+            units, ranks, rw_final = res.units, res.ranks, res.rowwise
+        notes += stops
+        shardings = obj.layouts(units, ranks, rw_final)
         if rowwise:
             notes.append(f"{len(rowwise)} tables row-wise (fit no single device)")
         if not problem.topology_ref.startswith("localhost"):
@@ -163,41 +190,34 @@ class NeuroShardPlanner:
                          f"{problem.topology.gpu.name}: collect and train on the target to plan "
                          "for it")
         if pred.batch != model.batch_size:
-            notes.append(f"model trained at batch {pred.batch}: rows scaled by {factor:.4g}")
+            notes.append(f"model trained at batch {pred.batch}: rows scaled by "
+                         f"{obj.factor:.4g}")
         stats = PlannerStats(wall_s=time.perf_counter() - t0, status="heuristic", seed=seed,
                              time_limit_s=time_limit_s, notes=tuple(notes))
         return make_plan(problem, shardings, self.name, stats)
 
 
-def _table_records(model, pred) -> tuple[list, float]:
-    """The predictor's per-table records ``[rows, dim, pooling, bins…]`` at its training batch
-    (rows scaled by ``factor = batch_trained / batch``), and that factor."""
-    factor = pred.batch / model.batch_size
-    recs = [[max(1.0, round(t.num_embeddings * factor)), t.embedding_dim,
-             t.pooling_factor] + _bins(t, model.batch_size) for t in model.tables]
-    return recs, factor
-
-
 def learned_plan_cost_ms(task: ShardingTask, devices: int, shardings, *, predictor=None
                          ) -> float | None:
     """The learned cost (ms per step, max over devices, as the search scores its states) of any
-    plan whose tables are all table- or column-wise; None when another type occurs (the
-    learned model times fused TW/CW lookups only). Used to rank other planners' plans."""
+    plan whose tables are all table-, column- or row-wise; None when another type occurs (the
+    learned model times fused lookups of those only). Used to rank other planners' plans."""
     from .weights import load_predictor
-    if any(ts.sharding_type not in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE)
-           for ts in shardings):
+    kinds = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE)
+    if any(ts.sharding_type not in kinds for ts in shardings):
         return None
     pred = predictor or load_predictor(check_hardware=False)
     problem = prepare(task, devices)
-    model = problem.model
-    recs, factor = _table_records(model, pred)
-    ctx = _Context(problem, pred, recs, [], factor, np.array(problem.capacity_bytes, float))
-    units, ranks = [], []
+    obj = Objective(problem, pred)
+    units, ranks, rw = [], [], set()
     for ts in shardings:
+        if ts.sharding_type == ShardingType.ROW_WISE:
+            rw.add(ts.table)
+            continue
         for k, sh in enumerate(ts.shards):
             units.append((ts.table, k, sh.cols))
             ranks.append(sh.rank)
-    return ctx.score(units, ranks)
+    return obj.score(units, ranks, frozenset(rw))
 
 
 def _halve(state, unit):
@@ -213,115 +233,45 @@ def _halve(state, unit):
     return tuple(out)
 
 
-class _Context:
-    """Per-plan caches: unit records, memory, single-unit costs, scoring and layouts."""
+def _candidates(obj: Objective, state, k: int):
+    """Top-k shards by size ∪ top-k by predicted cost that may be halved."""
+    units = [u for u in obj.units(state)
+             if u[2] % 8 == 0 and obj.problem.allowed(u[0], ShardingType.COLUMN_WISE)]
+    by_size = sorted(units, key=lambda u: (-obj.unit_mem(u), u))[:k]
+    by_cost = sorted(units, key=lambda u: (-obj.single(u), u))[:k]
+    out = []
+    for u in by_size + by_cost:
+        if u not in out:
+            out.append(u)
+    return out
 
-    def __init__(self, problem, pred, recs, rowwise, factor, cap) -> None:
-        self.problem, self.pred, self.recs = problem, pred, recs
-        self.rowwise, self.factor, self.cap = rowwise, factor, cap
-        self.n = problem.devices
-        self._mem: dict = {}
-        self._single: dict = {}
 
-    @staticmethod
-    def units(state):
-        return [(t, k, w) for t, widths in state for k, w in enumerate(widths)]
-
-    def rec(self, unit):
-        r = list(self.recs[unit[0]])
-        r[1] = unit[2]
-        return r
-
-    def unit_mem(self, unit) -> float:
-        key = (unit[0], unit[2])
-        if key not in self._mem:
-            t = self.problem.model.tables[unit[0]]
-            st = ShardingType.TABLE_WISE if unit[2] == t.embedding_dim \
-                else ShardingType.COLUMN_WISE
-            self._mem[key] = float(shard_memory_bytes(t, t.num_embeddings, unit[2], st,
-                                                      self.problem.model.optimizer))
-        return self._mem[key]
-
-    def single(self, unit) -> float:
-        key = (unit[0], unit[2])
-        if key not in self._single:
-            self._single[key] = float(self.pred.compute_ms([[self.rec(unit)]])[0])
-        return self._single[key]
-
-    def candidates(self, state, k: int):
-        """Top-k shards by size ∪ top-k by predicted cost that may be halved."""
-        units = [u for u in self.units(state)
-                 if u[2] % 8 == 0 and self.problem.allowed(u[0], ShardingType.COLUMN_WISE)]
-        by_size = sorted(units, key=lambda u: (-self.unit_mem(u), u))[:k]
-        by_cost = sorted(units, key=lambda u: (-self.single(u), u))[:k]
-        out = []
-        for u in by_size + by_cost:
-            if u not in out:
-                out.append(u)
-        return out
-
-    def grid_point(self, units, order, dim_cap):
-        n = self.n
-        used = np.zeros(n)
-        dsum = np.zeros(n)
-        cost = np.zeros(n)
-        members: list[list] = [[] for _ in range(n)]
-        ranks = [0] * len(units)
-        for k in order:
-            u = units[k]
-            m = self.unit_mem(u)
-            ok = [r for r in range(n) if used[r] + m <= self.cap[r]
-                  and dsum[r] + u[2] <= dim_cap + 1e-9]
-            if not ok:
-                return None
-            r = min(ok, key=lambda r: (cost[r], used[r], r))
-            ranks[k] = r
-            used[r] += m
-            dsum[r] += u[2]
-            members[r].append(self.rec(u))
-            cost[r] = self.pred.compute_ms([members[r]])[0]
-        return ranks
-
-    def score(self, units, ranks) -> float:
-        n, pred, factor = self.n, self.pred, self.factor
-        members: list[list] = [[] for _ in range(n)]
-        dsum = np.zeros(n)
-        for u, r in zip(units, ranks):
-            members[r].append(self.rec(u))
-            dsum[r] += u[2]
-        comp = pred.compute_ms(members) / factor
-        comm = None if self.rowwise else pred.comm_ms(list(dsum), [0.0] * n)
-        if comm is not None:
-            bwd = comm[1] / factor
-            base = comp + bwd
-            waits = base - base.min()
-            fwd = pred.comm_ms(list(dsum), list(waits * factor))[0] / factor
-            per = comp + bwd + fwd
+def _grid_point(obj: Objective, units, order, dim_cap: float, base_used):
+    """One grid point: each unit (in ``order``) to the device with the lowest predicted fused
+    cost among those with memory room and dim sum ≤ ``dim_cap``; None when one fits nowhere."""
+    n = obj.n
+    used = np.array(base_used, dtype=float)
+    dsum = np.zeros(n)
+    cost = np.zeros(n)
+    pred = obj.pred
+    members: list[list] = [[] for _ in range(n)]
+    summed = [0.0] * n                  # additive nets: the device's summed per-table terms
+    ranks = [0] * len(units)
+    for k in order:
+        u = units[k]
+        m = obj.unit_mem(u)
+        ok = [r for r in range(n) if used[r] + m <= obj.cap[r]
+              and dsum[r] + u[2] <= dim_cap + 1e-9]
+        if not ok:
+            return None
+        r = min(ok, key=lambda r: (cost[r], used[r], r))
+        ranks[k] = r
+        used[r] += m
+        dsum[r] += u[2]
+        if pred.additive:
+            summed[r] = summed[r] + pred.terms(obj.rec(u))
+            cost[r] = pred.combine(summed[r])
         else:
-            ev = evaluate_shardings(self.problem, self.layouts(units, ranks))
-            per = comp + sum(np.asarray(ev.breakdown_s[k]) for k in _COMM_KEYS) * 1e3
-        return float(per.max())
-
-    def layouts(self, units, ranks):
-        from planner.sharding.shards import column_wise, row_wise
-        model = self.problem.model
-        parts: dict[int, list] = {}
-        for u, r in zip(units, ranks):
-            parts.setdefault(u[0], []).append((r, u[2]))
-        out = []
-        for i, t in enumerate(model.tables):
-            if i not in parts:
-                out.append(row_wise(i, t.name, t.num_embeddings, t.embedding_dim,
-                                    self.problem.devices))
-                continue
-            per_rank: dict[int, int] = {}
-            for r, w in parts[i]:
-                per_rank[r] = per_rank.get(r, 0) + w
-            if len(per_rank) == 1:
-                out.append(table_wise(i, t.name, t.num_embeddings, t.embedding_dim,
-                                      next(iter(per_rank))))
-            else:
-                rs = sorted(per_rank)
-                out.append(column_wise(i, t.name, t.num_embeddings, t.embedding_dim, rs,
-                                       [per_rank[r] for r in rs]))
-        return tuple(out)
+            members[r].append(obj.rec(u))
+            cost[r] = pred.compute_ms([members[r]])[0]
+    return ranks

@@ -90,8 +90,16 @@ class Predictor:
         self.batch = int(meta["batch"])
         self.comm_devices = meta["architecture"].get("bwd_net", {}).get("devices")
         self._memo: dict = {}
+        from .model import additive_members, member_overheads
+        #: additive nets: a device's time is a function of per-table terms, cached per record
+        self._members = additive_members(compute)
+        self._overheads = None if self._members is None else member_overheads(self._members)
+        self._terms: dict = {}
+        self._comm_np = None
 
     def compute_ms(self, tables_per_device: Sequence[Sequence[Sequence[float]]]) -> np.ndarray:
+        if self._members is not None:
+            return self._compute_additive(tables_per_device)
         from .model import predict_compute
         out = np.zeros(len(tables_per_device))
         todo, mats = [], []
@@ -111,16 +119,64 @@ class Predictor:
                 out[i] = float(p)
         return out
 
+    @property
+    def additive(self) -> bool:
+        """Whether a device's time is a function of per-table terms (:meth:`terms`)."""
+        return self._members is not None
+
+    def terms(self, rec: Sequence[float]) -> np.ndarray:
+        """Per member, the additive term (ms) of one table record (cached); additive nets only.
+        A device's time is :meth:`combine` of its tables' summed terms."""
+        key = tuple(rec)
+        if key not in self._terms:
+            from .model import table_terms
+            self._terms[key] = table_terms(self._members,
+                                           table_matrix([list(key)], batch=self.batch))[0]
+        return self._terms[key]
+
+    def combine(self, summed_terms: np.ndarray) -> float:
+        """A device's ms from the sum of its tables' :meth:`terms`."""
+        return float(np.exp(np.log(summed_terms + self._overheads).mean()))
+
+    def _compute_additive(self, tables_per_device) -> np.ndarray:
+        from .model import combine_terms, table_terms
+        keys = [[tuple(r) for r in recs] for recs in tables_per_device]
+        todo = sorted({k for ks in keys for k in ks if k not in self._terms})
+        if todo:
+            terms = table_terms(self._members, table_matrix([list(k) for k in todo],
+                                                            batch=self.batch))
+            self._terms.update(zip(todo, terms))
+        return np.array([combine_terms(np.array([self._terms[k] for k in sorted(ks)]),
+                                       self._overheads) if ks else 0.0 for ks in keys])
+
     def comm_ms(self, dim_sums: Sequence[float], waits_ms: Sequence[float]):
-        import torch
         if self.fwd_net is None or len(dim_sums) != self.comm_devices:
             return None
-        with torch.no_grad():
-            x = torch.tensor([list(dim_sums) + list(waits_ms)], dtype=torch.float32)
-            f = np.exp(self.fwd_net(x).numpy()[0])
-            b = np.exp(self.bwd_net(torch.tensor([list(dim_sums)], dtype=torch.float32))
-                       .numpy()[0])
+        if self._comm_np is None:
+            self._comm_np = tuple(_numpy_mlp(net) for net in (self.fwd_net, self.bwd_net))
+        fwd, bwd = self._comm_np
+        d = np.asarray(dim_sums, dtype=float)
+        f = np.exp(_run_mlp(fwd, np.concatenate([d, np.asarray(waits_ms, dtype=float)])))
+        b = np.exp(_run_mlp(bwd, d))
         return f, b
+
+
+def _numpy_mlp(net) -> tuple:
+    """A comm net's input scale and (weight, bias) per linear layer, as float64 arrays: the
+    search calls it thousands of times on one input, where torch's per-call cost dominates."""
+    layers = [(m.weight.detach().double().numpy(), m.bias.detach().double().numpy())
+              for m in net.mlp if hasattr(m, "weight")]
+    return net.scale.detach().double().numpy(), layers
+
+
+def _run_mlp(mlp, x: np.ndarray) -> np.ndarray:
+    scale, layers = mlp
+    h = x / scale
+    for i, (w, b) in enumerate(layers):
+        h = w @ h + b
+        if i < len(layers) - 1:
+            h = np.maximum(h, 0.0)
+    return h
 
 
 def load_predictor(path=None, *, check_hardware: bool = True) -> Predictor:

@@ -1,7 +1,12 @@
 """Benchmark of the learned cost model: weights load time, neuroshard search time per task, and
 (with --measure) the measured cost of neuroshard's plans beside TorchRec's own planner,
-size_lookup and greedy: mean and median of the per-task ratios to TorchRec's plan, to
-size_lookup's and to greedy's (measured on the scaled tasks, analytic on the full-size ones).
+size_lookup, greedy, and the analytic cost's local search and MIP: mean and median of the
+per-task ratios of each neuroshard variant to each baseline (measured on the scaled tasks,
+analytic on the full-size ones).
+
+Neuroshard variants: ``neuroshard`` (shipped: grid + beam search, then the local search on the
+full learned objective), ``neuroshard_paper`` (grid + beam, as NeuroShard publishes it) and
+``neuroshard_tw`` (the table-wise grid search alone).
 
     python tests/bench/bench_costmodel.py [--tasks 8] [--measure] [--out DIR]
 """
@@ -19,8 +24,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
-#: neuroshard_tw: the table-wise grid search alone (beam=0); torchrec: TorchRec's own planner
-PLANNERS = ("neuroshard", "neuroshard_tw", "torchrec", "size_lookup", "greedy")
+#: planner name → (get_planner name, options); torchrec: TorchRec's own planner; mip and
+#: local_search: on the analytic cost model
+PLANNERS = {"neuroshard": ("neuroshard", {}),
+            "neuroshard_paper": ("neuroshard", {"refine": False}),
+            "neuroshard_tw": ("neuroshard", {"beam": 0, "refine": False}),
+            "torchrec": ("torchrec", {}), "size_lookup": ("size_lookup", {}),
+            "greedy": ("greedy", {}), "local_search": ("local_search", {}),
+            "mip": ("mip", {})}
+LEARNED = ("neuroshard", "neuroshard_paper", "neuroshard_tw")
+BASELINES = ("torchrec", "size_lookup", "greedy", "local_search", "mip")
 
 
 def main() -> int:
@@ -55,8 +68,7 @@ def main() -> int:
             plans = {}
             for name in PLANNERS:
                 t = time.perf_counter()
-                planner = get_planner("neuroshard", beam=0) if name == "neuroshard_tw" \
-                    else get_planner(name)
+                planner = get_planner(PLANNERS[name][0], **PLANNERS[name][1])
                 try:
                     plans[name] = planner.plan(task, 4, seed=0)
                 except Exception as exc:          # e.g. TorchRec finds no plan: a result
@@ -77,30 +89,29 @@ def main() -> int:
                         if r["task"] == i and r["scaled"] and r["planner"] == name:
                             r["measured_max_ms"] = m.max_s * 1e3
     summary = {"weights_load_s": {"median": statistics.median(loads), "max": max(loads)}}
-    for name in ("neuroshard", "neuroshard_tw"):
+    for name in LEARNED:
         ns = [r["wall_s"] for r in rows if r["planner"] == name]
         summary[f"{name}_search_s"] = {"median": statistics.median(ns), "max": max(ns)}
+    pairs = [(n, b) for n in LEARNED for b in BASELINES] + [
+        ("neuroshard", "neuroshard_paper"), ("mip", "torchrec"), ("local_search", "torchrec")]
     for scaled in (True, False):
-        for base_name in ("torchrec", "size_lookup", "greedy"):
-            for name in PLANNERS:
-                if name == base_name:
+        for name, base_name in pairs:
+            ratios = []
+            for r in rows:
+                if r["planner"] != name or r["scaled"] != scaled or not r["valid"]:
                     continue
-                ratios = []
-                for r in rows:
-                    if r["planner"] != name or r["scaled"] != scaled or not r["valid"]:
-                        continue
-                    base = next((b for b in rows if b["planner"] == base_name and b["valid"]
-                                 and b["task"] == r["task"] and b["scaled"] == scaled), None)
-                    if base is None:
-                        continue
-                    key = "measured_max_ms" if "measured_max_ms" in r else "analytic_max_ms"
-                    if key in base:
-                        ratios.append(r[key] / base[key])
-                if ratios:
-                    summary[f"{name}_vs_{base_name}_{'scaled' if scaled else 'full'}"] = {
-                        "mean": round(statistics.mean(ratios), 4),
-                        "median": round(statistics.median(ratios), 4),
-                        "wins": sum(x < 1 for x in ratios), "tasks": len(ratios)}
+                base = next((b for b in rows if b["planner"] == base_name and b["valid"]
+                             and b["task"] == r["task"] and b["scaled"] == scaled), None)
+                if base is None:
+                    continue
+                key = "measured_max_ms" if "measured_max_ms" in r else "analytic_max_ms"
+                if key in base:
+                    ratios.append(r[key] / base[key])
+            if ratios:
+                summary[f"{name}_vs_{base_name}_{'scaled' if scaled else 'full'}"] = {
+                    "mean": round(statistics.mean(ratios), 4),
+                    "median": round(statistics.median(ratios), 4),
+                    "wins": sum(x < 1 for x in ratios), "tasks": len(ratios)}
     # plan rankings: per measured task, Kendall's tau of the learned and of the analytic cost
     # against the measured one, over the plans the learned model can cost (TW/CW only)
     from scipy.stats import kendalltau

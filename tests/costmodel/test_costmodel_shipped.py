@@ -43,9 +43,11 @@ def test_planner_neuroshard_returns_a_valid_plan():
                    topology=cpu_topology_ref(4))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tw = get_planner("neuroshard", beam=0).plan(task, 4, seed=0)
-        cw = get_planner("neuroshard").plan(task, 4, seed=0, time_limit_s=1.0)
-    for plan in (tw, cw):
+        tw = get_planner("neuroshard", beam=0, refine=False).plan(task, 4, seed=0)
+        cw = get_planner("neuroshard", refine=False).plan(task, 4, seed=0)
+        full = get_planner("neuroshard").plan(task, 4, seed=0)
+        again = get_planner("neuroshard").plan(task, 4, seed=0)
+    for plan in (tw, cw, full):
         assert plan.valid and plan.planner == "neuroshard"
         assert len(plan.shardings) == model.num_tables
         for ts in plan.shardings:         # every table's columns covered exactly once
@@ -55,17 +57,19 @@ def test_planner_neuroshard_returns_a_valid_plan():
     assert {ts.sharding_type.value for ts in tw.shardings} == {"table_wise"}
     assert {ts.sharding_type.value for ts in cw.shardings} <= {"table_wise", "column_wise"}
     assert any("learned cost" in n for n in cw.stats.notes)
-    assert cw.stats.wall_s < 1.0 + 1.0        # the time limit holds (one grid search over)
+    assert full.shardings == again.shardings            # counted work: same plan every run
 
     def learned(plan):
         note = next(n for n in plan.stats.notes if n.startswith("learned cost"))
         return float(note.split("predicted max ")[1].split(" ms")[0])
     assert learned(cw) <= learned(tw) + 1e-9   # the beam keeps the best, halvings or not
-    # any TW/CW plan is costed as the search scores its own states; other types are not
+    # any TW/CW/RW plan is costed as the search scores its own states; other types are not
     from planner.costmodel.planner import learned_plan_cost_ms
-    from planner.sharding.shards import row_wise
+    from planner.sharding.shards import data_parallel
     assert learned_plan_cost_ms(task, 4, tw.shardings) == pytest.approx(learned(tw), abs=1e-3)
     assert learned_plan_cost_ms(task, 4, cw.shardings) == pytest.approx(learned(cw), abs=1e-3)
+    # the local search starts from those plans and only takes improvements
+    assert learned_plan_cost_ms(task, 4, full.shardings) <= learned(cw) + 1e-3
     t0 = model.tables[0]
-    rw = (row_wise(0, t0.name, t0.num_embeddings, t0.embedding_dim, 4),) + tw.shardings[1:]
-    assert learned_plan_cost_ms(task, 4, rw) is None
+    dp = (data_parallel(0, t0.name, t0.num_embeddings, t0.embedding_dim, 4),) + tw.shardings[1:]
+    assert learned_plan_cost_ms(task, 4, dp) is None

@@ -16,8 +16,10 @@ name               what it does
                    table-row-wise across hosts); warm-started from ``local_search``
 ``torchrec``       TorchRec's own ``EmbeddingShardingPlanner``, run for real (needs
                    ``make setup-torchrec``); its plan converted back and costed by our model
-``neuroshard``     NeuroShard's greedy grid search (table-wise) over the learned cost model
-                   shipped in ``planner/costmodel`` (``planner/costmodel/README.md``)
+``neuroshard``     NeuroShard's grid search (table-wise) and column-halving beam search over
+                   the learned cost model shipped in ``planner/costmodel``, then a local
+                   search on the full learned objective (moves, swaps, non-halving column
+                   splits, row-wise for hot tables; ``planner/costmodel/README.md``)
 =================  ==========================================================================
 
 Every planner falls back to row-wise for a table that fits no single device, when row-wise is
