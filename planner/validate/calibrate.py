@@ -324,8 +324,10 @@ def _time_host(dist, torch, world: int, rank: int, *, layers: int = 8) -> dict:
                 fn()
                 return time.perf_counter() - t0 - in_comm()
             return timed
-        f = _sync_net(dist, torch, net(fwd), 0.05, samples=7)
-        fb = _sync_net(dist, torch, net(fwd_bwd), 0.05, samples=7)
+        # 15 samples of ≥ 0.1 s each (was 7 × 0.05 s: the per-block figure moved by 40%
+        # between two benchmark runs whose measured steps agreed within 14%)
+        f = _sync_net(dist, torch, net(fwd), 0.1, samples=15)
+        fb = _sync_net(dist, torch, net(fwd_bwd), 0.1, samples=15)
         key = ffn if tp_size == 1 else f"tp{tp_size}"
         res[key] = {"forward": f / layers, "backward": max(fb - f, 0.0) / layers}
     return res
@@ -399,11 +401,12 @@ def profile_document(ranks: list[dict], cfg: GlooCalibration, *, load: dict | No
     mrates = [(b, b / net(t)) for b, t, _ in mem]
     mpeak = max(r for _, r in mrates)
     memory_curve = [[b, _sig(r / mpeak, 3)] for b, r in mrates]
-    host = {}
+    host, host_rounds = {}, {}
     for key in ranks[0]["host"][0]:
-        host[key] = {k: _sig(statistics.median(
-            max(r["host"][rnd][key][k] for r in ranks) for rnd in range(rounds)))
-            for k in ("forward", "backward")}
+        per = {k: [max(r["host"][rnd][key][k] for r in ranks) for rnd in range(rounds)]
+               for k in ("forward", "backward")}
+        host[key] = {k: _sig(statistics.median(v)) for k, v in per.items()}
+        host_rounds[key] = {k: [_sig(x) for x in v] for k, v in per.items()}
     # wake-up: per gap the slowest rank's extra time, minus the back-to-back call's time;
     # single points are noisy (the ranks' skew after a long segment varies from run to run),
     # so a line extra = a + b·gap (a, b ≥ 0) is fitted through them and written at the gaps
@@ -444,7 +447,10 @@ def profile_document(ranks: list[dict], cfg: GlooCalibration, *, load: dict | No
                   "matmul": {"median": _sig(statistics.median(s for *_, s in mm)),
                              "max": _sig(max(s for *_, s in mm))},
                   "memory": {"median": _sig(statistics.median(s for *_, s in mem)),
-                             "max": _sig(max(s for *_, s in mem))}},
+                             "max": _sig(max(s for *_, s in mem))},
+                  "host": {key: {k: _sig(_median_rel_spread(v)) for k, v in per.items()}
+                           for key, per in host_rounds.items()},
+                  "host_rounds_s": host_rounds},
     }
 
 
@@ -569,6 +575,9 @@ def summary_lines(doc: dict) -> list[str]:
                  f"{c['memory_bandwidth_Bps'] / 1e9:.0f} GB/s peak, dispatch "
                  f"{format_time(c['launch_overhead_s'])} per op (spread {n['matmul']['median']:.0%})")
     hb = doc["host_block_s"]
+    hn = n.get("host", {}).get("swiglu")
     lines.append(f"  host per block: forward {format_time(hb['forward'])}, backward "
-                 f"{format_time(hb['backward'])}")
+                 f"{format_time(hb['backward'])}"
+                 + (f" (round-to-round spread {hn['forward']:.0%} / {hn['backward']:.0%})"
+                    if hn else ""))
     return lines

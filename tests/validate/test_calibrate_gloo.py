@@ -74,6 +74,9 @@ def test_calibration_runs_spread_over_time_merge_as_rounds():
     floor = max(min(rt[f] for rt in rates) for f in rates[0])
     assert floor * 0.99 <= both["compute"]["peak_fp32_flops"] <= max(peaks) * 1.001
     assert both["noise"]["matmul"]["max"] > 0           # two rounds: a spread exists
+    hr = both["noise"]["host_rounds_s"]["swiglu"]["forward"]
+    assert len(hr) == 2 and min(hr) <= both["host_block_s"]["forward"] <= max(hr)
+    assert both["noise"]["host"]["swiglu"]["forward"] >= 0
     assert all(d["noise"]["matmul"]["max"] == 0 for d in one)
     gloo_profile_from_dict(both, source="merged")
 
