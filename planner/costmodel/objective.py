@@ -4,7 +4,7 @@ communication models, the memory each piece needs, and the state's layouts.
 A state is the table- and column-wise pieces ("units" ``(table, k, width)`` with their ranks)
 and a set of row-wise tables. Per rank::
 
-    cost_r = C_r + A_bw,r + A_fw,r + RW_r + I_r
+    cost_r = C_r + A_bw,r + A_fw,r + RW_r
 
 - ``C_r``: the learned fused forward+backward lookup time of everything rank ``r`` looks up —
   its units, merged per table (parts of one table on one rank are one shard), and a row block
@@ -17,11 +17,11 @@ and a set of row-wise tables. Per rank::
 - ``RW_r``: row-wise tables' reduce-scatter/all-gather of ``batch × dim`` partial sums, from the
   analytic model (the learned comm nets know only the all-to-alls); it depends only on which
   tables are row-wise, so it is memoised per set.
-- ``I_r``: the ids all-to-all (each sample's ids and bag lengths sent to every rank holding a
-  shard of the table), from the analytic model's calibrated all-to-all. NeuroShard's objective
-  has no such term (its reference notes list it as a gap); without it every column split
-  looks free of the ids it adds, and measured plans disagree (bench run 7: a plan the local
-  search had split measured 20% slower than the table-wise one the learned cost rated equal).
+
+No ids all-to-all term, as in NeuroShard: adding the analytic model's (calibrated) one was
+tried (bench run 9, 2026-11-23) and made the learned cost over-predict the measured plans by
+9% at the median (0% without it, runs 7-8) and rank them worse (tau 0.21 against 0.35); the
+learned all-to-all nets, trained on measured exchanges, already absorb part of it.
 
 Without comm nets for this device count every communication term comes from the analytic model
 on the state's layouts. The shipped model was trained at one batch (:attr:`Predictor.batch`);
@@ -77,16 +77,6 @@ class Objective:
         self._single: dict = {}
         self._rw_comm: dict = {}
         self._rw_mem: dict = {}
-        # per sample, the ids bytes a shard of each table receives (all its ids and one bag
-        # length), and the share of them each row block of a row-wise table receives
-        cm = problem.cost
-        cfg = cm.config
-        self._ids = [t.pooling_factor * cfg.id_bytes + cfg.length_bytes
-                     for t in problem.model.tables]
-        self._ids_rw = [np.array([t.pooling_factor * cfg.id_bytes * rows / t.num_embeddings
-                                  + cfg.length_bytes
-                                  for rows in row_blocks(t.num_embeddings, self.n)])
-                        for t in problem.model.tables]
 
     # -- pieces ----------------------------------------------------------------------------
     @staticmethod
@@ -157,9 +147,7 @@ class Objective:
             merged[r][u[0]] = merged[r].get(u[0], 0) + u[2]
             dsum[r] += u[2]
         members = [[self.rec((t, 0, w)) for t, w in sorted(m.items())] for m in merged]
-        ids = np.array([sum(self._ids[t] for t in m) for m in merged], dtype=float)
         for t in rw:
-            ids += self._ids_rw[t]
             for r, rec in enumerate(self.rw_recs(t)):
                 members[r].append(rec)
         comp = pred.compute_ms(members) / factor
@@ -169,9 +157,7 @@ class Objective:
             return comp + sum(np.asarray(ev.breakdown_s[k]) for k in COMM_KEYS) * 1e3
         rwc = self.rowwise_comm_ms(rw)
         bwd = comm[1] / factor
-        ids_a2a = (self.problem.cost.comm.a2a_times(self.problem.cost.local_batch * ids) * 1e3
-                   if n > 1 else np.zeros(n))
-        base = comp + bwd + rwc + ids_a2a
+        base = comp + bwd + rwc
         waits = base - base.min()
         fwd = pred.comm_ms(list(dsum), list(waits * factor))[0] / factor
         return base + fwd
