@@ -27,6 +27,9 @@ def add_costmodel_command(sub) -> None:
                    help="timed iterations per sample and pass (default 20)")
     c.add_argument("--max-tables", type=int, default=20)
     c.add_argument("--comm-devices", type=int, default=4)
+    c.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the lookup kernels are timed (default cpu; cuda needs a GPU and "
+                        "CUDA builds of torch and fbgemm_gpu)")
     c.add_argument("--mix-hardware", action="store_true",
                    help="append to a file collected on other hardware")
     c.add_argument("--no-progress", action="store_true")
@@ -56,7 +59,7 @@ def _collect(a: argparse.Namespace) -> int:
                         source="--comm-devices", fix="pass e.g. --comm-devices 4")
     cfg = CollectConfig(seed=a.seed, samples=a.samples, comm_samples=a.comm_samples,
                         passes=a.passes, repeats=a.repeats, max_tables=a.max_tables,
-                        comm_devices=a.comm_devices)
+                        comm_devices=a.comm_devices, device=a.device)
     command = "clusterplan " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     counts = collect(a.out, cfg, mix_hardware=a.mix_hardware, progress=not a.no_progress,
                      command=command)

@@ -7,7 +7,8 @@ distinct rows per batch and rows keep their ratio; every pool table is augmented
 {4, 8, 16, 32, 64, 128} (its ids do not depend on the dim, so the copies share one id batch).
 Sample ``i`` draws 1–``max_tables`` (table, dim) configurations uniformly with replacement,
 redrawn until their fp32 size ≤ ``max_bytes``, builds one fused FBGEMM TBE and times forward +
-backward with the fused exact-SGD update (``measure_kernels.time_shard_set``: one thread, cache
+backward with the fused exact-SGD update (``measure_kernels.time_shard_set``, on the CPU with
+one thread or with ``device="cuda"`` on the GPU (its name joins the hardware record); cache
 flushed before every iteration, ``repeats`` timed iterations after ``warmup``; the row keeps
 their median ``total_ms`` and their fastest ``total_min_ms``).
 
@@ -79,12 +80,17 @@ class CollectConfig:
     comm_repeats: int = 5
     comm_warmup: int = 2
     threads: int = 1
+    #: where the compute samples run: "cpu" or "cuda" (the all-to-all samples always use gloo
+    #: processes on this host's CPU)
+    device: str = "cpu"
 
     def key(self) -> dict:
         """The fields that fix what sample ``i`` is (``samples`` counts may grow on resume)."""
         d = asdict(self)
         for k in ("samples", "comm_samples", "passes"):
             d.pop(k)
+        if d["device"] == "cpu":          # files collected before the field existed resume
+            d.pop("device")
         return d
 
 
@@ -92,15 +98,19 @@ def meta_path(data: str | Path) -> Path:
     return Path(str(data) + ".meta.json")
 
 
-def hardware_info(threads: int = 1, *, light: bool = False) -> dict:
+def hardware_info(threads: int = 1, *, light: bool = False, device: str = "cpu") -> dict:
     """What the measurements depend on: CPU model and cores, torch and fbgemm_gpu versions,
-    threads and kernel backend (plus platform facts). ``light`` reads the versions from the
-    installed package metadata instead of importing fbgemm_gpu (the weights loader's check)."""
+    threads and kernel backend (plus platform facts), and the GPU's name when the kernels run
+    on ``device="cuda"``. ``light`` reads the versions from the installed package metadata
+    instead of importing fbgemm_gpu (the weights loader's check)."""
     if not light:
         from planner.sharding.measure_kernels import cpu_description, kernel_backend
         info = cpu_description()
         info["threads"] = int(threads)
         info["backend"] = kernel_backend("auto")
+        if device == "cuda":
+            import torch
+            info["gpu"] = torch.cuda.get_device_name(0)
         return info
     import importlib.metadata as md
     from planner.sharding.measure_kernels import last_level_cache_bytes, platform_description
@@ -118,7 +128,10 @@ def hardware_info(threads: int = 1, *, light: bool = False) -> dict:
 
 
 def hardware_id(info: dict) -> str:
-    key = json.dumps({k: info.get(k) for k in HW_KEYS}, sort_keys=True)
+    fields = {k: info.get(k) for k in HW_KEYS}
+    if info.get("gpu"):                   # CPU-only ids stay what they were
+        fields["gpu"] = info["gpu"]
+    key = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
@@ -248,7 +261,16 @@ def collect(out: str | Path, cfg: CollectConfig = CollectConfig(), *, mix_hardwa
 
     from planner.sharding.measure_kernels import time_shard_set
     out = Path(out)
-    hw = hardware_info(cfg.threads)
+    if cfg.device not in ("cpu", "cuda"):
+        raise SpecError(f"--device must be cpu or cuda, got {cfg.device!r}", source="--device",
+                        fix="pass --device cpu (or cuda on a machine with a GPU)")
+    if cfg.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise SpecError("--device cuda requested but torch sees no GPU", source="--device",
+                            fix="use --device cpu, or run on a machine with a GPU and a CUDA "
+                                "build of torch and fbgemm_gpu")
+    hw = hardware_info(cfg.threads, device=cfg.device)
     hid = hardware_id(hw)
     meta = _open_meta(out, cfg, hw, mix_hardware)
     done = set()
@@ -280,7 +302,7 @@ def collect(out: str | Path, cfg: CollectConfig = CollectConfig(), *, mix_hardwa
             combo = compute_sample(cfg, sid)
             tables = [ids.kernel_table(i, d) for i, d in combo]
             tm = time_shard_set(tables, repeats=cfg.repeats, warmup=cfg.warmup,
-                                threads=cfg.threads)
+                                threads=cfg.threads, device=cfg.device)
             recs = [table_record(cfg, i, d) for i, d in combo]
             tmin = min(a + b for a, b in zip(tm.fwd_samples, tm.bwd_samples))
             w.writerow(["compute", sid, rnd, hid, len(combo), json.dumps(recs),

@@ -26,7 +26,9 @@ same time (as in a step, so shared caches and memory bandwidth are loaded as the
   (``wake_penalty_s``) and charged by the simulator per call from the rank's idle time since
   its last communication;
 - **host time** of the validation model's block (:class:`planner.validate.model.Block`) at
-  tiny sizes: eager PyTorch's dispatch and autograd per block, forward and backward.
+  tiny sizes: eager PyTorch's dispatch and autograd per block, forward and backward; the
+  median of 31 single passes of 8 blocks, each after the caches were swept (as in a real
+  step, where GEMMs and collectives run between a block's host work).
 
 Everything is measured ``rounds`` times (2 by default); the profile keeps the per-entry median
 over rounds and records the spread between rounds beside it (``noise``). The machine's load
@@ -53,6 +55,7 @@ GEMM_K = (64, 256, 1024, 2048)                         # input width
 GEMM_N = (64, 256, 1024, 4096)                         # output width
 GEMM_MAX_FLOPS = 2.2e9                                 # shapes above are left out (time)
 COLD_POOL_BYTES = 96 * 2 ** 20                         # > the 32 MiB L3: operands come cold
+HOST_SAMPLES = 31                                      # cold passes per host-time figure
 MEMORY_BYTES = tuple(4096 * 4 ** i for i in range(8))  # per array, 4 KiB .. 64 MiB
 ATTN_HEADS = (2, 4, 8)                                 # causal SDPA, KV heads = heads / 4
 ATTN_SEQ = (32, 64, 128, 256)
@@ -299,6 +302,11 @@ def _time_host(dist, torch, world: int, rank: int, *, layers: int = 8) -> dict:
     from .model import Block, TPGroup
     res = {}
     rec = Recorder(rank)
+    # written before every timed pass: the pass starts with its code and data evicted from
+    # the caches, as a block's host work does in a real step, between GEMMs and collectives
+    # that sweep the caches (a loop of passes over the same 8 tiny blocks runs cache-hot and
+    # reads less; 7 loops of 0.05 s read 3-5x apart from round to round, bench runs H-I)
+    flush = torch.empty(COLD_POOL_BYTES // 4)
     for ffn, tp_size in (("swiglu", 1), ("gelu", 1), ("swiglu", world)):
         m = ModelSpec(name="host-probe", layers=layers, hidden_size=32,
                       ffn_hidden_size=64, num_heads=2 * tp_size, num_kv_heads=2 * tp_size,
@@ -324,23 +332,22 @@ def _time_host(dist, torch, world: int, rank: int, *, layers: int = 8) -> dict:
                 fn()
                 return time.perf_counter() - t0 - in_comm()
             return timed
-        # 15 samples of ≥ 0.1 s each (was 7 × 0.05 s: the per-block figure moved by 40%
-        # between two benchmark runs whose measured steps agreed within 14%)
-        f = _sync_net(dist, torch, net(fwd), 0.1, samples=15)
-        fb = _sync_net(dist, torch, net(fwd_bwd), 0.1, samples=15)
+        f = _sync_cold(dist, torch, net(fwd), flush, samples=HOST_SAMPLES)
+        fb = _sync_cold(dist, torch, net(fwd_bwd), flush, samples=HOST_SAMPLES)
         key = ffn if tp_size == 1 else f"tp{tp_size}"
         res[key] = {"forward": f / layers, "backward": max(fb - f, 0.0) / layers}
     return res
 
 
-def _sync_net(dist, torch, timed, min_s: float, samples: int) -> float:
-    """Like :func:`_sync_time` for a function that returns its own (net) seconds."""
+def _sync_cold(dist, torch, timed, flush, samples: int) -> float:
+    """Median over ``samples`` single calls of ``timed`` (which returns its own net seconds),
+    each after a barrier and a write over ``flush`` (untimed), every rank at the same time."""
     timed()
-    k = _loop_length(dist, torch, timed(), min_s)
     out = []
     for _ in range(samples):
         dist.barrier()
-        out.append(sum(timed() for _ in range(k)) / k)
+        flush.fill_(1.0)
+        out.append(timed())
     return statistics.median(out)
 
 

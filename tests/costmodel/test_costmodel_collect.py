@@ -76,3 +76,28 @@ def test_refuses_mixed_hardware_and_other_config(tmp_path):
                         str(out), "--samples", "1"], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 2, r.stderr
     assert "--mix-hardware" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_device_field_keeps_cpu_files_resumable_and_cuda_needs_a_gpu(tmp_path):
+    from planner.costmodel.collect import hardware_id
+    import torch
+    # the device field is not part of a CPU file's configuration key or hardware id, so data
+    # collected before it existed (the shipped cpu-epyc.csv) still resumes
+    assert "device" not in CollectConfig().key()
+    assert CollectConfig(device="cuda").key()["device"] == "cuda"
+    info = {"cpu_model": "x", "cpu_count": 2, "torch": "2.13.0", "fbgemm_gpu": "1.8.0",
+            "threads": 1, "backend": "fbgemm"}
+    assert hardware_id(info) != hardware_id(dict(info, gpu="NVIDIA H100 80GB HBM3"))
+    shipped = json.loads((REPO / "traces" / "costmodel" / "cpu-epyc.csv.meta.json").read_text())
+    assert "device" not in shipped["config"]
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the refusal below does not apply")
+    out = tmp_path / "d.csv"
+    with pytest.raises(SpecError, match="sees no GPU"):
+        collect(out, CollectConfig(samples=1, comm_samples=0, passes=1, device="cuda", **TINY),
+                progress=False)
+    assert not out.exists()                        # nothing half-written
+    exe = Path(sys.executable).with_name("clusterplan")
+    r = subprocess.run([str(exe), "costmodel", "collect", "--out", str(out), "--samples", "1",
+                        "--device", "cuda"], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 2 and "--device" in r.stderr and "Traceback" not in r.stderr

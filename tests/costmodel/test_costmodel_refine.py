@@ -87,9 +87,10 @@ def test_neuroshard_turns_a_hot_narrow_table_row_wise_when_allowed(pred):
     from planner.sharding.planners import get_planner
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        twcw = get_planner("neuroshard").plan(_hot_task((S.TABLE_WISE, S.COLUMN_WISE)), 4)
+        twcw = get_planner("neuroshard").plan(_hot_task((S.TABLE_WISE, S.COLUMN_WISE)), 4,
+                                              time_limit_s=120)
         task = _hot_task((S.TABLE_WISE, S.COLUMN_WISE, S.ROW_WISE))
-        rw = get_planner("neuroshard").plan(task, 4)
+        rw = get_planner("neuroshard").plan(task, 4, time_limit_s=120)
     assert twcw.valid and rw.valid
     assert twcw.shardings[0].sharding_type == S.TABLE_WISE       # dim 4: nothing to split
     assert rw.shardings[0].sharding_type == S.ROW_WISE
