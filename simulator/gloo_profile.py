@@ -121,6 +121,8 @@ class GlooProfile:
     source: str = ""
     #: TorchRec probe plans' measured steps (``torchrec:``, :mod:`planner.validate.calibrate_dlrm`)
     torchrec: Mapping[str, Any] | None = None
+    #: the co-running embedding-lookup probe (``lookup:``, read by the planner's DLRM validation)
+    lookup: Mapping[str, Any] | None = None
 
     def comm_time_s(self, kind: str, nranks: int, nbytes: float, gap_s: float = 0.0
                     ) -> float | None:
@@ -198,6 +200,8 @@ def gloo_profile_from_dict(doc: Mapping[str, Any], *, source: str = "<dict>") ->
                        shared_core=bool(doc.get("shared_core", True)),
                        noise=dict(doc.get("noise", {})), source=source,
                        torchrec=doc.get("torchrec") if isinstance(doc.get("torchrec"), Mapping)
+                       else None,
+                       lookup=doc.get("lookup") if isinstance(doc.get("lookup"), Mapping)
                        else None)
 
 

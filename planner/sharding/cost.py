@@ -128,6 +128,10 @@ class CostConfig:
         ``"auto"``: on a CPU topology, the measured CPU profile (:func:`load_cpu_profile`)
         replaces the lookup constants above and the collective fits; a path: that profile file;
         None: the priors everywhere. GPU topologies are unaffected.
+    lookup_time_scale : float
+        Multiplies every lookup time (bandwidth term, per-shard overhead and launch alike):
+        the slowdown of lookups measured under the run's own conditions, e.g. ranks sharing
+        cores and caches (:mod:`planner.validate.calibrate_dlrm`'s lookup probe). 1.0 here.
     """
 
     hbm_efficiency: float = 0.8
@@ -142,6 +146,7 @@ class CostConfig:
     row_walk_bytes: float = 0.0
     page_reach_bytes: float = 1048576.0
     device_profile: str | None = "auto"
+    lookup_time_scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -465,6 +470,11 @@ class CostModel:
             self.lookup_element_bytes = dict(self.device_profile.element_bytes)
         self.launch_s = (self.profile.launch_overhead_s if cfg.kernel_launch_s is None
                          else cfg.kernel_launch_s)
+        scale = float(cfg.lookup_time_scale)
+        if scale != 1.0:                 # every lookup term scales: bandwidth, overheads, launch
+            self.hbm_Bps /= scale
+            self.launch_s *= scale
+            self.config = cfg = replace(cfg, shard_overhead_s=cfg.shard_overhead_s * scale)
         self.out_bytes = PRECISION_BYTES[model.comm_precision]
         self.batch = model.batch_size
         self.local_batch = model.batch_size / n

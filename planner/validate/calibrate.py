@@ -77,6 +77,7 @@ class GlooCalibration:
     quick: bool = False                  # a few shapes only (tests): same document, coarser
     torchrec: bool = True                # TorchRec probe plans (calibrate_dlrm.py) if installed
     torchrec_rounds: int | None = None   # runs per probe (None: 2, 1 when quick)
+    lookup: bool = True                  # the co-running lookup probe (calibrate_dlrm.py)
     steps: int = 1                       # the runner's progress bar: one "step"
     warmup: int = 0
     trace_dir: str | None = None
@@ -116,6 +117,10 @@ def _rank_main(cfg: GlooCalibration, rank: int, port: int, progress, report) -> 
         out["compute"][rnd] = _time_compute(dist, torch, cfg.min_sample_s, quick=cfg.quick)
         out["host"][rnd] = _time_host(dist, torch, cfg.world, rank)
         out.setdefault("wake", {})[rnd] = _time_wake(dist, torch)
+        if cfg.lookup:
+            from .calibrate_dlrm import time_lookup_probe
+            out.setdefault("lookup", {})[rnd] = time_lookup_probe(
+                dist, repeats=3 if cfg.quick else 9)
         progress.end(rank)
     out["cpu"] = [_proc_cpu() - t_cpu0, time.monotonic() - w0]
     dist.barrier()
@@ -446,6 +451,7 @@ def profile_document(ranks: list[dict], cfg: GlooCalibration, *, load: dict | No
                     "matmul_fp32": matmul_curve, "memory": memory_curve,
                     "attention_fp32": attn["attention"],
                     "attention_backward_fp32": attn["attention_backward"]},
+        **({"lookup": _lookup_section(ranks, rounds)} if "lookup" in ranks[0] else {}),
         "host_block_s": host["swiglu"],
         "host_block_gelu_s": host["gelu"],
         f"host_block_tp{world}_s": host[f"tp{world}"],
@@ -459,6 +465,16 @@ def profile_document(ranks: list[dict], cfg: GlooCalibration, *, load: dict | No
                            for key, per in host_rounds.items()},
                   "host_rounds_s": host_rounds},
     }
+
+
+def _lookup_section(ranks: list[dict], rounds: int) -> dict:
+    """The co-running lookup probe: per round the slowest rank, and their median (seconds)."""
+    from .calibrate_dlrm import LOOKUP_BATCH, LOOKUP_TABLES
+    per = [max(r["lookup"][rnd] for r in ranks) for rnd in range(rounds)]
+    return {"what": "fused TBE forward+backward of the tables [rows, dim, pooling, zipf] at "
+                    "the batch, on every rank at once (planner/validate/calibrate_dlrm.py)",
+            "tables": [list(t) for t in LOOKUP_TABLES], "batch": LOOKUP_BATCH,
+            "measured_s": _sig(statistics.median(per)), "rounds_s": [_sig(x) for x in per]}
 
 
 def _nonneg_line(points: list) -> list:
@@ -525,9 +541,9 @@ def _renumbered(rank_rows: list[dict], rounds: list[int]) -> dict:
     for rows, n in zip(rank_rows, rounds):
         for (rnd, kind, size), v in rows["comm"].items():
             out["comm"][(base + rnd, kind, size)] = v
-        for key in ("compute", "host", "wake"):
-            for rnd, v in rows[key].items():
-                out[key][base + rnd] = v
+        for key in ("compute", "host", "wake", "lookup"):
+            for rnd, v in rows.get(key, {}).items():
+                out.setdefault(key, {})[base + rnd] = v
         out["cpu"] = [a + b for a, b in zip(out["cpu"], rows["cpu"])]
         base += n
     return out
@@ -582,6 +598,12 @@ def summary_lines(doc: dict) -> list[str]:
                  f"{c['memory_bandwidth_Bps'] / 1e9:.0f} GB/s peak, dispatch "
                  f"{format_time(c['launch_overhead_s'])} per op (spread {n['matmul']['median']:.0%})")
     hb = doc["host_block_s"]
+    lk = doc.get("lookup")
+    if lk:
+        from .calibrate_dlrm import predicted_lookup_s
+        lines.append(f"  lookups on every rank at once: {format_time(lk['measured_s'])} for the "
+                     f"probe, {lk['measured_s'] / predicted_lookup_s():.2f}x the CPU embedding "
+                     "profile's prediction")
     hn = n.get("host", {}).get("swiglu")
     lines.append(f"  host per block: forward {format_time(hb['forward'])}, backward "
                  f"{format_time(hb['backward'])}"

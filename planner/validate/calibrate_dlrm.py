@@ -17,6 +17,16 @@ timed steps), right after the gloo measurements:
   two rounds over all eight (a whole run of a small step is sometimes 20-40% slower than the
   next), 15 steps after 3 warm-up each.
 
+A second, smaller probe times the **lookups themselves under the run's conditions**
+(:func:`time_lookup_probe`, inside every calibration round of ``clusterplan calibrate gloo``):
+one fused FBGEMM TBE of :data:`LOOKUP_TABLES` (forward and backward with the fused SGD update,
+the global batch :data:`LOOKUP_BATCH`) on every rank at once, pinned to one thread each as the
+TorchRec ranks are, sharing the cores and the last-level cache. The CPU embedding profile
+(``traces/calibration/cpu-embedding.yaml``) was fitted to kernels timed alone; the ratio of the
+probe's measured time to that profile's prediction (:func:`lookup_scale`) scales every lookup
+of the validated plans (``CostConfig.lookup_time_scale``). Like the probe plans, it is a
+microbenchmark: nothing in it comes from the plans being validated.
+
 Only the probes' measured steps (median of the slowest rank, as validation measures; the mean of
 the rounds) are stored
 (``torchrec:`` in the profile); the probes are rebuilt from this module's constants
@@ -32,7 +42,8 @@ from __future__ import annotations
 
 import statistics
 
-__all__ = ["PROBE_TYPES", "probe_config", "measure_torchrec", "host_costs", "size_measure"]
+__all__ = ["PROBE_TYPES", "probe_config", "measure_torchrec", "host_costs", "size_measure",
+           "lookup_probe_model", "time_lookup_probe", "predicted_lookup_s", "lookup_scale"]
 
 PROBE_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
 PROBE_TABLES = 4
@@ -42,6 +53,10 @@ PROBE_SMALL = 8              # samples per rank
 PROBE_LARGE = 1024
 PROBE_POOLING = 32
 PROBE_DP_LARGE_ROWS = 32768  # 4 MiB fp32 per table at dim 32
+#: the co-running lookup probe: (rows, dim, pooling factor, Zipf exponent) per table
+LOOKUP_TABLES = ((200_000, 64, 20.0, 1.1), (100_000, 32, 10.0, 1.05), (400_000, 32, 5.0, 1.1),
+                 (50_000, 16, 30.0, 1.2))
+LOOKUP_BATCH = 2048
 
 
 def probe_config(kind: str, size: str, world: int, *, steps: int = 30, warmup: int = 5):
@@ -189,3 +204,51 @@ def host_costs(calibration, world: int, simulate_probe, *, iterations: int = 4) 
             a = max(0.0, t0 - b * x0)
         out[kind] = (a, b)
     return out
+
+
+# -- the co-running lookup probe ------------------------------------------------------------
+
+def lookup_probe_model():
+    """The probe's tables (:data:`LOOKUP_TABLES`) as a model, all table-wise on one rank."""
+    from planner.sharding.spec import ModelSpec, TableSpec
+    tables = tuple(TableSpec(name=f"l{i}", num_embeddings=r, embedding_dim=d, pooling_factor=p,
+                             zipf_exponent=z) for i, (r, d, p, z) in enumerate(LOOKUP_TABLES))
+    return ModelSpec(name="lookup-probe", tables=tables, batch_size=LOOKUP_BATCH,
+                     optimizer="sgd", source="planner/validate/calibrate_dlrm.py")
+
+
+def _probe_shardings(model):
+    from planner.sharding.shards import table_wise
+    return [table_wise(i, t.name, t.num_embeddings, t.embedding_dim, 0)
+            for i, t in enumerate(model.tables)]
+
+
+def time_lookup_probe(dist, *, repeats: int = 9) -> float:
+    """Seconds of the probe's fused forward + backward on this rank, every rank starting
+    together after a barrier (median of ``repeats``, caches flushed before each)."""
+    from planner.sharding.measure import model_ids, rank_work
+    from planner.sharding.measure_kernels import time_shard_set
+    model = lookup_probe_model()
+    tables = rank_work(model, _probe_shardings(model), model_ids(model), 1)[0]
+    dist.barrier()
+    return time_shard_set(tables, repeats=repeats, warmup=2).total_s
+
+
+def predicted_lookup_s() -> float:
+    """The CPU embedding profile's forward + backward lookup seconds of the probe."""
+    from planner.sharding.measure import cpu_topology_ref
+    from planner.sharding.plan import evaluate_shardings
+    from planner.sharding.task import ShardingTask, prepare
+    model = lookup_probe_model()
+    problem = prepare(ShardingTask(model=model, topology=cpu_topology_ref(2)), 2)
+    ev = evaluate_shardings(problem, _probe_shardings(model))
+    return float(ev.breakdown_s["lookup_fwd_s"][0] + ev.breakdown_s["lookup_bwd_s"][0])
+
+
+def lookup_scale(calibration) -> float:
+    """Measured / predicted lookup time of the probe (1.0 when the calibration has none)."""
+    lk = getattr(calibration, "lookup", None) or {}
+    measured = lk.get("measured_s")
+    if not measured:
+        return 1.0
+    return float(measured) / predicted_lookup_s()

@@ -129,12 +129,9 @@ def predicted(cfg: DLRMRunConfig, step: int, calibration=None) -> dict:
     core's measured rates, the collectives take their measured per-size times and share the
     ranks' cores with compute, and each step pays TorchRec's measured fixed cost per
     sharding type (:mod:`planner.validate.calibrate`)."""
-    from planner.sharding.measure import cpu_topology_ref
     from planner.sharding.simulate_torchrec import build_torchrec_step_workload
-    from planner.sharding.task import ShardingTask, prepare
     from simulator.engine import simulate
-    problem = prepare(ShardingTask(model=cfg.model, topology=cpu_topology_ref(cfg.world)),
-                      cfg.world)
+    problem = _problem(cfg, calibration)
     ops = expected_ops(cfg, step)
     host = None
     if calibration is None:
@@ -167,6 +164,24 @@ def predicted(cfg: DLRMRunConfig, step: int, calibration=None) -> dict:
 
 
 _HOST_COSTS: dict = {}
+_LOOKUP_SCALE: dict = {}
+
+
+def _problem(cfg: DLRMRunConfig, calibration):
+    """The plan's problem on this machine's topology; with a calibration, its lookups scaled
+    by the co-running lookup probe (:func:`planner.validate.calibrate_dlrm.lookup_scale`)."""
+    from planner.sharding.cost import CostConfig
+    from planner.sharding.measure import cpu_topology_ref
+    from planner.sharding.task import ShardingTask, prepare
+    scale = 1.0
+    if calibration is not None:
+        key = id(calibration)
+        if key not in _LOOKUP_SCALE:
+            from .calibrate_dlrm import lookup_scale
+            _LOOKUP_SCALE[key] = (calibration, lookup_scale(calibration))
+        scale = _LOOKUP_SCALE[key][1]
+    return prepare(ShardingTask(model=cfg.model, topology=cpu_topology_ref(cfg.world),
+                                cost=CostConfig(lookup_time_scale=scale)), cfg.world)
 
 
 def _host_costs(calibration, world: int) -> dict:
@@ -176,12 +191,9 @@ def _host_costs(calibration, world: int) -> dict:
         from .calibrate_dlrm import host_costs
 
         def sim(cfg, host) -> float:        # a probe simulated with host work per rank
-            from planner.sharding.measure import cpu_topology_ref
             from planner.sharding.simulate_torchrec import build_torchrec_step_workload
-            from planner.sharding.task import ShardingTask, prepare
             from simulator.engine import simulate
-            problem = prepare(ShardingTask(model=cfg.model,
-                                           topology=cpu_topology_ref(cfg.world)), cfg.world)
+            problem = _problem(cfg, calibration)
             w = build_torchrec_step_workload(problem, cfg.shardings,
                                              expected_ops(cfg, cfg.warmup),
                                              compute=calibration.compute, host_s=host)

@@ -91,3 +91,38 @@ def test_torchrec_probe_sections_merge_as_more_runs():
     (p,) = m["probes"]
     assert p["runs_s"] == [0.010, 0.014] and p["step_s"] == pytest.approx(0.012)
     assert p["spread"] == 0.3
+
+
+def test_lookup_probe_is_recorded_and_scales_the_plans_lookups():
+    """The co-running lookup probe lands in the profile per round, and its ratio to the CPU
+    embedding profile's prediction multiplies every lookup term of the cost model."""
+    from dataclasses import replace as dc_replace
+
+    from planner.sharding.cost import CostConfig
+    from planner.sharding.measure import cpu_topology_ref
+    from planner.sharding.plan import evaluate_shardings
+    from planner.sharding.task import ShardingTask, prepare
+    from planner.validate.calibrate_dlrm import (_probe_shardings, lookup_probe_model,
+                                                 lookup_scale, predicted_lookup_s)
+    cfg = GlooCalibration(rounds=2, repeats=3, quick=True, torchrec=False,
+                          sizes=(4, 4096))
+    with Pool(2) as pool:
+        doc = profile_from_raw([measure_gloo_raw(cfg, pool=pool)])
+    lk = doc["lookup"]
+    assert len(lk["rounds_s"]) == 2 and min(lk["rounds_s"]) <= lk["measured_s"] <= max(
+        lk["rounds_s"])
+    assert 1e-4 < lk["measured_s"] < 1.0
+    prof = gloo_profile_from_dict(doc, source="probe")
+    scale = lookup_scale(prof)
+    assert scale == pytest.approx(lk["measured_s"] / predicted_lookup_s())
+    assert 0.2 < scale < 5                      # the same kernels; only the conditions differ
+    assert lookup_scale(dc_replace(prof, lookup=None)) == 1.0
+    model = lookup_probe_model()
+
+    def lookups(task_scale):
+        problem = prepare(ShardingTask(model=model, topology=cpu_topology_ref(2),
+                                       cost=CostConfig(lookup_time_scale=task_scale)), 2)
+        ev = evaluate_shardings(problem, _probe_shardings(model))
+        return ev.breakdown_s["lookup_fwd_s"][0], ev.breakdown_s["lookup_bwd_s"][0]
+    base, scaled = lookups(1.0), lookups(1.7)
+    assert scaled[0] == pytest.approx(1.7 * base[0]) and scaled[1] == pytest.approx(1.7 * base[1])
