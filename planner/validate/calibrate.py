@@ -28,7 +28,10 @@ same time (as in a step, so shared caches and memory bandwidth are loaded as the
 - **host time** of the validation model's block (:class:`planner.validate.model.Block`) at
   tiny sizes: eager PyTorch's dispatch and autograd per block, forward and backward; the
   median of 31 single passes of 8 blocks, each after the caches were swept (as in a real
-  step, where GEMMs and collectives run between a block's host work).
+  step, where GEMMs and collectives run between a block's host work);
+- **lookups under the run's conditions**: one fused embedding kernel on every rank at once
+  (:func:`planner.validate.calibrate_dlrm.time_lookup_probe`), whose ratio to the CPU
+  embedding profile scales the lookups of validated DLRM plans.
 
 Everything is measured ``rounds`` times (2 by default); the profile keeps the per-entry median
 over rounds and records the spread between rounds beside it (``noise``). The machine's load
