@@ -471,6 +471,8 @@ class CostModel:
         self.launch_s = (self.profile.launch_overhead_s if cfg.kernel_launch_s is None
                          else cfg.kernel_launch_s)
         scale = float(cfg.lookup_time_scale)
+        if not scale > 0:
+            raise ValueError(f"lookup_time_scale must be > 0, got {scale}")
         if scale != 1.0:                 # every lookup term scales: bandwidth, overheads, launch
             self.hbm_Bps /= scale
             self.launch_s *= scale
