@@ -8,7 +8,7 @@ Neuroshard variants: ``neuroshard`` (shipped: grid + beam search, then the local
 full learned objective), ``neuroshard_paper`` (grid + beam, as NeuroShard publishes it) and
 ``neuroshard_tw`` (the table-wise grid search alone).
 
-    python tests/bench/bench_costmodel.py [--tasks 8] [--measure] [--out DIR]
+    python tests/bench/bench_costmodel.py [--tasks 8] [--measure] [--sharding-types LIST] [--out DIR]
 """
 
 from __future__ import annotations
@@ -42,8 +42,18 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--measure", action="store_true", help="also measure the plans (slow)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--sharding-types", default=None, metavar="LIST",
+                    help="comma-separated types every planner may use (default: the tasks' "
+                         "table_wise,column_wise, NeuroShard's action space)")
     ap.add_argument("--out")
     a = ap.parse_args()
+    types = None
+    if a.sharding_types:
+        from planner.sharding.shards import ShardingType
+        try:
+            types = tuple(ShardingType(t.strip()) for t in a.sharding_types.split(","))
+        except ValueError as exc:
+            ap.error(f"--sharding-types: {exc}")
     import torch  # noqa: F401  (import time is not the loader's)
     warnings.simplefilter("ignore")
     from planner.costmodel.weights import load_predictor
@@ -62,7 +72,9 @@ def main() -> int:
     for i, bt in enumerate(neuroshard_tasks(a.seed, a.tasks)):
         for scaled in (True, False):
             model = scale_model(bt.model, 1 / 16) if scaled else bt.model
+            extra = {} if types is None else {"sharding_types": types}
             task = bt.task(model=model, memory_bytes=bt.memory_bytes // (16 if scaled else 1),
+                           **extra,
                            topology=cpu_topology_ref(4))
             prepare(task, 4)           # the shared problem set-up is not the search's time
             plans = {}
