@@ -304,12 +304,6 @@ def member_overheads(members) -> np.ndarray:
     return np.array([float(m.overhead.detach().exp()) for m in members])
 
 
-def combine_terms(terms: np.ndarray, overheads: np.ndarray) -> float:
-    """A device's ms from its tables' terms (tables, members): the members' log-mean of
-    ``Σ terms + overhead`` — what the ensemble's forward computes, without torch."""
-    return float(np.exp(np.mean(np.log(terms.sum(axis=0) + overheads))))
-
-
 def predict_compute(net, mats) -> np.ndarray:
     torch = _torch()
     with torch.no_grad():

@@ -158,13 +158,11 @@ def refine(obj, units, ranks, rowwise=frozenset(), *, max_evals: int = 20000,
             if k[0] < cur[0] - 1e-9 or (k[0] <= cur[0] + 1e-12 and k[1] < cur[1] * (1 - 1e-9)):
                 if best is None or k < best[0]:
                     best = (k, kind, cand, new_rw, per_rank)
+        if best is not None:                  # also the best found before a stop
+            cur, kind, parts, rw, cur_per = best
+            moves[kind] = moves.get(kind, 0) + 1
         if best is None or stopped != "optimum":
-            if best is not None:              # take the best found before the stop
-                cur, kind, parts, rw, cur_per = best
-                moves[kind] = moves.get(kind, 0) + 1
             break
-        cur, kind, parts, rw, cur_per = best
-        moves[kind] = moves.get(kind, 0) + 1
     u, r = _flat(parts)
     return RefineResult(units=u, ranks=r, rowwise=rw, score_ms=cur[0], start_ms=start,
                         moves=moves, evals=evals, stopped_by=stopped)

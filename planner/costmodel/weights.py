@@ -128,26 +128,28 @@ class Predictor:
         """Per member, the additive term (ms) of one table record (cached); additive nets only.
         A device's time is :meth:`combine` of its tables' summed terms."""
         key = tuple(rec)
-        if key not in self._terms:
-            from .model import table_terms
-            self._terms[key] = table_terms(self._members,
-                                           table_matrix([list(key)], batch=self.batch))[0]
+        self._fill_terms([key])
         return self._terms[key]
 
     def combine(self, summed_terms: np.ndarray) -> float:
-        """A device's ms from the sum of its tables' :meth:`terms`."""
+        """A device's ms from the sum of its tables' :meth:`terms`: the members' log-mean of
+        ``Σ terms + overhead``, what the ensemble's forward computes."""
         return float(np.exp(np.log(summed_terms + self._overheads).mean()))
 
-    def _compute_additive(self, tables_per_device) -> np.ndarray:
-        from .model import combine_terms, table_terms
-        keys = [[tuple(r) for r in recs] for recs in tables_per_device]
-        todo = sorted({k for ks in keys for k in ks if k not in self._terms})
+    def _fill_terms(self, keys) -> None:
+        """Compute the terms of the records not cached yet, in one batch."""
+        todo = sorted({k for k in keys if k not in self._terms})
         if todo:
+            from .model import table_terms
             terms = table_terms(self._members, table_matrix([list(k) for k in todo],
                                                             batch=self.batch))
             self._terms.update(zip(todo, terms))
-        return np.array([combine_terms(np.array([self._terms[k] for k in sorted(ks)]),
-                                       self._overheads) if ks else 0.0 for ks in keys])
+
+    def _compute_additive(self, tables_per_device) -> np.ndarray:
+        keys = [sorted(tuple(r) for r in recs) for recs in tables_per_device]
+        self._fill_terms([k for ks in keys for k in ks])
+        return np.array([self.combine(np.sum([self._terms[k] for k in ks], axis=0))
+                         if ks else 0.0 for ks in keys])
 
     def comm_ms(self, dim_sums: Sequence[float], waits_ms: Sequence[float]):
         if self.fwd_net is None or len(dim_sums) != self.comm_devices:

@@ -6,8 +6,8 @@
 One pool of 2 spawned gloo processes (one thread each, main threads pinned to a core) runs
 ``--rounds`` rounds, each a round of ``clusterplan calibrate gloo`` (per-size collective
 tables, reduce-scatter and all-gather separate, the extra cost of a call after compute, one
-core's compute curves, host time per block, TorchRec probe plans) followed by every
-configuration once: ``--warmup`` steps, then ``--steps`` measured steps. The calibration is
+core's compute curves, host time per block, co-running lookups, TorchRec probe plans)
+followed by every configuration once: ``--warmup`` steps, then ``--steps`` measured steps. The calibration is
 the median over its rounds, the measured step time the median over all rounds' steps of the
 slowest rank's step. Why rounds: this shared VM's speed drifts by up to ±20% over minutes
 (other tenants; invisible in ``/proc``), so a calibration taken once, then configurations
