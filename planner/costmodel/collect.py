@@ -191,7 +191,7 @@ class _Ids:
         self.cache: dict[int, object] = {}
 
     def kernel_table(self, pool_index: int, dim: int):
-        from planner.sharding.measure import table_ids
+        from planner.sharding.ids import table_ids
         from planner.sharding.measure_kernels import KernelTable
         t = _pool(self.cfg.seed, self.cfg.pool_size, self.cfg.row_scale)[pool_index]
         if pool_index not in self.cache:

@@ -27,12 +27,12 @@ Two sweeps, neither of which looks at a benchmark task or a plan:
    many processes times all-to-alls (even and plan-like uneven splits, 4 B … 4 MiB per peer)
    and all-reduce, reduce-scatter and all-gather (4 KiB … 16 MiB); fitted per rank as
    ``alpha + max(sent, received) / Bps`` for the all-to-all (the form of
-   :meth:`~planner.sharding.cost.CommModel.a2a_times`) and ``alpha + bytes / Bps`` for the
-   others.
+   :meth:`~planner.sharding.comm_model.CommModel.a2a_times`) and ``alpha + bytes / Bps`` for
+   the others (``calibrate_comm.py``).
 
 The result is a YAML file (default ``traces/calibration/cpu-embedding.yaml``) with the fitted
 numbers, the fit errors, every measured point, and how it was measured (machine, versions,
-date, command). :func:`planner.sharding.cost.load_cpu_profile` reads it; a plan on a CPU
+date, command). :func:`planner.sharding.cpu_profile.load_cpu_profile` reads it; a plan on a CPU
 topology (``localhost-gloo``) is then costed with it.
 """
 
@@ -50,6 +50,7 @@ import numpy as np
 from simulator.errors import SpecError
 
 from .access import default_reuse_bins, zipf_reuse, accesses_per_row
+from .calibrate_comm import fit_comm_profile, measure_comm_points
 from .spec import ModelSpec, TableSpec
 
 __all__ = ["kernel_configs", "measure_kernel_points", "fit_kernel_profile", "measure_comm_points",
@@ -153,7 +154,7 @@ def measure_kernel_points(configs: Sequence[ModelSpec], *, repeats: int = 7, war
 
 def _measure_kernel_points(configs, *, repeats, warmup, backend, chunk, progress=None,
                            reverse: bool = False) -> list[dict]:
-    from .measure import model_ids
+    from .ids import model_ids
     from .measure_kernels import KernelTable, time_ranks
     points: list = [None] * len(configs)
     starts = list(range(0, len(configs), chunk))
@@ -307,92 +308,6 @@ def fit_kernel_profile(points: Sequence[dict]) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# collectives
-
-def _a2a_cases(world: int, rng: np.random.Generator) -> list[tuple[str, list[list[float]]]]:
-    cases = []
-    for per in (4.0, 4096.0, 65536.0, 524288.0, 2097152.0, 4194304.0):
-        m = np.full((world, world), per)
-        cases.append((f"a2a_even_{int(per)}", m))
-    for k, scale in enumerate((16384.0, 262144.0, 2097152.0)):
-        y = rng.uniform(0.2, 1.8, size=world) * scale           # rank-owned volume per peer
-        cases.append((f"a2a_rows_{k}", np.repeat(y[:, None], world, axis=1)))
-        cases.append((f"a2a_cols_{k}", np.repeat(y[None, :], world, axis=0)))
-    return [(name, m.tolist()) for name, m in cases]
-
-
-def measure_comm_points(worlds: Sequence[int], *, repeats: int = 9, warmup: int = 3,
-                        seed: int = 0, progress=None) -> dict[int, list[dict]]:
-    """Time all-to-alls and grouped collectives for each world size (gloo, spawned processes)."""
-    from .measure_comm import GlooGroup
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xC033]))
-    out: dict[int, list[dict]] = {}
-    for n in worlds:
-        if n < 2:
-            continue
-        ops = []
-        meta = {}
-        for name, m in _a2a_cases(n, rng):
-            ops.append(("a2a", name, m))
-            meta[name] = ("a2a", m)
-        for kind in ("allreduce", "reducescatter", "allgather"):
-            for size in (4096.0, 262144.0, 4194304.0, 16777216.0):
-                name = f"{kind}_{int(size)}"
-                ops.append((kind, name, size))
-                meta[name] = (kind, size)
-        with GlooGroup(n) as g:
-            res = g.run(ops, repeats=repeats, warmup=warmup)
-        pts = []
-        for name, (kind, arg) in meta.items():
-            for r in range(n):
-                if kind == "a2a":
-                    m = np.asarray(arg)
-                    off = ~np.eye(n, dtype=bool)
-                    sent = float(m[r][off[r]].sum())
-                    recv = float(m[:, r][off[:, r]].sum())
-                    pts.append({"kind": kind, "name": name, "rank": r, "sent_bytes": sent,
-                                "received_bytes": recv, "seconds": res[r][name]["median_s"]})
-                else:
-                    pts.append({"kind": kind, "name": name, "rank": r, "bytes": float(arg),
-                                "seconds": res[r][name]["median_s"]})
-        out[n] = pts
-        if progress:
-            progress(f"collectives: world {n} done")
-    return out
-
-
-def _fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
-    """alpha, Bps, mape of ``y = alpha + x / Bps`` (relative least squares, both ≥ 0)."""
-    from scipy.optimize import nnls
-    X = np.stack([np.ones_like(x), x], axis=1)
-    w = 1.0 / y
-    coef, _ = nnls(X * w[:, None], y * w)
-    alpha, inv = float(coef[0]), float(coef[1])
-    pred = X @ coef
-    return alpha, (1.0 / inv if inv > 0 else math.inf), float(np.mean(np.abs(pred / y - 1.0)))
-
-
-def fit_comm_profile(points: dict[int, list[dict]]) -> dict:
-    """Per world size: a2a alpha and Bps, and (alpha, Bps) of the grouped collectives."""
-    out = {}
-    for n, pts in sorted(points.items()):
-        a = [p for p in pts if p["kind"] == "a2a"]
-        x = np.array([max(p["sent_bytes"], p["received_bytes"]) for p in a])
-        y = np.array([p["seconds"] for p in a])
-        alpha, bw, err = _fit_line(x, y)
-        entry = {"a2a_alpha_s": alpha, "a2a_Bps": bw, "a2a_mape": err}
-        for kind in ("allreduce", "reducescatter", "allgather"):
-            q = [p for p in pts if p["kind"] == kind]
-            if not q:
-                continue
-            al, b, e = _fit_line(np.array([p["bytes"] for p in q]),
-                                 np.array([p["seconds"] for p in q]))
-            entry[kind] = {"alpha_s": al, "Bps": b, "mape": e}
-        out[int(n)] = entry
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
 
 def calibrate(*, kernel_points: int = 120, worlds: Sequence[int] = (2, 4, 8), repeats: int = 7,
               seed: int = 0, backend: str = "auto", rounds: int = 2, command: str | None = None,
@@ -445,7 +360,7 @@ def write_profile(doc: dict, path: str) -> None:
     from simulator.fileio import atomic_write_text
     header = ("# CPU embedding profile MEASURED by `clusterplan calibrate embedding` "
               "(planner/sharding/calibrate_embedding.py);\n# see 'measured' for how, 'points' for "
-              "the raw timings. Read by planner/sharding/cost.py (load_cpu_profile).\n")
+              "the raw timings. Read by planner/sharding/cpu_profile.py (load_cpu_profile).\n")
     atomic_write_text(path, header + yaml.safe_dump(_plain(doc), sort_keys=False, width=100))
 
 

@@ -56,7 +56,7 @@ HBM × efficiency), ``lookup_overhead_bytes``, ``repeat_hit_ratio``, ``backward_
 in byte-equivalents (``element_bytes``: a CPU converts fp16 rows, so they do not cost half of
 fp32), and its collectives from the gloo fits for the plan's world size instead of the
 simulator: the all-to-all ``alpha + max(sent, received) / Bps`` of the busiest rank, the same for
-every rank (:class:`SyncCommModel`: processes sharing a few cores finish together; measured
+every rank (:class:`~.comm_model.SyncCommModel`: processes sharing a few cores finish together; measured
 per-rank times do not follow per-rank volumes), the others ``alpha + bytes / Bps``. ``CostConfig(device_profile=None)`` turns this
 off; GPU topologies never use it.
 
@@ -68,17 +68,17 @@ rank and is reported separately (:meth:`CostModel.dense_costs`).
 
 from __future__ import annotations
 
-import functools
 import math
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Sequence
 
 import numpy as np
 
 from simulator.topology import Topology
 
 from .access import accesses_per_row, default_reuse_bins, zipf_reuse
+from .comm_model import CommModel, calibrate_comm
+from .cpu_profile import CPU_PROFILE_PATH, CpuProfile, load_cpu_profile
 from .shards import Shard, ShardingType, TableSharding
 from .spec import PRECISION_BYTES, ModelSpec, TableSpec
 from .memory import shard_memory_bytes
@@ -147,287 +147,6 @@ class CostConfig:
     page_reach_bytes: float = 1048576.0
     device_profile: str | None = "auto"
     lookup_time_scale: float = 1.0
-
-
-@dataclass(frozen=True)
-class CommModel:
-    """Closed-form collective times for ranks ``0..n-1`` of a topology, fitted to the simulator.
-
-    Attributes
-    ----------
-    n : int
-    node_of : numpy.ndarray
-        Host index of each rank.
-    node_size : numpy.ndarray
-        Ranks of the group in each rank's host.
-    a2a_alpha_s : float
-        Fixed time of one all-to-all, seconds.
-    intra_Bps, inter_Bps : float
-        Per-rank all-to-all bandwidth to peers inside / outside the host, bytes/s
-        (``inf`` where a rank has no such peers).
-    fits : Mapping[str, tuple[float, float]]
-        ``(alpha_s, Bps)`` per collective: ``reducescatter``, ``allgather``, ``allreduce``
-        over all ranks and ``host_reducescatter``, ``host_allgather`` inside one host;
-        time = alpha + size / Bps (nccl-tests sizes).
-    source : str
-    """
-
-    n: int
-    node_of: np.ndarray
-    node_size: np.ndarray
-    a2a_alpha_s: float
-    intra_Bps: float
-    inter_Bps: float
-    fits: Mapping[str, tuple[float, float]] = field(default_factory=dict)
-    source: str = ""
-
-    def time(self, kind: str, size_bytes):
-        """Seconds of collective ``kind`` of ``size_bytes`` (0 when the size is 0)."""
-        alpha, bw = self.fits.get(kind, (0.0, math.inf))
-        s = np.asarray(size_bytes, dtype=float)
-        return np.where(s > 0, alpha + s / bw, 0.0)
-
-    def a2a_times(self, owned_bytes: np.ndarray) -> np.ndarray:
-        """Per-rank all-to-all time, seconds, when rank r exchanges ``owned_bytes[..., r]`` with
-        each peer one way and each peer q exchanges ``owned_bytes[..., q]`` with r the other way:
-        ``alpha + max(send, recv)_intra / bw_intra + max(send, recv)_inter / bw_inter``.
-        """
-        y = np.asarray(owned_bytes, dtype=float)
-        total = y.sum(axis=-1, keepdims=True)
-        nodes = int(self.node_of.max()) + 1
-        if nodes == 1:
-            node_sum = total
-        else:
-            onehot = np.eye(nodes)[self.node_of]                       # (n, nodes)
-            node_sum = (y @ onehot) @ onehot.T                         # (..., n)
-        g = self.node_size
-        send_i = y * (g - 1)
-        recv_i = node_sum - y
-        t = np.maximum(send_i, recv_i) / self.intra_Bps
-        if self.n > g.min():
-            send_e = y * (self.n - g)
-            recv_e = total - node_sum
-            t = t + np.maximum(send_e, recv_e) / self.inter_Bps
-        return self.a2a_alpha_s + t
-
-
-@functools.lru_cache(maxsize=32)
-def _calibrate_cached(ref: str, n: int) -> CommModel:
-    from simulator.topology import load_topology
-    return calibrate_comm(load_topology(ref), n, ref=ref)
-
-
-def calibrate_comm(topo: Topology, n: int, *, ref: str | None = None) -> CommModel:
-    """Fit :class:`CommModel` to the simulator's collectives on ranks ``0..n-1`` of ``topo``.
-
-    Each fit runs the collective alone at 1 MiB and 256 MiB and takes the line through both.
-    The all-to-all bandwidths come from one uniform exchange inside a host and one in which every
-    rank sends only to other hosts (over at most 4 hosts, to keep calibration fast).
-    """
-    from simulator.collectives import simulate_collective
-    mode = "symmetric" if n > 64 else "explicit"
-    node_of = np.array([topo.node_of(r) for r in range(n)])
-    _, inv, counts = np.unique(node_of, return_inverse=True, return_counts=True)
-    node_of = inv.astype(int)
-    node_size = counts[node_of].astype(float)
-    s1, s2 = float(2 ** 20), float(2 ** 28)
-
-    def fit(kind: str, ranks: Sequence[int]) -> tuple[float, float]:
-        if len(ranks) < 2:
-            return 0.0, math.inf
-        t1 = simulate_collective(topo, kind, ranks, s1, mode=mode).time_s
-        t2 = simulate_collective(topo, kind, ranks, s2, mode=mode).time_s
-        bw = (s2 - s1) / max(t2 - t1, 1e-15)
-        return max(0.0, t1 - s1 / bw), bw
-
-    ranks = list(range(n))
-    host0 = [r for r in ranks if node_of[r] == 0]
-    fits = {"reducescatter": fit("reducescatter", ranks), "allgather": fit("allgather", ranks),
-            "allreduce": fit("allreduce", ranks),
-            "host_reducescatter": fit("reducescatter", host0),
-            "host_allgather": fit("allgather", host0)}
-    alpha = 0.0
-    if n > 1:
-        alpha = simulate_collective(topo, "alltoall", ranks, 64.0 * n, mode=mode).time_s
-    intra = math.inf
-    if len(host0) > 1:
-        m = len(host0)
-        a0 = simulate_collective(topo, "alltoall", host0, 64.0 * m).time_s
-        t = simulate_collective(topo, "alltoall", host0, s2).time_s
-        intra = (s2 * (m - 1) / m) / max(t - a0, 1e-15)
-    inter = math.inf
-    hosts = int(node_of.max()) + 1
-    if hosts > 1:
-        sub = [r for r in ranks if node_of[r] < min(hosts, 4)]
-        k = len(sub)
-        per = s2 / k
-        mat = np.array([[per if node_of[i] != node_of[j] else 0.0 for j in sub] for i in sub])
-        a0 = simulate_collective(topo, "alltoall", sub, 64.0 * k, mode=mode).time_s
-        t = simulate_collective(topo, "alltoall", sub, s2, splits=mat, mode=mode).time_s
-        inter = float(mat.sum(axis=1).max()) / max(t - a0, 1e-15)
-    return CommModel(n=n, node_of=node_of, node_size=node_size, a2a_alpha_s=float(alpha),
-                     intra_Bps=float(intra), inter_Bps=float(inter), fits=fits,
-                     source=f"fitted to simulate_collective on {ref or topo.name}, "
-                            f"ranks 0..{n - 1}")
-
-
-@dataclass(frozen=True)
-class SyncCommModel(CommModel):
-    """A :class:`CommModel` whose all-to-all is one synchronising exchange: every rank takes the
-    slowest rank's ``alpha + max(sent, received) / Bps``. The gloo fits of the CPU profile use it:
-    with the processes sharing a few cores, per-rank all-to-all times do not follow per-rank
-    volumes (measured within-plan correlation ≈ 0), all finish with the slowest."""
-
-    def a2a_times(self, owned_bytes: np.ndarray) -> np.ndarray:
-        t = CommModel.a2a_times(self, owned_bytes)
-        return np.broadcast_to(t.max(axis=-1, keepdims=True), t.shape).copy()
-
-
-#: the committed CPU profile (``clusterplan calibrate embedding --out`` rewrites it)
-CPU_PROFILE_PATH = (Path(__file__).resolve().parents[2] / "traces" / "calibration"
-                    / "cpu-embedding.yaml")
-
-_LOOKUP_FIELDS = ("lookup_Bps", "lookup_overhead_bytes", "repeat_hit_ratio", "backward_multiplier",
-                  "shard_overhead_s", "kernel_launch_s")
-
-
-@dataclass(frozen=True)
-class CpuProfile:
-    """Measured constants of the cost model on a CPU target (see the module docstring).
-
-    Attributes
-    ----------
-    lookup_Bps : float
-        Effective bytes per second of a one-thread fused lookup (replaces HBM × efficiency).
-    lookup_overhead_bytes, repeat_hit_ratio, backward_multiplier, shard_overhead_s, kernel_launch_s
-        As in :class:`CostConfig`, fitted.
-    element_bytes : Mapping[str, float]
-        Byte-equivalents per element of fp16/bf16 rows in the lookup terms (a CPU converts
-        half-precision rows, so they cost about what fp32 ones do, not half).
-    row_walk_bytes, page_reach_bytes : float
-        As in :class:`CostConfig`, fitted.
-    comm : Mapping[int, Mapping[str, Any]]
-        Per calibrated world size: ``a2a_alpha_s``, ``a2a_Bps`` and, for ``allreduce``,
-        ``reducescatter``, ``allgather``, ``{alpha_s, Bps}``.
-    source : str
-        The file and how it was measured.
-    """
-
-    lookup_Bps: float
-    lookup_overhead_bytes: float
-    repeat_hit_ratio: float
-    backward_multiplier: float
-    shard_overhead_s: float
-    kernel_launch_s: float
-    comm: Mapping[int, Mapping[str, Any]]
-    source: str = ""
-    element_bytes: Mapping[str, float] = field(default_factory=dict)
-    row_walk_bytes: float = 0.0
-    page_reach_bytes: float = 1048576.0
-
-    def cost_overrides(self) -> dict:
-        """The :class:`CostConfig` fields this profile sets."""
-        return {"lookup_overhead_bytes": self.lookup_overhead_bytes,
-                "repeat_hit_ratio": self.repeat_hit_ratio,
-                "backward_multiplier": self.backward_multiplier,
-                "shard_overhead_s": self.shard_overhead_s,
-                "kernel_launch_s": self.kernel_launch_s,
-                "row_walk_bytes": self.row_walk_bytes,
-                "page_reach_bytes": self.page_reach_bytes}
-
-    def world_fit(self, n: int) -> tuple[int, Mapping[str, Any]]:
-        """The calibrated world size used for ``n`` ranks (the nearest in log₂, ties upward)
-        and its fits."""
-        if not self.comm:
-            raise ValueError("the CPU profile has no collective fits")
-        sizes = sorted(self.comm)
-        w = min(sizes, key=lambda s: (abs(math.log2(s) - math.log2(max(n, 1))), -s))
-        return w, self.comm[w]
-
-    def comm_model(self, n: int, like: CommModel | None = None) -> CommModel:
-        """A :class:`CommModel` for ``n`` ranks on one host from the gloo fits."""
-        if n < 2 or not self.comm:
-            base = like or CommModel(n=n, node_of=np.zeros(n, dtype=int),
-                                     node_size=np.full(n, float(n)), a2a_alpha_s=0.0,
-                                     intra_Bps=math.inf, inter_Bps=math.inf)
-            return base
-        w, e = self.world_fit(n)
-        fits = {}
-        for kind in ("reducescatter", "allgather", "allreduce"):
-            if kind in e:
-                fits[kind] = (float(e[kind]["alpha_s"]), float(e[kind]["Bps"]))
-        if "reducescatter" in fits:
-            fits["host_reducescatter"] = fits["reducescatter"]
-        if "allgather" in fits:
-            fits["host_allgather"] = fits["allgather"]
-        note = "" if w == n else f" (world {n} uses the world-{w} fit)"
-        return SyncCommModel(n=n, node_of=np.zeros(n, dtype=int), node_size=np.full(n, float(n)),
-                         a2a_alpha_s=float(e["a2a_alpha_s"]), intra_Bps=float(e["a2a_Bps"]),
-                         inter_Bps=math.inf, fits=fits,
-                         source=f"gloo fits from {self.source}{note}")
-
-
-@functools.lru_cache(maxsize=8)
-def load_cpu_profile(path: str | None = None) -> CpuProfile | None:
-    """Read a CPU profile YAML (default :data:`CPU_PROFILE_PATH`); None when the default file is
-    absent. A bad or missing explicit file raises :class:`~simulator.errors.SpecError`."""
-    from simulator.errors import SpecError
-    from simulator.fileio import parse_yaml
-    p = Path(path) if path else CPU_PROFILE_PATH
-    if not p.is_file():
-        if path:
-            raise SpecError("CPU profile not found", source=str(p),
-                            fix="run `clusterplan calibrate embedding --out FILE` first")
-        return None
-    doc = parse_yaml(p.read_text(encoding="utf-8"), source=str(p))
-    look = doc.get("lookup") if isinstance(doc, dict) else None
-    if not isinstance(look, dict):
-        raise SpecError("no 'lookup' section", source=str(p), field="lookup",
-                        fix="rewrite it with `clusterplan calibrate embedding`")
-    vals = {}
-    for k in _LOOKUP_FIELDS:
-        v = look.get(k)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-            raise SpecError(f"{k} must be a non-negative number, got {v!r}", source=str(p),
-                            field=f"lookup.{k}", fix="rewrite it with `clusterplan calibrate "
-                                                    "embedding`")
-        vals[k] = float(v)
-    if vals["lookup_Bps"] <= 0:
-        raise SpecError("lookup_Bps must be positive", source=str(p), field="lookup.lookup_Bps",
-                        fix="rewrite it with `clusterplan calibrate embedding`")
-    worlds = ((doc.get("comm") or {}).get("worlds") or {})
-    comm = {}
-    for k, e in worlds.items():
-        try:
-            w = int(k)
-            entry = {"a2a_alpha_s": float(e["a2a_alpha_s"]), "a2a_Bps": float(e["a2a_Bps"])}
-            for kind in ("allreduce", "reducescatter", "allgather"):
-                if kind in e:
-                    entry[kind] = {"alpha_s": float(e[kind]["alpha_s"]),
-                                   "Bps": float(e[kind]["Bps"])}
-        except (TypeError, ValueError, KeyError) as exc:
-            raise SpecError(f"bad collective fit for world {k!r}: {exc}", source=str(p),
-                            field=f"comm.worlds.{k}",
-                            fix="rewrite it with `clusterplan calibrate embedding`") from None
-        comm[w] = entry
-    elem = {}
-    for k, v in (look.get("element_bytes") or {}).items():
-        if k not in ("fp16", "bf16") or not isinstance(v, (int, float)) or not v > 0:
-            raise SpecError(f"element_bytes.{k} must be a positive number for fp16/bf16",
-                            source=str(p), field=f"lookup.element_bytes.{k}",
-                            fix="rewrite it with `clusterplan calibrate embedding`")
-        elem[k] = float(v)
-    for k, default in (("row_walk_bytes", 0.0), ("page_reach_bytes", 1048576.0)):
-        v = look.get(k, default)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) \
-                or v < 0 or (k == "page_reach_bytes" and v <= 0):
-            raise SpecError(f"{k} must be a non-negative number, got {v!r}", source=str(p),
-                            field=f"lookup.{k}", fix="rewrite it with `clusterplan calibrate "
-                                                    "embedding`")
-        vals[k] = float(v)
-    meas = doc.get("measured") or {}
-    src = f"{p.name} (measured {meas.get('date', '?')} on {(meas.get('machine') or {}).get('cpu_model', '?')})"
-    return CpuProfile(comm=comm, source=src, element_bytes=elem, **vals)
 
 
 def _device_profile(topo: Topology, cfg: CostConfig) -> CpuProfile | None:

@@ -410,7 +410,7 @@ def torchrec_step_ops(problem, shardings: Sequence[TableSharding], *, seed: int 
     """:func:`torchrec_comm_ops` for one seeded global batch drawn from the tables' access
     distributions (:func:`planner.sharding.measure.table_ids`), the problem's dense part and
     its hosts (``local_world``: ranks per host, default the topology's)."""
-    from .measure import table_ids
+    from .ids import table_ids
     m = problem.model
     n = problem.devices
     batch = int(m.batch_size)

@@ -10,7 +10,8 @@ import numpy as np
 
 from simulator.errors import SpecError
 
-from .cost import CostConfig, CostModel, _calibrate_cached
+from .comm_model import _calibrate_cached
+from .cost import CostConfig, CostModel
 from .memory import device_capacity_bytes
 from .shards import ALL_SHARDING_TYPES, ShardingType
 from .spec import ModelSpec

@@ -1,6 +1,6 @@
 """Compare the communication a real run issued with the simulator's op graph, exactly.
 
-Per rank and per step, both sides are lists of :class:`~planner.llm.step.CommEvent`. They are
+Per rank and per step, both sides are lists of :class:`~planner.llm.comm_events.CommEvent`. They are
 compared on channels, in order:
 
 - ``pipeline``: the pass markers, sends and receives of the rank in issue order (the pipeline
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from planner.llm.step import CommEvent
+from planner.llm.comm_events import CommEvent
 
 __all__ = ["Mismatch", "StructureReport", "channels", "compare_rank", "compare_structure",
            "events_from_records", "describe"]

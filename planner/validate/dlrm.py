@@ -83,7 +83,7 @@ class DLRMRunConfig:
 
 def step_batch(cfg: DLRMRunConfig, step: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The global batch of ``step``: per table its bag lengths (``batch_size``) and ids."""
-    from planner.sharding.measure import table_ids
+    from planner.sharding.ids import table_ids
     lengths, ids = [], []
     for i, t in enumerate(cfg.model.tables):
         x = table_ids(t, cfg.model.batch_size, seed=cfg.seed * 1009 + step, index=i)

@@ -6,7 +6,7 @@ block, and runs ``warmup + steps`` training steps, each executing the stage's sc
 :func:`planner.llm.schedule.schedule` (the simulator's own): receive (blocking), pass, send
 (``isend``, completed at the end of the step); after the last micro-batch's backward of each
 chunk, its gradients (fp32, a flat buffer in backward order) are all-reduced over the DP group
-in :func:`planner.llm.step.dp_bucket_elements` buckets; then AdamW (foreach ops). A barrier separates steps
+in :func:`planner.llm.partition.dp_bucket_elements` buckets; then AdamW (foreach ops). A barrier separates steps
 (not part of any step's record). Every communication call goes through
 :class:`planner.validate.comm.Recorder`.
 
@@ -24,8 +24,8 @@ import time
 import traceback
 
 from planner.llm.layout import Layout
+from planner.llm.partition import chunk_layer_counts, dp_bucket_elements, vstage_layer_offsets
 from planner.llm.schedule import schedule
-from planner.llm.step import chunk_layer_counts, dp_bucket_elements, vstage_layer_offsets
 
 from .comm import CommError, GroupBroken, Progress, Recorder
 from .config import RunConfig

@@ -1,0 +1,281 @@
+"""The MIP of the sharding problem: its PuLP variables, constraints and objective, and the
+mapping between its variables and planner choices (solved in :mod:`.mip`).
+
+
+Variables per table ``t`` (only the options its allowed types permit):
+
+- ``x[t,d]`` ∈ {0,1}: table-wise on rank d;
+- for ``k`` ∈ {2, 4, 8} equal column parts (width a multiple of 4): ``u[t,k]`` ∈ {0,1} (this
+  split is used), ``m[t,k,d]`` ∈ {0..k} parts on rank d, ``y[t,k,d]`` ∈ {0,1} rank d holds a
+  part, with ``Σ_d m = k·u``, ``y ≤ m ≤ k·y`` and ``Σ_d y ≥ 2u`` (parts on one rank merge into
+  one shard, so any widths that are multiples of dim/k; all on one rank is table-wise);
+- ``v[t]`` row-wise, ``w[t]`` data-parallel, ``z[t,h]`` table-row-wise on host h ∈ {0,1};
+- exactly one option per table.
+
+Per-rank features are linear in these (column blocks cost ``base·y + part·m``), and so is every
+term of :class:`~planner.sharding.cost.CostModel` except three kinds, which are exact in the
+model too: the all-to-all maxima (one continuous variable per rank, link class and exchange,
+bounded below by the send and the receive side), and the fixed latency of the row-wise,
+table-row-wise and data-parallel collectives (an indicator per group that is 1 when any table
+uses it). So the MIP's objective equals the analytic maximum per-rank cost of its plan. The
+objective is ``max_r cost_r + 1e-6 · Σ_r cost_r`` (µs), the second term preferring less total
+work among equally balanced plans; the bound reported is converted back to the maximum alone.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pulp
+
+from ..cost import F_BWD, F_DP, F_FWD, F_HRS, F_IDS, F_MEM, F_OUT, F_RW
+from ..shards import ShardingType
+from .common import CW_PARTS, Catalog
+
+__all__ = ["EPS", "US", "MipModel"]
+
+_TW, _CW, _RW, _DP, _TWRW = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
+                             ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL,
+                             ShardingType.TABLE_ROW_WISE)
+US = 1e6          # the model works in microseconds
+EPS = 1e-6        # weight of the total-cost tie-breaker
+
+
+def _new(lp: pulp.LpProblem, name: str, low=None, up=None, cat: str = "Continuous"):
+    """A variable of ``lp`` (PuLP ≥ 3.3 attaches it to the problem; older PuLP does not need to)."""
+    if hasattr(lp, "add_variable"):
+        return lp.add_variable(name, low, up, cat=cat)
+    return pulp.LpVariable(name, low, up, cat=cat)
+
+
+def _lin(pairs) -> pulp.LpAffineExpression:
+    """A linear expression from ``(variable, coefficient)`` pairs, summing repeated variables."""
+    acc: dict = {}
+    for v, c in pairs:
+        if c != 0.0:
+            acc[v] = acc.get(v, 0.0) + float(c)
+    return pulp.LpAffineExpression([(v, c) for v, c in acc.items() if c != 0.0])
+
+
+class MipModel:
+    """The PuLP model of one problem and its variable ↔ choice mapping."""
+
+    def __init__(self, cat: Catalog, parts=CW_PARTS, types=None) -> None:
+        self.cat = cat
+        cm = cat.cost
+        n = cat.n
+        T = cat.model.num_tables
+        types = set(types or (_TW, _CW, _RW, _DP, _TWRW))
+        hosts = cat.problem.hosts
+        self.lp = lp = pulp.LpProblem("sharding", pulp.LpMinimize)
+        self.x: dict[tuple[int, int], pulp.LpVariable] = {}
+        self.u: dict[tuple[int, int], pulp.LpVariable] = {}
+        self.m: dict[tuple[int, int, int], pulp.LpVariable] = {}
+        self.y: dict[tuple[int, int, int], pulp.LpVariable] = {}
+        self.v: dict[int, pulp.LpVariable] = {}
+        self.w: dict[int, pulp.LpVariable] = {}
+        self.z: dict[tuple[int, int], pulp.LpVariable] = {}
+        # per-rank feature terms: feats[r][f] = list of (var, coef)
+        feats = [[[] for _ in range(8)] for _ in range(n)]
+        for t in range(T):
+            one = []
+            if _TW in types and cat.problem.allowed(t, _TW):
+                f = cat.tw(t)
+                for d in range(n):
+                    var = self.x[t, d] = _new(lp, f"x_{t}_{d}", cat="Binary")
+                    one.append(var)
+                    for k in range(8):
+                        feats[d][k].append((var, f[k]))
+            if _CW in types:
+                for k in cat.cw_parts(t, parts):
+                    base, part = cat.cw(t, k)
+                    uu = self.u[t, k] = _new(lp, f"u_{t}_{k}", cat="Binary")
+                    one.append(uu)
+                    ms, ys = [], []
+                    for d in range(n):
+                        mm = self.m[t, k, d] = _new(lp, f"m_{t}_{k}_{d}", 0, k,
+                                                               cat="Integer")
+                        yy = self.y[t, k, d] = _new(lp, f"y_{t}_{k}_{d}", cat="Binary")
+                        ms.append(mm)
+                        ys.append(yy)
+                        lp += mm - k * yy <= 0
+                        lp += yy - mm <= 0
+                        for q in range(8):
+                            feats[d][q].append((yy, base[q]))
+                            feats[d][q].append((mm, part[q]))
+                    lp += _lin([(mm, 1) for mm in ms] + [(uu, -k)]) == 0
+                    lp += _lin([(yy, 1) for yy in ys] + [(uu, -2)]) >= 0
+            for kind, store, st in (("rw", self.v, _RW), ("dp", self.w, _DP)):
+                if st in types and cat.can(t, st):
+                    var = store[t] = _new(lp, f"{kind}_{t}", cat="Binary")
+                    one.append(var)
+                    G = cat.uniform(t, kind)
+                    for d in range(n):
+                        for q in range(8):
+                            feats[d][q].append((var, G[d, q]))
+            if _TWRW in types and cat.can(t, _TWRW):
+                for h in range(len(hosts)):
+                    var = self.z[t, h] = _new(lp, f"twrw_{t}_{h}", cat="Binary")
+                    one.append(var)
+                    G = cat.uniform(t, "twrw", h)
+                    for d in range(n):
+                        for q in range(8):
+                            feats[d][q].append((var, G[d, q]))
+            if not one:
+                from simulator.errors import SpecError
+                have = ", ".join(sorted(x.value for x in cat.problem.allowed_types(t)))
+                raise SpecError(f"table {cat.problem.model.tables[t].name!r} has no placement "
+                                f"the MIP can use on {n} device(s) (allowed: {have or 'none'}; "
+                                "table-row-wise needs more than one host)",
+                                field="--sharding-types",
+                                fix="allow another sharding type for it")
+            lp += _lin([(o, 1) for o in one]) == 1
+        # memory
+        for d in range(n):
+            lp += _lin(feats[d][F_MEM]) <= float(cat.cap[d])
+        # communication
+        comm = cm.comm
+        b = cm.local_batch
+        node_of = comm.node_of
+        g = comm.node_size
+        multi = n > g.min()
+        a2a_terms: list[list[tuple]] = [[] for _ in range(n)]
+        const = [0.0] * n
+        launch = 3 * cm.launch_s * US
+        if n > 1:
+            for f_idx, mult, name in ((F_IDS, 1.0, "ids"), (F_OUT, 2.0, "out")):
+                P = [_new(lp, f"P{name}_{d}") for d in range(n)]
+                for d in range(n):
+                    lp += _lin(feats[d][f_idx] + [(P[d], -1.0)]) == 0
+                scale_i = b * US / comm.intra_Bps
+                for r in range(n):
+                    I = _new(lp, f"I{name}_{r}", 0)
+                    same = [q for q in range(n) if node_of[q] == node_of[r] and q != r]
+                    lp += _lin([(I, 1.0), (P[r], -scale_i * (g[r] - 1))]) >= 0
+                    if same:
+                        lp += _lin([(I, 1.0)] + [(P[q], -scale_i) for q in same]) >= 0
+                    a2a_terms[r].append((I, mult))
+                    const[r] += mult * comm.a2a_alpha_s * US
+                    if multi:
+                        scale_e = b * US / comm.inter_Bps
+                        other = [q for q in range(n) if node_of[q] != node_of[r]]
+                        E = _new(lp, f"E{name}_{r}", 0)
+                        lp += _lin([(E, 1.0), (P[r], -scale_e * (n - g[r]))]) >= 0
+                        lp += _lin([(E, 1.0)] + [(P[q], -scale_e) for q in other]) >= 0
+                        a2a_terms[r].append((E, mult))
+        # grouped collectives: indicator × alpha + bytes / bandwidth
+        group_terms: list[list[tuple]] = [[] for _ in range(n)]
+
+        def group(kind_pairs, members, store, label):
+            if not store:
+                return
+            ind = _new(lp, f"g_{label}", cat="Binary")
+            for var in store:
+                lp.addConstraint(ind - var >= 0)
+            alpha = sum(comm.fits.get(k, (0.0, math.inf))[0] for k in kind_pairs) * US
+            inv_bw = sum(1.0 / comm.fits.get(k, (0.0, math.inf))[1] for k in kind_pairs) * US
+            for r in members:
+                group_terms[r].append((ind, alpha))
+                yield r, inv_bw
+
+        for r, inv_bw in group(("reducescatter", "allgather"), range(n), list(self.v.values()),
+                               "rw"):
+            group_terms[r] += [(v_, c * inv_bw) for v_, c in feats[r][F_RW]]
+        for r, inv_bw in group(("allreduce",), range(n), list(self.w.values()), "dp"):
+            group_terms[r] += [(v_, c * inv_bw) for v_, c in feats[r][F_DP]]
+        for h, members in enumerate(hosts):
+            store = [self.z[t, hh] for (t, hh) in self.z if hh == h]
+            for r, inv_bw in group(("host_reducescatter", "host_allgather"), members, store,
+                                   f"twrw{h}"):
+                group_terms[r] += [(v_, c * inv_bw) for v_, c in feats[r][F_HRS]]
+        self.zmax = zmax = _new(lp, "zmax", 0)
+        self.C = []
+        for r in range(n):
+            C = _new(lp, f"C_{r}", 0)
+            self.C.append(C)
+            terms = ([(v_, c * US) for v_, c in feats[r][F_FWD]]
+                     + [(v_, c * US) for v_, c in feats[r][F_BWD]]
+                     + a2a_terms[r] + group_terms[r] + [(C, -1.0)])
+            lp += _lin(terms) == -(const[r] + launch)
+            lp += zmax - C >= 0
+        lp += _lin([(zmax, 1.0)] + [(C, EPS) for C in self.C])
+
+    # -- choices ↔ variables ------------------------------------------------------------------
+    def set_start(self, choices) -> None:
+        for var in self.lp.variables():
+            var.setInitialValue(0)
+        n = self.cat.n
+        for t, ch in enumerate(choices):
+            kind = ch[0]
+            if kind == "tw":
+                self.x[t, ch[1]].setInitialValue(1)
+            elif kind == "cw":
+                k = ch[1]
+                self.u[t, k].setInitialValue(1)
+                for d in range(n):
+                    self.m[t, k, d].setInitialValue(int(ch[2][d]))
+                    self.y[t, k, d].setInitialValue(1 if ch[2][d] > 0 else 0)
+            elif kind == "rw":
+                self.v[t].setInitialValue(1)
+            elif kind == "dp":
+                self.w[t].setInitialValue(1)
+            elif kind == "twrw":
+                self.z[t, ch[1]].setInitialValue(1)
+        # continuous variables and indicators from the analytic model
+        F = self.cat.features(choices)
+        cm = self.cat.cost
+        costs = cm.rank_costs(F) * US
+        for r, C in enumerate(self.C):
+            C.setInitialValue(float(costs[r]))
+        self.zmax.setInitialValue(float(costs.max()))
+        b = cm.local_batch
+        comm = cm.comm
+        for var in self.lp.variables():
+            name = var.name
+            if name.startswith(("Pids_", "Pout_")):
+                f = F_IDS if name.startswith("Pids") else F_OUT
+                var.setInitialValue(float(F[int(name.split("_")[1]), f]))
+            elif name.startswith(("Iids_", "Iout_", "Eids_", "Eout_")):
+                f = F_IDS if "ids" in name else F_OUT
+                r = int(name.split("_")[1])
+                y_ = b * F[:, f]
+                nodes = comm.node_of
+                node_sum = y_[nodes == nodes[r]].sum()
+                if name[0] == "I":
+                    val = max(y_[r] * (comm.node_size[r] - 1), node_sum - y_[r]) / comm.intra_Bps
+                else:
+                    val = max(y_[r] * (comm.n - comm.node_size[r]), y_.sum() - node_sum) \
+                        / comm.inter_Bps
+                var.setInitialValue(float(val * US))
+            elif name == "g_rw":
+                var.setInitialValue(1 if any(c[0] == "rw" for c in choices) else 0)
+            elif name == "g_dp":
+                var.setInitialValue(1 if any(c[0] == "dp" for c in choices) else 0)
+            elif name.startswith("g_twrw"):
+                h = int(name[6:])
+                var.setInitialValue(1 if any(c[0] == "twrw" and c[1] == h for c in choices) else 0)
+
+    def choices(self) -> list | None:
+        n = self.cat.n
+        T = self.cat.model.num_tables
+        out: list = [None] * T
+        val = lambda v: v.varValue if v.varValue is not None else 0.0  # noqa: E731
+        for (t, d), v in self.x.items():
+            if val(v) > 0.5:
+                out[t] = ("tw", d)
+        for (t, k), v in self.u.items():
+            if val(v) > 0.5:
+                counts = tuple(int(round(val(self.m[t, k, d]))) for d in range(n))
+                out[t] = self.cat.normalise(("cw", k, counts))
+        for t, v in self.v.items():
+            if val(v) > 0.5:
+                out[t] = ("rw",)
+        for t, v in self.w.items():
+            if val(v) > 0.5:
+                out[t] = ("dp",)
+        for (t, h), v in self.z.items():
+            if val(v) > 0.5:
+                out[t] = ("twrw", h)
+        if any(c is None for c in out):
+            return None
+        return out
