@@ -25,7 +25,7 @@ ring's, so it does not take the 2-node tree whose flows would beat the NIC line 
 −2..−15%.
 
 Known gaps (vTrain; tests/llm/test_fidelity.py marks them as strict expected failures):
-Kendall's tau is 0.89 (3.6B) and 0.74 (175B) but 0.66 (18.4B) and 0.54 (39.1B). The rows
+Kendall's tau is 0.89 (3.6B) and 0.74 (175B) but 0.62 (18.4B) and 0.53 (39.1B). The rows
 predicted too fast are TP2/TP4 with PP (39.1B: TP2 −19 to −41%, TP4 up to −23%, while TP1 and
 TP8 rows are within ~8%). Ruled out as causes, by the numbers: GEMM size (TP2 and TP8 GEMMs
 are both past the efficiency knee, and TP1 rows are accurate), DP volume and placement (the
@@ -41,6 +41,9 @@ compute stream costs the same share at every TP (≤ 6% at PP16); the rows' erro
 correlate with an estimate of their memory per GPU (|r| ≤ 0.14 per group); the 175B TP2 rows
 (PP32) are within 1%. Per pipeline slot, 39.1B PP16 mbs3 runs at 61% (TP1), 35% (TP2), 52%
 (TP4) and 43% (TP8) of peak: TP2 is the outlier, with nothing in it that TP1 and TP4 lack.
+Timing each GEMM's backward as the two GEMMs it is (input and weight gradient, each at the
+forward's size, 2026-11-24; before, one GEMM of twice the FLOPs) moved every row by < 1%
+(tau 0.66 → 0.62 for 18.4B, 0.54 → 0.53 for 39.1B; MAPE 6.9 → 7.0%, 5.9 → 6.0%, 9.3 → 9.6%).
 Timing every intra-node TP all-reduce from vTrain's own NCCL tables instead of the fitted ring
 (the flow model is 16–24% fast for 2 GPUs at 24–64 MiB, 5–8% slow for 8) moves 18.4B's tau
 to 0.695 and 39.1B's to 0.54; not adopted (a table for the folded TP time only would disagree

@@ -51,9 +51,12 @@ def test_local_experts_become_separate_smaller_gemms(mixtral):
     m = mixtral.model
     k1 = {k.name: k for k in block_kernels(m, b=1, tp=1, cp=1, precision="bf16", ep=1)}
     k8 = {k.name: k for k in block_kernels(m, b=1, tp=1, cp=1, precision="bf16", ep=8)}
-    assert (k1["experts"].count, k8["experts"].count) == (8, 1)
-    assert k1["experts"].flops == k8["experts"].flops          # same routed work per rank
-    assert k8["experts"].bytes < k1["experts"].bytes            # but 1/8 of the weights read
+    for name in ("experts_up", "experts_down"):
+        assert (k1[name].count, k8[name].count) == (8, 1)
+        assert k1[name].flops == k8[name].flops                # same routed work per rank
+        assert k8[name].bytes < k1[name].bytes                  # but 1/8 of the weights read
+    # SwiGLU: the fused gate+up GEMM has twice the down projection's FLOPs
+    assert k1["experts_up"].flops == pytest.approx(2 * k1["experts_down"].flops, rel=1e-12)
 
 
 def test_expert_parallelism_divides_expert_memory(mixtral):
