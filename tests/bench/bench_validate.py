@@ -1,7 +1,8 @@
 """Timing benchmark of ``clusterplan validate``: predicted vs measured step time on this machine.
 
-    python tests/bench/bench_validate.py [--only llm|dlrm] [--rounds 3] [--steps 10]
+    python tests/bench/bench_validate.py [--only llm|dlrm] [--rounds 5] [--steps 10]
                                          [--warmup 5] [--retries 2] [--out FILE.json]
+    python tests/bench/bench_validate.py --repredict traces/validate/bench-*.json
 
 One pool of 2 spawned gloo processes (one thread each, main threads pinned to a core) runs
 ``--rounds`` rounds, each a round of ``clusterplan calibrate gloo`` (per-size collective
@@ -27,6 +28,8 @@ this machine's cores; that is left out here (its structure is checked by the tes
 Prints one row per configuration (predicted, measured, error, other cores, retries), the MAPE,
 the worst error and Kendall's tau between predicted and measured times, against the goals of
 issue 10 (each within 20%, MAPE ≤ 12%, tau ≥ 0.8), and writes everything as JSON.
+``--repredict`` runs nothing: it times the LLM rows of earlier runs again with the current
+simulator and the calibration each file recorded, to see what a model change does to them.
 """
 
 from __future__ import annotations
@@ -151,19 +154,76 @@ def kendall_tau(a, b) -> float:
     return float(kendalltau(a, b).statistic)
 
 
+def summarise(rows: list[dict], *, wall_s: float | None = None) -> tuple[dict, dict]:
+    """MAPE, worst error, rows within 20% and Kendall's tau of ``rows``, against the goals of
+    issue 10; printed and returned."""
+    errs = [abs(r["relative_error"]) for r in rows]
+    tau = kendall_tau([r["predicted_step_time_s"] for r in rows],
+                      [r["measured_step_time_s"] for r in rows]) if len(rows) > 1 else None
+    summary = {"configs": len(rows), "mape": statistics.fmean(errs), "worst": max(errs),
+               "within_20": sum(e <= 0.20 for e in errs), "kendall_tau": tau,
+               "flagged": sum(r["flagged"] for r in rows), "wall_s": wall_s}
+    goals = {"each within 20%": summary["within_20"] == len(rows),
+             "MAPE <= 12%": summary["mape"] <= 0.12,
+             "Kendall tau >= 0.8": tau is not None and tau >= 0.8}
+    print(f"\n{summary['configs']} configurations: MAPE {summary['mape']:.1%}, worst "
+          f"{summary['worst']:.1%}, {summary['within_20']} within 20%, Kendall tau "
+          f"{tau:.2f}; {summary['flagged']} flagged for load"
+          + (f"; {wall_s:.0f} s" if wall_s is not None else ""))
+    print("goals: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in goals.items()))
+    return summary, goals
+
+
+def repredict(paths: list[str]) -> int:
+    """Time the LLM rows of earlier runs' JSON files again with the current simulator, from the
+    calibration each file recorded (nothing is run; the measured times are the file's). DLRM
+    rows keep their recorded prediction: it needs the run's recorded collectives."""
+    from planner.validate.expected import expected_step
+    from simulator.gloo_profile import gloo_profile_from_dict
+    llm = {label: cfg for label, _, cfg in llm_runs(10, 5)}
+    for path in paths:
+        d = json.loads(Path(path).read_text())
+        cal = gloo_profile_from_dict(d["calibration"], source=f"the calibration in {path}")
+        rows = []
+        print(f"{path} ({d['command']})")
+        for r in d["rows"]:
+            r = dict(r)
+            old = r["predicted_step_time_s"]
+            if r["config"] in llm:
+                r["predicted_step_time_s"] = expected_step(
+                    llm[r["config"]], calibration=cal).simulate().step_time_s
+            m = r["measured_step_time_s"]
+            r["relative_error"] = (r["predicted_step_time_s"] - m) / m
+            rows.append(r)
+            print(f"{r['config']:20s} predicted {r['predicted_step_time_s'] * 1e3:8.1f} ms "
+                  f"(recorded {old * 1e3:8.1f} ms)  measured {m * 1e3:8.1f} ms  error "
+                  f"{r['relative_error']:+6.1%}" + ("" if r["config"] in llm else "  as recorded"))
+        summarise(rows)
+        print()
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", choices=("llm", "dlrm"))
+    ap.add_argument("--repredict", nargs="+", metavar="FILE.json",
+                    help="run nothing: time the LLM rows of these earlier runs again with the "
+                         "current simulator and the calibration each recorded")
     ap.add_argument("--steps", type=int, default=10, help="measured steps per round (10)")
     ap.add_argument("--warmup", type=int, default=5, help="warm-up steps per round (5)")
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="rounds (3): each a calibration round, then every configuration once")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="rounds (5): each a calibration round, then every configuration once")
     ap.add_argument("--retries", type=int, default=2)
     ap.add_argument("--out", default=None, help="JSON to write (default traces/validate/"
                                                 "bench-<time>.json)")
     a = ap.parse_args(argv)
     if min(a.steps, a.rounds) < 1 or a.warmup < 0 or a.retries < 0:
         ap.error("--steps and --rounds must be ≥ 1, --warmup and --retries ≥ 0")
+    if a.repredict:
+        missing = [f for f in a.repredict if not Path(f).is_file()]
+        if missing:
+            ap.error(f"--repredict: no such file {missing[0]}")
+        return repredict(a.repredict)
 
     from planner.validate.calibrate import (GlooCalibration, measure_gloo_raw, profile_from_raw,
                                             summary_lines)
@@ -231,19 +291,7 @@ def main(argv=None) -> int:
                   + (f"  FLAGGED in {flagged} round(s)" if flagged else "")
                   + (f"  retried {row['retries']}×" if row["retries"] else "")
                   + ("" if row["structure_match"] else "  STRUCTURE MISMATCH"), flush=True)
-    errs = [abs(r["relative_error"]) for r in rows]
-    tau = kendall_tau([r["predicted_step_time_s"] for r in rows],
-                      [r["measured_step_time_s"] for r in rows]) if len(rows) > 1 else None
-    summary = {"configs": len(rows), "mape": statistics.fmean(errs), "worst": max(errs),
-               "within_20": sum(e <= 0.20 for e in errs), "kendall_tau": tau,
-               "flagged": sum(r["flagged"] for r in rows), "wall_s": time.time() - t_start}
-    goals = {"each within 20%": summary["within_20"] == len(rows),
-             "MAPE <= 12%": summary["mape"] <= 0.12,
-             "Kendall tau >= 0.8": tau is not None and tau >= 0.8}
-    print(f"\n{summary['configs']} configurations: MAPE {summary['mape']:.1%}, worst "
-          f"{summary['worst']:.1%}, {summary['within_20']} within 20%, Kendall tau "
-          f"{tau:.2f}; {summary['flagged']} flagged for load; {summary['wall_s']:.0f} s")
-    print("goals: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in goals.items()))
+    summary, goals = summarise(rows, wall_s=time.time() - t_start)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"summary": summary, "goals": goals, "rows": rows,
                                "calibration": doc, "machine": doc["measured"]["machine"],
