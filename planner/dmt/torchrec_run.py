@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .gloo_check import spawn_gloo
+from .spawn import spawn_gloo
 
 __all__ = ["run_torchrec_towers"]
 
