@@ -56,3 +56,15 @@ for r in range(3):
     gf,gb=gemm_sum()
     s=med(step); fo=med(fwd)
     print(f"isolated GEMMs x2 mb: fwd {gf*1e3:.1f} bwd {gb*1e3:.1f} ms | real fwd(no_grad) {fo*1e3:.1f} ms, fwd+bwd {s*1e3:.1f} ms")
+# gradient bookkeeping the simulator does not model: the worker's copy into its flat buffer, its
+# 1/dp scaling, and the second micro-batch's accumulation
+params = list(blocks.parameters()) + [head.weight]
+n = sum(p.numel() for p in params)
+grads = [torch.randn_like(p) for p in params]
+news = [torch.randn_like(p) for p in params]
+flat = torch.empty(n)
+acc = med(lambda: [g.add_(x) for g, x in zip(grads, news)], 15)
+cat = med(lambda: torch.cat([g.reshape(-1) for g in reversed(grads)], out=flat), 15)
+div = med(lambda: flat.div_(2), 15)
+print(f"{n / 1e6:.1f} M parameters: accumulate {acc * 1e3:.1f} ms, copy into flat buffer "
+      f"{cat * 1e3:.1f} ms, 1/dp scaling {div * 1e3:.1f} ms")
