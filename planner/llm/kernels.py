@@ -148,10 +148,10 @@ def kernels_time(profile: ComputeProfile, kernels: list[Kernel], *, backward: bo
 
     Backward of a GEMM ``Y = X·Wᵀ`` is two GEMMs, each with the forward's FLOPs and about its
     bytes: the input gradient ``dY·W`` and the weight gradient ``dYᵀ·X``; each is timed at its
-    own size on the efficiency curve (timing them as one GEMM of twice the FLOPs reads the
-    curve where it is higher, and measured backward blocks came out 8-14% slower than that on
-    an H100). A fused flash-attention backward is one kernel of 2.5× the forward FLOPs on its
-    own curve; memory-bound passes move twice their forward bytes."""
+    own size on the efficiency curve (one GEMM of twice the FLOPs would read the curve where it
+    is higher: small GEMMs, as on a CPU, came out too fast; planner/validate/README.md). A fused
+    flash-attention backward is one kernel of 2.5× the forward FLOPs on its own curve;
+    memory-bound passes move twice their forward bytes."""
     total = 0.0
     for k in kernels:
         if not backward:
