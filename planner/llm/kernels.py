@@ -65,7 +65,6 @@ def block_kernels(m: ModelSpec, *, b: int, tp: int, cp: int, precision: str,
     T = b * s_loc                    # tokens on this rank
     h, f = m.hidden_size, m.ffn_hidden_size
     kv = m.num_kv_heads * m.head_dim
-    mats = 3 if m.ffn == "swiglu" else 2
     gemm = "fp8" if precision == "fp8" else precision
     experts = max(1, m.top_k if m.num_experts else 1)
     act = _act_dtype(precision)

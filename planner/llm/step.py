@@ -146,7 +146,6 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
     micro = t.global_batch_size // (b * p.dp)
     e = bytes_per_element("bf16" if t.precision == "fp8" else t.precision)
     e_w = 2 if t.precision == "fp8" else e
-    T = b * m.seq_len / p.cp
     reps = [lay.rank(pp=s) for s in range(p.pp)]
 
     detail: dict = {}

@@ -56,9 +56,9 @@ HBM × efficiency), ``lookup_overhead_bytes``, ``repeat_hit_ratio``, ``backward_
 in byte-equivalents (``element_bytes``: a CPU converts fp16 rows, so they do not cost half of
 fp32), and its collectives from the gloo fits for the plan's world size instead of the
 simulator: the all-to-all ``alpha + max(sent, received) / Bps`` of the busiest rank, the same for
-every rank (:class:`~.comm_model.SyncCommModel`: processes sharing a few cores finish together; measured
-per-rank times do not follow per-rank volumes), the others ``alpha + bytes / Bps``. ``CostConfig(device_profile=None)`` turns this
-off; GPU topologies never use it.
+every rank (:class:`~.comm_model.SyncCommModel`: processes sharing a few cores finish together;
+measured per-rank times do not follow per-rank volumes), the others ``alpha + bytes / Bps``.
+``CostConfig(device_profile=None)`` turns this off; GPU topologies never use it.
 
 The per-rank cost a planner minimises (its maximum) is the sum of lookups forward and backward,
 the ids all-to-all, the output all-to-all forward and backward, and the row-wise, table-row-wise
