@@ -6,7 +6,7 @@ from __future__ import annotations
 from simulator.errors import SpecError
 from simulator.units import format_time
 
-from .commands import _atomic_write, _common_topology, _emit, _load_topology
+from planner.commands import _atomic_write, _common_topology, _emit, _load_topology
 
 __all__ = ["add_calibrate_command"]
 

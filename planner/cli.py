@@ -14,7 +14,7 @@ from typing import Sequence
 
 from simulator.errors import ClusterplanError
 
-from . import commands
+from planner import commands
 
 EXAMPLES = """\
 main commands (each has --help):
@@ -45,11 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     commands.register(sub)
-    from .validate.cli import register as register_validate
+    from planner.validate.cli import register as register_validate
     register_validate(sub)
-    from .sweep.cli import register as register_sweep
+    from planner.sweep.cli import register as register_sweep
     register_sweep(sub)
-    from .replay_cli import register as register_replay
+    from planner.replay_cli import register as register_replay
     register_replay(sub)
     return p
 

@@ -12,7 +12,7 @@ __all__ = ["register"]
 
 
 def register(sub) -> None:
-    from .calibrate_cli import add_calibrate_command
+    from planner.calibrate_cli import add_calibrate_command
     for fn in (_topology, _gpus, _collective, _simulate, _plan, _measure, _export, _fidelity):
         fn(sub)
     add_calibrate_command(sub)
@@ -38,7 +38,7 @@ def _load_topology(args):
 
 
 def _emit(args, data, human):
-    from .cli import emit
+    from planner.cli import emit
     emit(args, data, human)
 
 
@@ -59,7 +59,7 @@ def _topology(sub) -> None:
 
 
 def _topology_show(args) -> int:
-    from .summary import format_topology_summary, topology_summary
+    from planner.summary import format_topology_summary, topology_summary
     s = topology_summary(_load_topology(args))
     _emit(args, s, format_topology_summary(s))
     return 0
@@ -163,7 +163,7 @@ def _simulate(sub) -> None:
     p.add_argument("--trace-ranks", type=int, default=64, metavar="N",
                    help="ranks to include in the trace (default 64)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    from .reliability import add_arguments as _reliability_arguments
+    from planner.reliability import add_arguments as _reliability_arguments
     _reliability_arguments(p)
     p.set_defaults(func=_simulate_run)
 
@@ -193,9 +193,9 @@ def _simulate_run(args) -> int:
     if _is_model(args.workload):
         from planner.llm.cli import simulate_model
         from planner.llm.spec import load_llm_spec
-        from .cli import emit
+        from planner.cli import emit
         return simulate_model(args, load_llm_spec(args.workload), topo, emit)
-    from .reliability import link_faults_from_args, reliability_report, stragglers_from_args
+    from planner.reliability import link_faults_from_args, reliability_report, stragglers_from_args
     w = load_workload(args.workload, num_gpus=topo.num_gpus)
     res = simulate(topo, w, mode="explicit" if args.mode == "auto" else args.mode,
                    slowdown=stragglers_from_args(args, topo.num_gpus),
@@ -274,7 +274,7 @@ def _plan_run(args) -> int:
         from planner.llm.cli import plan_model
         from planner.llm.spec import load_llm_spec
         from simulator.topology import load_topology
-        from .cli import emit
+        from planner.cli import emit
         if not args.topology:
             raise SpecError("a model plan needs --topology", field="--topology",
                             fix="pass e.g. --topology h100-ib --gpus 1024")

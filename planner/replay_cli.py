@@ -37,7 +37,7 @@ def _run(args) -> int:
     from simulator.engine import simulate
     from simulator.topology import load_topology
     from simulator.trace_import import chakra_workload, kineto_workload, read_kineto
-    from .cli import emit
+    from planner.cli import emit
     n = len(args.traces)
     topo = load_topology(args.topology or f"localhost-gloo:node.gpus={n}")
     if topo.num_gpus < n:

@@ -44,9 +44,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import yaml
 
-from .compute import monotone_time_points
-from .errors import SpecError
-from .units import format_time
+from simulator.compute import monotone_time_points
+from simulator.errors import SpecError
+from simulator.units import format_time
 
 __all__ = ["measure_cpu_profile", "write_profile", "main"]
 

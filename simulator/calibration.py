@@ -21,9 +21,9 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from .collectives import simulate_collective
-from .errors import SpecError
-from .topology import Topology
+from simulator.collectives import simulate_collective
+from simulator.errors import SpecError
+from simulator.topology import Topology
 
 __all__ = ["read_nccl_table", "fit_collective_profile", "FitResult", "with_comm"]
 

@@ -29,9 +29,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import yaml
 
-from .errors import SpecError
-from .hardware import GPUSpec, gpu_names, gpu_spec
-from .units import parse_time
+from simulator.errors import SpecError
+from simulator.hardware import GPUSpec, gpu_names, gpu_spec
+from simulator.units import parse_time
 
 __all__ = ["EfficiencyCurve", "ComputeProfile", "op_time", "op_times", "achieved_flops",
            "load_compute_profile", "generic_profile", "profile_path", "monotone_time_points"]

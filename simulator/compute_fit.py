@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .compute import monotone_time_points
-from .errors import SpecError
-from .hardware import GPUSpec, gpu_spec
+from simulator.compute import monotone_time_points
+from simulator.errors import SpecError
+from simulator.hardware import GPUSpec, gpu_spec
 
 __all__ = ["read_measurements", "profile_from_measurements"]
 

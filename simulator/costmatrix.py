@@ -31,7 +31,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .errors import SpecError
+from simulator.errors import SpecError
 
 __all__ = ["FORMAT", "CostMatrix", "Sharing", "SharingLevel", "load_cost_matrix",
            "cost_matrix_from_dict", "MAX_RANKS"]

@@ -25,13 +25,13 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from .collectives import CollectivePlan, plan_collective, run_plan
-from .collectives.algorithms import sendrecv as _sendrecv_plan
-from .compute import ComputeProfile, load_compute_profile, op_time
-from .errors import SimulationError, SpecError
-from .network import FlowNetwork, NetworkStats
-from .topology import Topology
-from .workload import Workload
+from simulator.collectives import CollectivePlan, plan_collective, run_plan
+from simulator.collectives.algorithms import sendrecv as _sendrecv_plan
+from simulator.compute import ComputeProfile, load_compute_profile, op_time
+from simulator.errors import SimulationError, SpecError
+from simulator.network import FlowNetwork, NetworkStats
+from simulator.topology import Topology
+from simulator.workload import Workload
 
 __all__ = ["simulate", "SimResult"]
 
@@ -109,11 +109,11 @@ class SimResult:
 
     def chrome_trace(self, *, max_ranks: int = 64) -> dict:
         """The timeline as a Chrome/Perfetto trace dict (see :mod:`simulator.trace`)."""
-        from .trace import chrome_trace
+        from simulator.trace import chrome_trace
         return chrome_trace(self, max_ranks=max_ranks)
 
     def write_chrome_trace(self, path, *, max_ranks: int = 64) -> None:
-        from .trace import write_chrome_trace
+        from simulator.trace import write_chrome_trace
         write_chrome_trace(self, path, max_ranks=max_ranks)
 
 

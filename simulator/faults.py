@@ -24,8 +24,8 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from .errors import SpecError
-from .units import parse_time
+from simulator.errors import SpecError
+from simulator.units import parse_time
 
 __all__ = ["parse_stragglers", "LinkFault", "parse_link_faults", "Reliability", "ettr",
            "optimal_checkpoint_interval", "simulate_failures", "find_stragglers",

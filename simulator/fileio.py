@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from .errors import SpecError
+from simulator.errors import SpecError
 
 __all__ = ["parse_yaml", "atomic_write_text", "builtin_names", "read_spec_mapping"]
 

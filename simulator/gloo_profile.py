@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .compute import ComputeProfile, EfficiencyCurve, monotone_time_points
-from .errors import SpecError
-from .fileio import parse_yaml, read_text
-from .hardware import gpu_spec
+from simulator.compute import ComputeProfile, EfficiencyCurve, monotone_time_points
+from simulator.errors import SpecError
+from simulator.fileio import parse_yaml, read_text
+from simulator.hardware import gpu_spec
 
 __all__ = ["CommTable", "GlooProfile", "load_gloo_profile", "gloo_profile_from_dict", "COMM_KINDS"]
 

@@ -22,8 +22,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from .errors import SpecError
-from .units import parse_bandwidth, parse_bytes, parse_flops
+from simulator.errors import SpecError
+from simulator.units import parse_bandwidth, parse_bytes, parse_flops
 
 __all__ = ["DTYPES", "GPUSpec", "gpu_names", "gpu_spec", "gpu_spec_from_dict", "CATALOG_SOURCE"]
 

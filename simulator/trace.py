@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from .fileio import atomic_write_text
+from simulator.fileio import atomic_write_text
 
 __all__ = ["chrome_trace", "write_chrome_trace"]
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import SpecError
-from .workload import Workload
+from simulator.errors import SpecError
+from simulator.workload import Workload
 
 __all__ = ["TraceCall", "RankTrace", "read_kineto", "kineto_workload", "read_chakra_json",
            "chakra_workload", "CHAKRA_COLLECTIVES"]

@@ -17,8 +17,8 @@ import json
 import re
 from pathlib import Path
 
-from .errors import SpecError
-from .fileio import read_text
+from simulator.errors import SpecError
+from simulator.fileio import read_text
 
 __all__ = ["busy_by_rank", "union_seconds"]
 

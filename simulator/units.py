@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 
-from .errors import SpecError
+from simulator.errors import SpecError
 
 __all__ = [
     "KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB", "TB",

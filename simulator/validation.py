@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .errors import SpecError
-from .units import parse_bandwidth, parse_bytes, parse_time
+from simulator.errors import SpecError
+from simulator.units import parse_bandwidth, parse_bytes, parse_time
 
 __all__ = ["Fields", "whole", "number", "choice", "as_number"]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from .errors import SpecError
+from simulator.errors import SpecError
 
 __all__ = ["Op", "Workload"]
 

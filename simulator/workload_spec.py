@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 
-from .collectives import KINDS
-from .errors import SpecError
-from .fileio import builtin_names, read_spec_mapping
-from .topology.spec import Fields
-from .workload import Workload
+from simulator.collectives import KINDS
+from simulator.errors import SpecError
+from simulator.fileio import builtin_names, read_spec_mapping
+from simulator.topology.spec import Fields
+from simulator.workload import Workload
 
 __all__ = ["load_workload", "build_workload", "builtin_workload_names", "rank_groups"]
 

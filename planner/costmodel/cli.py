@@ -47,7 +47,7 @@ def add_costmodel_command(sub) -> None:
 
 def _collect(a: argparse.Namespace) -> int:
     from simulator.errors import SpecError
-    from .collect import CollectConfig, collect
+    from planner.costmodel.collect import CollectConfig, collect
     for name in ("samples", "comm_samples", "passes", "repeats", "max_tables"):
         least = 1 if name in ("passes", "repeats", "max_tables") else 0
         if getattr(a, name) < least:
@@ -69,8 +69,8 @@ def _collect(a: argparse.Namespace) -> int:
 
 
 def _train(a: argparse.Namespace) -> int:
-    from .model import train
-    from .weights import save_weights
+    from planner.costmodel.model import train
+    from planner.costmodel.weights import save_weights
     from simulator.errors import SpecError
     if a.ensemble < 1 or a.epochs < 1:
         raise SpecError(f"--ensemble and --epochs must be ≥ 1, got {a.ensemble}, {a.epochs}",

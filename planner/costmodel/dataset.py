@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .features import parse_table_records
+from planner.costmodel.features import parse_table_records
 
 __all__ = ["Dataset", "load_dataset", "split_ids"]
 
@@ -33,7 +33,7 @@ class Dataset:
 
 
 def load_dataset(path) -> Dataset:
-    from .collect import meta_path, read_data
+    from planner.costmodel.collect import meta_path, read_data
     from simulator.errors import SpecError
     rows = read_data(path)
     mp = meta_path(path)

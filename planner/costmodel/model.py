@@ -23,8 +23,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .dataset import Dataset, load_dataset, split_ids
-from .features import NUM_FEATURES, aggregate_vector, table_matrix
+from planner.costmodel.dataset import Dataset, load_dataset, split_ids
+from planner.costmodel.features import NUM_FEATURES, aggregate_vector, table_matrix
 
 __all__ = ["ComputeNet", "ComputeEnsemble", "CommNet", "train", "mape", "kendall_tau",
            "load_dataset", "Dataset"]

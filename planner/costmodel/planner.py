@@ -38,8 +38,8 @@ from planner.sharding.plan import Plan, PlannerStats, make_plan
 from planner.sharding.shards import ShardingType
 from planner.sharding.task import ShardingTask, prepare
 
-from .objective import Objective
-from .refine import refine as local_search
+from planner.costmodel.objective import Objective
+from planner.costmodel.refine import refine as local_search
 
 __all__ = ["NeuroShardPlanner", "GRID", "learned_plan_cost_ms"]
 
@@ -70,7 +70,7 @@ class NeuroShardPlanner:
     def plan(self, task: ShardingTask, devices: int, *, seed: int = 0,
              time_limit_s: float | None = None) -> Plan:
         import warnings
-        from .weights import HardwareMismatchWarning, load_predictor
+        from planner.costmodel.weights import HardwareMismatchWarning, load_predictor
         t0 = time.perf_counter()
         limit = 8.0 if time_limit_s is None else float(time_limit_s)
         deadline = t0 + limit
@@ -202,7 +202,7 @@ def learned_plan_cost_ms(task: ShardingTask, devices: int, shardings, *, predict
     """The learned cost (ms per step, max over devices, as the search scores its states) of any
     plan whose tables are all table-, column- or row-wise; None when another type occurs (the
     learned model times fused lookups of those only). Used to rank other planners' plans."""
-    from .weights import load_predictor
+    from planner.costmodel.weights import load_predictor
     kinds = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE)
     if any(ts.sharding_type not in kinds for ts in shardings):
         return None

@@ -26,8 +26,8 @@ import numpy as np
 from simulator.errors import SpecError
 from simulator.units import format_bytes, format_time
 
-from .module import TM_KINDS, TowerModuleSpec
-from .partition import METHODS
+from planner.dmt.module import TM_KINDS, TowerModuleSpec
+from planner.dmt.partition import METHODS
 
 __all__ = ["add_dmt_arguments", "dmt_section", "format_dmt"]
 
@@ -74,11 +74,11 @@ def _load_coaccess(path: str | None, n_tables: int):
 
 def dmt_section(args, task, plan) -> tuple[dict, object]:
     """The plan JSON's ``dmt`` section and the comparison behind it."""
-    from .export import tower_sharding_plan
-    from .partition import partition_layout
-    from .simulate import compare_flat_dmt
-    from .towers import host_groups
-    from ..sharding.task import prepare
+    from planner.dmt.export import tower_sharding_plan
+    from planner.dmt.partition import partition_layout
+    from planner.dmt.simulate import compare_flat_dmt
+    from planner.dmt.towers import host_groups
+    from planner.sharding.task import prepare
     if not (args.balance >= 0):
         raise SpecError(f"--balance must be ≥ 0, got {args.balance}", source="--balance",
                         fix="pass e.g. --balance 0.05")

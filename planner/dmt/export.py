@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..sharding.shards import ShardingType
-from .towers import HostPlan, TowerLayout
+from planner.sharding.shards import ShardingType
+from planner.dmt.towers import HostPlan, TowerLayout
 
 __all__ = ["tower_sharding_plan", "to_parameter_shardings", "EXPORT_FORMAT"]
 

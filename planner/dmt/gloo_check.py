@@ -30,7 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .spawn import spawn_gloo
+from planner.dmt.spawn import spawn_gloo
 
 __all__ = ["SemanticCase", "run_semantic_check", "flat_and_sptt", "table_gradients",
            "spawn_gloo"]
@@ -170,7 +170,7 @@ def _sharded_pooled(dist, torch, pg, members: Sequence[int], me: int, layout: di
 
 
 def _modules(case: SemanticCase, dims, kind: str, ratio: float):
-    from .module import TowerModuleSpec, build_torch_module
+    from planner.dmt.module import TowerModuleSpec, build_torch_module
     spec = TowerModuleSpec(kind=kind, ratio=ratio)
     return [build_torch_module(spec, [dims[t] for t in sorted(tabs)], seed=case.seed + 100 + k)
             for k, (tabs, _h) in enumerate(case.towers)]

@@ -38,11 +38,11 @@ import numpy as np
 
 from simulator.errors import SpecError
 
-from ..sharding.shards import Shard, ShardingType
-from ..sharding.spec import ModelSpec
-from ..sharding.task import ShardingTask, prepare
-from .module import TowerModuleSpec
-from .towers import TowerLayout, host_groups, make_layout
+from planner.sharding.shards import Shard, ShardingType
+from planner.sharding.spec import ModelSpec
+from planner.sharding.task import ShardingTask, prepare
+from planner.dmt.module import TowerModuleSpec
+from planner.dmt.towers import TowerLayout, host_groups, make_layout
 
 __all__ = ["synthetic_coaccess", "affinity_matrix", "spectral_embedding", "feature_costs",
            "partition_features", "assign_hosts", "imbalance", "affinity_kept",
@@ -103,7 +103,7 @@ def feature_costs(task: ShardingTask, devices: int) -> tuple[np.ndarray, np.ndar
     problem = prepare(task, devices)
     cm = problem.cost
     w, m = [], []
-    from ..sharding.cost import F_BWD, F_FWD, F_MEM
+    from planner.sharding.cost import F_BWD, F_FWD, F_MEM
     for i, t in enumerate(task.model.tables):
         f = cm.shard_features(i, Shard(0, 0, 0, t.num_embeddings, t.embedding_dim),
                               ShardingType.TABLE_WISE)

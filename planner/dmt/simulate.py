@@ -45,11 +45,11 @@ import numpy as np
 from simulator.engine import SimResult, simulate
 from simulator.workload import Workload
 
-from ..sharding.cost import F_BWD, F_FWD, F_RW
-from ..sharding.simulate import StepSimulation, simulate_step
-from ..sharding.spec import ModelSpec
-from ..sharding.task import Problem, ShardingTask, prepare
-from .towers import HostPlan, TowerLayout, host_groups
+from planner.sharding.cost import F_BWD, F_FWD, F_RW
+from planner.sharding.simulate import StepSimulation, simulate_step
+from planner.sharding.spec import ModelSpec
+from planner.sharding.task import Problem, ShardingTask, prepare
+from planner.dmt.towers import HostPlan, TowerLayout, host_groups
 
 __all__ = ["DmtStep", "Comparison", "build_sptt_workload", "simulate_sptt", "compare_flat_dmt",
            "top_input_dims", "cross_host_bytes", "simulate_flat", "with_a2a_algo"]
@@ -332,7 +332,7 @@ def simulate_flat(problem: Problem, shardings, *, mode: str = "explicit",
     all-to-all algorithm (:func:`with_a2a_algo`)."""
     if a2a_algo in ("auto", "direct"):
         return simulate_step(problem, shardings, mode=mode)
-    from ..sharding.simulate import CATEGORIES as FLAT_CATEGORIES, build_step_workload
+    from planner.sharding.simulate import CATEGORIES as FLAT_CATEGORIES, build_step_workload
     w, mats = build_step_workload(problem, shardings)
     res = simulate(problem.topology, with_a2a_algo(w, a2a_algo), mode=mode)
     return StepSimulation(step_time_s=res.step_time_s,
@@ -352,18 +352,18 @@ def compare_flat_dmt(task: ShardingTask, devices: int, *, towers: int | str = "a
     unless ``layout`` is given; each host's tables from the same planner inside the host
     (``time_limit_s`` per host for ``mip`` and ``local_search``).
     """
-    from .module import TowerModuleSpec
-    from .partition import partition_layout
-    from .towers import shard_hosts
+    from planner.dmt.module import TowerModuleSpec
+    from planner.dmt.partition import partition_layout
+    from planner.dmt.towers import shard_hosts
     problem = prepare(task, devices)
     host_groups(problem)                      # uneven hosts: a SpecError before any planning
     if mode is None:
         mode = "symmetric" if devices > 64 else "explicit"
     if flat_plan is None:
-        from ..sharding.planners import get_planner
+        from planner.sharding.planners import get_planner
         flat_plan = get_planner(planner).plan(task, devices, seed=seed)
     flat = simulate_step(problem, flat_plan.shardings, mode=mode)
-    from ..sharding.simulate import build_step_workload
+    from planner.sharding.simulate import build_step_workload
     _, mats = build_step_workload(problem, flat_plan.shardings)
     if layout is None:
         layout = partition_layout(task, devices, towers=towers,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .spawn import spawn_gloo
+from planner.dmt.spawn import spawn_gloo
 
 __all__ = ["run_torchrec_towers"]
 
@@ -54,7 +54,7 @@ def _forward(rank, doc, tables, batch, seed, torch, dist):
     from torchrec.modules.embedding_tower import EmbeddingTower, EmbeddingTowerCollection
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from .export import to_parameter_shardings
+    from planner.dmt.export import to_parameter_shardings
 
     class _Identity(torch.nn.Module):
         """The tower's pooled embeddings by key in the tower's table order (the sharded

@@ -17,11 +17,11 @@ from typing import Sequence
 
 from simulator.errors import SpecError
 
-from ..sharding.plan import Plan
-from ..sharding.shards import ShardingType
-from ..sharding.spec import ModelSpec
-from ..sharding.task import Problem, ShardingTask
-from .module import TowerModuleSpec
+from planner.sharding.plan import Plan
+from planner.sharding.shards import ShardingType
+from planner.sharding.spec import ModelSpec
+from planner.sharding.task import Problem, ShardingTask
+from planner.dmt.module import TowerModuleSpec
 
 __all__ = ["Tower", "TowerLayout", "host_groups", "make_layout", "shard_hosts", "HostPlan",
            "with_module", "INTRA_HOST_TYPES"]
@@ -130,7 +130,7 @@ def shard_hosts(task: ShardingTask, layout: TowerLayout, *, planner: str = "gree
     The sub-task keeps the model's batch, optimizer and precision, has no dense part, and uses
     the task's topology (ranks ``0..G-1`` are host 0's, the same hardware as every host).
     """
-    from ..sharding.planners import get_planner
+    from planner.sharding.planners import get_planner
     model = task.model
     allowed = tuple(t for t in (task.sharding_types or INTRA_HOST_TYPES) if t in INTRA_HOST_TYPES)
     if not allowed:

@@ -15,11 +15,11 @@ from typing import Any, Callable
 
 from simulator.errors import SpecError
 
-from ._plan import check_plan
-from .deepspeed import export_deepspeed
-from .hostfile import export_hostfile
-from .megatron import export_megatron
-from .torchtitan import export_torchtitan
+from planner.export._plan import check_plan
+from planner.export.deepspeed import export_deepspeed
+from planner.export.hostfile import export_hostfile
+from planner.export.megatron import export_megatron
+from planner.export.torchtitan import export_torchtitan
 
 __all__ = ["TARGETS", "export_plan", "check_plan", "export_torchtitan", "export_megatron",
            "export_deepspeed", "export_hostfile"]

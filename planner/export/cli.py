@@ -22,8 +22,8 @@ from typing import Sequence
 from simulator.errors import ClusterplanError, SpecError
 from simulator.fileio import atomic_write_text, read_json_file
 
-from . import TARGETS, export_plan
-from ._plan import check_plan
+from planner.export import TARGETS, export_plan
+from planner.export._plan import check_plan
 
 __all__ = ["add_arguments", "run", "main", "load_plan", "read_plan_file", "write_files",
            "TORCHREC", "TORCHREC_FILE"]

@@ -12,7 +12,7 @@ from typing import Mapping
 
 from simulator.errors import SpecError
 
-from . import _plan
+from planner.export import _plan
 
 __all__ = ["export_deepspeed", "validate_deepspeed", "CONFIG_FILE", "TOPOLOGY_FILE",
            "ZERO_STAGE"]

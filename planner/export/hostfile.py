@@ -15,7 +15,7 @@ from typing import Mapping
 
 from simulator.errors import SpecError
 
-from . import _plan
+from planner.export import _plan
 
 __all__ = ["export_hostfile", "validate_hostfile", "HOSTFILE", "RANK_MAP", "RANKFILE",
            "TORCHRUN_FILE", "placement_from_files"]

@@ -11,7 +11,7 @@ from typing import Mapping
 
 from simulator.errors import SpecError
 
-from . import _plan
+from planner.export import _plan
 
 __all__ = ["export_megatron", "validate_megatron", "ARGS_FILE", "parse_megatron_args"]
 

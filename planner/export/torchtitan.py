@@ -14,7 +14,7 @@ from typing import Mapping
 
 from simulator.errors import SpecError
 
-from . import _plan
+from planner.export import _plan
 
 __all__ = ["export_torchtitan", "validate_torchtitan", "TOML_FILE", "ARGS_FILE",
            "TARGET_VERSION", "torchtitan_degrees"]

@@ -8,15 +8,15 @@ from pathlib import Path
 from simulator.errors import SpecError
 from simulator.units import format_bytes, format_time
 
-from .spec import LLMSpec, parse_parallel
+from planner.llm.spec import LLMSpec, parse_parallel
 
 __all__ = ["simulate_model", "fidelity"]
 
 
 def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
     from dataclasses import replace
-    from .metrics import simulate_llm
-    from .spec import ParallelSpec
+    from planner.llm.metrics import simulate_llm
+    from planner.llm.spec import ParallelSpec
     par = spec.parallel or ParallelSpec()
     if args.parallel:
         par = parse_parallel(args.parallel, spec.parallel)
@@ -95,7 +95,7 @@ def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
 
 def fidelity(args, emit) -> int:
     import pandas as pd
-    from .fidelity import (kendall_tau_by_group, korthikanti_rows, narayanan_rows, run_set,
+    from planner.llm.fidelity import (kendall_tau_by_group, korthikanti_rows, narayanan_rows, run_set,
                            vtrain_rows, vtrain_single_rows)
     sets = args.set or ["narayanan", "korthikanti", "vtrain"]
     frames = []
@@ -136,7 +136,7 @@ def plan_model(args, spec: LLMSpec, topo, emit) -> int:
 
     from simulator.fileio import atomic_write_text
 
-    from .search import search
+    from planner.llm.search import search
     if args.top < 1:
         raise SpecError(f"--top {args.top} shows no plan", field="--top",
                         fix="pass --top 1 or more")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from simulator.errors import SpecError
 from simulator.workload import Workload
 
-from .layout import Layout
+from planner.llm.layout import Layout
 
 __all__ = ["CommEvent", "comm_events"]
 

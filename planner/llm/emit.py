@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from simulator.workload import Workload
 
-from .kernels import bytes_per_element
-from .layout import Layout
-from .partition import vstage_layer_offsets
-from .spec import LLMSpec, ParallelSpec
+from planner.llm.kernels import bytes_per_element
+from planner.llm.layout import Layout
+from planner.llm.partition import vstage_layer_offsets
+from planner.llm.spec import LLMSpec, ParallelSpec
 
 __all__ = ["PassEmitter"]
 

@@ -93,8 +93,8 @@ import pandas as pd
 from simulator.errors import SpecError
 from simulator.topology import load_topology
 
-from .metrics import simulate_llm
-from .spec import LLMSpec, ModelSpec, ParallelSpec, TrainingSpec
+from planner.llm.metrics import simulate_llm
+from planner.llm.spec import LLMSpec, ModelSpec, ParallelSpec, TrainingSpec
 
 __all__ = ["NARAYANAN", "KORTHIKANTI", "narayanan_rows", "korthikanti_rows", "vtrain_rows",
            "vtrain_single_rows",

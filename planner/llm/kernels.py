@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from simulator.compute import ComputeProfile, op_time
 
-from .spec import ModelSpec
+from planner.llm.spec import ModelSpec
 
 __all__ = ["Kernel", "block_kernels", "logits_kernels", "block_model_flops", "logits_model_flops",
            "kernels_time", "bytes_per_element"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .spec import ModelSpec, ParallelSpec, TrainingSpec
+from planner.llm.spec import ModelSpec, ParallelSpec, TrainingSpec
 
 __all__ = ["MemoryEstimate", "memory_per_gpu"]
 

@@ -15,10 +15,10 @@ from simulator.engine import SimResult, simulate
 from simulator.errors import SpecError
 from simulator.topology import Topology
 
-from .kernels import block_model_flops, logits_model_flops
-from .memory import MemoryEstimate, memory_per_gpu
-from .spec import LLMSpec, ParallelSpec
-from .step import StepPlan, build_step, resolve_parallel
+from planner.llm.kernels import block_model_flops, logits_model_flops
+from planner.llm.memory import MemoryEstimate, memory_per_gpu
+from planner.llm.spec import LLMSpec, ParallelSpec
+from planner.llm.step import StepPlan, build_step, resolve_parallel
 
 __all__ = ["LLMResult", "simulate_llm", "model_flops"]
 

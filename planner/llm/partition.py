@@ -4,9 +4,9 @@ over the ranks of a TP/CP/PP/DP layout: exact counts per rank, shared by the sim
 
 from __future__ import annotations
 
-from .kernels import bytes_per_element
-from .memory import stage_layers
-from .spec import LLMSpec, ParallelSpec
+from planner.llm.kernels import bytes_per_element
+from planner.llm.memory import stage_layers
+from planner.llm.spec import LLMSpec, ParallelSpec
 
 __all__ = ["dp_bucket_elements", "rank_params", "chunk_layer_counts", "vstage_layer_offsets",
            "p2p_activation_bytes"]

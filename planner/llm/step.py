@@ -30,15 +30,15 @@ from simulator.errors import SpecError
 from simulator.topology import Topology
 from simulator.workload import Workload
 
-from .comm_events import CommEvent, comm_events
-from .emit import PassEmitter
-from .kernels import block_kernels, bytes_per_element, kernels_time, logits_kernels
-from .host import HostOverhead, load_host_overhead
-from .layout import Layout
-from .partition import (chunk_layer_counts, dp_bucket_elements, p2p_activation_bytes, rank_params,
+from planner.llm.comm_events import CommEvent, comm_events
+from planner.llm.emit import PassEmitter
+from planner.llm.kernels import block_kernels, bytes_per_element, kernels_time, logits_kernels
+from planner.llm.host import HostOverhead, load_host_overhead
+from planner.llm.layout import Layout
+from planner.llm.partition import (chunk_layer_counts, dp_bucket_elements, p2p_activation_bytes, rank_params,
                         vstage_layer_offsets)
-from .schedule import schedule
-from .spec import LLMSpec, ParallelSpec
+from planner.llm.schedule import schedule
+from planner.llm.spec import LLMSpec, ParallelSpec
 
 __all__ = ["StepPlan", "build_step", "resolve_parallel", "pass_times", "CommEvent", "comm_events",
            "dp_bucket_elements", "rank_params", "vstage_layer_offsets", "p2p_activation_bytes",

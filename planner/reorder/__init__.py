@@ -12,8 +12,8 @@ Modules, one job each:
 * :mod:`.rankmap` — the order as launcher input; :mod:`.cli` — ``clusterplan reorder``/``probe``.
 """
 
-from .model import collective_time, ring_allreduce_time
-from .rankmap import rank_map
-from .search import ReorderResult, reorder
+from planner.reorder.model import collective_time, ring_allreduce_time
+from planner.reorder.rankmap import rank_map
+from planner.reorder.search import ReorderResult, reorder
 
 __all__ = ["reorder", "ReorderResult", "rank_map", "collective_time", "ring_allreduce_time"]

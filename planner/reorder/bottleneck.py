@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from .tsp_exact import mip_ring
-from .tsp_local import heuristic_ring
+from planner.reorder.tsp_exact import mip_ring
+from planner.reorder.tsp_local import heuristic_ring
 
 __all__ = ["bottleneck_ring", "ring_bottleneck"]
 

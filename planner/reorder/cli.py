@@ -77,8 +77,8 @@ def _group_size(args, cm) -> int:
 def _reorder_run(args) -> int:
     from simulator.fileio import atomic_write_text
 
-    from .rankmap import rank_map
-    from .search import reorder
+    from planner.reorder.rankmap import rank_map
+    from planner.reorder.search import reorder
     if not 0 < args.time_limit <= 3600:
         raise SpecError(f"--time-limit {args.time_limit} is not in (0, 3600] s",
                         field="--time-limit", fix="pass e.g. --time-limit 10")
@@ -99,7 +99,7 @@ def _reorder_run(args) -> int:
         if g:
             extra = {"group_size": g}
     else:
-        from .groups import plan_comm_time, plan_traffic, reorder_plan
+        from planner.reorder.groups import plan_comm_time, plan_traffic, reorder_plan
         path = Path(args.collective)
         if not path.is_file():
             raise SpecError(f"{args.collective!r} is neither a collective nor a plan file",
@@ -118,7 +118,7 @@ def _reorder_run(args) -> int:
                  "comm_after": plan_comm_time(cm, traffic, res.order)}
         what = f"plan {path.name} (TP/CP/DP/PP traffic per step)"
         if args.plan_out:
-            from .groups import placed_plan
+            from planner.reorder.groups import placed_plan
             atomic_write_text(args.plan_out, json.dumps(
                 placed_plan(plan, res.order, cm.hostnames), indent=1) + "\n", field="--plan-out")
             extra["plan_out"] = args.plan_out
@@ -171,7 +171,7 @@ def add_probe_command(sub) -> None:
 def _probe_run(args) -> int:
     from simulator.fileio import atomic_write_text
 
-    from .probe import ProbeSettings, run_probe
+    from planner.reorder.probe import ProbeSettings, run_probe
     if not 2 <= args.nproc <= 256:
         raise SpecError(f"--nproc {args.nproc} is not in 2..256", field="--nproc",
                         fix="probe at least 2 processes")

@@ -20,8 +20,8 @@ import numpy as np
 
 from simulator.costmatrix import CostMatrix
 
-from .probe import EmulatedLinks
-from .spawn import run_distributed
+from planner.reorder.probe import EmulatedLinks
+from planner.reorder.spawn import run_distributed
 
 __all__ = ["run_emulated_ring"]
 

@@ -33,10 +33,10 @@ import numpy as np
 from simulator.costmatrix import CostMatrix
 from simulator.errors import SpecError
 
-from .model import concurrent_rings_time, ring_edge_cost, stream_rates
-from .search import ReorderResult, swap_search
-from .tsp_exact import mip_ring
-from .tsp_local import heuristic_ring
+from planner.reorder.model import concurrent_rings_time, ring_edge_cost, stream_rates
+from planner.reorder.search import ReorderResult, swap_search
+from planner.reorder.tsp_exact import mip_ring
+from planner.reorder.tsp_local import heuristic_ring
 
 __all__ = ["PlanTraffic", "plan_traffic", "plan_comm_time", "reorder_plan"]
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from simulator.costmatrix import CostMatrix
 
-from .spawn import run_distributed
+from planner.reorder.spawn import run_distributed
 
 __all__ = ["ProbeSettings", "run_probe", "tournament_rounds", "EmulatedLinks"]
 

@@ -17,10 +17,10 @@ import numpy as np
 
 from simulator.costmatrix import CostMatrix
 
-from .bottleneck import bottleneck_ring
-from .model import collective_time, ring_edge_cost
-from .tsp_exact import mip_ring, ring_cost
-from .tsp_local import heuristic_ring
+from planner.reorder.bottleneck import bottleneck_ring
+from planner.reorder.model import collective_time, ring_edge_cost
+from planner.reorder.tsp_exact import mip_ring, ring_cost
+from planner.reorder.tsp_local import heuristic_ring
 
 __all__ = ["ReorderResult", "reorder", "best_ring", "swap_search"]
 

@@ -49,9 +49,9 @@ import numpy as np
 
 from simulator.errors import SpecError
 
-from .access import default_reuse_bins, zipf_reuse, accesses_per_row
-from .calibrate_comm import fit_comm_profile, measure_comm_points
-from .spec import ModelSpec, TableSpec
+from planner.sharding.access import default_reuse_bins, zipf_reuse, accesses_per_row
+from planner.sharding.calibrate_comm import fit_comm_profile, measure_comm_points
+from planner.sharding.spec import ModelSpec, TableSpec
 
 __all__ = ["kernel_configs", "measure_kernel_points", "fit_kernel_profile", "measure_comm_points",
            "fit_comm_profile", "calibrate", "DISTRIBUTIONS"]
@@ -86,7 +86,7 @@ def kernel_configs(n: int, *, seed: int = 0, max_lookups: int = 1_500_000,
     to 1,024–8,192 samples, dims 4–128, a quarter of them fp16 — the kind of shard sets a
     planner builds.
     """
-    from .generate import synthesize_tables
+    from planner.sharding.generate import synthesize_tables
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xCA1B]))
     pool = synthesize_tables(512, seed=int(seed) + 0xCA1B0, prefix="k")
     dims = (4, 8, 16, 32, 64, 128)
@@ -154,8 +154,8 @@ def measure_kernel_points(configs: Sequence[ModelSpec], *, repeats: int = 7, war
 
 def _measure_kernel_points(configs, *, repeats, warmup, backend, chunk, progress=None,
                            reverse: bool = False) -> list[dict]:
-    from .ids import model_ids
-    from .measure_kernels import KernelTable, time_ranks
+    from planner.sharding.ids import model_ids
+    from planner.sharding.measure_kernels import KernelTable, time_ranks
     points: list = [None] * len(configs)
     starts = list(range(0, len(configs), chunk))
     done = 0
@@ -313,8 +313,8 @@ def calibrate(*, kernel_points: int = 120, worlds: Sequence[int] = (2, 4, 8), re
               seed: int = 0, backend: str = "auto", rounds: int = 2, command: str | None = None,
               progress=None) -> dict:
     """Run both sweeps and return the profile document (see the module docstring)."""
-    from .measure_comm import oversubscription
-    from .measure_kernels import cpu_description, kernel_backend
+    from planner.sharding.measure_comm import oversubscription
+    from planner.sharding.measure_kernels import cpu_description, kernel_backend
     import os
     kind = kernel_backend(backend)
     load_before = [round(x, 2) for x in os.getloadavg()]

@@ -29,10 +29,10 @@ from typing import Sequence
 from simulator.errors import ClusterplanError, SpecError
 from simulator.units import format_bytes, format_time, parse_bytes
 
-from .planners import PLANNER_NAMES, get_planner
-from .shards import parse_sharding_types
-from .spec import OPTIMIZERS, load_model_spec
-from .task import ShardingTask
+from planner.sharding.planners import PLANNER_NAMES, get_planner
+from planner.sharding.shards import parse_sharding_types
+from planner.sharding.spec import OPTIMIZERS, load_model_spec
+from planner.sharding.task import ShardingTask
 
 __all__ = ["add_arguments", "run", "main", "build_parser"]
 
@@ -75,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="leave wall-clock time out of the JSON (byte-identical reruns)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", default=None, metavar="FILE", help="write the plan JSON here")
-    from ..dmt.cli import add_dmt_arguments
+    from planner.dmt.cli import add_dmt_arguments
     add_dmt_arguments(p)
 
 
@@ -91,7 +91,7 @@ def _task(args) -> ShardingTask:
     types = parse_sharding_types(args.sharding_types) if args.sharding_types else None
     topology = args.topology
     if topology is None and getattr(args, "measure", False):
-        from .measure import cpu_topology_ref
+        from planner.sharding.measure import cpu_topology_ref
         topology = cpu_topology_ref(args.devices)
     return ShardingTask(model=model, topology=topology, memory_bytes=memory,
                         sharding_types=types)
@@ -115,16 +115,16 @@ def run(args: argparse.Namespace) -> int:
     doc = plan.to_dict(stable=args.reproducible)
     sim = None
     if args.simulate:
-        from .simulate import simulate_plan
+        from planner.sharding.simulate import simulate_plan
         sim = simulate_plan(plan, task)
         doc["simulation"] = {"step_time_s": sim.step_time_s, "breakdown_s": sim.breakdown_s,
                              "a2a_bytes": sim.a2a_bytes}
     if getattr(args, "dmt", False):
-        from ..dmt.cli import dmt_section
+        from planner.dmt.cli import dmt_section
         doc["dmt"], _ = dmt_section(args, task, plan)
     meas = None
     if getattr(args, "measure", False):
-        from .measure import measure_plan
+        from planner.sharding.measure import measure_plan
         meas = measure_plan(plan, task, repeats=_positive(args.repeats, "--repeats"),
                             seed=args.seed)
         doc["measurement"] = meas.to_dict()
@@ -135,10 +135,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_plan(plan, sim))
         if "dmt" in doc:
-            from ..dmt.cli import format_dmt
+            from planner.dmt.cli import format_dmt
             print(format_dmt(doc["dmt"]))
         if meas is not None:
-            from .measure import format_measurement
+            from planner.sharding.measure import format_measurement
             print()
             print(format_measurement(meas))
         if args.out:
@@ -183,9 +183,9 @@ def add_measure_command(sub) -> None:
 
 def run_measure(args: argparse.Namespace) -> int:
     """``clusterplan measure``: load the spec and plan, measure, print."""
-    from .measure import cpu_topology_ref, format_measurement, measure_shardings
-    from .plan import read_plan_json
-    from .task import prepare
+    from planner.sharding.measure import cpu_topology_ref, format_measurement, measure_shardings
+    from planner.sharding.plan import read_plan_json
+    from planner.sharding.task import prepare
     try:
         with open(args.plan, encoding="utf-8") as fh:
             text = fh.read()
@@ -270,7 +270,7 @@ def add_calibrate_embedding(csub) -> None:
 
 
 def run_calibrate_embedding(args: argparse.Namespace) -> int:
-    from .calibrate_embedding import calibrate, write_profile
+    from planner.sharding.calibrate_embedding import calibrate, write_profile
     try:
         worlds = tuple(int(w) for w in str(args.worlds).split(",") if w.strip())
     except ValueError:

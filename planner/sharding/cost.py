@@ -76,12 +76,12 @@ import numpy as np
 
 from simulator.topology import Topology
 
-from .access import accesses_per_row, default_reuse_bins, zipf_reuse
-from .comm_model import CommModel, calibrate_comm
-from .cpu_profile import CPU_PROFILE_PATH, CpuProfile, load_cpu_profile
-from .shards import Shard, ShardingType, TableSharding
-from .spec import PRECISION_BYTES, ModelSpec, TableSpec
-from .memory import shard_memory_bytes
+from planner.sharding.access import accesses_per_row, default_reuse_bins, zipf_reuse
+from planner.sharding.comm_model import CommModel, calibrate_comm
+from planner.sharding.cpu_profile import CPU_PROFILE_PATH, CpuProfile, load_cpu_profile
+from planner.sharding.shards import Shard, ShardingType, TableSharding
+from planner.sharding.spec import PRECISION_BYTES, ModelSpec, TableSpec
+from planner.sharding.memory import shard_memory_bytes
 
 __all__ = ["CostConfig", "CommModel", "CostModel", "calibrate_comm", "FEATURES",
            "BREAKDOWN_KEYS", "CpuProfile", "load_cpu_profile", "CPU_PROFILE_PATH"]

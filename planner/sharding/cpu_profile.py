@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .comm_model import CommModel, SyncCommModel
+from planner.sharding.comm_model import CommModel, SyncCommModel
 
 __all__ = ["CpuProfile", "load_cpu_profile", "CPU_PROFILE_PATH"]
 

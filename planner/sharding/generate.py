@@ -31,9 +31,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .access import BIN_MEAN_COUNT, accesses_per_row, access_hist, load_locality_stats, row_hist
-from .shards import ShardingType
-from .spec import ModelSpec, TableSpec
+from planner.sharding.access import BIN_MEAN_COUNT, accesses_per_row, access_hist, load_locality_stats, row_hist
+from planner.sharding.shards import ShardingType
+from planner.sharding.spec import ModelSpec, TableSpec
 
 __all__ = ["synthesize_tables", "pool_statistics", "BenchmarkTask", "neuroshard_tasks",
            "dreamshard_tasks", "NEUROSHARD_DIMS"]
@@ -102,7 +102,7 @@ class BenchmarkTask:
 
     def task(self, **kw):
         """The :class:`~planner.sharding.task.ShardingTask` (extra fields as keywords)."""
-        from .task import ShardingTask
+        from planner.sharding.task import ShardingTask
         args = {"model": self.model, "memory_bytes": self.memory_bytes,
                 "sharding_types": self.sharding_types}
         args.update(kw)

@@ -15,8 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .access import NUM_BINS, accesses_per_row, default_reuse_bins
-from .spec import ModelSpec, TableSpec
+from planner.sharding.access import NUM_BINS, accesses_per_row, default_reuse_bins
+from planner.sharding.spec import ModelSpec, TableSpec
 
 __all__ = ["TableIds", "table_ids", "model_ids", "local_batches"]
 

@@ -43,10 +43,10 @@ import numpy as np
 
 from simulator.errors import SpecError
 
-from .cost import BREAKDOWN_KEYS
-from .ids import TableIds, local_batches, model_ids, table_ids
-from .shards import ShardingType, TableSharding
-from .spec import PRECISION_BYTES, ModelSpec
+from planner.sharding.cost import BREAKDOWN_KEYS
+from planner.sharding.ids import TableIds, local_batches, model_ids, table_ids
+from planner.sharding.shards import ShardingType, TableSharding
+from planner.sharding.spec import PRECISION_BYTES, ModelSpec
 
 __all__ = ["TableIds", "table_ids", "model_ids", "Measurement", "measure_shardings",
            "measure_many", "measure_plan", "scale_model", "cpu_topology_ref", "local_batches", "rank_work",
@@ -84,7 +84,7 @@ def _row_block(ids: TableIds, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray]
 def rank_work(model: ModelSpec, shardings: Sequence[TableSharding], ids: Sequence[TableIds],
               devices: int) -> list[list]:
     """Per rank, the :class:`~.measure_kernels.KernelTable` list of its shards."""
-    from .measure_kernels import KernelTable
+    from planner.sharding.measure_kernels import KernelTable
     bounds = local_batches(model.batch_size, devices)
     out: list[list] = [[] for _ in range(devices)]
     for ts in shardings:
@@ -290,7 +290,7 @@ def scale_model(model: ModelSpec, factor: float, *, name: str | None = None) -> 
 
 def _check_fits(model: ModelSpec, shardings: Sequence[TableSharding], devices: int,
                 limit_bytes: float | None) -> float:
-    from .memory import shard_memory_bytes
+    from planner.sharding.memory import shard_memory_bytes
     per = np.zeros(devices)
     for ts in shardings:
         t = model.tables[ts.table]
@@ -334,9 +334,9 @@ def measure_shardings(problem, shardings: Sequence[TableSharding], *, repeats: i
     ``ids``: precomputed :func:`model_ids` (else drawn with ``seed``). The prediction is
     ``problem``'s cost model on the same layouts.
     """
-    from .measure_comm import GlooGroup, oversubscription
-    from .measure_kernels import cpu_description, time_ranks
-    from .plan import evaluate_shardings
+    from planner.sharding.measure_comm import GlooGroup, oversubscription
+    from planner.sharding.measure_kernels import cpu_description, time_ranks
+    from planner.sharding.plan import evaluate_shardings
     t0 = time.perf_counter()
     model = problem.model
     n = problem.devices
@@ -415,9 +415,9 @@ def _measure_many(problem, plans: Sequence[Sequence[TableSharding]], *, repeats:
     plans are fair. When all plans together would not fit in memory, the plans are measured one
     after another twice, in forward then reverse order, and each rank's two medians averaged.
     """
-    from .measure_comm import GlooGroup, oversubscription
-    from .measure_kernels import cpu_description, time_ranks
-    from .plan import evaluate_shardings
+    from planner.sharding.measure_comm import GlooGroup, oversubscription
+    from planner.sharding.measure_kernels import cpu_description, time_ranks
+    from planner.sharding.plan import evaluate_shardings
     t0 = time.perf_counter()
     model = problem.model
     n = problem.devices
@@ -492,5 +492,5 @@ def _measure_many(problem, plans: Sequence[Sequence[TableSharding]], *, repeats:
 
 def measure_plan(plan, task, **kw) -> Measurement:
     """Measure a :class:`~planner.sharding.plan.Plan` of ``task`` (see :func:`measure_shardings`)."""
-    from .task import prepare
+    from planner.sharding.task import prepare
     return measure_shardings(prepare(task, plan.devices), plan.shardings, **kw)

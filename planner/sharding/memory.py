@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Sequence
 from simulator.errors import SpecError
 from simulator.units import format_bytes
 
-from .shards import ShardingType, row_blocks
-from .spec import ModelSpec, TableSpec
+from planner.sharding.shards import ShardingType, row_blocks
+from planner.sharding.spec import ModelSpec, TableSpec
 
 if TYPE_CHECKING:
-    from .task import Problem
+    from planner.sharding.task import Problem
 
 __all__ = ["optimizer_state_bytes", "shard_memory_bytes", "device_capacity_bytes",
            "min_device_bytes", "InfeasibleError", "check_feasible", "table_bytes"]

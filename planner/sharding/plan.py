@@ -31,9 +31,9 @@ import numpy as np
 
 from simulator.fileio import atomic_write_text
 
-from .cost import BREAKDOWN_KEYS, F_MEM
-from .shards import Shard, ShardingType, TableSharding, validate_sharding
-from .task import Problem
+from planner.sharding.cost import BREAKDOWN_KEYS, F_MEM
+from planner.sharding.shards import Shard, ShardingType, TableSharding, validate_sharding
+from planner.sharding.task import Problem
 
 __all__ = ["PlannerStats", "Plan", "make_plan", "evaluate_shardings", "read_plan_json",
            "FORMAT_VERSION"]

@@ -19,9 +19,9 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from .planners import Planner
-from .shards import Shard, ShardingType, TableSharding
-from .spec import ModelSpec, TableSpec
+from planner.sharding.planners import Planner
+from planner.sharding.shards import Shard, ShardingType, TableSharding
+from planner.sharding.spec import ModelSpec, TableSpec
 
 __all__ = ["SpecLoader", "TableSource", "ShardEstimator", "FeasibilityCheck", "StepSimulator",
            "Planner"]

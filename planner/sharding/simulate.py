@@ -27,10 +27,10 @@ import numpy as np
 from simulator.engine import SimResult, simulate
 from simulator.workload import Workload
 
-from .cost import F_BWD, F_DP, F_FWD, F_HRS, F_RW
-from .plan import Plan
-from .shards import TableSharding
-from .task import Problem, prepare
+from planner.sharding.cost import F_BWD, F_DP, F_FWD, F_HRS, F_RW
+from planner.sharding.plan import Plan
+from planner.sharding.shards import TableSharding
+from planner.sharding.task import Problem, prepare
 
 __all__ = ["StepSimulation", "build_step_workload", "simulate_step", "simulate_plan"]
 
@@ -160,7 +160,7 @@ def simulate_step(problem: Problem, shardings: Sequence[TableSharding], *,
     TorchRec 1.8.0 issues for one seeded batch (:mod:`planner.sharding.simulate_torchrec`,
     checked call for call against real runs by ``clusterplan validate``)."""
     if comm == "torchrec":
-        from .simulate_torchrec import build_torchrec_step_workload, torchrec_step_ops
+        from planner.sharding.simulate_torchrec import build_torchrec_step_workload, torchrec_step_ops
         ops = torchrec_step_ops(problem, shardings)
         w = build_torchrec_step_workload(problem, shardings, ops)
         def sent(sel) -> np.ndarray:       # bytes between different ranks

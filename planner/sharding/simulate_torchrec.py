@@ -41,7 +41,7 @@ import numpy as np
 
 from simulator.workload import Workload
 
-from .shards import ShardingType, TableSharding
+from planner.sharding.shards import ShardingType, TableSharding
 
 __all__ = ["CommOp", "torchrec_comm_ops", "rank_events", "build_torchrec_step_workload",
            "ddp_buckets", "dense_op_list", "INPUT_DIST_ORDER", "KJT_SPLITS"]
@@ -321,8 +321,8 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     elementwise ops on the memory curve, each op's dispatch, plus ``dense_op_s`` of eager host
     time per op); ``host_s`` (seconds per rank): TorchRec's host work per step, run before the
     input dist (:mod:`planner.validate.calibrate_dlrm`)."""
-    from .cost import F_BWD, F_FWD
-    from .simulate import _mlp_flops
+    from planner.sharding.cost import F_BWD, F_FWD
+    from planner.sharding.simulate import _mlp_flops
     cm = problem.cost
     n = problem.devices
     F = cm.plan_features(shardings)
@@ -410,7 +410,7 @@ def torchrec_step_ops(problem, shardings: Sequence[TableSharding], *, seed: int 
     """:func:`torchrec_comm_ops` for one seeded global batch drawn from the tables' access
     distributions (:func:`planner.sharding.measure.table_ids`), the problem's dense part and
     its hosts (``local_world``: ranks per host, default the topology's)."""
-    from .ids import table_ids
+    from planner.sharding.ids import table_ids
     m = problem.model
     n = problem.devices
     batch = int(m.batch_size)

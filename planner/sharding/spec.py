@@ -61,7 +61,7 @@ from simulator.errors import SpecError
 from simulator.validation import choice, number, whole
 from simulator.fileio import parse_yaml
 
-from .shards import ShardingType, parse_sharding_types
+from planner.sharding.shards import ShardingType, parse_sharding_types
 
 __all__ = ["TableSpec", "DenseSpec", "ModelSpec", "load_model_spec", "builtin_spec_names",
            "PRECISION_BYTES", "OPTIMIZERS", "NUM_REUSE_BINS", "tables_from_csv_text"]

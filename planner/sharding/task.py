@@ -10,11 +10,11 @@ import numpy as np
 
 from simulator.errors import SpecError
 
-from .comm_model import _calibrate_cached
-from .cost import CostConfig, CostModel
-from .memory import device_capacity_bytes
-from .shards import ALL_SHARDING_TYPES, ShardingType
-from .spec import ModelSpec
+from planner.sharding.comm_model import _calibrate_cached
+from planner.sharding.cost import CostConfig, CostModel
+from planner.sharding.memory import device_capacity_bytes
+from planner.sharding.shards import ALL_SHARDING_TYPES, ShardingType
+from planner.sharding.spec import ModelSpec
 
 __all__ = ["ShardingTask", "Problem", "prepare", "default_topology_ref"]
 

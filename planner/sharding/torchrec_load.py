@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 from simulator.errors import SpecError
 from simulator.fileio import read_json_file
 
-from .torchrec_plan import (check_torchrec_plan, empty_row_shards, parse_placement, placement,
+from planner.sharding.torchrec_plan import (check_torchrec_plan, empty_row_shards, parse_placement, placement,
                             table_shapes)
 
 __all__ = ["load_sharding_plan", "read_torchrec_plan", "model_table_shapes"]

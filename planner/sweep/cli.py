@@ -37,8 +37,8 @@ def register(sub) -> None:
 
 def _run(args) -> int:
     from planner.cli import emit
-    from .grid import load_sweep
-    from .run import plot_table, run_sweep, bar_progress, write_table
+    from planner.sweep.grid import load_sweep
+    from planner.sweep.run import plot_table, run_sweep, bar_progress, write_table
     spec = load_sweep(args.grid)
     if args.workers is not None and args.workers < 1:
         raise SpecError(f"--workers {args.workers}", field="--workers", fix="use 1 or more")

@@ -20,7 +20,7 @@ import pandas as pd
 
 from simulator.errors import SpecError
 
-from .grid import Point, SweepSpec, points
+from planner.sweep.grid import Point, SweepSpec, points
 
 __all__ = ["run_point", "run_sweep", "result_table"]
 

@@ -4,7 +4,7 @@ See ``planner/validate/README.md``. Importing this package does not import torch
 (:mod:`planner.validate.worker`) do.
 """
 
-from .config import RunConfig, Scale, load_source, run_config
-from .report import validate
+from planner.validate.config import RunConfig, Scale, load_source, run_config
+from planner.validate.report import validate
 
 __all__ = ["RunConfig", "Scale", "load_source", "run_config", "validate"]

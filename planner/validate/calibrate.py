@@ -105,7 +105,7 @@ def _rank_main(cfg: GlooCalibration, rank: int, port: int, progress, report) -> 
                             world_size=cfg.world,
                             timeout=datetime.timedelta(seconds=cfg.timeout_s))
     report("ready", None)
-    from .worker import pin_main_thread, unpin
+    from planner.validate.worker import pin_main_thread, unpin
     pin_main_thread(rank)
     out = {"rank": rank, "comm": {}, "compute": {}, "host": {}, "cpu": []}
     t_cpu0, w0 = _proc_cpu(), time.monotonic()
@@ -121,7 +121,7 @@ def _rank_main(cfg: GlooCalibration, rank: int, port: int, progress, report) -> 
         out["host"][rnd] = _time_host(dist, torch, cfg.world, rank)
         out.setdefault("wake", {})[rnd] = _time_wake(dist, torch)
         if cfg.lookup:
-            from .calibrate_dlrm import time_lookup_probe
+            from planner.validate.calibrate_dlrm import time_lookup_probe
             out.setdefault("lookup", {})[rnd] = time_lookup_probe(
                 dist, repeats=3 if cfg.quick else 9)
         progress.end(rank)
@@ -306,8 +306,8 @@ def _time_host(dist, torch, world: int, rank: int, *, layers: int = 8) -> dict:
     copies and dispatch cost around its communication on this machine."""
     from planner.llm.spec import ModelSpec
 
-    from .comm import Recorder
-    from .model import Block, TPGroup
+    from planner.validate.comm import Recorder
+    from planner.validate.model import Block, TPGroup
     res = {}
     rec = Recorder(rank)
     # written before every timed pass: the pass starts with its code and data evicted from
@@ -472,7 +472,7 @@ def profile_document(ranks: list[dict], cfg: GlooCalibration, *, load: dict | No
 
 def _lookup_section(ranks: list[dict], rounds: int) -> dict:
     """The co-running lookup probe: per round the slowest rank, and their median (seconds)."""
-    from .calibrate_dlrm import LOOKUP_BATCH, LOOKUP_TABLES
+    from planner.validate.calibrate_dlrm import LOOKUP_BATCH, LOOKUP_TABLES
     per = [max(r["lookup"][rnd] for r in ranks) for rnd in range(rounds)]
     return {"what": "fused TBE forward+backward of the tables [rows, dim, pooling, zipf] at "
                     "the batch, on every rank at once (planner/validate/calibrate_dlrm.py)",
@@ -516,9 +516,9 @@ def measure_gloo_raw(cfg: GlooCalibration | None = None, *, pool=None) -> dict:
     """Run the calibration (on ``pool`` when given) and return its raw parts: the ranks' rows,
     the TorchRec probes section (or None) and the cores other processes used meanwhile.
     :func:`profile_from_raw` makes the profile of one or several such runs."""
-    from .calibrate_dlrm import measure_torchrec
-    from .load import LoadMeter
-    from .runner import Pool
+    from planner.validate.calibrate_dlrm import measure_torchrec
+    from planner.validate.load import LoadMeter
+    from planner.validate.runner import Pool
     cfg = cfg or GlooCalibration()
     meter = LoadMeter()
 
@@ -556,7 +556,7 @@ def profile_from_raw(raws: list[dict]) -> dict:
     """The profile mapping of one or several :func:`measure_gloo_raw` runs of the same
     calibration (several: each run's rounds count as rounds of one calibration, so runs spread
     over a benchmark average the machine's slow and fast spells as its measurements do)."""
-    from .calibrate_dlrm import merge_torchrec
+    from planner.validate.calibrate_dlrm import merge_torchrec
     if not raws:
         raise ValueError("profile_from_raw needs at least one run")
     rounds = [r["cfg"].rounds for r in raws]
@@ -603,7 +603,7 @@ def summary_lines(doc: dict) -> list[str]:
     hb = doc["host_block_s"]
     lk = doc.get("lookup")
     if lk:
-        from .calibrate_dlrm import predicted_lookup_s
+        from planner.validate.calibrate_dlrm import predicted_lookup_s
         lines.append(f"  lookups on every rank at once: {format_time(lk['measured_s'])} for the "
                      f"probe, {lk['measured_s'] / predicted_lookup_s():.2f}x the CPU embedding "
                      "profile's prediction")

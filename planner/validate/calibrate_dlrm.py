@@ -69,7 +69,7 @@ def probe_config(kind: str, size: str, world: int, *, steps: int = 30, warmup: i
     from planner.sharding.task import ShardingTask, prepare
     from planner.sharding.torchrec_plan import export_torchrec_plan
 
-    from .dlrm import DLRMRunConfig
+    from planner.validate.dlrm import DLRMRunConfig
     large = size == "large"
     rows = PROBE_DP_LARGE_ROWS if (large and kind == "data_parallel") else PROBE_ROWS
     rows -= rows % world
@@ -110,7 +110,7 @@ def measure_torchrec(pool, world: int, *, quick: bool = False, rounds: int | Non
     import importlib.util
     if not all(importlib.util.find_spec(m) for m in ("torchrec", "fbgemm_gpu")):
         return None
-    from .dlrm_report import measure
+    from planner.validate.dlrm_report import measure
     steps, warmup, default_rounds = (4, 2, 1) if quick else (15, 3, 2)
     rounds = default_rounds if rounds is None else rounds
     got: dict[tuple[str, str], list] = {}
@@ -180,7 +180,7 @@ def host_costs(calibration, world: int, simulate_probe, *, iterations: int = 4) 
     tr = getattr(calibration, "torchrec", None) or {}
     if int(tr.get("world", -1)) != world:
         return {}
-    from .dlrm_report import expected_ops
+    from planner.validate.dlrm_report import expected_ops
     probes: dict[str, dict] = {}
     for p in tr.get("probes", []):
         cfg = probe_config(p["sharding_type"], p["size"], world)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from simulator.errors import SpecError
 
-from .config import SCHEDULES, Scale
+from planner.validate.config import SCHEDULES, Scale
 
 __all__ = ["register", "run_validate"]
 
@@ -92,11 +92,11 @@ def _positive(value, flag: str, minimum: float = 1) -> None:
 def run_validate(args) -> int:
     from planner.cli import emit
 
-    from .config import load_source, parse_fault, run_config
-    from .report import format_report, validate
-    from .dlrm import is_sharding_plan
+    from planner.validate.config import load_source, parse_fault, run_config
+    from planner.validate.report import format_report, validate
+    from planner.validate.dlrm import is_sharding_plan
     if is_sharding_plan(args.source):
-        from .dlrm_cli import run_validate_dlrm
+        from planner.validate.dlrm_cli import run_validate_dlrm
         return run_validate_dlrm(args)
     if args.backend != "gloo":
         raise SpecError("only gloo runs in this slice (nccl needs CUDA GPUs and a device "

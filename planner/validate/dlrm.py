@@ -19,7 +19,7 @@ import numpy as np
 
 from simulator.errors import SpecError
 
-from .config import MAX_PROCESSES, Fault
+from planner.validate.config import MAX_PROCESSES, Fault
 
 __all__ = ["DLRMRunConfig", "is_sharding_plan", "load_dlrm_config", "step_batch"]
 
@@ -77,7 +77,7 @@ class DLRMRunConfig:
 
     def rank_main(self, rank: int, port: int, progress, report, state: dict) -> dict:
         """The rank's run (called by :func:`planner.validate.worker.worker_main`)."""
-        from .dlrm_worker import run_rank
+        from planner.validate.dlrm_worker import run_rank
         return run_rank(rank, self, port, progress, report, state)
 
 

@@ -14,9 +14,9 @@ __all__ = ["run_validate_dlrm"]
 def run_validate_dlrm(args) -> int:
     from planner.cli import emit
 
-    from .config import parse_fault
-    from .dlrm import load_dlrm_config
-    from .dlrm_report import format_dlrm_report, validate_dlrm
+    from planner.validate.config import parse_fault
+    from planner.validate.dlrm import load_dlrm_config
+    from planner.validate.dlrm_report import format_dlrm_report, validate_dlrm
     if args.backend != "gloo":
         raise SpecError("only gloo runs DLRM plans here (TorchRec on CPU)", field="--backend",
                         fix="use --backend gloo")
@@ -27,7 +27,7 @@ def run_validate_dlrm(args) -> int:
         raise SpecError(f"{args.timeout} is not a positive number of seconds", field="--timeout",
                         fix="pass e.g. --timeout 60")
     fault = parse_fault(args.inject_fault)
-    from .cli import load_calibration
+    from planner.validate.cli import load_calibration
     calibration = load_calibration(getattr(args, "calibration", None))
     cfg = load_dlrm_config(args.source, tables=args.tables, nproc=args.nproc,
                            batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,

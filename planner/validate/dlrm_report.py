@@ -15,10 +15,10 @@ import statistics
 
 from simulator.units import format_time
 
-from .compare import Mismatch
-from .dlrm import DLRMRunConfig, step_batch
-from .report import verdict_lines
-from .runner import RunResult, run
+from planner.validate.compare import Mismatch
+from planner.validate.dlrm import DLRMRunConfig, step_batch
+from planner.validate.report import verdict_lines
+from planner.validate.runner import RunResult, run
 
 __all__ = ["expected_ops", "measured_channels", "compare_dlrm", "validate_dlrm",
            "format_dlrm_report", "dense_param_sizes"]
@@ -140,7 +140,7 @@ def predicted(cfg: DLRMRunConfig, step: int, calibration=None) -> dict:
     else:
         hc = _host_costs(calibration, cfg.world)
         if hc:
-            from .calibrate_dlrm import size_measure
+            from planner.validate.calibrate_dlrm import size_measure
             types = [k for k in sorted({ts.sharding_type.value for ts in cfg.shardings})
                      if k in hc]
             # every probe's intercept holds the step's own fixed cost once (taken as the
@@ -177,7 +177,7 @@ def _problem(cfg: DLRMRunConfig, calibration):
     if calibration is not None:
         key = id(calibration)
         if key not in _LOOKUP_SCALE:
-            from .calibrate_dlrm import lookup_scale
+            from planner.validate.calibrate_dlrm import lookup_scale
             _LOOKUP_SCALE[key] = (calibration, lookup_scale(calibration))
         scale = _LOOKUP_SCALE[key][1]
     return prepare(ShardingTask(model=cfg.model, topology=cpu_topology_ref(cfg.world),
@@ -188,7 +188,7 @@ def _host_costs(calibration, world: int) -> dict:
     """TorchRec's host costs from the calibration's probe plans (cached per profile)."""
     key = (id(calibration), world)
     if key not in _HOST_COSTS:
-        from .calibrate_dlrm import host_costs
+        from planner.validate.calibrate_dlrm import host_costs
 
         def sim(cfg, host) -> float:        # a probe simulated with host work per rank
             from planner.sharding.simulate_torchrec import build_torchrec_step_workload

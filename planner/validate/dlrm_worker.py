@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import os
 
-from .comm import Recorder
-from .worker import _inject, pin_main_thread, timed_steps, unpin
+from planner.validate.comm import Recorder
+from planner.validate.worker import _inject, pin_main_thread, timed_steps, unpin
 
 __all__ = ["run_rank"]
 
@@ -224,7 +224,7 @@ def run_rank(rank: int, cfg, port: int, progress, report, state: dict) -> dict:
 
     from planner.sharding.torchrec_load import load_sharding_plan
 
-    from .dlrm import step_batch
+    from planner.validate.dlrm import step_batch
     _reset_torchrec_globals()
     progress.end(rank)
     m = cfg.model

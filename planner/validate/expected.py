@@ -25,7 +25,7 @@ from simulator.engine import SimResult, simulate
 from simulator.gloo_profile import GlooProfile
 from simulator.topology import Topology, load_topology
 
-from .config import RunConfig
+from planner.validate.config import RunConfig
 
 __all__ = ["Expected", "expected_step", "predicted_by_kind", "KIND_OF_CATEGORY"]
 

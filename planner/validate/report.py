@@ -15,10 +15,10 @@ import statistics
 
 from simulator.units import format_time
 
-from .compare import compare_structure, describe, events_from_records
-from .config import RunConfig
-from .expected import Expected, expected_step, predicted_by_kind
-from .runner import RunResult, run
+from planner.validate.compare import compare_structure, describe, events_from_records
+from planner.validate.config import RunConfig
+from planner.validate.expected import Expected, expected_step, predicted_by_kind
+from planner.validate.runner import RunResult, run
 
 __all__ = ["validate", "measure", "format_report"]
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 from simulator.errors import ClusterplanError
 
-from .comm import Progress
-from .config import RunConfig
+from planner.validate.comm import Progress
+from planner.validate.config import RunConfig
 
 __all__ = ["RunFailed", "RunResult", "Pool", "run", "run_many", "free_port"]
 
@@ -65,7 +65,7 @@ class Pool:
     once per process). After a failed job the pool is closed: every process is ended."""
 
     def __init__(self, size: int) -> None:
-        from .worker import worker_main
+        from planner.validate.worker import worker_main
         ctx = mp.get_context("spawn")
         self.size = size
         self.progress = Progress(ctx, size)

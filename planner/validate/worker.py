@@ -27,8 +27,8 @@ from planner.llm.layout import Layout
 from planner.llm.partition import chunk_layer_counts, dp_bucket_elements, vstage_layer_offsets
 from planner.llm.schedule import schedule
 
-from .comm import CommError, GroupBroken, Progress, Recorder
-from .config import RunConfig
+from planner.validate.comm import CommError, GroupBroken, Progress, Recorder
+from planner.validate.config import RunConfig
 
 __all__ = ["worker_main"]
 
@@ -114,7 +114,7 @@ def _run(rank: int, cfg: RunConfig, port: int, progress: Progress, report, state
     import torch
     import torch.distributed as dist
 
-    from .model import TPGroup, build_chunk, param_count
+    from planner.validate.model import TPGroup, build_chunk, param_count
     torch.set_num_threads(1)
     p, m, t = cfg.parallel, cfg.spec.model, cfg.spec.training
     timeout = datetime.timedelta(seconds=cfg.timeout_s)

@@ -15,11 +15,11 @@ from typing import Callable, Sequence
 import numpy as np
 import simpy
 
-from ..errors import SpecError
-from ..network import FlowNetwork
-from ..topology import Topology
-from . import algorithms as alg
-from .plan import BUSBW_FACTOR, KINDS, CollectivePlan, Phase
+from simulator.errors import SpecError
+from simulator.network import FlowNetwork
+from simulator.topology import Topology
+from simulator.collectives import algorithms as alg
+from simulator.collectives.plan import BUSBW_FACTOR, KINDS, CollectivePlan, Phase
 
 __all__ = ["ALGORITHMS", "plan_collective", "run_plan", "simulate_collective", "CollectiveResult",
            "CollectivePlan", "Phase", "KINDS", "BUSBW_FACTOR"]
@@ -139,7 +139,7 @@ def _tuner_tree_time(ring_plan: CollectivePlan, ring_s: float, tree_plan: Collec
 
 
 def _uncontended_time(topo: Topology, plan: CollectivePlan) -> float:
-    from ..network.maxmin import maxmin_rates
+    from simulator.network.maxmin import maxmin_rates
     cap = topo.effective_capacity_Bps()
     total = 0.0
     for ph in plan.phases:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..network.route import Routes
+from simulator.network.route import Routes
 
 __all__ = ["Phase", "CollectivePlan", "KINDS", "BUSBW_FACTOR"]
 

@@ -17,8 +17,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..errors import SimulationError
-from ..topology import Topology
+from simulator.errors import SimulationError
+from simulator.topology import Topology
 
 __all__ = ["Routes", "route", "route_to_node_switch"]
 

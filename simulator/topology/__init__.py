@@ -5,9 +5,9 @@
 (8, 'a100-80gb')
 """
 
-from .build import DEFAULT_COMM, build_topology, load_topology
-from .model import CommProfile, Hierarchy, LinkTable, Tier, Topology
-from .spec import builtin_topology_names, parse_topology_ref
+from simulator.topology.build import DEFAULT_COMM, build_topology, load_topology
+from simulator.topology.model import CommProfile, Hierarchy, LinkTable, Tier, Topology
+from simulator.topology.spec import builtin_topology_names, parse_topology_ref
 
 __all__ = ["load_topology", "build_topology", "builtin_topology_names", "parse_topology_ref",
            "Topology", "LinkTable", "Hierarchy", "Tier", "CommProfile", "DEFAULT_COMM"]

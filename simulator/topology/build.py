@@ -16,10 +16,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import SpecError
-from ..hardware import GPUSpec, gpu_spec, gpu_spec_from_dict
-from .model import LINK_KINDS, CommProfile, Hierarchy, LinkTable, Tier, Topology
-from .spec import Fields, read_topology_mapping
+from simulator.errors import SpecError
+from simulator.hardware import GPUSpec, gpu_spec, gpu_spec_from_dict
+from simulator.topology.model import LINK_KINDS, CommProfile, Hierarchy, LinkTable, Tier, Topology
+from simulator.topology.spec import Fields, read_topology_mapping
 
 __all__ = ["load_topology", "build_topology", "DEFAULT_COMM"]
 
@@ -71,7 +71,7 @@ def build_topology(doc: Mapping[str, Any], *, source: str = "<mapping>") -> Topo
     gpu = _gpu(f)
     comm = _comm(f.sub("collectives"))
     if f.has("devices") or f.has("links"):
-        from .explicit import build_explicit
+        from simulator.topology.explicit import build_explicit
         return build_explicit(f, gpu=gpu, comm=comm)
     return _build_generated(f, gpu=gpu, comm=comm)
 

@@ -36,8 +36,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..costmatrix import CostMatrix, Sharing, SharingLevel
-from ..errors import SpecError
+from simulator.costmatrix import CostMatrix, Sharing, SharingLevel
+from simulator.errors import SpecError
 
 __all__ = ["CloudSpec", "CloudPlacement", "generate_placement", "placement_cost_matrix",
            "cloud_topology_yaml",

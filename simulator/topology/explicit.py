@@ -11,9 +11,9 @@ from typing import Mapping
 
 import numpy as np
 
-from ..hardware import GPUSpec
-from .model import DEVICE_KINDS, LINK_KINDS, CommProfile, LinkTable, Topology
-from .spec import Fields
+from simulator.hardware import GPUSpec
+from simulator.topology.model import DEVICE_KINDS, LINK_KINDS, CommProfile, LinkTable, Topology
+from simulator.topology.spec import Fields
 
 __all__ = ["build_explicit"]
 

@@ -18,7 +18,7 @@ from typing import Mapping
 import networkx as nx
 import numpy as np
 
-from ..hardware import GPUSpec
+from simulator.hardware import GPUSpec
 
 __all__ = ["LINK_KINDS", "DEVICE_KINDS", "LinkTable", "Hierarchy", "Tier", "CommProfile",
            "Topology"]

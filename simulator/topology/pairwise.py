@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..costmatrix import CostMatrix
-from ..errors import SpecError
+from simulator.costmatrix import CostMatrix
+from simulator.errors import SpecError
 
 __all__ = ["topology_cost_matrix", "cost_matrix_for", "MAX_PAIRWISE_GPUS"]
 
@@ -25,7 +25,7 @@ MAX_PAIRWISE_GPUS = 4096
 
 def topology_cost_matrix(topo) -> CostMatrix:
     """Latency (s) and bandwidth (bytes/s) of one flow alone between every GPU pair."""
-    from ..network.route import route
+    from simulator.network.route import route
 
     n = topo.num_gpus
     if n > MAX_PAIRWISE_GPUS:
@@ -49,9 +49,9 @@ def topology_cost_matrix(topo) -> CostMatrix:
 
 def cost_matrix_for(ref: str) -> CostMatrix:
     """The cost matrix of a built-in topology name or YAML file (see the module docstring)."""
-    from .build import build_topology
-    from .cloud import cloud_spec_from_mapping, generate_placement, placement_cost_matrix
-    from .spec import read_topology_mapping
+    from simulator.topology.build import build_topology
+    from simulator.topology.cloud import cloud_spec_from_mapping, generate_placement, placement_cost_matrix
+    from simulator.topology.spec import read_topology_mapping
 
     doc, source = read_topology_mapping(ref)
     spec = cloud_spec_from_mapping(doc, source=source)

@@ -19,9 +19,9 @@ from typing import Any, Mapping
 
 import yaml
 
-from ..errors import SpecError
-from ..fileio import parse_yaml, read_text
-from ..validation import Fields  # noqa: F401  (re-exported: the shared validation layer)
+from simulator.errors import SpecError
+from simulator.fileio import parse_yaml, read_text
+from simulator.validation import Fields  # noqa: F401  (re-exported: the shared validation layer)
 
 __all__ = ["Fields", "builtin_topology_names", "read_topology_mapping", "parse_topology_ref"]
 

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from ..plan import Plan
-from ..task import ShardingTask
+from planner.sharding.plan import Plan
+from planner.sharding.task import ShardingTask
 
 __all__ = ["Planner", "PLANNER_NAMES", "get_planner"]
 
@@ -56,22 +56,22 @@ def get_planner(name: str, **options) -> Planner:
     """The planner called ``name`` (see the module docstring); ``options`` go to its constructor."""
     from simulator.errors import SpecError
     if name == "random":
-        from .random_placement import RandomPlanner
+        from planner.sharding.planners.random_placement import RandomPlanner
         return RandomPlanner(**options)
     if name in ("size", "dim", "lookup", "size_lookup"):
-        from .baselines import KeyGreedyPlanner
+        from planner.sharding.planners.baselines import KeyGreedyPlanner
         return KeyGreedyPlanner(name, **options)
     if name == "greedy":
-        from .greedy import GreedyPlanner
+        from planner.sharding.planners.greedy import GreedyPlanner
         return GreedyPlanner(**options)
     if name == "local_search":
-        from .local_search import LocalSearchPlanner
+        from planner.sharding.planners.local_search import LocalSearchPlanner
         return LocalSearchPlanner(**options)
     if name == "mip":
-        from .mip import MipPlanner
+        from planner.sharding.planners.mip import MipPlanner
         return MipPlanner(**options)
     if name == "torchrec":
-        from .torchrec_planner import TorchRecPlanner
+        from planner.sharding.planners.torchrec_planner import TorchRecPlanner
         return TorchRecPlanner(**options)
     if name == "neuroshard":
         from planner.costmodel.planner import NeuroShardPlanner

@@ -17,12 +17,12 @@ import time
 
 import numpy as np
 
-from ..cost import F_MEM, K
-from ..memory import check_feasible
-from ..plan import Plan, PlannerStats, make_plan
-from ..shards import ShardingType
-from ..task import ShardingTask, prepare
-from .common import CW_PARTS, Catalog, catalog
+from planner.sharding.cost import F_MEM, K
+from planner.sharding.memory import check_feasible
+from planner.sharding.plan import Plan, PlannerStats, make_plan
+from planner.sharding.shards import ShardingType
+from planner.sharding.task import ShardingTask, prepare
+from planner.sharding.planners.common import CW_PARTS, Catalog, catalog
 
 __all__ = ["GreedyPlanner", "greedy_choices"]
 

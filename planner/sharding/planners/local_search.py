@@ -26,12 +26,12 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cost import F_MEM
-from ..memory import check_feasible
-from ..plan import Plan, PlannerStats, make_plan
-from ..shards import ShardingType, TableSharding
-from ..task import ShardingTask, prepare
-from .common import Catalog, catalog
+from planner.sharding.cost import F_MEM
+from planner.sharding.memory import check_feasible
+from planner.sharding.plan import Plan, PlannerStats, make_plan
+from planner.sharding.shards import ShardingType, TableSharding
+from planner.sharding.task import ShardingTask, prepare
+from planner.sharding.planners.common import Catalog, catalog
 
 __all__ = ["LocalSearchPlanner", "improve_choices", "improve"]
 
@@ -233,7 +233,7 @@ class LocalSearchPlanner:
 
     def plan(self, task: ShardingTask, devices: int, *, seed: int = 0,
              time_limit_s: float | None = None) -> Plan:
-        from . import get_planner
+        from planner.sharding.planners import get_planner
         t0 = time.perf_counter()
         limit = self.default_time_limit_s if time_limit_s is None else time_limit_s
         problem = prepare(task, devices)

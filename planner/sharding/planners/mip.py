@@ -22,14 +22,14 @@ from dataclasses import dataclass
 
 import pulp
 
-from ..cost import F_MEM
-from ..memory import check_feasible
-from ..plan import Plan, PlannerStats, make_plan
-from ..task import ShardingTask, prepare
-from .common import CW_PARTS, Catalog, catalog
-from .mip_model import _CW, _DP, _RW, _TW, _TWRW, EPS, US, MipModel
-from .local_search import improve_choices
-from .greedy import greedy_choices
+from planner.sharding.cost import F_MEM
+from planner.sharding.memory import check_feasible
+from planner.sharding.plan import Plan, PlannerStats, make_plan
+from planner.sharding.task import ShardingTask, prepare
+from planner.sharding.planners.common import CW_PARTS, Catalog, catalog
+from planner.sharding.planners.mip_model import _CW, _DP, _RW, _TW, _TWRW, EPS, US, MipModel
+from planner.sharding.planners.local_search import improve_choices
+from planner.sharding.planners.greedy import greedy_choices
 
 __all__ = ["MipPlanner", "MipResult", "solve_mip"]
 

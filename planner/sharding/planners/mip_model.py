@@ -28,9 +28,9 @@ import math
 
 import pulp
 
-from ..cost import F_BWD, F_DP, F_FWD, F_HRS, F_IDS, F_MEM, F_OUT, F_RW
-from ..shards import ShardingType
-from .common import CW_PARTS, Catalog
+from planner.sharding.cost import F_BWD, F_DP, F_FWD, F_HRS, F_IDS, F_MEM, F_OUT, F_RW
+from planner.sharding.shards import ShardingType
+from planner.sharding.planners.common import CW_PARTS, Catalog
 
 __all__ = ["EPS", "US", "MipModel"]
 

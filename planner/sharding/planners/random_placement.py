@@ -10,11 +10,11 @@ import time
 
 import numpy as np
 
-from ..memory import check_feasible
-from ..plan import Plan, PlannerStats, make_plan
-from ..shards import ShardingType
-from ..task import ShardingTask, prepare
-from .common import catalog, place_table_wise, rowwise_prepass
+from planner.sharding.memory import check_feasible
+from planner.sharding.plan import Plan, PlannerStats, make_plan
+from planner.sharding.shards import ShardingType
+from planner.sharding.task import ShardingTask, prepare
+from planner.sharding.planners.common import catalog, place_table_wise, rowwise_prepass
 
 __all__ = ["RandomPlanner"]
 
