@@ -189,7 +189,7 @@ class ComputeProfile:
         Where the curves come from (publication or measurement).
     attention, attention_backward : Mapping[str, EfficiencyCurve]
         Per dtype: efficiency of a fused (flash) attention kernel, forward and backward, vs the
-        FLOPs it is charged (see :mod:`planner.llm.kernels`). A flash kernel is not a GEMM: on
+        FLOPs it is charged (see :mod:`planner.model.llm.kernels`). A flash kernel is not a GEMM: on
         an H100, PyTorch's flash backend reaches about 30% of the bf16 peak where large GEMMs
         reach 70% (``traces/measured/h100-sxm``). Empty: attention uses the matmul curve.
     """

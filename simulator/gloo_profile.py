@@ -1,7 +1,7 @@
 """A measured profile of torch.distributed on CPUs (gloo): per-size collective times, one
 core's compute rates and eager PyTorch's host time per transformer block.
 
-Written by ``clusterplan calibrate gloo`` (:mod:`planner.validate.calibrate`), read here so the
+Written by ``clusterplan calibrate gloo`` (:mod:`planner.measure.validate.calibrate`), read here so the
 simulator can time a step the way such a machine runs it:
 
 - **Collectives from tables.** Loopback TCP between processes that share a few cores is not a
@@ -19,7 +19,7 @@ simulator can time a step the way such a machine runs it:
   run (with every other rank busy with the same work, as in a step), not the all-core peak.
 - **Host time.** On a CPU the Python and dispatch work of eager PyTorch runs on the same core
   as the arithmetic, so a block pass takes host time *plus* kernel time (on a GPU it is the
-  larger of the two, :mod:`planner.llm.host`).
+  larger of the two, :mod:`planner.model.llm.host`).
 
 Units: seconds, bytes, FLOP/s, as everywhere in the simulator.
 """
@@ -88,7 +88,7 @@ class CommTable:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GlooProfile:
-    """What :mod:`planner.validate.calibrate` measured (see the module docstring).
+    """What :mod:`planner.measure.validate.calibrate` measured (see the module docstring).
 
     Attributes
     ----------
@@ -119,7 +119,7 @@ class GlooProfile:
     shared_core: bool = True
     noise: Mapping[str, Any] = field(default_factory=dict)
     source: str = ""
-    #: TorchRec probe plans' measured steps (``torchrec:``, :mod:`planner.validate.calibrate_dlrm`)
+    #: TorchRec probe plans' measured steps (``torchrec:``, :mod:`planner.measure.validate.calibrate_dlrm`)
     torchrec: Mapping[str, Any] | None = None
     #: the co-running embedding-lookup probe (``lookup:``, read by the planner's DLRM validation)
     lookup: Mapping[str, Any] | None = None

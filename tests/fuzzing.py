@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from planner.cli import main
+from planner.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 

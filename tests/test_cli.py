@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from planner.cli import main
+from planner.cli.main import main
 
 
 def run(*args, cwd=None):
-    p = subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "planner.cli.main", *args], capture_output=True,
                        text=True, cwd=cwd, timeout=120)
     return p.returncode, p.stdout, p.stderr
 

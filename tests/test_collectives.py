@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from simulator.calibration import fit_collective_profile, read_nccl_table, _predict
+from planner.measure.fit_collectives import fit_collective_profile, read_nccl_table, _predict
 from simulator.collectives import plan_collective, simulate_collective
 from simulator.collectives.algorithms import _depth, dbt_parents
 from simulator.errors import SpecError

@@ -4,9 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from planner.cli import main
+from planner.cli.main import main
 from simulator.compute import load_compute_profile, op_time
-from simulator.compute_fit import profile_from_measurements, read_measurements
+from planner.measure.fit_compute import profile_from_measurements, read_measurements
 from simulator.errors import SpecError
 from simulator.hardware import gpu_spec
 

@@ -20,7 +20,7 @@ CASES = [
 
 
 def _run(args: list[str]) -> str:
-    r = subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=REPO, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "planner.cli.main", *args], cwd=REPO, capture_output=True,
                        text=True, timeout=300, env={"PYTHONHASHSEED": "random", "PATH": ""})
     assert r.returncode == 0, r.stderr
     return r.stdout

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from planner.cli import main
+from planner.cli.main import main
 from simulator.engine import simulate
 from simulator.errors import SpecError
 from simulator.faults import (Reliability, ettr, find_stragglers, optimal_checkpoint_interval,

@@ -150,7 +150,7 @@ def test_rank_map_torchrun_blocks():
 
 # -- cloud topology and CLI ---------------------------------------------------------------------
 def _cli(*args, timeout=120):
-    p = subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "planner.cli.main", *args], capture_output=True,
                        text=True, timeout=timeout)
     return p.returncode, p.stdout, p.stderr
 
@@ -195,7 +195,7 @@ def test_cli_reorder_bad_matrix_exits_2_with_one_line(tmp_path):
 
 
 def test_tournament_covers_every_pair_once():
-    from planner.reorder.probe import tournament_rounds
+    from planner.measure.probe import tournament_rounds
     for n in (2, 5, 8):
         pairs = [p for r in tournament_rounds(n) for p in r]
         assert sorted(pairs) == [(i, j) for i in range(n) for j in range(i + 1, n)]

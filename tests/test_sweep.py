@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from planner.cli import main
+from planner.cli.main import main
 from planner.sweep import parse_sweep, points, run_point, run_sweep
 from simulator.errors import SpecError
 

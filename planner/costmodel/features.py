@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.sharding.access import NUM_BINS, accesses_per_row
+from planner.model.tables.access import NUM_BINS, accesses_per_row
 
 __all__ = ["FEATURE_NAMES", "NUM_FEATURES", "table_vector", "table_matrix", "aggregate_vector",
            "AGG_NAMES", "parse_table_records"]

@@ -33,10 +33,10 @@ import time
 
 import numpy as np
 
-from planner.sharding.memory import check_feasible, shard_memory_bytes
-from planner.sharding.plan import Plan, PlannerStats, make_plan
-from planner.sharding.shards import ShardingType
-from planner.sharding.task import ShardingTask, prepare
+from planner.model.tables.memory import check_feasible, shard_memory_bytes
+from planner.model.tables.plan import Plan, PlannerStats, make_plan
+from planner.model.tables.shards import ShardingType
+from planner.model.tables.task import ShardingTask, prepare
 
 from planner.costmodel.objective import Objective
 from planner.costmodel.refine import refine as local_search

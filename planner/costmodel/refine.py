@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.sharding.shards import ShardingType
+from planner.model.tables.shards import ShardingType
 
 __all__ = ["refine", "RefineResult", "split_widths"]
 

@@ -18,7 +18,7 @@ papers.md §3.4):
    MIP also caps each tower's pooled width (Σ dims) near the mean: a tower's cross-host
    exchange grows with its width, so a wide tower would be the bottleneck sender.
    Tower cost ``w_f`` is the feature's analytic lookup time forward and backward for the global
-   batch (:mod:`planner.sharding.cost`, table-wise), which is what a tower's host spends on it.
+   batch (:mod:`planner.model.tables.cost`, table-wise), which is what a tower's host spends on it.
 6. **Towers → hosts**: ``ceil(T/H)`` towers at most per host, longest tower first onto the
    least-loaded host.
 
@@ -38,10 +38,10 @@ import numpy as np
 
 from simulator.errors import SpecError
 
-from planner.sharding.shards import Shard, ShardingType
-from planner.sharding.spec import ModelSpec
-from planner.sharding.task import ShardingTask, prepare
-from planner.dmt.module import TowerModuleSpec
+from planner.model.tables.shards import Shard, ShardingType
+from planner.model.tables.spec import ModelSpec
+from planner.model.tables.task import ShardingTask, prepare
+from planner.model.dmt import TowerModuleSpec
 from planner.dmt.towers import TowerLayout, host_groups, make_layout
 
 __all__ = ["synthetic_coaccess", "affinity_matrix", "spectral_embedding", "feature_costs",
@@ -103,7 +103,7 @@ def feature_costs(task: ShardingTask, devices: int) -> tuple[np.ndarray, np.ndar
     problem = prepare(task, devices)
     cm = problem.cost
     w, m = [], []
-    from planner.sharding.cost import F_BWD, F_FWD, F_MEM
+    from planner.model.tables.cost import F_BWD, F_FWD, F_MEM
     for i, t in enumerate(task.model.tables):
         f = cm.shard_features(i, Shard(0, 0, 0, t.num_embeddings, t.embedding_dim),
                               ShardingType.TABLE_WISE)

@@ -17,11 +17,11 @@ from typing import Sequence
 
 from simulator.errors import SpecError
 
-from planner.sharding.plan import Plan
-from planner.sharding.shards import ShardingType
-from planner.sharding.spec import ModelSpec
-from planner.sharding.task import Problem, ShardingTask
-from planner.dmt.module import TowerModuleSpec
+from planner.model.tables.plan import Plan
+from planner.model.tables.shards import ShardingType
+from planner.model.tables.spec import ModelSpec
+from planner.model.tables.task import Problem, ShardingTask
+from planner.model.dmt import TowerModuleSpec
 
 __all__ = ["Tower", "TowerLayout", "host_groups", "make_layout", "shard_hosts", "HostPlan",
            "with_module", "INTRA_HOST_TYPES"]

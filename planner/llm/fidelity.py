@@ -94,7 +94,7 @@ from simulator.errors import SpecError
 from simulator.topology import load_topology
 
 from planner.llm.metrics import simulate_llm
-from planner.llm.spec import LLMSpec, ModelSpec, ParallelSpec, TrainingSpec
+from planner.model.llm.spec import LLMSpec, ModelSpec, ParallelSpec, TrainingSpec
 
 __all__ = ["NARAYANAN", "KORTHIKANTI", "narayanan_rows", "korthikanti_rows", "vtrain_rows",
            "vtrain_single_rows",
@@ -198,7 +198,7 @@ def vtrain_single_rows(path: str | Path, *, every: int = 1) -> list[dict]:
     """vTrain's single-node runs (2, 4 or 8 A100s; hidden 1,024/2,048, 12–24 layers, s = 1,024):
     every ``every``-th of the 1,440 rows (all by default, about 25 s), same
     assumptions as the multi-node set. Small blocks: the set that exercises the host floor
-    (planner/llm/host.py)."""
+    (planner/model/llm/host.py)."""
     path = Path(path)
     if not path.exists():
         raise SpecError("vTrain data not found", source=str(path),

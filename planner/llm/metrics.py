@@ -15,10 +15,10 @@ from simulator.engine import SimResult, simulate
 from simulator.errors import SpecError
 from simulator.topology import Topology
 
-from planner.llm.kernels import block_model_flops, logits_model_flops
-from planner.llm.memory import MemoryEstimate, memory_per_gpu
-from planner.llm.spec import LLMSpec, ParallelSpec
-from planner.llm.step import StepPlan, build_step, resolve_parallel
+from planner.model.llm.kernels import block_model_flops, logits_model_flops
+from planner.model.llm.memory import MemoryEstimate, memory_per_gpu
+from planner.model.llm.spec import LLMSpec, ParallelSpec
+from planner.workloads.llm.step import StepPlan, build_step, resolve_parallel
 
 __all__ = ["LLMResult", "simulate_llm", "model_flops"]
 
@@ -129,7 +129,7 @@ def simulate_llm(spec: LLMSpec, parallel: ParallelSpec, topo: Topology, *, mode:
     runs at the slowest factor among the stage's ranks, which is exact for that critical path.
 
     ``dp_buckets`` and ``grad_bytes`` describe the trainer's gradient reduction (overlapped
-    buckets of fp32 gradients by default; see :func:`~planner.llm.step.build_step`)."""
+    buckets of fp32 gradients by default; see :func:`~planner.workloads.llm.step.build_step`)."""
     p = resolve_parallel(spec, parallel, topo.num_gpus)
     plan = build_step(spec, p, topo, order=order, schedule_name=schedule_name,
                       attention=attention, sequence_parallel=sequence_parallel,

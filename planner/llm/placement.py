@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from simulator.topology import Topology
 
-from planner.llm.layout import AXES, Layout
+from planner.model.llm.layout import AXES, Layout
 
 __all__ = ["building_of_ranks", "crossing_axes", "stages_per_building"]
 

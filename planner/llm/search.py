@@ -24,12 +24,12 @@ from simulator.compute import load_compute_profile, op_time
 from simulator.errors import SpecError
 from simulator.topology import Topology
 
-from planner.llm.layout import Layout
-from planner.llm.memory import memory_per_gpu
+from planner.model.llm.layout import Layout
+from planner.model.llm.memory import memory_per_gpu
 from planner.llm.placement import crossing_axes, stages_per_building
 from planner.llm.metrics import LLMResult, simulate_llm
-from planner.llm.spec import LLMSpec, ParallelSpec
-from planner.llm.step import pass_times, resolve_parallel
+from planner.model.llm.spec import LLMSpec, ParallelSpec
+from planner.workloads.llm.step import pass_times, resolve_parallel
 
 __all__ = ["Candidate", "search"]
 

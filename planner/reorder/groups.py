@@ -67,7 +67,7 @@ def _groups(ranks: list[dict], axis: str) -> np.ndarray:
 
 def plan_traffic(plan: Any, *, source: str = "plan") -> PlanTraffic:
     """Read groups and message sizes from a plan document (see the module docstring)."""
-    from planner.llm.spec import load_llm_spec
+    from planner.model.llm.spec import load_llm_spec
 
     fix = "regenerate the plan with `clusterplan plan MODEL --out plan.json`"
     if not isinstance(plan, Mapping) or plan.get("kind") != "llm-plan":

@@ -18,15 +18,15 @@ Pipeline (each stage a small module)::
 the dlrm_datasets locality statistics; ``cli`` is ``clusterplan plan``. See README.md here.
 """
 
-from planner.sharding.cost import CostConfig, CostModel
-from planner.sharding.generate import dreamshard_tasks, neuroshard_tasks, synthesize_tables
-from planner.sharding.memory import InfeasibleError, check_feasible
-from planner.sharding.plan import Plan, PlannerStats
+from planner.model.tables.cost import CostConfig, CostModel
+from planner.model.tables.generate import dreamshard_tasks, neuroshard_tasks, synthesize_tables
+from planner.model.tables.memory import InfeasibleError, check_feasible
+from planner.model.tables.plan import Plan, PlannerStats
 from planner.sharding.planners import PLANNER_NAMES, Planner, get_planner
-from planner.sharding.shards import Shard, ShardingType, TableSharding
-from planner.sharding.simulate import simulate_plan, simulate_step
-from planner.sharding.spec import DenseSpec, ModelSpec, TableSpec, builtin_spec_names, load_model_spec
-from planner.sharding.task import Problem, ShardingTask, prepare
+from planner.model.tables.shards import Shard, ShardingType, TableSharding
+from planner.workloads.dlrm.step import simulate_plan, simulate_step
+from planner.model.tables.spec import DenseSpec, ModelSpec, TableSpec, builtin_spec_names, load_model_spec
+from planner.model.tables.task import Problem, ShardingTask, prepare
 
 __all__ = ["CostConfig", "CostModel", "dreamshard_tasks", "neuroshard_tasks",
            "synthesize_tables", "InfeasibleError", "check_feasible", "Plan", "PlannerStats",

@@ -20,8 +20,8 @@ from typing import Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from planner.sharding.planners import Planner
-from planner.sharding.shards import Shard, ShardingType, TableSharding
-from planner.sharding.spec import ModelSpec, TableSpec
+from planner.model.tables.shards import Shard, ShardingType, TableSharding
+from planner.model.tables.spec import ModelSpec, TableSpec
 
 __all__ = ["SpecLoader", "TableSource", "ShardEstimator", "FeasibilityCheck", "StepSimulator",
            "Planner"]

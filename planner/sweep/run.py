@@ -1,6 +1,6 @@
 """Run a sweep's points in a local process pool or on a Ray cluster; resumable; one table.
 
-Each point runs ``planner.cli.main(argv)`` in a worker and keeps its JSON output. Finished
+Each point runs ``planner.cli.main.main(argv)`` in a worker and keeps its JSON output. Finished
 points are appended to a checkpoint file (JSON lines, ``<out>.partial.jsonl``) as they arrive,
 so an interrupted sweep started again with the same file and output runs only what is missing.
 The table has one row per point in grid order, whatever order the workers finished in, so the
@@ -31,7 +31,7 @@ def run_point(argv: tuple[str, ...]) -> dict[str, Any]:
     A point whose command fails (bad value, exit 2) is a row with its error, not a crash of the
     sweep: one impossible configuration in a grid is normal.
     """
-    from planner.cli import main
+    from planner.cli.main import main
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:

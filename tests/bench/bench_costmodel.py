@@ -49,7 +49,7 @@ def main() -> int:
     a = ap.parse_args()
     types = None
     if a.sharding_types:
-        from planner.sharding.shards import ShardingType
+        from planner.model.tables.shards import ShardingType
         try:
             types = tuple(ShardingType(t.strip()) for t in a.sharding_types.split(","))
         except ValueError as exc:
@@ -62,10 +62,10 @@ def main() -> int:
         t = time.perf_counter()
         load_predictor()
         loads.append(time.perf_counter() - t)
-    from planner.sharding.generate import neuroshard_tasks
-    from planner.sharding.measure import cpu_topology_ref, measure_many, scale_model
+    from planner.model.tables.generate import neuroshard_tasks
+    from planner.measure.embedding import cpu_topology_ref, measure_many, scale_model
     from planner.sharding.planners import get_planner
-    from planner.sharding.task import prepare
+    from planner.model.tables.task import prepare
     from planner.costmodel.planner import learned_plan_cost_ms
     predictor = load_predictor(check_hardware=False)
     rows = []

@@ -4,7 +4,7 @@ Run:  python tests/bench/bench_dmt.py [--sizes 8,16,...] [--topologies selene-a1
                                        [--small-topologies dgx-a100,dgx-h100] [--out FILE.json]
 
 Task ("dmt-bench", seeded): 512 synthetic tables calibrated to dlrm_datasets
-(:func:`planner.sharding.generate.synthesize_tables`, seed 1, dim 64, pooling log-sd 0.5, rows
+(:func:`planner.model.tables.generate.synthesize_tables`, seed 1, dim 64, pooling log-sd 0.5, rows
 capped at 2M), a DCNv2 dense part (bottom 512-256-64, 2 low-rank cross layers of rank 128 on
 the concatenation, top 512-256-1, bf16), SGD, fp32 pooled embeddings, 512 samples per GPU (weak
 scaling: global batch 512·N).
@@ -37,15 +37,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from planner.dmt.module import TowerModuleSpec  # noqa: E402
+from planner.model.dmt import TowerModuleSpec  # noqa: E402
 from planner.dmt.partition import partition_layout  # noqa: E402
-from planner.dmt.simulate import cross_host_bytes, simulate_flat, simulate_sptt  # noqa: E402
+from planner.workloads.dmt import cross_host_bytes, simulate_flat, simulate_sptt  # noqa: E402
 from planner.dmt.towers import shard_hosts, with_module  # noqa: E402
-from planner.sharding.generate import synthesize_tables  # noqa: E402
+from planner.model.tables.generate import synthesize_tables  # noqa: E402
 from planner.sharding.planners import get_planner  # noqa: E402
-from planner.sharding.simulate import build_step_workload, simulate_step  # noqa: E402
-from planner.sharding.spec import DenseSpec, ModelSpec  # noqa: E402
-from planner.sharding.task import ShardingTask, prepare  # noqa: E402
+from planner.workloads.dlrm.step import build_step_workload, simulate_step  # noqa: E402
+from planner.model.tables.spec import DenseSpec, ModelSpec  # noqa: E402
+from planner.model.tables.task import ShardingTask, prepare  # noqa: E402
 
 LOCAL_BATCH = 512
 MODULES = {"sptt": TowerModuleSpec(), "c4": TowerModuleSpec(kind="mix", ratio=4),

@@ -18,7 +18,7 @@ import statistics
 import time
 
 from planner.llm.metrics import simulate_llm
-from planner.llm.spec import load_llm_spec, parse_parallel
+from planner.model.llm.spec import load_llm_spec, parse_parallel
 from simulator.topology import load_topology
 
 

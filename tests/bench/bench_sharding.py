@@ -18,9 +18,9 @@ import argparse
 import statistics
 import time
 
-from planner.sharding.generate import neuroshard_tasks
+from planner.model.tables.generate import neuroshard_tasks
 from planner.sharding.planners import get_planner
-from planner.sharding.task import prepare
+from planner.model.tables.task import prepare
 
 
 def plan_time_60x8(seed: int) -> None:

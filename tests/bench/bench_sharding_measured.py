@@ -16,7 +16,7 @@ CPU profile and TorchRec plans for ``compute_device="cpu"`` with the same memory
 
 Planners: ``torchrec`` (TorchRec 1.8.0's EmbeddingShardingPlanner), ``size_lookup`` (NeuroShard's
 strongest greedy baseline), ``greedy``, ``local_search`` and ``mip`` (``--mip-limit`` seconds).
-Each valid plan of a task is MEASURED (``planner.sharding.measure``: fused FBGEMM TBE forward +
+Each valid plan of a task is MEASURED (``planner.measure.embedding``: fused FBGEMM TBE forward +
 backward per rank on one thread, median of ``--repeats``; the all-to-alls with gloo across N
 processes, median of ``--comm-repeats``; identical plans measured once); cost = max over ranks
 of lookups + communication. TorchRec's plan is measured a second time in the same paired run as
@@ -44,11 +44,11 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from planner.sharding.generate import dreamshard_tasks, neuroshard_tasks  # noqa: E402
-from planner.sharding.measure import (cpu_topology_ref, measure_many, model_ids,  # noqa: E402
+from planner.model.tables.generate import dreamshard_tasks, neuroshard_tasks  # noqa: E402
+from planner.measure.embedding import (cpu_topology_ref, measure_many, model_ids,  # noqa: E402
                                       scale_model)
 from planner.sharding.planners import get_planner  # noqa: E402
-from planner.sharding.task import prepare  # noqa: E402
+from planner.model.tables.task import prepare  # noqa: E402
 
 PLANNERS = ("torchrec", "size_lookup", "greedy", "local_search", "mip")
 #: TorchRec's plan measured a second time in the same paired run: its ratio to ``torchrec`` is
@@ -85,7 +85,7 @@ def make_tasks(n: int, seed: int, scale: float) -> list[dict]:
 
 
 def run(args) -> dict:
-    from planner.sharding.measure_comm import GlooGroup
+    from planner.measure.comm import GlooGroup
     t_start = time.perf_counter()
     tasks = make_tasks(args.tasks, args.seed, args.scale)
     planners = [p.strip() for p in args.planners.split(",") if p.strip()]

@@ -97,10 +97,10 @@ def _small(text: str) -> str:
 
 
 def _hand_plan(spec: Path, kinds: tuple, out: Path) -> None:
-    import planner.sharding.shards as sh
-    from planner.sharding.plan import PlannerStats, make_plan
-    from planner.sharding.spec import load_model_spec
-    from planner.sharding.task import ShardingTask, prepare
+    import planner.model.tables.shards as sh
+    from planner.model.tables.plan import PlannerStats, make_plan
+    from planner.model.tables.spec import load_model_spec
+    from planner.model.tables.task import ShardingTask, prepare
     model = load_model_spec(spec)
     problem = prepare(ShardingTask(model=model, topology="localhost-gloo:node.gpus=2"), 2)
     shards = []
@@ -117,7 +117,7 @@ def _hand_plan(spec: Path, kinds: tuple, out: Path) -> None:
 
 
 def llm_runs(steps: int, warmup: int):
-    from planner.validate.config import Scale, load_source, run_config
+    from planner.measure.validate.config import Scale, load_source, run_config
     for label, model, par, sched, scale in LLM_CONFIGS:
         spec, p, order, _ = load_source(model)
         cfg = run_config(spec, p, parallel_text=par, nproc=2, scale=Scale(**scale), order=order,
@@ -130,8 +130,8 @@ def dlrm_runs(steps: int, warmup: int, work: Path):
     import contextlib
     import io
 
-    from planner.cli import main as clusterplan
-    from planner.validate.dlrm import load_dlrm_config
+    from planner.cli.main import main as clusterplan
+    from planner.measure.validate.dlrm import load_dlrm_config
     specs = {"full": work / "bench-dlrm.yaml", "small": work / "bench-dlrm-small.yaml"}
     specs["full"].write_text(DLRM_TABLES)
     specs["small"].write_text(_small(DLRM_TABLES))
@@ -178,7 +178,7 @@ def repredict(paths: list[str]) -> int:
     """Time the LLM rows of earlier runs' JSON files again with the current simulator, from the
     calibration each file recorded (nothing is run; the measured times are the file's). DLRM
     rows keep their recorded prediction: it needs the run's recorded collectives."""
-    from planner.validate.expected import expected_step
+    from planner.measure.validate.expected import expected_step
     from simulator.gloo_profile import gloo_profile_from_dict
     llm = {label: cfg for label, _, cfg in llm_runs(10, 5)}
     for path in paths:
@@ -225,12 +225,12 @@ def main(argv=None) -> int:
             ap.error(f"--repredict: no such file {missing[0]}")
         return repredict(a.repredict)
 
-    from planner.validate.calibrate import (GlooCalibration, measure_gloo_raw, profile_from_raw,
+    from planner.measure.validate.calibrate import (GlooCalibration, measure_gloo_raw, profile_from_raw,
                                             summary_lines)
-    from planner.validate.dlrm_report import validate_dlrm
-    from planner.validate.load import OTHER_CORES_LIMIT, LoadMeter
-    from planner.validate.report import validate
-    from planner.validate.runner import Pool
+    from planner.measure.validate.dlrm_report import validate_dlrm
+    from planner.measure.validate.load import OTHER_CORES_LIMIT, LoadMeter
+    from planner.measure.validate.report import validate
+    from planner.measure.validate.runner import Pool
     from simulator.gloo_profile import gloo_profile_from_dict
 
     stamp = time.strftime("%Y%m%d-%H%M%S")

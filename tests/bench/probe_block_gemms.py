@@ -6,7 +6,7 @@ model's forward (no grad) and forward+backward, three times.
     python tests/bench/probe_block_gemms.py
 
 Shows whether the gap between predicted and measured step time is already there in one process
-(no gloo, no second rank) and in which pass; see planner/validate/README.md.
+(no gloo, no second rank) and in which pass; see planner/measure/validate/README.md.
 """
 import torch, time, statistics, torch.nn as nn, torch.nn.functional as F
 torch.set_num_threads(1)

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from planner.costmodel.collect import CollectConfig, collect, meta_path, read_data  # noqa: E402
+from planner.measure.collect import CollectConfig, collect, meta_path, read_data  # noqa: E402
 from simulator.errors import SpecError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,7 +79,7 @@ def test_refuses_mixed_hardware_and_other_config(tmp_path):
 
 
 def test_device_field_keeps_cpu_files_resumable_and_cuda_needs_a_gpu(tmp_path):
-    from planner.costmodel.collect import hardware_id
+    from planner.measure.collect import hardware_id
     import torch
     # the device field is not part of a CPU file's configuration key or hardware id, so data
     # collected before it existed (the shipped cpu-epyc.csv) still resumes

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from planner.costmodel.objective import Objective  # noqa: E402
 from planner.costmodel.refine import refine, split_widths  # noqa: E402
 from planner.costmodel.weights import load_predictor  # noqa: E402
-from planner.sharding.shards import ShardingType as S  # noqa: E402
+from planner.model.tables.shards import ShardingType as S  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +25,8 @@ def pred():
 
 
 def _scaled_task(seed: int):
-    from planner.sharding.generate import neuroshard_tasks
-    from planner.sharding.measure import cpu_topology_ref, scale_model
+    from planner.model.tables.generate import neuroshard_tasks
+    from planner.measure.embedding import cpu_topology_ref, scale_model
     bt = neuroshard_tasks(seed, 1)[0]
     return bt.task(model=scale_model(bt.model, 1 / 16), memory_bytes=bt.memory_bytes // 16,
                    topology=cpu_topology_ref(4))
@@ -35,10 +35,10 @@ def _scaled_task(seed: int):
 def _hot_task(types):
     """Twelve modest tables and one narrow (dim 4, no column split possible) hot one: 600
     lookups per sample, where the others have at most 8."""
-    from planner.sharding.generate import synthesize_tables
-    from planner.sharding.measure import cpu_topology_ref
-    from planner.sharding.spec import ModelSpec
-    from planner.sharding.task import ShardingTask
+    from planner.model.tables.generate import synthesize_tables
+    from planner.measure.embedding import cpu_topology_ref
+    from planner.model.tables.spec import ModelSpec
+    from planner.model.tables.task import ShardingTask
     base = synthesize_tables(12, seed=1)
     tables = [replace(t, num_embeddings=min(t.num_embeddings, 50_000),
                       embedding_dim=(16, 32)[i % 2], pooling_factor=min(t.pooling_factor, 8))
@@ -60,7 +60,7 @@ def test_split_widths_are_multiples_of_four_and_not_only_halves():
 
 
 def test_refine_never_worsens_keeps_memory_and_is_deterministic(pred):
-    from planner.sharding.task import prepare
+    from planner.model.tables.task import prepare
     problem = prepare(_scaled_task(2), 4)
     obj = Objective(problem, pred)
     model = problem.model
@@ -103,7 +103,7 @@ def test_neuroshard_turns_a_hot_narrow_table_row_wise_when_allowed(pred):
 
 
 def test_row_blocks_costed_as_their_share_of_rows_and_lookups(pred):
-    from planner.sharding.task import prepare
+    from planner.model.tables.task import prepare
     problem = prepare(_hot_task((S.TABLE_WISE, S.COLUMN_WISE, S.ROW_WISE)), 4)
     obj = Objective(problem, pred)
     t = problem.model.tables[0]
@@ -123,7 +123,7 @@ def test_row_blocks_costed_as_their_share_of_rows_and_lookups(pred):
 def test_fast_paths_equal_the_torch_nets(pred):
     from planner.costmodel.features import table_matrix
     from planner.costmodel.model import predict_compute
-    from planner.sharding.access import default_reuse_bins
+    from planner.model.tables.access import default_reuse_bins
     rng = np.random.default_rng(0)
     devices = [[[float(rng.integers(100, 200_000)), float(rng.choice([4, 8, 16, 32, 64, 128])),
                  float(rng.uniform(1, 30))] + list(default_reuse_bins())

@@ -33,8 +33,8 @@ def test_shipped_weights_load_and_predict():
 
 
 def test_planner_neuroshard_returns_a_valid_plan():
-    from planner.sharding.generate import neuroshard_tasks
-    from planner.sharding.measure import cpu_topology_ref, scale_model
+    from planner.model.tables.generate import neuroshard_tasks
+    from planner.measure.embedding import cpu_topology_ref, scale_model
     from planner.sharding.planners import PLANNER_NAMES, get_planner
     assert "neuroshard" in PLANNER_NAMES
     bt = neuroshard_tasks(3, 1)[0]
@@ -66,7 +66,7 @@ def test_planner_neuroshard_returns_a_valid_plan():
     assert learned(cw) <= learned(tw) + 1e-9   # the beam keeps the best, halvings or not
     # any TW/CW/RW plan is costed as the search scores its own states; other types are not
     from planner.costmodel.planner import learned_plan_cost_ms
-    from planner.sharding.shards import data_parallel
+    from planner.model.tables.shards import data_parallel
     assert learned_plan_cost_ms(task, 4, tw.shardings) == pytest.approx(learned(tw), abs=1e-3)
     assert learned_plan_cost_ms(task, 4, cw.shardings) == pytest.approx(learned(cw), abs=1e-3)
     # the local search starts from those plans and only takes improvements

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from planner.costmodel.collect import COLUMNS, CollectConfig, hardware_id, hardware_info, meta_path  # noqa: E402,E501
+from planner.measure.collect import COLUMNS, CollectConfig, hardware_id, hardware_info, meta_path  # noqa: E402,E501
 from planner.costmodel.model import kendall_tau, mape, train  # noqa: E402
 from planner.costmodel.weights import HardwareMismatchWarning, load_predictor, save_weights  # noqa: E402,E501
 
@@ -102,7 +102,7 @@ def test_loader_warns_on_other_hardware(tmp_path):
 
 
 def test_cli_train(tmp_path, capsys):
-    from planner.cli import main
+    from planner.cli.main import main
     data = tmp_path / "d.csv"
     _synthetic(data, n=30, comm=0)
     assert main(["costmodel", "train", str(data), "--epochs", "3", "--out",

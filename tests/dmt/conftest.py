@@ -10,9 +10,9 @@ import pytest
 def dmt_task(n_tables: int = 32, *, seed: int = 0, dim: int = 32,
              topology: str = "dgx-h100:nodes=2", batch: int = 8192, dense: bool = True,
              sigma: float = 1.0):
-    from planner.sharding.generate import synthesize_tables
-    from planner.sharding.spec import DenseSpec, ModelSpec
-    from planner.sharding.task import ShardingTask
+    from planner.model.tables.generate import synthesize_tables
+    from planner.model.tables.spec import DenseSpec, ModelSpec
+    from planner.model.tables.task import ShardingTask
     base = synthesize_tables(n_tables, seed=seed, dim=dim, pooling_sigma=sigma)
     tables = tuple(replace(t, num_embeddings=min(t.num_embeddings, 200_000)) for t in base)
     model = ModelSpec(name=f"dmt-{n_tables}-s{seed}", tables=tables, batch_size=batch,

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _plan(*argv):
-    from planner.sharding.cli import main
+    from planner.cli.tables import main
     return main(list(argv))
 
 
@@ -76,7 +76,7 @@ def test_coaccess_file(tmp_path, capsys):
     (["--balance", "-1"], "--balance"),
 ])
 def test_errors_exit_2_one_line(argv, needle):
-    r = subprocess.run([sys.executable, "-m", "planner.sharding.cli", "criteo-dlrm", "--devices",
+    r = subprocess.run([sys.executable, "-m", "planner.cli.tables", "criteo-dlrm", "--devices",
                         "16", "--topology", "dgx-h100:nodes=2", "--dmt", *argv],
                        capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 2, r.stderr
@@ -91,12 +91,12 @@ def test_uneven_hosts_refused():
 
 def test_torchrec_parameter_shardings_build():
     pytest.importorskip("torchrec")
-    from planner.dmt.export import to_parameter_shardings
+    from planner.export.dmt import to_parameter_shardings
     from planner.dmt.partition import partition_layout
     from planner.dmt.towers import shard_hosts
-    from planner.dmt.export import tower_sharding_plan
-    from planner.sharding.spec import load_model_spec
-    from planner.sharding.task import ShardingTask, prepare
+    from planner.export.dmt import tower_sharding_plan
+    from planner.model.tables.spec import load_model_spec
+    from planner.model.tables.task import ShardingTask, prepare
     task = ShardingTask(model=load_model_spec("criteo-dlrm"), topology="dgx-h100:nodes=2")
     part = partition_layout(task, 16)
     hps = shard_hosts(task, part.layout)

@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from planner.sharding.shards import ShardingType
+from planner.model.tables.shards import ShardingType
 
-from planner.dmt.module import TowerModuleSpec
+from planner.model.dmt import TowerModuleSpec
 from planner.dmt.partition import partition_layout
-from planner.dmt.simulate import build_sptt_workload, compare_flat_dmt, top_input_dims
+from planner.workloads.dmt import build_sptt_workload, compare_flat_dmt, top_input_dims
 from planner.dmt.towers import make_layout, shard_hosts
 from simulator.errors import SpecError
 
@@ -92,7 +92,7 @@ def test_layout_rejects_overlap_and_missing(task16):
         make_layout(m, [[0], [1]], [0, 1], hosts=2, gpus_per_host=8, module=TowerModuleSpec())
 
 
-@pytest.mark.parametrize("name", ["planner.dmt.module", "planner.dmt.simulate"])
+@pytest.mark.parametrize("name", ["planner.model.dmt", "planner.workloads.dmt"])
 def test_doctests(name):
     import doctest
     import importlib
@@ -101,9 +101,9 @@ def test_doctests(name):
 
 
 def test_pairwise_all_to_all_charges_per_peer_latency(task16):
-    from planner.dmt.simulate import simulate_flat, simulate_sptt, with_a2a_algo
+    from planner.workloads.dmt import simulate_flat, simulate_sptt, with_a2a_algo
     from planner.sharding.planners import get_planner
-    from planner.sharding.task import prepare
+    from planner.model.tables.task import prepare
     part = partition_layout(task16, 16, towers=2)
     hps = shard_hosts(task16, part.layout)
     w, _ = build_sptt_workload(task16, 16, part.layout, hps)

@@ -10,13 +10,13 @@ import pytest
 
 pytest.importorskip("torchrec")
 
-from planner.dmt.export import tower_sharding_plan  # noqa: E402
+from planner.export.dmt import tower_sharding_plan  # noqa: E402
 from planner.dmt.partition import partition_layout  # noqa: E402
-from planner.dmt.torchrec_run import run_torchrec_towers  # noqa: E402
+from planner.measure.dmt_torchrec import run_torchrec_towers  # noqa: E402
 from planner.dmt.towers import HostPlan, shard_hosts  # noqa: E402
-from planner.sharding.shards import row_wise  # noqa: E402
-from planner.sharding.spec import ModelSpec, TableSpec  # noqa: E402
-from planner.sharding.task import ShardingTask, prepare  # noqa: E402
+from planner.model.tables.shards import row_wise  # noqa: E402
+from planner.model.tables.spec import ModelSpec, TableSpec  # noqa: E402
+from planner.model.tables.task import ShardingTask, prepare  # noqa: E402
 
 
 def test_torchrec_tower_sharding_matches_reference():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from planner.llm.layout import Layout
+from planner.model.llm.layout import Layout
 
 
 def make_plan(tp=1, cp=1, pp=1, dp=1, vpp=1, fsdp="none", mbs=1, gbs=None, gpus_per_host=8,

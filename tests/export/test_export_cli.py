@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from planner.export.cli import main
+from planner.cli.export import main
 
 from export_plans import make_plan
 
@@ -81,7 +81,7 @@ def test_missing_out_directory(plan_file, tmp_path, capsys):
 
 
 def test_real_plan_end_to_end(tmp_path, capsys):
-    from planner.cli import main as clusterplan
+    from planner.cli.main import main as clusterplan
 
     plan_path = tmp_path / "p.json"
     assert clusterplan(["plan", "llama3-8b", "--topology", "h100-ib", "--gpus", "16", "--top",

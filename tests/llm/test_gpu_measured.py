@@ -1,9 +1,9 @@
 """The LLM model against real H100 and H200 runs (``traces/measured/<gpu>/``, measured by
-``python -m simulator.measure_gpu`` on lent GPU machines; method in their README).
+``python -m planner.measure.gpu`` on lent GPU machines; method in their README).
 
 The shipped efficiency files were fitted to the *kernel* rows (GEMMs, copies, flash attention)
 of the same runs. The blocks and whole decoder steps below were never fitted: they check that
-kernels composed by :mod:`planner.llm.kernels` and the simulated step reproduce what eager
+kernels composed by :mod:`planner.model.llm.kernels` and the simulated step reproduce what eager
 PyTorch takes for a whole Llama-style block and a whole training step.
 """
 
@@ -14,16 +14,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from planner.llm.kernels import block_kernels, kernels_time
+from planner.model.llm.kernels import block_kernels, kernels_time
 from planner.llm.metrics import simulate_llm
-from planner.llm.spec import LLMSpec, ModelSpec, ParallelSpec, TrainingSpec
+from planner.model.llm.spec import LLMSpec, ModelSpec, ParallelSpec, TrainingSpec
 from simulator.compute import load_compute_profile
 from simulator.topology import load_topology
 
 MEASURED = Path(__file__).parents[2] / "traces" / "measured"
 GPUS = ["h100-sxm", "h200"]
 #: the smallest measured block (h=512, s=512) is bound by eager PyTorch's host, which
-#: planner/llm/host.py models apart: a pass is compared only where the predicted GPU time is
+#: planner/model/llm/host.py models apart: a pass is compared only where the predicted GPU time is
 #: at least this many times that block's measured time for the same pass
 GPU_BOUND_FACTOR = 2.0
 HOST_BOUND_BLOCK = "h512-s512-b1"

@@ -2,10 +2,10 @@
 
 import pytest
 
-from planner.llm.host import HostOverhead, load_host_overhead
-from planner.llm.layout import Layout
-from planner.llm.spec import LLMSpec, ModelSpec, ParallelSpec, TrainingSpec, load_llm_spec
-from planner.llm.step import pass_times
+from planner.model.llm.host import HostOverhead, load_host_overhead
+from planner.model.llm.layout import Layout
+from planner.model.llm.spec import LLMSpec, ModelSpec, ParallelSpec, TrainingSpec, load_llm_spec
+from planner.workloads.llm.step import pass_times
 from simulator.compute import load_compute_profile
 from simulator.errors import SpecError
 from simulator.topology import load_topology
@@ -61,7 +61,7 @@ def test_negative_overhead_is_refused():
 
 def test_calibrate_host_writes_a_file_that_loads(tmp_path, capsys):
     pytest.importorskip("torch")
-    from planner.cli import main
+    from planner.cli.main import main
     out = tmp_path / "host.yaml"
     assert main(["calibrate", "host", "--repeats", "5", "--out", str(out)]) == 0
     h = load_host_overhead(str(out))
@@ -73,7 +73,7 @@ def test_calibrate_host_writes_a_file_that_loads(tmp_path, capsys):
 def test_host_floor_improves_vtrain_single_node_predictions(monkeypatch):
     """vTrain's one-node runs (small blocks) are predicted far too fast without the floor."""
     from pathlib import Path
-    import planner.llm.step as step
+    import planner.workloads.llm.step as step
     from planner.llm.fidelity import run_set, vtrain_single_rows
     path = Path(__file__).resolve().parents[3] / "shared" / "data" / "vtrain" / \
         "ground_truth_single.csv"

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from planner.llm.kernels import Kernel, block_kernels, block_model_flops, kernels_time
-from planner.llm.spec import ModelSpec
+from planner.model.llm.kernels import Kernel, block_kernels, block_model_flops, kernels_time
+from planner.model.llm.spec import ModelSpec
 from simulator.compute import load_compute_profile, op_time
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from planner.llm.layout import Layout
+from planner.model.llm.layout import Layout
 from planner.llm.placement import crossing_axes, stages_per_building
 from simulator.topology import load_topology
 

@@ -15,9 +15,9 @@ SHARED = REPO.parent / "shared"
 def small_task(n_tables: int, *, seed: int = 0, dims=(8, 16, 32, 64), memory_fraction=None,
                devices: int = 2, types=None, optimizer: str = "sgd"):
     """A task of ``n_tables`` synthetic tables (rows capped to keep sizes small)."""
-    from planner.sharding.generate import synthesize_tables
-    from planner.sharding.spec import ModelSpec
-    from planner.sharding.task import ShardingTask
+    from planner.model.tables.generate import synthesize_tables
+    from planner.model.tables.spec import ModelSpec
+    from planner.model.tables.task import ShardingTask
     base = synthesize_tables(n_tables, seed=seed)
     tables = tuple(replace(t, num_embeddings=min(t.num_embeddings, 400_000),
                            embedding_dim=dims[i % len(dims)]) for i, t in enumerate(base))
@@ -25,7 +25,7 @@ def small_task(n_tables: int, *, seed: int = 0, dims=(8, 16, 32, 64), memory_fra
                       optimizer=optimizer, source="test")
     memory = None
     if memory_fraction is not None:
-        from planner.sharding.memory import table_bytes
+        from planner.model.tables.memory import table_bytes
         total = sum(table_bytes(t, optimizer) for t in tables)
         memory = int(total * memory_fraction)
     return ShardingTask(model=model, memory_bytes=memory, sharding_types=types)
@@ -38,8 +38,8 @@ def make_task():
 
 @pytest.fixture
 def cli():
-    """Run ``planner.sharding.cli.run`` with an argparse parser built here; returns the code."""
-    from planner.sharding import cli as mod
+    """Run ``planner.cli.tables.run`` with an argparse parser built here; returns the code."""
+    from planner.cli import tables as mod
 
     def call(*argv: str) -> int:
         p = argparse.ArgumentParser(prog="clusterplan plan")

@@ -8,8 +8,8 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("name", ["planner.sharding", "planner.sharding.shards",
-                                  "planner.sharding.access"])
+@pytest.mark.parametrize("name", ["planner.sharding", "planner.model.tables.shards",
+                                  "planner.model.tables.access"])
 def test_doctests(name):
     mod = importlib.import_module(name)
     res = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)

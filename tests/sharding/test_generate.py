@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.sharding.access import (BIN_MEAN_COUNT, accesses_per_row, load_locality_stats,
+from planner.model.tables.access import (BIN_MEAN_COUNT, accesses_per_row, load_locality_stats,
                                      locality_csv_path, zipf_reuse)
-from planner.sharding.generate import (dreamshard_tasks, neuroshard_tasks, pool_statistics,
+from planner.model.tables.generate import (dreamshard_tasks, neuroshard_tasks, pool_statistics,
                                        synthesize_tables)
 
 # Stated tolerances of the generator against the CSV (856-table pools, any seed):

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.sharding.plan import FORMAT_VERSION, read_plan_json
+from planner.model.tables.plan import FORMAT_VERSION, read_plan_json
 from planner.sharding.planners import get_planner
-from planner.sharding.spec import load_model_spec
-from planner.sharding.task import ShardingTask, prepare
+from planner.model.tables.spec import load_model_spec
+from planner.model.tables.task import ShardingTask, prepare
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,7 +56,7 @@ def test_same_bytes_across_processes(tmp_path):
     outs = []
     for k in range(2):
         out = tmp_path / f"p{k}.json"
-        cmd = [sys.executable, "-m", "planner.sharding.cli", str(csv), "--devices", "4",
+        cmd = [sys.executable, "-m", "planner.cli.tables", str(csv), "--devices", "4",
                "--planner", "local_search", "--seed", "11", "--reproducible", "--json",
                "--out", str(out)]
         r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -23,7 +23,7 @@ def _plan(tmp_path, *args):
     spec = tmp_path / "tables.yaml"
     spec.write_text(TABLES)
     out = tmp_path / "plan.json"
-    p = subprocess.run([sys.executable, "-m", "planner.cli", "plan", str(spec), "--devices", "2",
+    p = subprocess.run([sys.executable, "-m", "planner.cli.main", "plan", str(spec), "--devices", "2",
                         "--out", str(out), *args], capture_output=True, text=True, timeout=120)
     return p, out
 

@@ -9,14 +9,14 @@ import time
 import numpy as np
 import pytest
 
-from planner.sharding.cost import F_MEM
-from planner.sharding.generate import neuroshard_tasks
+from planner.model.tables.cost import F_MEM
+from planner.model.tables.generate import neuroshard_tasks
 from planner.sharding.planners import PLANNER_NAMES, Planner, get_planner
 from planner.sharding.planners.common import catalog
 from planner.sharding.planners.local_search import improve_choices
 from planner.sharding.planners.mip import MipPlanner
-from planner.sharding.shards import ShardingType
-from planner.sharding.task import prepare
+from planner.model.tables.shards import ShardingType
+from planner.model.tables.task import prepare
 
 
 @pytest.mark.parametrize("name", PLANNER_NAMES)

@@ -7,13 +7,13 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from planner.sharding.memory import (InfeasibleError, check_feasible, device_capacity_bytes,
+from planner.model.tables.memory import (InfeasibleError, check_feasible, device_capacity_bytes,
                                      shard_memory_bytes, table_bytes)
-from planner.sharding.shards import (ShardingType, column_widths, column_wise_counts,
+from planner.model.tables.shards import (ShardingType, column_widths, column_wise_counts,
                                      data_parallel, parse_sharding_types, row_blocks, row_wise,
                                      table_row_wise, table_wise, validate_sharding)
-from planner.sharding.spec import ModelSpec, TableSpec, load_model_spec
-from planner.sharding.task import ShardingTask, prepare
+from planner.model.tables.spec import ModelSpec, TableSpec, load_model_spec
+from planner.model.tables.task import ShardingTask, prepare
 from simulator.errors import SpecError
 
 

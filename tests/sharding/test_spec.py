@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.sharding.spec import load_model_spec, builtin_spec_names
-from planner.sharding.shards import ShardingType
+from planner.model.tables.spec import load_model_spec, builtin_spec_names
+from planner.model.tables.shards import ShardingType
 from simulator.errors import SpecError
 
 
@@ -113,7 +113,7 @@ def test_bad_yaml(tmp_path):
 
 
 def test_table_larger_than_every_device_exits_2(tmp_path, capsys):
-    from planner.sharding.cli import main
+    from planner.cli.tables import main
     p = tmp_path / "big.csv"
     p.write_text(H + "huge,50000000,4,1\nsmall,1000,16,2\n")
     code = main([str(p), "--devices", "4", "--memory", "512MiB", "--sharding-types", "tw,cw"])
@@ -131,7 +131,7 @@ def test_table_larger_than_every_device_exits_2(tmp_path, capsys):
 
 
 def test_cli_bad_values_exit_2(tmp_path, capsys):
-    from planner.sharding.cli import main
+    from planner.cli.tables import main
     p = tmp_path / "t.csv"
     p.write_text(H + "a,-1,4,1\n")
     assert main([str(p), "--devices", "2"]) == 2

@@ -65,7 +65,7 @@ def _launch(world: int, lws: int, store: str, plan_dir: str, out_dir: str) -> in
     import torchrec  # noqa: F401
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder  # noqa: F401
     from torchrec.distributed.model_parallel import DistributedModelParallel  # noqa: F401
-    import planner.sharding.torchrec_load  # noqa: F401
+    import planner.export.torchrec_load  # noqa: F401
     torch.set_num_threads(1)
     pids = []
     for rank in range(world):
@@ -149,7 +149,7 @@ def _run_case(rank, world, lws, tables, plan_path, torch, *, allow_empty=False):
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
-    from planner.sharding.torchrec_load import load_sharding_plan
+    from planner.export.torchrec_load import load_sharding_plan
 
     configs = [EmbeddingBagConfig(name=n, num_embeddings=r, embedding_dim=d,
                                   feature_names=[f"f_{n}"]) for n, r, d in tables]
@@ -236,7 +236,7 @@ EMPTY = "row_wise_empty_shard"
 
 def _run_group(world: int, tmp: Path) -> dict:
     """Export every case for ``world`` ranks, run the ranks, return ``{rank: results}``."""
-    from planner.sharding.torchrec_plan import export_torchrec_plan, torchrec_plan_json
+    from planner.export.torchrec import export_torchrec_plan, torchrec_plan_json
     mod = _plans_module()
     plan_dir, out_dir = tmp / "plans", tmp / "out"
     plan_dir.mkdir()

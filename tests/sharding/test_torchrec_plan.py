@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.sharding import shards as sh
-from planner.sharding.plan import PlannerStats, make_plan
-from planner.sharding.spec import ModelSpec, TableSpec
-from planner.sharding.task import ShardingTask, prepare
-from planner.sharding.torchrec_plan import (FORMAT, SCHEMA_VERSION, check_torchrec_plan,
+from planner.model.tables import shards as sh
+from planner.model.tables.plan import PlannerStats, make_plan
+from planner.model.tables.spec import ModelSpec, TableSpec
+from planner.model.tables.task import ShardingTask, prepare
+from planner.export.torchrec import (FORMAT, SCHEMA_VERSION, check_torchrec_plan,
                                             context_sha256, export_torchrec_plan,
                                             torchrec_plan_json)
 from simulator.errors import SpecError
@@ -239,7 +239,7 @@ def test_export_refuses_what_torchrec_would_run_wrong():
 
 
 def test_loader_refuses_another_world_tables_or_host_size():
-    from planner.sharding.torchrec_load import load_sharding_plan
+    from planner.export.torchrec_load import load_sharding_plan
     doc = _doc()
     shapes = {n: (r, d) for n, r, d in TABLES}
     with pytest.raises(SpecError, match="for 4 ranks, the trainer has 2") as err:
@@ -262,8 +262,8 @@ def test_loader_refuses_another_world_tables_or_host_size():
 def test_empty_row_shards_are_refused_for_cpu_placements():
     """TorchRec's own row-wise layout of 5 rows on 4 ranks ends in an empty shard; FBGEMM's CPU
     kernel mishandles it (test_torchrec_dmp.py), so the loader refuses it for CPU runs."""
-    from planner.sharding.torchrec_load import load_sharding_plan
-    from planner.sharding.torchrec_plan import empty_row_shards
+    from planner.export.torchrec_load import load_sharding_plan
+    from planner.export.torchrec import empty_row_shards
     doc = export_torchrec_plan(sharding_plan("row_wise", 4, EMPTY_SHARD_TABLES), device="cpu")
     assert [s["shard_sizes"][0] for s in doc["plan"][""]["e0"]["shards"]] == [2, 2, 1, 0]
     assert empty_row_shards(doc) == [("", "e0", 3, 3)]
@@ -280,7 +280,7 @@ def test_empty_row_shards_are_refused_for_cpu_placements():
 
 
 def test_loader_file_errors_name_the_file(tmp_path):
-    from planner.sharding.torchrec_load import load_sharding_plan
+    from planner.export.torchrec_load import load_sharding_plan
     with pytest.raises(SpecError, match="no such file") as err:
         load_sharding_plan(tmp_path / "missing.json")
     assert err.value.source.endswith("missing.json")
@@ -296,7 +296,7 @@ def test_loader_builds_torchrec_objects_equal_to_the_file(tmp_path):
     from torchrec.distributed.types import (EmbeddingModuleShardingPlan, EnumerableShardingSpec,
                                             ParameterSharding, ShardingPlan)
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from planner.sharding.torchrec_load import load_sharding_plan
+    from planner.export.torchrec_load import load_sharding_plan
     doc = _doc()
     path = tmp_path / "p.json"
     path.write_text(torchrec_plan_json(doc))
@@ -319,7 +319,7 @@ def test_loader_builds_torchrec_objects_equal_to_the_file(tmp_path):
 # --- CLI --------------------------------------------------------------------------------------
 
 def test_cli_export_writes_the_file_and_refuses_bad_input(tmp_path, capsys):
-    from planner.cli import main
+    from planner.cli.main import main
     plan_path = tmp_path / "plan.json"
     sharding_plan("mixed", 4).write(plan_path)
     out = tmp_path / "tr.json"
@@ -356,7 +356,7 @@ def test_cli_entry_point_runs_as_a_process(tmp_path):
     plan_path = tmp_path / "plan.json"
     sharding_plan("table_wise", 2).write(plan_path)
     exe = Path(sys.executable).with_name("clusterplan")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "planner.cli"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "planner.cli.main"]
     res = subprocess.run(cmd + ["export", str(plan_path), "--to", "torchrec", "--out",
                                 str(tmp_path / "x.json")], capture_output=True, text=True,
                          timeout=120, cwd=REPO)

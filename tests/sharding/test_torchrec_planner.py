@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from planner.sharding.measure import cpu_topology_ref
+from planner.measure.embedding import cpu_topology_ref
 from planner.sharding.planners import PLANNER_NAMES, get_planner
-from planner.sharding.shards import ShardingType, validate_sharding
-from planner.sharding.task import prepare
+from planner.model.tables.shards import ShardingType, validate_sharding
+from planner.model.tables.task import prepare
 from simulator.errors import SpecError
 
 
@@ -52,8 +52,8 @@ def test_cpu_plan_is_valid_covers_all_tables_and_is_deterministic(torchrec, make
 def test_memory_cap_is_respected_and_column_splits_convert(torchrec):
     """A table larger than one device makes TorchRec split it column-wise; the shards come back
     as ours and the plan fits the cap."""
-    from planner.sharding.spec import ModelSpec, TableSpec
-    from planner.sharding.task import ShardingTask
+    from planner.model.tables.spec import ModelSpec, TableSpec
+    from planner.model.tables.task import ShardingTask
     tables = (TableSpec(name="big", num_embeddings=200_000, embedding_dim=64, pooling_factor=4),
               TableSpec(name="a", num_embeddings=20_000, embedding_dim=64, pooling_factor=2),
               TableSpec(name="b", num_embeddings=20_000, embedding_dim=64, pooling_factor=2))
@@ -115,7 +115,7 @@ def test_conversion_of_each_sharding_type(torchrec, make_task):
 
 
 def test_cli_planner_torchrec(torchrec, tmp_path, capsys, make_task):
-    from planner.cli import main
+    from planner.cli.main import main
     assert "torchrec" in PLANNER_NAMES
     csv = tmp_path / "t.csv"
     csv.write_text("name,num_embeddings,embedding_dim,pooling_factor\n"
@@ -148,7 +148,7 @@ def test_missing_torchrec_says_how_to_install(monkeypatch, tmp_path, capsys, mak
     task = make_task(3, seed=0, devices=2)
     with pytest.raises(SpecError, match="make setup-torchrec"):
         get_planner("torchrec").plan(task, 2)
-    from planner.cli import main
+    from planner.cli.main import main
     csv = tmp_path / "t.csv"
     csv.write_text("name,num_embeddings,embedding_dim,pooling_factor\na,100,8,1\nb,200,8,2\n")
     assert main(["plan", str(csv), "--devices", "2", "--planner", "torchrec"]) == 2

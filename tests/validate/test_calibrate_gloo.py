@@ -9,15 +9,15 @@ import sys
 
 import pytest
 
-from planner.validate.calibrate import (GlooCalibration, measure_gloo, measure_gloo_raw,
+from planner.measure.validate.calibrate import (GlooCalibration, measure_gloo, measure_gloo_raw,
                                         profile_from_raw)
-from planner.validate.calibrate_dlrm import merge_torchrec
-from planner.validate.runner import Pool
+from planner.measure.validate.calibrate_dlrm import merge_torchrec
+from planner.measure.validate.runner import Pool
 from simulator.gloo_profile import gloo_profile_from_dict
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "planner.cli", "calibrate", *args],
+    return subprocess.run([sys.executable, "-m", "planner.cli.main", "calibrate", *args],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -98,11 +98,11 @@ def test_lookup_probe_is_recorded_and_scales_the_plans_lookups():
     embedding profile's prediction multiplies every lookup term of the cost model."""
     from dataclasses import replace as dc_replace
 
-    from planner.sharding.cost import CostConfig
-    from planner.sharding.measure import cpu_topology_ref
-    from planner.sharding.plan import evaluate_shardings
-    from planner.sharding.task import ShardingTask, prepare
-    from planner.validate.calibrate_dlrm import (_probe_shardings, lookup_probe_model,
+    from planner.model.tables.cost import CostConfig
+    from planner.measure.embedding import cpu_topology_ref
+    from planner.model.tables.plan import evaluate_shardings
+    from planner.model.tables.task import ShardingTask, prepare
+    from planner.measure.validate.calibrate_dlrm import (_probe_shardings, lookup_probe_model,
                                                  lookup_scale, predicted_lookup_s)
     cfg = GlooCalibration(rounds=2, repeats=3, quick=True, torchrec=False,
                           sizes=(4, 4096))

@@ -20,15 +20,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.sharding.plan import PlannerStats, make_plan
-from planner.sharding.simulate_torchrec import (KJT_SPLITS, ddp_buckets, rank_events,
+from planner.model.tables.plan import PlannerStats, make_plan
+from planner.workloads.dlrm.torchrec import (KJT_SPLITS, ddp_buckets, rank_events,
                                                 torchrec_comm_ops)
-from planner.sharding.spec import load_model_spec
-from planner.sharding.task import ShardingTask, prepare
-from planner.validate.config import Fault
-from planner.validate.dlrm import is_sharding_plan, load_dlrm_config
-from planner.validate.dlrm_report import expected_ops, validate_dlrm
-from planner.validate.runner import RunFailed, run_many
+from planner.model.tables.spec import load_model_spec
+from planner.model.tables.task import ShardingTask, prepare
+from planner.measure.validate.config import Fault
+from planner.measure.validate.dlrm import is_sharding_plan, load_dlrm_config
+from planner.measure.validate.dlrm_report import expected_ops, validate_dlrm
+from planner.measure.validate.runner import RunFailed, run_many
 from simulator.errors import SpecError
 
 #: rows split evenly over 4 ranks and over 2 ranks per host (TorchRec's row blocks, no empty
@@ -114,7 +114,7 @@ def test_torchrec_ops_of_a_mixed_plan(tmp_path):
 
 def test_rw_values_follow_the_ids(tmp_path):
     cfg = load_dlrm_config(str(write_plan(tmp_path, "row_wise", 2)), steps=1, warmup=0)
-    from planner.validate.dlrm import step_batch
+    from planner.measure.validate.dlrm import step_batch
     lengths, ids = step_batch(cfg, 0)
     ops = torchrec_comm_ops(cfg.shardings, [t[2] for t in TABLES], lengths, ids, world=2,
                             local_world=2)
@@ -204,7 +204,7 @@ def test_a_rank_that_hangs_is_named_within_the_timeout(tmp_path):
 
 def test_cli_names_a_rank_that_raises(tmp_path, capsys):
     pytest.importorskip("torchrec")
-    from planner.cli import main
+    from planner.cli.main import main
     plan = write_plan(tmp_path, "mixed", 2)
     assert main(["validate", str(plan), "--nproc", "4"]) == 2          # bad input, no run
     t0 = time.monotonic()
@@ -218,7 +218,7 @@ def test_cli_names_a_rank_that_raises(tmp_path, capsys):
 def test_simulate_step_with_torchrec_comm(tmp_path):
     """The planners' simulator can use the TorchRec step: same pooled bytes as the averaged
     model for a table-wise plan, more calls, a finite step time."""
-    from planner.sharding.simulate import simulate_step
+    from planner.workloads.dlrm.step import simulate_step
     cfg = load_dlrm_config(str(write_plan(tmp_path, "table_wise", 4)), steps=1, warmup=0)
     problem = prepare(ShardingTask(model=cfg.model, topology=TOPOLOGY[4]), 4)
     a = simulate_step(problem, cfg.shardings)

@@ -1,14 +1,14 @@
 """DLRM timing model pieces (simulator side, no processes): the dense part op by op, TorchRec
-host costs from probe plans (planner/validate/calibrate_dlrm.py), the profile's torchrec key."""
+host costs from probe plans (planner/measure/validate/calibrate_dlrm.py), the profile's torchrec key."""
 
 from __future__ import annotations
 
 import pytest
 
-from planner.sharding.simulate_torchrec import dense_op_list
-from planner.sharding.spec import DenseSpec
-from planner.validate.calibrate_dlrm import PROBE_TYPES, host_costs, probe_config, size_measure
-from planner.validate.dlrm_report import _HOST_COSTS, expected_ops, predicted
+from planner.workloads.dlrm.torchrec import dense_op_list
+from planner.model.tables.spec import DenseSpec
+from planner.measure.validate.calibrate_dlrm import PROBE_TYPES, host_costs, probe_config, size_measure
+from planner.measure.validate.dlrm_report import _HOST_COSTS, expected_ops, predicted
 
 BASE = {"format": "clusterplan.gloo-profile", "version": 1, "shared_core": True,
         "comm": {f"{k}@2": [[4.0, 3e-4], [1048576.0, 1e-3], [16777216.0, 1e-2]]
@@ -51,9 +51,9 @@ def test_probe_host_costs_reproduce_the_probes():
     assert cal.torchrec["world"] == 2
 
     def run(cfg, host):
-        from planner.sharding.measure import cpu_topology_ref
-        from planner.sharding.simulate_torchrec import build_torchrec_step_workload
-        from planner.sharding.task import ShardingTask, prepare
+        from planner.measure.embedding import cpu_topology_ref
+        from planner.workloads.dlrm.torchrec import build_torchrec_step_workload
+        from planner.model.tables.task import ShardingTask, prepare
         from simulator.engine import simulate
         problem = prepare(ShardingTask(model=cfg.model, topology=cpu_topology_ref(2)), 2)
         w = build_torchrec_step_workload(problem, cfg.shardings, expected_ops(cfg, cfg.warmup),

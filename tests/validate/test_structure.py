@@ -15,13 +15,13 @@ from dataclasses import replace
 
 import pytest
 
-from planner.llm.layout import Layout
-from planner.llm.spec import LLMSpec, ModelSpec, TrainingSpec, load_llm_spec, parse_parallel
-from planner.llm.step import (CommEvent, build_step, chunk_layer_counts, comm_events,
+from planner.model.llm.layout import Layout
+from planner.model.llm.spec import LLMSpec, ModelSpec, TrainingSpec, load_llm_spec, parse_parallel
+from planner.workloads.llm.step import (CommEvent, build_step, chunk_layer_counts, comm_events,
                               dp_bucket_elements, p2p_activation_bytes, rank_params,
                               resolve_parallel)
-from planner.validate.compare import compare_rank, compare_structure, events_from_records
-from planner.validate.config import Scale, load_source, run_config
+from planner.measure.validate.compare import compare_rank, compare_structure, events_from_records
+from planner.measure.validate.config import Scale, load_source, run_config
 from simulator.errors import SpecError
 from simulator.topology import load_topology
 from simulator.workload import Workload
@@ -142,7 +142,7 @@ def test_folded_step_is_unchanged_by_the_new_options():
 @pytest.mark.parametrize("tp,ffn,kv", [(1, "swiglu", 4), (2, "swiglu", 2), (4, "gelu", 4),
                                         (2, "gelu", 4)])
 def test_rank_params_counts_the_real_model(tp, ffn, kv):
-    from planner.validate.model import TPGroup, build_chunk, param_count
+    from planner.measure.validate.model import TPGroup, build_chunk, param_count
     spec = tiny(ffn=ffn, kv=kv)
     p = parse_parallel(f"tp={tp},pp=2,dp=1")
     chunks = chunk_layer_counts(spec.model.layers, 2, 1)
@@ -180,7 +180,7 @@ def test_bad_input_names_the_field():
         with pytest.raises(SpecError) as exc:
             run_config(spec, par, parallel_text=text, nproc=nproc, scale=Scale())
         assert field in str(exc.value)
-    from planner.cli import main
+    from planner.cli.main import main
     assert main(["validate", "llama3-8b", "--parallel", "tp=2,dp=1", "--backend", "nccl"]) == 2
     assert main(["validate", "llama3-8b", "--parallel", "tp=2,dp=1",
                  "--inject-fault", "5:hang@0"]) == 2
@@ -217,7 +217,7 @@ def _config(name: str):
 @pytest.fixture(scope="module")
 def runs():
     """Every configuration run for real once, on one pool of 4 spawned processes."""
-    from planner.validate.runner import run_many
+    from planner.measure.validate.runner import run_many
     cfgs = {name: _config(name) for name in CONFIGS}
     t0 = time.monotonic()
     results = run_many(list(cfgs.values()))
@@ -227,8 +227,8 @@ def runs():
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_real_run_issues_exactly_the_simulated_communication(runs, name):
-    from planner.validate.expected import expected_step
-    from planner.validate.runner import RunFailed
+    from planner.measure.validate.expected import expected_step
+    from planner.measure.validate.runner import RunFailed
     cfg, res = runs[0][name]
     assert not isinstance(res, RunFailed), str(res)
     exp = expected_step(cfg)
@@ -249,7 +249,7 @@ def test_real_run_issues_exactly_the_simulated_communication(runs, name):
 
 
 def test_a_wrong_expectation_is_a_mismatch(runs):
-    from planner.validate.expected import expected_step
+    from planner.measure.validate.expected import expected_step
     cfg, res = runs[0]["tp2xdp2"]
     measured = {r["rank"]: events_from_records(r["events"]) for r in res.ranks}
     buckets = sum(e.category == "dp" for e in measured[0][0])
@@ -261,7 +261,7 @@ def test_a_wrong_expectation_is_a_mismatch(runs):
 
 
 def test_report_has_the_json_keys(runs):
-    from planner.validate.report import format_report, validate
+    from planner.measure.validate.report import format_report, validate
     cfg, res = runs[0]["pp2xdp2"]
     d = validate(cfg, result=res)
     for key in ("predicted_step_time_s", "measured_step_time_s", "relative_error"):
@@ -277,8 +277,8 @@ def test_report_has_the_json_keys(runs):
                                          ("0:raise@1", "rank 0 raised RuntimeError"),
                                          ("1:exit@0", "rank 1 exited with code 3")])
 def test_a_failing_rank_ends_the_run_named_and_leaves_no_process(fault, named):
-    from planner.validate.config import parse_fault
-    from planner.validate.runner import RunFailed, run
+    from planner.measure.validate.config import parse_fault
+    from planner.measure.validate.runner import RunFailed, run
     timeout = 4.0
     cfg = replace(_config("dp2"), timeout_s=timeout, fault=parse_fault(fault))
     t0 = time.monotonic()

@@ -24,15 +24,15 @@ name               what it does
 
 Every planner falls back to row-wise for a table that fits no single device, when row-wise is
 allowed; a table that fits nowhere under the allowed types raises
-:class:`~planner.sharding.memory.InfeasibleError` (exit code 2 in the CLI) naming the fix.
+:class:`~planner.model.tables.memory.InfeasibleError` (exit code 2 in the CLI) naming the fix.
 """
 
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from planner.sharding.plan import Plan
-from planner.sharding.task import ShardingTask
+from planner.model.tables.plan import Plan
+from planner.model.tables.task import ShardingTask
 
 __all__ = ["Planner", "PLANNER_NAMES", "get_planner"]
 

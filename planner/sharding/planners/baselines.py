@@ -15,10 +15,10 @@ import time
 
 import numpy as np
 
-from planner.sharding.memory import check_feasible
-from planner.sharding.plan import Plan, PlannerStats, make_plan
-from planner.sharding.shards import ShardingType
-from planner.sharding.task import ShardingTask, prepare
+from planner.model.tables.memory import check_feasible
+from planner.model.tables.plan import Plan, PlannerStats, make_plan
+from planner.model.tables.shards import ShardingType
+from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.planners.common import catalog, place_table_wise, rowwise_prepass
 
 __all__ = ["KeyGreedyPlanner", "KEYS"]

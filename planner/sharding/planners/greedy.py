@@ -17,11 +17,11 @@ import time
 
 import numpy as np
 
-from planner.sharding.cost import F_MEM, K
-from planner.sharding.memory import check_feasible
-from planner.sharding.plan import Plan, PlannerStats, make_plan
-from planner.sharding.shards import ShardingType
-from planner.sharding.task import ShardingTask, prepare
+from planner.model.tables.cost import F_MEM, K
+from planner.model.tables.memory import check_feasible
+from planner.model.tables.plan import Plan, PlannerStats, make_plan
+from planner.model.tables.shards import ShardingType
+from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.planners.common import CW_PARTS, Catalog, catalog
 
 __all__ = ["GreedyPlanner", "greedy_choices"]

@@ -26,11 +26,11 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.sharding.cost import F_MEM
-from planner.sharding.memory import check_feasible
-from planner.sharding.plan import Plan, PlannerStats, make_plan
-from planner.sharding.shards import ShardingType, TableSharding
-from planner.sharding.task import ShardingTask, prepare
+from planner.model.tables.cost import F_MEM
+from planner.model.tables.memory import check_feasible
+from planner.model.tables.plan import Plan, PlannerStats, make_plan
+from planner.model.tables.shards import ShardingType, TableSharding
+from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.planners.common import Catalog, catalog
 
 __all__ = ["LocalSearchPlanner", "improve_choices", "improve"]

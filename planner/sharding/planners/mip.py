@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import pulp
 
-from planner.sharding.cost import F_MEM
-from planner.sharding.memory import check_feasible
-from planner.sharding.plan import Plan, PlannerStats, make_plan
-from planner.sharding.task import ShardingTask, prepare
+from planner.model.tables.cost import F_MEM
+from planner.model.tables.memory import check_feasible
+from planner.model.tables.plan import Plan, PlannerStats, make_plan
+from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.planners.common import CW_PARTS, Catalog, catalog
 from planner.sharding.planners.mip_model import _CW, _DP, _RW, _TW, _TWRW, EPS, US, MipModel
 from planner.sharding.planners.local_search import improve_choices

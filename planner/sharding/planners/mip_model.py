@@ -13,7 +13,7 @@ Variables per table ``t`` (only the options its allowed types permit):
 - exactly one option per table.
 
 Per-rank features are linear in these (column blocks cost ``base·y + part·m``), and so is every
-term of :class:`~planner.sharding.cost.CostModel` except three kinds, which are exact in the
+term of :class:`~planner.model.tables.cost.CostModel` except three kinds, which are exact in the
 model too: the all-to-all maxima (one continuous variable per rank, link class and exchange,
 bounded below by the send and the receive side), and the fixed latency of the row-wise,
 table-row-wise and data-parallel collectives (an indicator per group that is 1 when any table
@@ -28,8 +28,8 @@ import math
 
 import pulp
 
-from planner.sharding.cost import F_BWD, F_DP, F_FWD, F_HRS, F_IDS, F_MEM, F_OUT, F_RW
-from planner.sharding.shards import ShardingType
+from planner.model.tables.cost import F_BWD, F_DP, F_FWD, F_HRS, F_IDS, F_MEM, F_OUT, F_RW
+from planner.model.tables.shards import ShardingType
 from planner.sharding.planners.common import CW_PARTS, Catalog
 
 __all__ = ["EPS", "US", "MipModel"]

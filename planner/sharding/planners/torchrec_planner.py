@@ -41,10 +41,10 @@ import warnings
 
 from simulator.errors import SpecError
 
-from planner.sharding.memory import InfeasibleError
-from planner.sharding.plan import Plan, PlannerStats, make_plan
-from planner.sharding.shards import Shard, ShardingType, TableSharding, table_wise
-from planner.sharding.task import Problem, ShardingTask, prepare
+from planner.model.tables.memory import InfeasibleError
+from planner.model.tables.plan import Plan, PlannerStats, make_plan
+from planner.model.tables.shards import Shard, ShardingType, TableSharding, table_wise
+from planner.model.tables.task import Problem, ShardingTask, prepare
 
 __all__ = ["TorchRecPlanner", "torchrec_inputs", "from_torchrec_plan", "INSTALL_HINT",
            "CPU_SHARDING_TYPES"]
@@ -200,7 +200,7 @@ def from_torchrec_plan(problem: Problem, module_plan) -> tuple[list[TableShardin
                 rows, cols = (int(x) for x in md.shard_sizes)
                 shards.append(Shard(int(rank), r0, c0, rows, cols))
         if st == "data_parallel":
-            from planner.sharding.shards import data_parallel
+            from planner.model.tables.shards import data_parallel
             out.append(data_parallel(i, name, t.num_embeddings, t.embedding_dim, n))
         elif st == "table_wise":
             out.append(table_wise(i, name, t.num_embeddings, t.embedding_dim, shards[0].rank))
@@ -312,7 +312,7 @@ def _enumerator(problem: Problem, topology, batch: int, constraints):
     from torchrec.distributed.planner.shard_estimators import (EmbeddingPerfEstimatorFactory,
                                                                EmbeddingStorageEstimator)
     from torchrec.distributed.planner.types import Storage
-    from planner.sharding.memory import shard_memory_bytes
+    from planner.model.tables.memory import shard_memory_bytes
     model = problem.model
     tables = {t.name: t for t in model.tables}
     cuda = topology.compute_device == "cuda"

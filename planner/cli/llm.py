@@ -1,0 +1,204 @@
+"""``clusterplan simulate MODEL.yaml`` for transformers and ``clusterplan fidelity``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from simulator.errors import SpecError
+from simulator.units import format_bytes, format_time
+
+from planner.model.llm.spec import LLMSpec, parse_parallel
+
+__all__ = ["simulate_model", "fidelity"]
+
+
+def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
+    from dataclasses import replace
+    from planner.llm.metrics import simulate_llm
+    from planner.model.llm.spec import ParallelSpec
+    par = spec.parallel or ParallelSpec()
+    if args.parallel:
+        par = parse_parallel(args.parallel, spec.parallel)
+    elif spec.parallel is None:
+        raise SpecError("no parallel layout: the model file has no parallel: section",
+                        source=spec.source, field="parallel",
+                        fix="pass --parallel tp=8,pp=4,... or add a parallel: section")
+    tr = spec.training
+    if args.global_batch:
+        tr = replace(tr, global_batch_size=args.global_batch)
+    if args.micro_batch:
+        tr = replace(tr, micro_batch_size=args.micro_batch)
+    spec = replace(spec, training=tr)
+    from planner.model.reliability import link_faults_from_args, reliability_report, stragglers_from_args
+    slow = stragglers_from_args(args, topo.num_gpus)
+    faults = link_faults_from_args(args, topo)
+    res = simulate_llm(spec, par, topo, mode=args.mode, order=args.order,
+                       schedule_name=args.schedule, slowdown=slow, link_faults=faults,
+                       track_links=getattr(args, "diagnose", False))
+    d = res.to_dict()
+    extra_lines: list[str] = []
+    if slow or faults:
+        healthy = simulate_llm(spec, par, topo, mode=args.mode, order=args.order,
+                               schedule_name=args.schedule)
+        lay = res.plan.layout
+        d["stragglers"] = {str(r): {"slowdown": f, "stage": lay.coords(r)["pp"]}
+                           for r, f in sorted(slow.items())}
+        d["link_faults"] = [{"link": f.label, "links": len(f.links), "factor": f.factor,
+                             "at_s": f.at_s} for f in faults]
+        d["healthy_step_time_s"] = healthy.step_time_s
+        what = [f"rank {r} ×{f:g} (stage {lay.coords(r)['pp']})" for r, f in sorted(slow.items())]
+        what += [f"link {f.label}" for f in faults]
+        extra_lines.append(
+            "  faults: " + ", ".join(what)
+            + f": step {format_time(res.step_time_s)} vs {format_time(healthy.step_time_s)} "
+              f"healthy ({res.step_time_s / healthy.step_time_s - 1:+.1%})")
+    rel_data, rel_lines = reliability_report(args, gpus=res.parallel.world(),
+                                             step_time_s=res.step_time_s, sim=res.sim,
+                                             topo=topo)
+    d.update(rel_data)
+    extra_lines += rel_lines
+    if args.trace:
+        res.sim.write_chrome_trace(args.trace, max_ranks=args.trace_ranks)
+        d["trace"] = args.trace
+    mem = res.memory
+    if not mem.fits:
+        print(f"clusterplan: warning: out of memory on stage {mem.stage}: "
+              f"{format_bytes(mem.total_bytes)} needed, {format_bytes(mem.capacity_bytes)} "
+              "usable", file=sys.stderr)
+    p = d["parallel"]
+    bd = d["breakdown"]
+    lines = [
+        f"{d['model']} on {d['topology']} ({d['gpus']} GPUs), tp={p['tp']} cp={p['cp']} "
+        f"pp={p['pp']} dp={p['dp']} vpp={p['vpp']} fsdp={p['fsdp']}"
+        + (f" ep={p['ep']}" if p['ep'] > 1 else "") + ", "
+        f"{d['microbatches']} micro-batches of {d['micro_batch_size']}",
+        f"  step time {format_time(d['step_time_s'])}   {d['tokens_per_s']:,.0f} tokens/s   "
+        f"{d['tflops_per_gpu']:.1f} TFLOP/s per GPU",
+        f"  MFU {d['mfu']:.1%} (PaLM 6N+attention)   {d['mfu_megatron']:.1%} (Megatron model "
+        f"FLOPs)   HFU {d['hfu']:.1%}   peak {d['mfu_conventions']['peak_flops_per_gpu'] / 1e12:.0f}"
+        " TFLOP/s",
+        f"  memory per GPU {format_bytes(d['memory_per_gpu_bytes'])} "
+        f"({'fits' if mem.fits else 'OUT OF MEMORY'}: weights {format_bytes(mem.weights_bytes)}, "
+        f"grads {format_bytes(mem.gradients_bytes)}, optimizer {format_bytes(mem.optimizer_bytes)},"
+        f" activations {format_bytes(mem.activations_bytes)})",
+        f"  stage {bd['stage']}: compute {format_time(bd['compute_s'])}, TP/CP comm "
+        f"{format_time(bd['tp_cp_comm_s'])}, "
+        + (f"EP all-to-all {format_time(bd['ep_comm_s'])}, " if d['parallel']['ep'] > 1 else "")
+        + f"bubble {format_time(bd['pipeline_bubble_s'])}, "
+        f"exposed DP {format_time(bd['dp_comm_exposed_s'])}, optimizer "
+        f"{format_time(bd['optimizer_s'])}",
+    ] + extra_lines
+    emit(args, d, "\n".join(lines))
+    return 0 if mem.fits else 2
+
+
+def fidelity(args, emit) -> int:
+    import pandas as pd
+    from planner.llm.fidelity import (kendall_tau_by_group, korthikanti_rows, narayanan_rows, run_set,
+                           vtrain_rows, vtrain_single_rows)
+    sets = args.set or ["narayanan", "korthikanti", "vtrain"]
+    frames = []
+    for name in sets:
+        if name == "narayanan":
+            rows = narayanan_rows()
+        elif name == "korthikanti":
+            rows = korthikanti_rows()
+        elif name == "vtrain-single":
+            rows = vtrain_single_rows(Path(args.vtrain_dir) / "ground_truth_single.csv")
+        else:
+            rows = vtrain_rows(Path(args.vtrain_dir) / "ground_truth_multi.csv")
+        if args.limit:
+            rows = rows[: args.limit]
+        frames.append(run_set(rows))
+    df = pd.concat(frames, ignore_index=True)
+    summary = {s: {"mape": float(g.error.abs().mean()), "rows": len(g)}
+               for s, g in df.groupby("set", sort=False)}
+    if "vtrain" in summary:
+        summary["vtrain"]["kendall_tau_by_group"] = kendall_tau_by_group(df[df.set == "vtrain"])
+    lines = [f"{'set':<14}{'row':<38}{'measured':>11}{'predicted':>11}{'error':>9}"]
+    for r in df.itertuples():
+        lines.append(f"{r.set:<14}{r.row:<38}{r.measured_s:>10.3f}s{r.predicted_s:>10.3f}s"
+                     f"{r.error * 100:>8.1f}%")
+    for s, v in summary.items():
+        extra = ""
+        if "kendall_tau_by_group" in v:
+            extra = "  Kendall tau " + ", ".join(f"{g} {t:.2f}" for g, t in
+                                                  v["kendall_tau_by_group"].items())
+        lines.append(f"{s}: MAPE {v['mape'] * 100:.1f}% over {v['rows']} rows{extra}")
+    emit(args, {"rows": df.to_dict(orient="records"), "summary": summary}, "\n".join(lines))
+    return 0
+
+
+def plan_model(args, spec: LLMSpec, topo, emit) -> int:
+    """``clusterplan plan MODEL.yaml --topology NAME``: the top layouts and a plan JSON."""
+    import json
+
+    from simulator.fileio import atomic_write_text
+
+    from planner.llm.search import search
+    if args.top < 1:
+        raise SpecError(f"--top {args.top} shows no plan", field="--top",
+                        fix="pass --top 1 or more")
+    results, stats = search(spec, topo, top=args.top)
+    best = results[0]
+    doc = plan_document(best, topo)
+    doc["alternatives"] = [r.to_dict() for r in results[1:]]
+    doc["search"] = stats
+    if getattr(args, "reproducible", False):
+        doc = _without_wall_clock(doc)
+    if args.out:
+        atomic_write_text(args.out, json.dumps(doc, indent=1))
+    lines = [f"{spec.model.name} on {topo.name} ({topo.num_gpus} × {topo.gpu.name}): "
+             f"{stats['enumerated']} layouts, {stats['out_of_memory']} out of memory, "
+             f"{stats['estimated']} estimated, {stats['simulated']} simulated in "
+             f"{stats['wall_s']:.1f} s",
+             f"  {'#':>2} {'tp':>3}{'cp':>3}{'pp':>4}{'dp':>5}{'ep':>4}{'vpp':>4}{'mbs':>4} {'fsdp':<6}"
+             f"{'step':>11}{'MFU':>7}{'memory':>12}{'bubble':>12}{'exposed DP':>12}  order"]
+    for i, r in enumerate(results, 1):
+        d = r.to_dict()
+        p, bd = d["parallel"], d["breakdown"]
+        lines.append(f"  {i:>2} {p['tp']:>3}{p['cp']:>3}{p['pp']:>4}{p['dp']:>5}{p['ep']:>4}{p['vpp']:>4}"
+                     f"{d['micro_batch_size']:>4} {p['fsdp']:<6}{format_time(d['step_time_s']):>11}"
+                     f"{d['mfu']:>7.1%}{format_bytes(d['memory_per_gpu_bytes']):>12}"
+                     f"{format_time(bd['pipeline_bubble_s']):>12}"
+                     f"{format_time(bd['dp_comm_exposed_s']):>12}  {r.plan.layout.order}")
+    sa = stats.get("scale_across")
+    if sa:
+        lines.append(f"  across {sa['buildings']} buildings: "
+                     f"{'+'.join(sa['crossing_axes']).upper() or 'nothing'} crosses ({sa['placement']}"
+                     f"; pipeline stages per building {sa['stages_per_building']}); "
+                     f"{sa['gain']:+.1%} over the baseline ({sa['baseline']}: "
+                     f"{format_time(sa['baseline_step_time_s'])})")
+    if args.out:
+        lines.append(f"  plan: {args.out}")
+    emit(args, doc, "\n".join(lines))
+    return 0
+
+
+def plan_document(res, topo) -> dict:
+    """Versioned plan JSON: layout, rank order and rank → (building, host, GPU)."""
+    d = res.to_dict()
+    lay = res.plan.layout
+    ranks = []
+    for r in range(lay.world):
+        dev = topo.devices[topo.gpus[r]]
+        ranks.append({"rank": r, **lay.coords(r), "building": int(dev.get("building", 0)),
+                      "host": int(dev.get("node", r)), "gpu": int(dev.get("local", 0)),
+                      "device": topo.gpus[r]})
+    m, t = res.spec.model, res.spec.training
+    return {"format_version": 1, "kind": "llm-plan", "order": lay.order,
+            "model": m.name, "topology": topo.name, **d,
+            "num_layers": m.layers, "seq_len": m.seq_len, "precision": t.precision,
+            **({"num_experts": m.num_experts, "moe_top_k": m.top_k} if m.is_moe else {}),
+            "activation_recompute": t.activation_recompute, "ranks": ranks}
+
+
+def _without_wall_clock(o):
+    """The document minus wall-clock measurements, so equal inputs give equal bytes."""
+    if isinstance(o, dict):
+        return {k: _without_wall_clock(v) for k, v in o.items()
+                if k not in ("wall_s", "events_per_s")}
+    if isinstance(o, list):
+        return [_without_wall_clock(v) for v in o]
+    return o

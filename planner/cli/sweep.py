@@ -1,0 +1,73 @@
+"""``clusterplan sweep GRID.yaml``: run a grid of simulations or plans into one table."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from simulator.errors import SpecError
+
+__all__ = ["register"]
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "sweep", help="run a command over a grid of arguments (process pool or Ray)",
+        description="Run one clusterplan command (simulate, plan, collective, ...) at every "
+                    "point of a grid and collect the JSON results into one table (CSV or "
+                    "parquet) and an optional plot. Resumable: finished points are kept in "
+                    "OUT.partial.jsonl and skipped when the same sweep is started again. "
+                    "Grid format: planner/sweep/grid.py.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  clusterplan sweep grid.yaml --out results.csv --plot results.png\n"
+               "  clusterplan sweep grid.yaml --ray local       # or --ray HOST:6379")
+    p.add_argument("grid", metavar="GRID.yaml", help="the sweep file")
+    p.add_argument("--out", metavar="FILE", default=None,
+                   help="table to write (.csv or .parquet; default GRID.csv beside the grid)")
+    p.add_argument("--plot", metavar="FILE", help="figure to write (needs plot: in the grid)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="processes of the local pool (default: the CPUs)")
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="run on Ray: 'local' starts a local instance, else the head's address")
+    p.add_argument("--restart", action="store_true",
+                   help="forget finished points of an earlier, interrupted run")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    from planner.cli.main import emit
+    from planner.sweep.grid import load_sweep
+    from planner.sweep.run import plot_table, run_sweep, bar_progress, write_table
+    spec = load_sweep(args.grid)
+    if args.workers is not None and args.workers < 1:
+        raise SpecError(f"--workers {args.workers}", field="--workers", fix="use 1 or more")
+    out = Path(args.out) if args.out else Path(args.grid).with_suffix(".csv")
+    if not out.resolve().parent.is_dir():
+        raise SpecError(f"directory of {out} does not exist", field="--out",
+                        fix="create it or write elsewhere")
+    if out.suffix not in (".csv", ".parquet"):
+        raise SpecError(f"unknown table format {out.suffix!r}", field="--out",
+                        fix="end the file name in .csv or .parquet")
+    if args.plot and not spec.plot:
+        raise SpecError("--plot needs a plot: section in the grid", source=spec.source,
+                        field="plot", fix="add plot: {x: ..., y: ...}")
+    ckpt = out.with_name(out.name + ".partial.jsonl")
+    if args.restart and ckpt.exists():
+        ckpt.unlink()
+    table, stats = run_sweep(spec, workers=args.workers, ray_address=args.ray, checkpoint=ckpt,
+                             progress=bar_progress)
+    write_table(table, out)
+    if args.plot:
+        plot_table(table, spec.plot, Path(args.plot))
+    ckpt.unlink(missing_ok=True)
+    data = {"out": str(out), "plot": args.plot, **stats,
+            "backend": f"ray ({args.ray})" if args.ray else "process pool"}
+    human = (f"{stats['points']} points ({stats['run']} run now, {stats['resumed']} resumed, "
+             f"{stats['failed']} failed) on the {data['backend']} → {out}"
+             + (f", {args.plot}" if args.plot else ""))
+    if stats["failed"]:
+        first = table[~table.ok].iloc[0]
+        human += f"\n  first failure, point {first.point}: {first.error}"
+    emit(args, data, human)
+    return 0

@@ -1,0 +1,399 @@
+"""``clusterplan plan``: shard embedding tables over N GPUs.
+
+::
+
+    clusterplan plan TABLES --devices N [--topology NAME] [--planner NAME] [--seed S]
+                     [--time-limit S] [--memory BYTES] [--sharding-types LIST]
+                     [--batch-size B] [--optimizer OPT] [--simulate] [--measure [--repeats K]]
+                     [--json] [--out FILE]
+
+``TABLES`` is a built-in spec (``criteo-dlrm``, ``mlperf-dcnv2``), a YAML spec or a CSV of tables
+(see :mod:`planner.model.tables.spec`). Prints per-rank cost and memory (``--json``: one object, the
+plan file's content); ``--out`` writes the plan JSON atomically. Exit codes: 0 valid plan,
+1 the planner produced an invalid plan (over memory; try another planner), 2 bad input or a task
+that cannot fit (one line naming the file, the field, the table, the numbers and the fix).
+
+Also here: ``clusterplan measure TABLES PLAN.json`` (:func:`run_measure`, the plan run for real
+on this machine, :mod:`planner.measure.embedding`) and ``clusterplan calibrate embedding``
+(:func:`run_calibrate_embedding`, the CPU profile of the cost model,
+:mod:`planner.measure.calibrate_embedding`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from simulator.errors import ClusterplanError, SpecError
+from simulator.units import format_bytes, format_time, parse_bytes
+
+from planner.sharding.planners import PLANNER_NAMES, get_planner
+from planner.model.tables.shards import parse_sharding_types
+from planner.model.tables.spec import OPTIMIZERS, load_model_spec
+from planner.model.tables.task import ShardingTask
+
+__all__ = ["add_arguments", "run", "main", "build_parser"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``plan`` command's arguments to ``p``."""
+    p.add_argument("tables", metavar="TABLES",
+                   help="built-in spec (criteo-dlrm, mlperf-dcnv2), a YAML spec or a CSV with "
+                        "columns name,num_embeddings,embedding_dim,pooling_factor")
+    p.add_argument("--devices", type=int, required=True, metavar="N", help="number of GPUs")
+    p.add_argument("--topology", default=None, metavar="NAME|FILE",
+                   help="topology (default dgx-a100:nodes=ceil(N/8)); ranks 0..N-1 are used")
+    p.add_argument("--planner", default="greedy", metavar="NAME",
+                   help=f"one of {', '.join(PLANNER_NAMES)} (default greedy)")
+    p.add_argument("--seed", type=int, default=0, help="seed (same inputs and seed: same plan)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="seconds for mip (default 10; whole call within 110%%) and local_search")
+    p.add_argument("--memory", default=None, metavar="BYTES",
+                   help="memory per device for embeddings, e.g. 4GiB (default: HBM less 15%% "
+                        "and the dense model's state)")
+    p.add_argument("--sharding-types", default=None, metavar="LIST",
+                   help="allowed types, e.g. table_wise,column_wise,row_wise (tw, cw, rw, twrw, "
+                        "dp); default all")
+    p.add_argument("--batch-size", type=int, default=None, metavar="B",
+                   help="global batch (samples per step), overriding the spec")
+    p.add_argument("--optimizer", default=None, choices=OPTIMIZERS,
+                   help="embedding optimizer, overriding the spec")
+    p.add_argument("--mip-solver", default="cbc", choices=("cbc", "highs"),
+                   help="MIP solver (highs needs highspy)")
+    p.add_argument("--simulate", action="store_true",
+                   help="also simulate one training step of the plan")
+    p.add_argument("--measure", action="store_true",
+                   help="also run the plan for real on this machine (fused embedding kernels, "
+                        "gloo all-to-alls) and print measured per-rank cost beside the "
+                        "prediction; without --topology the plan is then made for this machine "
+                        "(localhost-gloo with N processes)")
+    p.add_argument("--repeats", type=int, default=5, metavar="K",
+                   help="--measure: timed iterations per rank (median; default 5)")
+    p.add_argument("--reproducible", action="store_true",
+                   help="leave wall-clock time out of the JSON (byte-identical reruns)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", default=None, metavar="FILE", help="write the plan JSON here")
+    from planner.cli.dmt import add_dmt_arguments
+    add_dmt_arguments(p)
+
+
+def _task(args) -> ShardingTask:
+    model = load_model_spec(args.tables)
+    if args.batch_size is not None and args.batch_size < 1:
+        raise SpecError(f"--batch-size must be ≥ 1, got {args.batch_size}", source="--batch-size",
+                        fix="pass the global batch, e.g. --batch-size 65536")
+    model = model.with_overrides(batch_size=args.batch_size, optimizer=args.optimizer)
+    memory = None
+    if args.memory is not None:
+        memory = parse_bytes(args.memory, field="--memory", allow_zero=False)
+    types = parse_sharding_types(args.sharding_types) if args.sharding_types else None
+    topology = args.topology
+    if topology is None and getattr(args, "measure", False):
+        from planner.measure.embedding import cpu_topology_ref
+        topology = cpu_topology_ref(args.devices)
+    return ShardingTask(model=model, topology=topology, memory_bytes=memory,
+                        sharding_types=types)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan, print, optionally write; returns the exit code (SpecError propagates)."""
+    if args.devices is None or args.devices < 1:
+        raise SpecError(f"--devices must be ≥ 1, got {args.devices}", source="--devices",
+                        fix="pass the number of GPUs, e.g. --devices 8")
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise SpecError(f"--time-limit must be positive, got {args.time_limit}",
+                        source="--time-limit", fix="pass seconds, e.g. --time-limit 10")
+    if args.planner not in PLANNER_NAMES:
+        raise SpecError(f"unknown planner {args.planner!r}", source="--planner",
+                        fix=f"use one of: {', '.join(PLANNER_NAMES)}")
+    task = _task(args)
+    opts = {"solver": args.mip_solver} if args.planner == "mip" else {}
+    planner = get_planner(args.planner, **opts)
+    plan = planner.plan(task, args.devices, seed=args.seed, time_limit_s=args.time_limit)
+    doc = plan.to_dict(stable=args.reproducible)
+    sim = None
+    if args.simulate:
+        from planner.workloads.dlrm.step import simulate_plan
+        sim = simulate_plan(plan, task)
+        doc["simulation"] = {"step_time_s": sim.step_time_s, "breakdown_s": sim.breakdown_s,
+                             "a2a_bytes": sim.a2a_bytes}
+    if getattr(args, "dmt", False):
+        from planner.cli.dmt import dmt_section
+        doc["dmt"], _ = dmt_section(args, task, plan)
+    meas = None
+    if getattr(args, "measure", False):
+        from planner.measure.embedding import measure_plan
+        meas = measure_plan(plan, task, repeats=_positive(args.repeats, "--repeats"),
+                            seed=args.seed)
+        doc["measurement"] = meas.to_dict()
+    if args.out:
+        _write_json(args.out, doc)
+    if args.json:
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+    else:
+        print(format_plan(plan, sim))
+        if "dmt" in doc:
+            from planner.cli.dmt import format_dmt
+            print(format_dmt(doc["dmt"]))
+        if meas is not None:
+            from planner.measure.embedding import format_measurement
+            print()
+            print(format_measurement(meas))
+        if args.out:
+            print(f"wrote {args.out}")
+    return 0 if plan.valid else 1
+
+
+def _positive(v: int, flag: str) -> int:
+    if v is None or v < 1:
+        raise SpecError(f"{flag} must be ≥ 1, got {v}", source=flag, fix=f"pass e.g. {flag} 5")
+    return int(v)
+
+
+# -- clusterplan measure --------------------------------------------------------------------
+
+def add_measure_command(sub) -> None:
+    """Register ``clusterplan measure TABLES PLAN.json`` on a subparsers object."""
+    p = sub.add_parser("measure", help="run a sharding plan for real on this machine",
+                       description="Measure a sharding plan (clusterplan plan TABLES --devices N "
+                                   "--out PLAN.json) on this machine: each rank's shards as one "
+                                   "fused embedding kernel (forward, backward, fused optimizer; "
+                                   "one thread; median of --repeats), and the ids and pooled-"
+                                   "embedding all-to-alls (and row-wise / data-parallel "
+                                   "collectives) with torch.distributed gloo across N processes. "
+                                   "Prints measured per-rank lookups, communication and total, "
+                                   "the maximum, and the analytic prediction beside them.")
+    p.add_argument("tables", metavar="TABLES", help="the table spec the plan was made for")
+    p.add_argument("plan", metavar="PLAN.json", help="a plan JSON written by clusterplan plan")
+    p.add_argument("--repeats", type=int, default=5, metavar="K",
+                   help="timed iterations per rank (median; default 5)")
+    p.add_argument("--warmup", type=int, default=2, metavar="K", help="untimed iterations first")
+    p.add_argument("--comm-repeats", type=int, default=7, metavar="K",
+                   help="timed rounds of the collectives (median; default 7)")
+    p.add_argument("--no-comm", action="store_true", help="time the kernels only")
+    p.add_argument("--kernel", default="auto", choices=("auto", "fbgemm", "torch"),
+                   help="fused FBGEMM TBE (auto when installed) or torch.nn.EmbeddingBag")
+    p.add_argument("--seed", type=int, default=0, help="seed of the ids")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", default=None, metavar="FILE", help="write the JSON result here")
+    p.set_defaults(func=run_measure)
+
+
+def run_measure(args: argparse.Namespace) -> int:
+    """``clusterplan measure``: load the spec and plan, measure, print."""
+    from planner.measure.embedding import cpu_topology_ref, format_measurement, measure_shardings
+    from planner.model.tables.plan import read_plan_json
+    from planner.model.tables.task import prepare
+    try:
+        with open(args.plan, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise SpecError(f"cannot read the plan: {exc.strerror or exc}", source=args.plan,
+                        fix="pass a plan written by clusterplan plan --out") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise SpecError(f"not JSON: {exc}", source=args.plan,
+                        fix="pass a plan written by clusterplan plan --out") from None
+    if not isinstance(doc, dict) or doc.get("format") != "clusterplan.sharding-plan":
+        raise SpecError("not a clusterplan sharding plan", source=args.plan, field="format",
+                        fix="pass a plan written by clusterplan plan TABLES --devices N --out")
+    info = doc.get("task") or {}
+    model = load_model_spec(args.tables).with_overrides(batch_size=info.get("batch_size"),
+                                                        optimizer=info.get("optimizer"))
+    if info.get("sha256") and info["sha256"] != model.sha256():
+        raise SpecError(f"the plan was made for another model ({info.get('name')!r}, "
+                        f"{info.get('num_tables')} tables)", source=args.plan, field="task.sha256",
+                        fix=f"pass the table spec the plan was made from, or re-plan "
+                            f"{args.tables}")
+    devices = int(doc.get("devices") or 0)
+    if devices < 1:
+        raise SpecError("the plan has no device count", source=args.plan, field="devices",
+                        fix="re-plan with clusterplan plan")
+    task = ShardingTask(model=model, topology=cpu_topology_ref(devices))
+    problem = prepare(task, devices)
+    shardings = read_plan_json(doc, problem)
+    if sorted(ts.table for ts in shardings) != list(range(model.num_tables)):
+        raise SpecError("the plan does not place every table exactly once", source=args.plan,
+                        field="shards", fix="re-plan with clusterplan plan")
+    meas = measure_shardings(problem, shardings, repeats=_positive(args.repeats, "--repeats"),
+                             warmup=max(0, args.warmup),
+                             comm_repeats=_positive(args.comm_repeats, "--comm-repeats"),
+                             comm=not args.no_comm, seed=args.seed, backend=args.kernel)
+    out = meas.to_dict() | {"plan": args.plan, "planner": doc.get("planner"),
+                            "plan_topology": doc.get("topology")}
+    if doc.get("topology") and doc["topology"] != problem.topology_ref:
+        meas.notes = tuple(meas.notes) + (
+            f"the plan was made for {doc['topology']}; predicted here with this machine's "
+            f"profile ({problem.topology_ref})",)
+        out["notes"] = list(meas.notes)
+    if args.out:
+        _write_json(args.out, out)
+    if args.json:
+        print(json.dumps(out, indent=2, ensure_ascii=False))
+    else:
+        print(f"{model.name}: {model.num_tables} tables, batch {model.batch_size:,}, "
+              f"{devices} ranks, plan by {doc.get('planner')}")
+        print(format_measurement(meas))
+        if args.out:
+            print(f"wrote {args.out}")
+    return 0
+
+
+# -- clusterplan calibrate embedding ------------------------------------------------------
+
+def add_calibrate_embedding(csub) -> None:
+    """Register ``clusterplan calibrate embedding`` on the calibrate subparsers object."""
+    c = csub.add_parser("embedding", help="fit the sharding cost model's CPU profile",
+                        description="Time fused embedding kernels (seeded sweep over tables, rows, "
+                                    "dims, pooling, batch and access distributions) and gloo "
+                                    "collectives (2, 4, 8 processes) on this machine and fit the "
+                                    "CPU profile of the sharding cost model; writes YAML with the "
+                                    "numbers, fit errors, raw points and how they were measured "
+                                    "(see planner/measure/calibrate_embedding.py).")
+    c.add_argument("--out", required=True, metavar="FILE",
+                   help="profile YAML to write (the committed one: "
+                        "traces/calibration/cpu-embedding.yaml)")
+    c.add_argument("--kernel-points", type=int, default=120, metavar="N",
+                   help="kernel configurations to time (default 120)")
+    c.add_argument("--worlds", default="2,4,8", metavar="LIST",
+                   help="gloo world sizes to time collectives on (default 2,4,8)")
+    c.add_argument("--repeats", type=int, default=7, metavar="K", help="timed iterations (median)")
+    c.add_argument("--rounds", type=int, default=2, metavar="K",
+                   help="passes over the kernel sweep, averaged (default 2)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--kernel", default="auto", choices=("auto", "fbgemm", "torch"))
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=run_calibrate_embedding)
+
+
+def run_calibrate_embedding(args: argparse.Namespace) -> int:
+    from planner.measure.calibrate_embedding import calibrate, write_profile
+    try:
+        worlds = tuple(int(w) for w in str(args.worlds).split(",") if w.strip())
+    except ValueError:
+        raise SpecError(f"--worlds {args.worlds!r} is not a list of integers",
+                        source="--worlds", fix="write e.g. 2,4,8") from None
+    if not worlds or any(w < 2 for w in worlds):
+        raise SpecError(f"--worlds must list sizes ≥ 2, got {args.worlds!r}", source="--worlds",
+                        fix="write e.g. 2,4,8")
+    command = "clusterplan calibrate embedding " + " ".join(
+        [f"--kernel-points {args.kernel_points}", f"--worlds {args.worlds}",
+         f"--repeats {args.repeats}", f"--rounds {args.rounds}", f"--seed {args.seed}",
+         f"--out {args.out}"])
+    doc = calibrate(kernel_points=_positive(args.kernel_points, "--kernel-points"), worlds=worlds,
+                    repeats=_positive(args.repeats, "--repeats"), seed=args.seed,
+                    rounds=_positive(args.rounds, "--rounds"),
+                    backend=args.kernel, command=command,
+                    progress=None if args.json else _progress)
+    write_profile(doc, args.out)
+    look, fit = doc["lookup"], doc["lookup_fit"]
+    data = {"out": args.out, "lookup": look, "lookup_fit": fit,
+            "comm": doc["comm"]["worlds"]}
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    lines = [f"wrote {args.out}",
+             f"lookups ({doc['measured']['kernel']}, 1 thread, {fit['points']} configurations): "
+             f"{look['lookup_Bps'] / 1e9:.2f} GB/s per missed byte, overhead "
+             f"{look['lookup_overhead_bytes']:.0f} B per lookup, repeat hit ratio "
+             f"{look['repeat_hit_ratio']:.2f}, backward × {look['backward_multiplier']:.2f}, "
+             f"{look['shard_overhead_s'] * 1e6:.1f} µs per shard, "
+             f"{look['kernel_launch_s'] * 1e6:.1f} µs per call"
+             + (f", fp16 element = {look['element_bytes']['fp16']:.1f} B"
+                if "element_bytes" in look else "")
+             + f"; fwd+bwd MAPE {100 * fit['total_mape']:.1f}%"]
+    for n, e in doc["comm"]["worlds"].items():
+        lines.append(f"gloo × {n}: all-to-all {e['a2a_alpha_s'] * 1e3:.2f} ms + bytes / "
+                     f"{e['a2a_Bps'] / 1e9:.2f} GB/s (MAPE {100 * e['a2a_mape']:.0f}%)"
+                     + "".join(f"; {k} {e[k]['alpha_s'] * 1e3:.2f} ms + bytes / "
+                               f"{e[k]['Bps'] / 1e9:.2f} GB/s" for k in
+                               ("allreduce", "reducescatter", "allgather") if k in e))
+    print("\n".join(lines))
+    return 0
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _write_json(path: str, doc: dict) -> None:
+    from simulator.fileio import atomic_write_text
+    atomic_write_text(path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+
+
+def format_plan(plan, sim=None) -> str:
+    """The human-readable summary: per-rank cost and memory, types, dense part, validity."""
+    t = plan.task
+    st = plan.stats
+    status = st.status
+    if st.gap is not None:
+        status += f", gap {100 * st.gap:.2f}%"
+    lines = [f"{t['name']}: {t['num_tables']} tables ({format_bytes(t['total_weight_bytes'])} of "
+             f"weights, {t['optimizer']}), batch {t['batch_size']:,} on {plan.devices} × "
+             f"{plan.gpu} ({plan.topology})",
+             f"planner {plan.planner} ({status}) in {st.wall_s:.2f} s, seed {st.seed}", ""]
+    b = plan.breakdown_s
+    hdr = (f"{'rank':>4} {'cost':>11} {'lookups':>11} {'all-to-all':>11} {'other comm':>11} "
+           f"{'memory':>11} {'of':>10} {'shards':>6}")
+    lines.append(hdr)
+    shards_on = [0] * plan.devices
+    for ts in plan.shardings:
+        for s in ts.shards:
+            shards_on[s.rank] += 1
+    for r in range(plan.devices):
+        look = b["lookup_fwd_s"][r] + b["lookup_bwd_s"][r]
+        a2a = b["input_a2a_s"][r] + b["output_a2a_fwd_s"][r] + b["output_a2a_bwd_s"][r]
+        other = (b["row_wise_comm_s"][r] + b["table_row_wise_comm_s"][r]
+                 + b["data_parallel_allreduce_s"][r])
+        lines.append(f"{r:>4} {format_time(plan.per_rank_cost_s[r]):>11} {format_time(look):>11} "
+                     f"{format_time(a2a):>11} {format_time(other):>11} "
+                     f"{format_bytes(plan.memory_per_rank_bytes[r]):>11} "
+                     f"{format_bytes(plan.memory_capacity_bytes[r]):>10} {shards_on[r]:>6}")
+    mean = sum(plan.per_rank_cost_s) / plan.devices
+    lines.append("")
+    lines.append(f"max {format_time(plan.max_cost_s)}, mean {format_time(mean)}, imbalance "
+                 f"{plan.imbalance:.3f}; types: "
+                 + ", ".join(f"{v} {k}" for k, v in plan.type_counts().items()))
+    d = plan.dense_s
+    if any(d.values()):
+        lines.append(f"dense part (every rank): MLP forward {format_time(d['mlp_fwd_s'])}, "
+                     f"backward {format_time(d['mlp_bwd_s'])}, all-reduce "
+                     f"{format_time(d['dense_allreduce_s'])}")
+    if sim is not None:
+        lines.append(f"simulated step: {format_time(sim.step_time_s)} ("
+                     + ", ".join(f"{k} {format_time(v)}" for k, v in sim.breakdown_s.items() if v)
+                     + ")")
+    if plan.valid:
+        lines.append("valid: every table placed once, every rank within its memory")
+    else:
+        lines.append("INVALID: " + "; ".join(plan.problems[:5])
+                     + " (try --planner mip or local_search, or more devices)")
+    for note in st.notes[:6]:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="clusterplan plan",
+                                description="Shard embedding tables over N GPUs.")
+    add_arguments(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Stand-alone entry point: parse, run, and turn bad input into one line and exit code 2."""
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except ClusterplanError as exc:
+        print(f"clusterplan plan: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""The collective sweep of ``clusterplan calibrate embedding``: all-to-alls and grouped
+collectives timed on gloo groups of each world size, and the per-rank lines fitted to them
+(``alpha + max(sent, received) / Bps`` for the all-to-all, the form of
+:meth:`~planner.model.tables.comm_model.CommModel.a2a_times`; ``alpha + bytes / Bps`` for the others).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["measure_comm_points", "fit_comm_profile"]
+
+
+def _a2a_cases(world: int, rng: np.random.Generator) -> list[tuple[str, list[list[float]]]]:
+    cases = []
+    for per in (4.0, 4096.0, 65536.0, 524288.0, 2097152.0, 4194304.0):
+        m = np.full((world, world), per)
+        cases.append((f"a2a_even_{int(per)}", m))
+    for k, scale in enumerate((16384.0, 262144.0, 2097152.0)):
+        y = rng.uniform(0.2, 1.8, size=world) * scale           # rank-owned volume per peer
+        cases.append((f"a2a_rows_{k}", np.repeat(y[:, None], world, axis=1)))
+        cases.append((f"a2a_cols_{k}", np.repeat(y[None, :], world, axis=0)))
+    return [(name, m.tolist()) for name, m in cases]
+
+
+def measure_comm_points(worlds: Sequence[int], *, repeats: int = 9, warmup: int = 3,
+                        seed: int = 0, progress=None) -> dict[int, list[dict]]:
+    """Time all-to-alls and grouped collectives for each world size (gloo, spawned processes)."""
+    from planner.measure.comm import GlooGroup
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xC033]))
+    out: dict[int, list[dict]] = {}
+    for n in worlds:
+        if n < 2:
+            continue
+        ops = []
+        meta = {}
+        for name, m in _a2a_cases(n, rng):
+            ops.append(("a2a", name, m))
+            meta[name] = ("a2a", m)
+        for kind in ("allreduce", "reducescatter", "allgather"):
+            for size in (4096.0, 262144.0, 4194304.0, 16777216.0):
+                name = f"{kind}_{int(size)}"
+                ops.append((kind, name, size))
+                meta[name] = (kind, size)
+        with GlooGroup(n) as g:
+            res = g.run(ops, repeats=repeats, warmup=warmup)
+        pts = []
+        for name, (kind, arg) in meta.items():
+            for r in range(n):
+                if kind == "a2a":
+                    m = np.asarray(arg)
+                    off = ~np.eye(n, dtype=bool)
+                    sent = float(m[r][off[r]].sum())
+                    recv = float(m[:, r][off[:, r]].sum())
+                    pts.append({"kind": kind, "name": name, "rank": r, "sent_bytes": sent,
+                                "received_bytes": recv, "seconds": res[r][name]["median_s"]})
+                else:
+                    pts.append({"kind": kind, "name": name, "rank": r, "bytes": float(arg),
+                                "seconds": res[r][name]["median_s"]})
+        out[n] = pts
+        if progress:
+            progress(f"collectives: world {n} done")
+    return out
+
+
+def _fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    """alpha, Bps, mape of ``y = alpha + x / Bps`` (relative least squares, both ≥ 0)."""
+    from scipy.optimize import nnls
+    X = np.stack([np.ones_like(x), x], axis=1)
+    w = 1.0 / y
+    coef, _ = nnls(X * w[:, None], y * w)
+    alpha, inv = float(coef[0]), float(coef[1])
+    pred = X @ coef
+    return alpha, (1.0 / inv if inv > 0 else math.inf), float(np.mean(np.abs(pred / y - 1.0)))
+
+
+def fit_comm_profile(points: dict[int, list[dict]]) -> dict:
+    """Per world size: a2a alpha and Bps, and (alpha, Bps) of the grouped collectives."""
+    out = {}
+    for n, pts in sorted(points.items()):
+        a = [p for p in pts if p["kind"] == "a2a"]
+        x = np.array([max(p["sent_bytes"], p["received_bytes"]) for p in a])
+        y = np.array([p["seconds"] for p in a])
+        alpha, bw, err = _fit_line(x, y)
+        entry = {"a2a_alpha_s": alpha, "a2a_Bps": bw, "a2a_mape": err}
+        for kind in ("allreduce", "reducescatter", "allgather"):
+            q = [p for p in pts if p["kind"] == kind]
+            if not q:
+                continue
+            al, b, e = _fit_line(np.array([p["bytes"] for p in q]),
+                                 np.array([p["seconds"] for p in q]))
+            entry[kind] = {"alpha_s": al, "Bps": b, "mape": e}
+        out[int(n)] = entry
+    return out

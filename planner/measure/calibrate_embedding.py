@@ -1,0 +1,386 @@
+"""``clusterplan calibrate embedding``: fit the CPU profile of the sharding cost model to
+microbenchmarks on this machine.
+
+Two sweeps, neither of which looks at a benchmark task or a plan:
+
+1. **Kernels.** ``--kernel-points`` seeded single-rank configurations (:func:`kernel_configs`):
+   half structured — 1 to 16 tables, rows 10³…3·10⁶ (log-uniform), dims 4…128, pooling
+   factors 1…64 (log-uniform), batches 1,024…8,192, three access distributions (every lookup a
+   distinct row as far as the table allows; the dlrm_datasets reuse histogram; Zipf 1.05) —
+   and half synthetic shard sets of 1 to 24 generator tables (a quarter fp16), each timed as
+   one fused TBE
+   (forward, backward with the fused SGD update; one thread; caches flushed; median of
+   ``--repeats``), configurations interleaved so load from other processes spreads over all.
+   The cost model's lookup time of a configuration is (``p`` bytes per weight, ids 8 bytes,
+   pooled outputs 4 bytes) ::
+
+       fwd = launch + T·shard_overhead + Σ_tables [ids·(miss·dim·p + 8) + batch·dim·4] / BW
+                 + Σ_tables [ids · overhead_bytes + distinct · walk_bytes · log2(bytes/reach)] / BW
+       bwd = 2·launch + T·shard_overhead + backward_multiplier · (fwd − launch − T·shard_overhead)
+
+   with ``miss = u + (1 − u)(1 − h)`` (``u`` distinct rows per lookup, ``h`` the repeat hit
+   ratio). The totals (forward + backward) give ``launch``, ``shard_overhead`` and the two
+   per-byte and per-id coefficients by non-negative least squares on relative errors for each
+   ``h`` on a grid of 0 … 1 (the lowest error wins); the forward times alone then split the
+   variable part into forward and backward (``backward_multiplier``).
+2. **Collectives.** For each world size in ``--worlds`` (default 2, 4, 8) a gloo group of that
+   many processes times all-to-alls (even and plan-like uneven splits, 4 B … 4 MiB per peer)
+   and all-reduce, reduce-scatter and all-gather (4 KiB … 16 MiB); fitted per rank as
+   ``alpha + max(sent, received) / Bps`` for the all-to-all (the form of
+   :meth:`~planner.model.tables.comm_model.CommModel.a2a_times`) and ``alpha + bytes / Bps`` for
+   the others (``calibrate_comm.py``).
+
+The result is a YAML file (default ``traces/calibration/cpu-embedding.yaml``) with the fitted
+numbers, the fit errors, every measured point, and how it was measured (machine, versions,
+date, command). :func:`planner.model.tables.cpu_profile.load_cpu_profile` reads it; a plan on a CPU
+topology (``localhost-gloo``) is then costed with it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import sys
+import time
+from dataclasses import replace
+from typing import Sequence
+
+import numpy as np
+
+from simulator.errors import SpecError
+
+from planner.model.tables.access import default_reuse_bins, zipf_reuse, accesses_per_row
+from planner.measure.calibrate_comm import fit_comm_profile, measure_comm_points
+from planner.model.tables.spec import ModelSpec, TableSpec
+
+__all__ = ["kernel_configs", "measure_kernel_points", "fit_kernel_profile", "measure_comm_points",
+           "fit_comm_profile", "calibrate", "DISTRIBUTIONS"]
+
+DISTRIBUTIONS = ("distinct", "dlrm", "zipf")
+#: page reaches tried for the address-translation term (bytes)
+REACH_GRID = tuple(float(2 ** k) for k in (18, 19, 20, 21, 22, 23))
+ID_BYTES = 8
+OUT_BYTES = 4
+
+
+def _table(name: str, rows: int, dim: int, pooling: float, dist: str) -> TableSpec:
+    if dist == "distinct":
+        return TableSpec(name=name, num_embeddings=rows, embedding_dim=dim,
+                         pooling_factor=pooling, reuse_bins=tuple([1.0] + [0.0] * 16))
+    if dist == "zipf":
+        return TableSpec(name=name, num_embeddings=rows, embedding_dim=dim,
+                         pooling_factor=pooling, zipf_exponent=1.05)
+    return TableSpec(name=name, num_embeddings=rows, embedding_dim=dim, pooling_factor=pooling,
+                     reuse_bins=tuple(default_reuse_bins()))
+
+
+def kernel_configs(n: int, *, seed: int = 0, max_lookups: int = 1_500_000,
+                   max_bytes: int = 256 * 2 ** 20) -> list[ModelSpec]:
+    """``n`` seeded single-rank configurations (see the module docstring), each a ModelSpec.
+
+    Even-numbered ones are *structured*: 1–16 tables of log-uniform rows and pooling, random
+    dims, one access distribution per configuration (distinct / dlrm histogram / Zipf 1.05).
+    Odd-numbered ones are *synthetic ranks*: 1–24 tables drawn from
+    :func:`~planner.model.tables.generate.synthesize_tables` (dlrm_datasets-calibrated pooling,
+    reuse and rows; a pool seeded apart from every benchmark), rows and batch scaled together
+    to 1,024–8,192 samples, dims 4–128, a quarter of them fp16 — the kind of shard sets a
+    planner builds.
+    """
+    from planner.model.tables.generate import synthesize_tables
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xCA1B]))
+    pool = synthesize_tables(512, seed=int(seed) + 0xCA1B0, prefix="k")
+    dims = (4, 8, 16, 32, 64, 128)
+    counts = (1, 2, 4, 8, 16)
+    batches = (1024, 2048, 4096, 8192)
+    out = []
+    while len(out) < n:
+        k = len(out)
+        batch = int(batches[rng.integers(len(batches))])
+        tables = []
+        if k % 2 == 0:
+            T = int(counts[(k // 2) % len(counts)])
+            dist = DISTRIBUTIONS[(k // 2) % len(DISTRIBUTIONS)]
+            for i in range(T):
+                rows = int(round(10 ** rng.uniform(3.0, 6.5)))
+                dim = int(dims[rng.integers(len(dims))])
+                pooling = float(round(10 ** rng.uniform(0.0, math.log10(64.0)), 3))
+                tables.append(_table(f"c{k}t{i}", rows, dim, pooling, dist))
+            label = dist
+        else:
+            T = int(rng.integers(1, 25))
+            fp16 = rng.random() < 0.25
+            scale = batch / 65536.0
+            for i, j in enumerate(rng.choice(len(pool), size=T, replace=False)):
+                t = pool[int(j)]
+                tables.append(TableSpec(name=f"c{k}t{i}",
+                                        num_embeddings=max(1, int(round(t.num_embeddings * scale))),
+                                        embedding_dim=16 if fp16 else int(dims[rng.integers(6)]),
+                                        pooling_factor=t.pooling_factor, reuse_bins=t.reuse_bins,
+                                        precision="fp16" if fp16 else "fp32"))
+            label = "synthetic-fp16" if fp16 else "synthetic"
+        lookups = sum(batch * t.pooling_factor for t in tables)
+        size = sum(t.weight_bytes for t in tables)
+        if lookups > max_lookups or size > max_bytes:
+            continue
+        out.append(ModelSpec(name=f"kernel-{k}-{label}", tables=tuple(tables), batch_size=batch,
+                             optimizer="sgd", source=f"kernel_configs(seed={seed})"))
+    return out
+
+
+def measure_kernel_points(configs: Sequence[ModelSpec], *, repeats: int = 7, warmup: int = 2,
+                          backend: str = "auto", chunk: int = 8, rounds: int = 1,
+                          progress=None) -> list[dict]:
+    """Time every configuration as one fused kernel; returns one dict per configuration.
+
+    With ``rounds`` > 1 the whole sweep runs again (chunks in reverse order) and each
+    configuration's forward and backward are the mean of its per-round medians, which evens out
+    slow drifts of the machine's load.
+    """
+    if rounds > 1:
+        runs = [_measure_kernel_points(configs, repeats=repeats, warmup=warmup, backend=backend,
+                                       chunk=chunk, progress=progress, reverse=bool(i % 2))
+                for i in range(rounds)]
+        out = []
+        for pts in zip(*runs):
+            p = dict(pts[0])
+            p["fwd_s"] = float(np.mean([q["fwd_s"] for q in pts]))
+            p["bwd_s"] = float(np.mean([q["bwd_s"] for q in pts]))
+            p["rounds"] = [[q["fwd_s"], q["bwd_s"]] for q in pts]
+            out.append(p)
+        return out
+    return _measure_kernel_points(configs, repeats=repeats, warmup=warmup, backend=backend,
+                                  chunk=chunk, progress=progress)
+
+
+def _measure_kernel_points(configs, *, repeats, warmup, backend, chunk, progress=None,
+                           reverse: bool = False) -> list[dict]:
+    from planner.model.tables.ids import model_ids
+    from planner.measure.kernels import KernelTable, time_ranks
+    points: list = [None] * len(configs)
+    starts = list(range(0, len(configs), chunk))
+    done = 0
+    for start in (starts[::-1] if reverse else starts):
+        part = configs[start:start + chunk]
+        work = []
+        for m in part:
+            ids = model_ids(m, seed=0)
+            work.append([KernelTable(t.num_embeddings, t.embedding_dim, t.precision, x.indices,
+                                     x.offsets, name=t.name) for t, x in zip(m.tables, ids)])
+        timings = time_ranks(work, repeats=repeats, warmup=warmup, backend=backend,
+                             interleave=True)
+        for i, (m, tm) in enumerate(zip(part, timings)):
+            points[start + i] = {"name": m.name, "batch": m.batch_size,
+                                 "tables": [_table_row(t) for t in m.tables],
+                                 "fwd_s": tm.fwd_s, "bwd_s": tm.bwd_s, "kernel": tm.backend}
+        done += len(part)
+        if progress:
+            progress(f"kernels: {done}/{len(configs)}")
+    return points
+
+
+def _table_row(t: TableSpec) -> list:
+    """``[rows, dim, pooling, access, precision]``; access: ``distinct``, ``zipf``, ``dlrm`` (the
+    default histogram) or the 17 reuse bins."""
+    d = _dist_of(t)
+    acc = d if d != "dlrm" or t.reuse_bins == tuple(default_reuse_bins()) \
+        else [round(float(x), 6) for x in t.reuse_bins]
+    return [t.num_embeddings, t.embedding_dim, t.pooling_factor, acc, t.precision]
+
+
+def _dist_of(t: TableSpec) -> str:
+    if t.zipf_exponent is not None:
+        return "zipf"
+    if t.reuse_bins is not None and t.reuse_bins[0] == 1.0:
+        return "distinct"
+    return "dlrm"
+
+
+def _point_model(p: dict) -> ModelSpec:
+    tables = []
+    for i, row in enumerate(p["tables"]):
+        r, d, L, acc = row[:4]
+        prec = row[4] if len(row) > 4 else "fp32"
+        if isinstance(acc, str):
+            t = _table(f"t{i}", int(r), int(d), float(L), acc)
+        else:
+            t = TableSpec(name=f"t{i}", num_embeddings=int(r), embedding_dim=int(d),
+                          pooling_factor=float(L), reuse_bins=tuple(float(x) for x in acc))
+        tables.append(replace(t, precision=prec))
+    return ModelSpec(name=p["name"], tables=tuple(tables), batch_size=int(p["batch"]))
+
+
+def _unique_fraction(t: TableSpec, batch: int) -> float:
+    """Distinct rows per lookup as the cost model computes it (``CostModel._apr``)."""
+    lookups = batch * t.pooling_factor
+    if lookups <= 0:
+        return 1.0
+    if t.zipf_exponent is not None:
+        apr = zipf_reuse(float(t.zipf_exponent), t.num_embeddings, float(lookups))[1]
+    else:
+        apr = accesses_per_row(t.reuse_bins if t.reuse_bins is not None else default_reuse_bins())
+    return 1.0 / max(1.0, apr, lookups / t.num_embeddings)
+
+
+def _design(points: Sequence[dict], h: float, reach: float = 2.0 ** 20) -> np.ndarray:
+    """Columns ``[1, T, bytes, half_elements, ids, walks]`` of the lookup model for repeat hit
+    ratio ``h`` and page reach ``reach``: ``bytes`` = fp32 row bytes missed + 8 per id + 4 per
+    pooled output element; ``half_elements`` = fp16/bf16 row elements missed (their cost per
+    element is fitted apart: on a CPU, half-precision rows are converted, so they do not cost
+    half of fp32); ``walks`` = distinct rows × log2(table bytes / reach)."""
+    rows = []
+    for p in points:
+        m = _point_model(p)
+        B = m.batch_size
+        byts = half = ids_total = walks = 0.0
+        for t in m.tables:
+            ids = B * t.pooling_factor
+            u = _unique_fraction(t, B)
+            miss = u + (1.0 - u) * (1.0 - h)
+            if t.precision == "fp32":
+                byts += ids * miss * t.embedding_dim * t.bytes_per_element
+            else:
+                half += ids * miss * t.embedding_dim
+            byts += ids * ID_BYTES + B * t.embedding_dim * OUT_BYTES
+            ids_total += ids
+            walks += ids * u * math.log2(max(1.0, t.weight_bytes / reach))
+        rows.append([1.0, float(len(m.tables)), byts, half, ids_total, walks])
+    return np.array(rows)
+
+
+def fit_kernel_profile(points: Sequence[dict]) -> dict:
+    """Fit the lookup part of the CPU profile to kernel points (see the module docstring).
+
+    The total (forward + backward) is what a rank's cost adds up, so it is fitted first:
+    ``3·launch + 2·T·shard_overhead + c·bytes + c16·half_elements + d·ids + cw·walks`` by
+    non-negative least squares on relative errors for every repeat hit ratio ``h`` and page
+    reach on a grid, keeping the best. The forward share ``k = 1 / (1 + backward_multiplier)`` of the variable part then
+    comes from the forward timings alone, which leaves the total unchanged. Half-precision rows
+    cost ``c16 / c`` byte-equivalents per element (``element_bytes``).
+    """
+    from scipy.optimize import nnls
+    if len(points) < 6:
+        raise SpecError(f"{len(points)} kernel points are too few to fit",
+                        source="--kernel-points", fix="measure at least 6 (default 120)")
+    yf = np.array([p["fwd_s"] for p in points])
+    yb = np.array([p["bwd_s"] for p in points])
+    yt = yf + yb
+    if not np.all(yt > 0):
+        raise SpecError("a kernel point timed 0 s", source="calibrate embedding",
+                        fix="rerun; check that the kernels ran")
+    best = None
+    weights = np.array([3.0, 2.0, 1.0, 1.0, 1.0, 1.0])
+    for reach in REACH_GRID:
+        for h in np.linspace(0.0, 1.0, 21):
+            X = _design(points, float(h), reach)
+            Xt = X * weights
+            w = 1.0 / yt
+            coef, _ = nnls(Xt * w[:, None], yt * w)
+            err = float(np.mean(np.abs((Xt @ coef) / yt - 1.0)))
+            if best is None or err < best[0] - 1e-12:
+                best = (err, float(h), reach, coef)
+    _, h, reach, coef = best
+    launch, s0, c, c16, d, cw = (float(x) for x in coef)
+    if c <= 0:
+        raise SpecError("the kernel fit found no per-byte cost (all timings flat?)",
+                        source="calibrate embedding", fix="rerun on a quieter machine")
+    X = _design(points, h, reach)
+    fixed_f = launch + X[:, 1] * s0
+    var_t = X[:, 2] * c + X[:, 3] * c16 + X[:, 4] * d + X[:, 5] * cw  # (1 + mult) × fwd part
+    w = 1.0 / yf
+    k = float(np.sum(w * w * var_t * (yf - fixed_f)) / max(np.sum((w * var_t) ** 2), 1e-30))
+    k = min(max(k, 0.05), 1.0)
+    mult = 1.0 / k - 1.0
+    pred_f = fixed_f + k * var_t
+    pred_b = 2 * launch + X[:, 1] * s0 + (1.0 - k) * var_t
+
+    def mape(p, m):
+        return float(np.mean(np.abs(np.asarray(p) / np.asarray(m) - 1.0)))
+
+    out = {"lookup_Bps": 1.0 / (c * k), "lookup_overhead_bytes": d / c,
+           "repeat_hit_ratio": h, "backward_multiplier": mult, "shard_overhead_s": s0,
+           "kernel_launch_s": launch, "row_walk_bytes": cw / c, "page_reach_bytes": reach}
+    if np.any(X[:, 3] > 0):
+        out["element_bytes"] = {"fp16": c16 / c, "bf16": c16 / c}
+    out["fit"] = {"points": len(points), "total_mape": mape(pred_f + pred_b, yt),
+                  "total_max_abs_error": float(np.max(np.abs((pred_f + pred_b) / yt - 1.0))),
+                  "fwd_mape": mape(pred_f, yf), "bwd_mape": mape(pred_b, yb)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+
+def calibrate(*, kernel_points: int = 120, worlds: Sequence[int] = (2, 4, 8), repeats: int = 7,
+              seed: int = 0, backend: str = "auto", rounds: int = 2, command: str | None = None,
+              progress=None) -> dict:
+    """Run both sweeps and return the profile document (see the module docstring)."""
+    from planner.measure.comm import oversubscription
+    from planner.measure.kernels import cpu_description, kernel_backend
+    import os
+    kind = kernel_backend(backend)
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    t0 = time.perf_counter()
+    configs = kernel_configs(kernel_points, seed=seed)
+    kpts = measure_kernel_points(configs, repeats=repeats, backend=kind, rounds=rounds,
+                                 progress=progress)
+    kfit = fit_kernel_profile(kpts)
+    cpts = measure_comm_points(worlds, seed=seed, progress=progress)
+    cfit = fit_comm_profile(cpts)
+    info = cpu_description()
+    doc = {
+        "device": "cpu",
+        "description": "CPU profile of the embedding-sharding cost model (planner/model/tables/cost.py): "
+                       "fused TBE lookups on one thread and gloo collectives across processes on "
+                       "this machine, fitted to microbenchmarks, not to benchmark tasks",
+        "measured": {
+            "date": datetime.date.today().isoformat(),
+            "command": command or "clusterplan calibrate embedding",
+            "tool": "planner/measure/calibrate_embedding.py",
+            "machine": info,
+            "kernel": kind, "threads": 1, "optimizer": "sgd (EXACT_SGD, fused)",
+            "caches_flushed_bytes": 2 * info.get("last_level_cache_bytes", 0),
+            "repeats": repeats, "rounds": rounds, "seed": seed, "kernel_points": len(kpts),
+            "worlds": [int(w) for w in worlds],
+            "oversubscription": {int(w): oversubscription(int(w)) for w in worlds},
+            "wall_s": round(time.perf_counter() - t0, 1),
+            "load_average_before": load_before,
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        },
+        "lookup": {k: v for k, v in kfit.items() if k != "fit"},
+        "lookup_fit": kfit["fit"],
+        "comm": {"backend": "gloo", "worlds": cfit},
+        "points": {"kernels": kpts,
+                   "collectives": {int(n): p for n, p in cpts.items()}},
+    }
+    return doc
+
+
+def write_profile(doc: dict, path: str) -> None:
+    """Write the profile YAML atomically with a header saying what it is."""
+    import yaml
+    from simulator.fileio import atomic_write_text
+    header = ("# CPU embedding profile MEASURED by `clusterplan calibrate embedding` "
+              "(planner/measure/calibrate_embedding.py);\n# see 'measured' for how, 'points' for "
+              "the raw timings. Read by planner/model/tables/cpu_profile.py (load_cpu_profile).\n")
+    atomic_write_text(path, header + yaml.safe_dump(_plain(doc), sort_keys=False, width=100))
+
+
+def _plain(o):
+    if isinstance(o, dict):
+        return {(int(k) if isinstance(k, (np.integer,)) else k): _plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_plain(v) for v in o]
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, str):
+        return str(o)
+    if isinstance(o, bool) or o is None or isinstance(o, int):
+        return o
+    if isinstance(o, float):
+        return o if math.isfinite(o) else str(o)
+    return str(o)
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

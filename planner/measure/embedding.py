@@ -1,0 +1,496 @@
+"""Measured evaluation of a sharding plan on this machine: the ground truth beside the model.
+
+For a plan on N ranks (``clusterplan measure TABLES PLAN.json`` or ``clusterplan plan …
+--measure``):
+
+1. **Ids.** Every table gets one global batch of ids drawn from its access distribution
+   (:mod:`.ids`: reuse bins or Zipf). Same seed, same ids, whatever the plan, so every
+   planner's plan of a task is measured on the same data.
+2. **Lookups, per rank.** The rank's shards as one fused table-batched EmbeddingBag
+   (:mod:`.measure_kernels`; FBGEMM's CPU TBE, or ``torch.nn.EmbeddingBag``): table- and
+   column-wise shards serve the global batch, a row-wise block the ids that fall in it, a
+   data-parallel replica the rank's local batch (dense gradient, whole-table update). Forward
+   and backward with the fused optimizer, one thread, caches flushed before each iteration,
+   median of ``repeats`` after ``warmup``. The ranks run one at a time in this process,
+   iterations interleaved over ranks, so compute is timed free of interference (as NeuroShard
+   times it).
+3. **Communication, per rank.** ``torch.distributed`` with gloo across N spawned processes
+   (:mod:`.measure_comm`), with the exact split sizes the plan and the ids imply: the ids
+   all-to-all (8-byte ids + a 4-byte length per bag, from each rank's local batch to the ranks
+   holding the shards), the pooled-embedding all-to-all forward (each table/column-wise shard's
+   rows for every rank's samples) and backward (the transpose), row-wise reduce-scatter and
+   all-gather of the ``batch × dim`` partial sums, and one all-reduce of all data-parallel
+   tables' fp32 gradients (DDP-style bucketing). After a barrier every rank stamps its call's
+   start and end on the system-wide monotonic clock; a rank's time counts from the last rank's
+   start (:func:`~.measure_comm.align`: waiting for a process the scheduler had not yet run is
+   not communication); median of ``comm_repeats``.
+4. **Cost per rank** = lookups forward + backward + all of its communication; the plan's cost
+   is the maximum over ranks (NeuroShard's and DreamShard's definition). Beside it the analytic
+   prediction of :class:`~planner.model.tables.cost.CostModel` for the same layouts on this machine
+   (on a CPU target: the calibrated CPU profile, ``traces/calibration/cpu-embedding.yaml``).
+
+With more processes than cores (8 ranks on 2 cores) the collectives share the cores: the
+result says so (``oversubscription``) and such communication times include scheduling.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from simulator.errors import SpecError
+
+from planner.model.tables.cost import BREAKDOWN_KEYS
+from planner.model.tables.ids import TableIds, local_batches, model_ids, table_ids
+from planner.model.tables.shards import ShardingType, TableSharding
+from planner.model.tables.spec import PRECISION_BYTES, ModelSpec
+
+__all__ = ["TableIds", "table_ids", "model_ids", "Measurement", "measure_shardings",
+           "measure_many", "measure_plan", "scale_model", "cpu_topology_ref", "local_batches", "rank_work",
+           "comm_ops", "LOOKUP_KEYS", "COMM_KEYS", "format_measurement"]
+
+LOOKUP_KEYS = ("lookup_fwd_s", "lookup_bwd_s")
+COMM_KEYS = tuple(k for k in BREAKDOWN_KEYS if k not in LOOKUP_KEYS)
+ID_BYTES = 8
+LENGTH_BYTES = 4
+
+
+def cpu_topology_ref(devices: int) -> str:
+    """The topology of this machine with ``devices`` gloo processes on one host."""
+    return f"localhost-gloo:node.gpus={int(devices)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# what each rank runs
+
+def _slice_bags(ids: TableIds, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    o = ids.offsets
+    return ids.indices[o[lo]:o[hi]], o[lo:hi + 1] - o[lo]
+
+
+def _row_block(ids: TableIds, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of every bag that fall in rows ``[r0, r1)``, shifted to the block."""
+    keep = (ids.indices >= r0) & (ids.indices < r1)
+    per_bag = np.add.reduceat(keep.astype(np.int64), ids.offsets[:-1]) if ids.indices.size \
+        else np.zeros(ids.batch, dtype=np.int64)
+    per_bag = np.where(np.diff(ids.offsets) > 0, per_bag, 0)
+    offsets = np.concatenate([[0], np.cumsum(per_bag)]).astype(np.int64)
+    return ids.indices[keep] - r0, offsets
+
+
+def rank_work(model: ModelSpec, shardings: Sequence[TableSharding], ids: Sequence[TableIds],
+              devices: int) -> list[list]:
+    """Per rank, the :class:`~.measure_kernels.KernelTable` list of its shards."""
+    from planner.measure.kernels import KernelTable
+    bounds = local_batches(model.batch_size, devices)
+    out: list[list] = [[] for _ in range(devices)]
+    for ts in shardings:
+        t = model.tables[ts.table]
+        tid = ids[ts.table]
+        st = ts.sharding_type
+        for s in ts.shards:
+            if st == ShardingType.DATA_PARALLEL:
+                idx, off = _slice_bags(tid, int(bounds[s.rank]), int(bounds[s.rank + 1]))
+                out[s.rank].append(KernelTable(s.rows, s.cols, t.precision, idx, off, dense=True,
+                                               name=t.name))
+            elif st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+                idx, off = _row_block(tid, s.row_offset, s.row_offset + s.rows)
+                out[s.rank].append(KernelTable(s.rows, s.cols, t.precision, idx, off,
+                                               name=t.name))
+            else:
+                out[s.rank].append(KernelTable(s.rows, s.cols, t.precision, tid.indices,
+                                               tid.offsets, name=t.name))
+    return out
+
+
+def comm_ops(model: ModelSpec, shardings: Sequence[TableSharding], ids: Sequence[TableIds],
+             devices: int, hosts: Sequence[Sequence[int]] | None = None) -> list[tuple]:
+    """The collectives the plan implies, with exact byte counts (see :mod:`.measure_comm`)."""
+    n = devices
+    bounds = local_batches(model.batch_size, n)
+    b = np.diff(bounds)
+    o = PRECISION_BYTES[model.comm_precision]
+    ids_m = np.zeros((n, n))
+    out_cols = np.zeros(n)
+    rw_bytes = 0.0
+    twrw_bytes = 0.0
+    dp_bytes = 0.0
+    for ts in shardings:
+        t = model.tables[ts.table]
+        tid = ids[ts.table]
+        st = ts.sharding_type
+        if st == ShardingType.DATA_PARALLEL:
+            dp_bytes += t.num_embeddings * t.embedding_dim * 4.0
+            continue
+        for s in ts.shards:
+            if st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+                if s.rows == 0:
+                    continue
+                keep = (tid.indices >= s.row_offset) & (tid.indices < s.row_offset + s.rows)
+                cum = np.concatenate([[0], np.cumsum(keep)])
+                per_src = cum[tid.offsets[bounds[1:]]] - cum[tid.offsets[bounds[:-1]]]
+            else:
+                per_src = tid.offsets[bounds[1:]] - tid.offsets[bounds[:-1]]
+                out_cols[s.rank] += s.cols
+            ids_m[:, s.rank] += per_src * ID_BYTES + b * LENGTH_BYTES
+        if st == ShardingType.ROW_WISE:
+            rw_bytes += model.batch_size * t.embedding_dim * o
+        elif st == ShardingType.TABLE_ROW_WISE:
+            twrw_bytes += model.batch_size * t.embedding_dim * o
+    ops: list[tuple] = []
+    if n < 2:
+        return ops
+    out_m = np.outer(out_cols * o, b).astype(float)          # j → i: j's pooled rows for i
+    if ids_m.sum() > 0:
+        ops.append(("a2a", "input_a2a_s", ids_m.tolist()))
+    if out_m.sum() > 0:
+        ops.append(("a2a", "output_a2a_fwd_s", out_m.tolist()))
+        ops.append(("a2a", "output_a2a_bwd_s", out_m.T.tolist()))
+    if rw_bytes > 0:
+        ops.append(("reducescatter", "rw_reducescatter", rw_bytes))
+        ops.append(("allgather", "rw_allgather", rw_bytes))
+    if twrw_bytes > 0:
+        ops.append(("reducescatter", "twrw_reducescatter", twrw_bytes))
+        ops.append(("allgather", "twrw_allgather", twrw_bytes))
+    if dp_bytes > 0:
+        ops.append(("allreduce", "data_parallel_allreduce_s", dp_bytes))
+    return ops
+
+
+_OP_KEY = {"input_a2a_s": "input_a2a_s", "output_a2a_fwd_s": "output_a2a_fwd_s",
+           "output_a2a_bwd_s": "output_a2a_bwd_s", "rw_reducescatter": "row_wise_comm_s",
+           "rw_allgather": "row_wise_comm_s", "twrw_reducescatter": "table_row_wise_comm_s",
+           "twrw_allgather": "table_row_wise_comm_s",
+           "data_parallel_allreduce_s": "data_parallel_allreduce_s"}
+
+
+# ---------------------------------------------------------------------------------------------
+# result
+
+@dataclass
+class Measurement:
+    """Measured and predicted per-rank cost of one plan (seconds; see the module docstring).
+
+    ``measured_s`` and ``predicted_s`` map each of :data:`~planner.model.tables.cost.BREAKDOWN_KEYS`
+    to a per-rank list.
+    """
+
+    devices: int
+    measured_s: Mapping[str, list[float]]
+    predicted_s: Mapping[str, list[float]]
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    wall_s: float = 0.0
+
+    @staticmethod
+    def _sum(d: Mapping[str, list[float]], keys) -> list[float]:
+        n = len(next(iter(d.values()))) if d else 0
+        return [float(sum(d[k][r] for k in keys if k in d)) for r in range(n)]
+
+    @property
+    def lookup_s(self) -> list[float]:
+        return self._sum(self.measured_s, LOOKUP_KEYS)
+
+    @property
+    def comm_s(self) -> list[float]:
+        return self._sum(self.measured_s, COMM_KEYS)
+
+    @property
+    def total_s(self) -> list[float]:
+        return [a + b for a, b in zip(self.lookup_s, self.comm_s)]
+
+    @property
+    def max_s(self) -> float:
+        return max(self.total_s)
+
+    @property
+    def predicted_lookup_s(self) -> list[float]:
+        return self._sum(self.predicted_s, LOOKUP_KEYS)
+
+    @property
+    def predicted_comm_s(self) -> list[float]:
+        return self._sum(self.predicted_s, COMM_KEYS)
+
+    @property
+    def predicted_total_s(self) -> list[float]:
+        return [a + b for a, b in zip(self.predicted_lookup_s, self.predicted_comm_s)]
+
+    @property
+    def predicted_max_s(self) -> float:
+        return max(self.predicted_total_s)
+
+    @property
+    def slowest_rank(self) -> int:
+        t = self.total_s
+        return int(max(range(len(t)), key=lambda r: t[r]))
+
+    def to_dict(self) -> dict:
+        return {"devices": self.devices, "measured_max_s": self.max_s,
+                "predicted_max_s": self.predicted_max_s,
+                "max_error": (self.predicted_max_s - self.max_s) / self.max_s
+                if self.max_s > 0 else None,
+                "slowest_rank": self.slowest_rank,
+                "per_rank": {"measured_lookup_s": self.lookup_s,
+                             "measured_comm_s": self.comm_s,
+                             "measured_total_s": self.total_s,
+                             "predicted_lookup_s": self.predicted_lookup_s,
+                             "predicted_comm_s": self.predicted_comm_s,
+                             "predicted_total_s": self.predicted_total_s},
+                "measured_breakdown_s": {k: list(v) for k, v in self.measured_s.items()},
+                "predicted_breakdown_s": {k: list(v) for k, v in self.predicted_s.items()},
+                "settings": dict(self.settings), "notes": list(self.notes),
+                "wall_s": self.wall_s}
+
+
+def format_measurement(m: Measurement) -> str:
+    """Per rank: measured lookups, communication, total, and the prediction beside them."""
+    from simulator.units import format_time
+    s = m.settings
+    lines = [f"measured on {s.get('machine', 'this machine')}: {s.get('kernel')} kernels, "
+             f"{s.get('threads', 1)} thread, batch {s.get('batch_size'):,}, median of "
+             f"{s.get('repeats')} (+{s.get('warmup')} warm-up); collectives: gloo × "
+             f"{m.devices} processes, median of {s.get('comm_repeats')}", ""]
+    lines.append(f"{'rank':>4} {'lookups':>10} {'comm':>10} {'total':>10}   "
+                 f"{'predicted':>10} {'(lookups':>10} {'comm)':>10} {'error':>7}")
+    for r in range(m.devices):
+        t, p = m.total_s[r], m.predicted_total_s[r]
+        err = f"{100 * (p - t) / t:+6.1f}%" if t > 0 else "    -"
+        mark = " ◀" if r == m.slowest_rank else ""
+        lines.append(f"{r:>4} {format_time(m.lookup_s[r]):>10} {format_time(m.comm_s[r]):>10} "
+                     f"{format_time(t):>10}   {format_time(p):>10} "
+                     f"{format_time(m.predicted_lookup_s[r]):>10} "
+                     f"{format_time(m.predicted_comm_s[r]):>10} {err:>7}{mark}")
+    lines.append("")
+    err = (m.predicted_max_s - m.max_s) / m.max_s if m.max_s > 0 else 0.0
+    lines.append(f"max {format_time(m.max_s)} measured (rank {m.slowest_rank}), "
+                 f"{format_time(m.predicted_max_s)} predicted ({100 * err:+.1f}%)")
+    for note in m.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# measuring
+
+def scale_model(model: ModelSpec, factor: float, *, name: str | None = None) -> ModelSpec:
+    """The model with rows and global batch scaled by ``factor`` (pooling, dims, access
+    statistics unchanged), so lookups, distinct rows and memory all scale alike: a benchmark
+    task shrunk to fit this machine."""
+    if not factor > 0:
+        raise SpecError(f"scale factor must be positive, got {factor}", source="--scale",
+                        fix="pass e.g. 0.0625")
+    tables = tuple(replace(t, num_embeddings=max(1, int(round(t.num_embeddings * factor))))
+                   for t in model.tables)
+    return replace(model, tables=tables, batch_size=max(1, int(round(model.batch_size * factor))),
+                   name=name or model.name)
+
+
+def _check_fits(model: ModelSpec, shardings: Sequence[TableSharding], devices: int,
+                limit_bytes: float | None) -> float:
+    from planner.model.tables.memory import shard_memory_bytes
+    per = np.zeros(devices)
+    for ts in shardings:
+        t = model.tables[ts.table]
+        for s in ts.shards:
+            per[s.rank] += shard_memory_bytes(t, s.rows, s.cols, ts.sharding_type,
+                                              model.optimizer)
+    total = float(per.sum())
+    if limit_bytes is None:
+        limit_bytes = 0.5 * _available_bytes()
+    if float(per.max()) > limit_bytes:
+        from simulator.units import format_bytes
+        r = int(per.argmax())
+        raise SpecError(f"rank {r} holds {format_bytes(per[r])} of embeddings, more than "
+                        f"{format_bytes(limit_bytes)} this machine can measure",
+                        source=model.source or model.name, field="tables",
+                        fix="measure a scaled-down model (fewer rows; see measure.scale_model) "
+                            "or fewer tables")
+    return total
+
+
+def _available_bytes() -> float:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8.0 * 1024 ** 3
+
+
+def measure_shardings(problem, shardings: Sequence[TableSharding], *, repeats: int = 5,
+                      warmup: int = 2, comm_repeats: int = 7, comm_warmup: int = 2,
+                      comm: bool = True, group=None, ids: Sequence[TableIds] | None = None,
+                      seed: int = 0, backend: str = "auto", flush: bool = True,
+                      threads: int = 1, interleave: bool | None = None,
+                      memory_limit_bytes: float | None = None) -> Measurement:
+    """Measure ``shardings`` (one per table) of ``problem``'s model on its ``devices`` ranks.
+
+    ``group``: a :class:`~.measure_comm.GlooGroup` of ``devices`` processes to reuse (else one is
+    started and closed here); ``comm=False`` skips the collectives (their columns are 0).
+    ``ids``: precomputed :func:`model_ids` (else drawn with ``seed``). The prediction is
+    ``problem``'s cost model on the same layouts.
+    """
+    from planner.measure.comm import GlooGroup, oversubscription
+    from planner.measure.kernels import cpu_description, time_ranks
+    from planner.model.tables.plan import evaluate_shardings
+    t0 = time.perf_counter()
+    model = problem.model
+    n = problem.devices
+    total = _check_fits(model, shardings, n, memory_limit_bytes)
+    if ids is None:
+        ids = model_ids(model, seed=seed)
+    work = rank_work(model, shardings, ids, n)
+    if interleave is None:
+        interleave = total <= 0.25 * _available_bytes()
+    timings = time_ranks(work, optimizer=model.optimizer, repeats=repeats, warmup=warmup,
+                         backend=backend, flush=flush, threads=threads, interleave=interleave)
+    measured: dict[str, list[float]] = {k: [0.0] * n for k in BREAKDOWN_KEYS}
+    measured["lookup_fwd_s"] = [t.fwd_s for t in timings]
+    measured["lookup_bwd_s"] = [t.bwd_s for t in timings]
+    notes: list[str] = []
+    ops = comm_ops(model, shardings, ids, n, problem.hosts)
+    if comm and ops and n > 1:
+        own = group is None
+        g = GlooGroup(n) if own else group
+        if g.world != n:
+            raise ValueError(f"gloo group has {g.world} ranks, the plan {n}")
+        try:
+            res = g.run(ops, repeats=comm_repeats, warmup=comm_warmup)
+        finally:
+            if own:
+                g.close()
+        for r in range(n):
+            for name, v in res[r].items():
+                measured[_OP_KEY[name]][r] += float(v["median_s"])
+        over = oversubscription(n)
+        if over > 1:
+            notes.append(f"{n} gloo processes share {n / over:.0f} cores ({over:.1f} per core): "
+                         "collective times include CPU scheduling")
+    elif not comm:
+        notes.append("collectives not measured (--no-comm): communication columns are 0")
+    ev = evaluate_shardings(problem, shardings)
+    predicted = {k: [float(x) for x in ev.breakdown_s[k]] for k in BREAKDOWN_KEYS}
+    if problem.topology.gpu.name != "cpu":
+        notes.append(f"predicted for {problem.topology_ref} ({problem.topology.gpu.name}), "
+                     "measured on this CPU: compare shapes, not values")
+    info = cpu_description()
+    settings = {"batch_size": model.batch_size, "repeats": repeats, "warmup": warmup,
+                "comm_repeats": comm_repeats, "comm_warmup": comm_warmup,
+                "kernel": timings[0].backend if timings else backend, "threads": threads,
+                "flush_caches": flush, "interleaved": bool(interleave), "seed": seed,
+                "optimizer": model.optimizer, "comm_backend": "gloo",
+                "oversubscription": oversubscription(n),
+                "machine": f"{info.get('cpu_model', '?')}, {info.get('cpu_count')} cores",
+                "torch": info.get("torch"), "fbgemm_gpu": info.get("fbgemm_gpu"),
+                "predicted_with": problem.topology_ref}
+    return Measurement(devices=n, measured_s=measured, predicted_s=predicted, settings=settings,
+                       notes=tuple(notes), wall_s=time.perf_counter() - t0)
+
+
+def measure_many(problem, plans: Sequence[Sequence[TableSharding]], **kw) -> list[Measurement]:
+    """See :func:`_measure_many`; draws a progress bar (kernels, then collectives) on a
+    terminal."""
+    from planner.progress import Bar
+    bar = Bar(2, f"measuring {len(plans)} plan(s) on {problem.devices} ranks "
+                 "(kernels, collectives)")
+    try:
+        return _measure_many(problem, plans, bar=bar, **kw)
+    finally:
+        bar.close()
+
+
+def _measure_many(problem, plans: Sequence[Sequence[TableSharding]], *, repeats: int = 5,
+                  warmup: int = 2, comm_repeats: int = 7, comm_warmup: int = 2,
+                  comm: bool = True, group=None, ids: Sequence[TableIds] | None = None,
+                  seed: int = 0, backend: str = "auto", flush: bool = True, threads: int = 1,
+                  memory_limit_bytes: float | None = None, bar=None) -> list[Measurement]:
+    """Measure several plans of one problem *paired*: the kernels of every plan's ranks are built
+    together and their iterations interleaved (plan 0 rank 0, plan 0 rank 1, …, plan 1 rank 0,
+    …), and all plans' collectives run in one gloo job, interleaved per round — so load from
+    other processes, and its drift over time, hits every plan alike and per-task ratios between
+    plans are fair. When all plans together would not fit in memory, the plans are measured one
+    after another twice, in forward then reverse order, and each rank's two medians averaged.
+    """
+    from planner.measure.comm import GlooGroup, oversubscription
+    from planner.measure.kernels import cpu_description, time_ranks
+    from planner.model.tables.plan import evaluate_shardings
+    t0 = time.perf_counter()
+    model = problem.model
+    n = problem.devices
+    if not plans:
+        return []
+    totals = [_check_fits(model, sh, n, memory_limit_bytes) for sh in plans]
+    if ids is None:
+        ids = model_ids(model, seed=seed)
+    measured = [{k: [0.0] * n for k in BREAKDOWN_KEYS} for _ in plans]
+    together = sum(totals) <= 0.3 * _available_bytes()
+    kind = backend
+    if together:
+        work = [w for sh in plans for w in rank_work(model, sh, ids, n)]
+        tm = time_ranks(work, optimizer=model.optimizer, repeats=repeats, warmup=warmup,
+                        backend=backend, flush=flush, threads=threads, interleave=True)
+        kind = tm[0].backend
+        for i in range(len(plans)):
+            measured[i]["lookup_fwd_s"] = [t.fwd_s for t in tm[i * n:(i + 1) * n]]
+            measured[i]["lookup_bwd_s"] = [t.bwd_s for t in tm[i * n:(i + 1) * n]]
+    else:
+        order = list(range(len(plans)))
+        for i in order + order[::-1]:
+            tm = time_ranks(rank_work(model, plans[i], ids, n), optimizer=model.optimizer,
+                            repeats=repeats, warmup=warmup, backend=backend, flush=flush,
+                            threads=threads, interleave=totals[i] <= 0.25 * _available_bytes())
+            kind = tm[0].backend
+            for r, t in enumerate(tm):
+                measured[i]["lookup_fwd_s"][r] += t.fwd_s / 2
+                measured[i]["lookup_bwd_s"][r] += t.bwd_s / 2
+    if bar is not None:
+        bar.update(1)
+    notes: list[str] = []
+    if comm and n > 1:
+        ops = []
+        for i, sh in enumerate(plans):
+            ops += [(k, f"{i}|{name}", arg) for k, name, arg in comm_ops(model, sh, ids, n)]
+        if ops:
+            own = group is None
+            g = GlooGroup(n) if own else group
+            try:
+                res = g.run(ops, repeats=comm_repeats, warmup=comm_warmup)
+            finally:
+                if own:
+                    g.close()
+            for r in range(n):
+                for name, v in res[r].items():
+                    i, op = name.split("|", 1)
+                    measured[int(i)][_OP_KEY[op]][r] += float(v["median_s"])
+        over = oversubscription(n)
+        if over > 1:
+            notes.append(f"{n} gloo processes share {n / over:.0f} cores ({over:.1f} per core): "
+                         "collective times include CPU scheduling")
+    info = cpu_description()
+    out = []
+    for i, sh in enumerate(plans):
+        ev = evaluate_shardings(problem, sh)
+        settings = {"batch_size": model.batch_size, "repeats": repeats, "warmup": warmup,
+                    "comm_repeats": comm_repeats, "comm_warmup": comm_warmup, "kernel": kind,
+                    "threads": threads, "flush_caches": flush, "paired_with": len(plans) - 1,
+                    "interleaved": together, "seed": seed, "optimizer": model.optimizer,
+                    "comm_backend": "gloo", "oversubscription": oversubscription(n),
+                    "machine": f"{info.get('cpu_model', '?')}, {info.get('cpu_count')} cores",
+                    "torch": info.get("torch"), "fbgemm_gpu": info.get("fbgemm_gpu"),
+                    "predicted_with": problem.topology_ref}
+        out.append(Measurement(devices=n, measured_s=measured[i],
+                               predicted_s={k: [float(x) for x in ev.breakdown_s[k]]
+                                            for k in BREAKDOWN_KEYS},
+                               settings=settings, notes=tuple(notes),
+                               wall_s=time.perf_counter() - t0))
+    return out
+
+
+def measure_plan(plan, task, **kw) -> Measurement:
+    """Measure a :class:`~planner.model.tables.plan.Plan` of ``task`` (see :func:`measure_shardings`)."""
+    from planner.model.tables.task import prepare
+    return measure_shardings(prepare(task, plan.devices), plan.shardings, **kw)

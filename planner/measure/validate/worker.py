@@ -1,0 +1,336 @@
+"""One rank of a validation run: a spawned process that trains the scaled model for real.
+
+The rank takes its coordinates from the plan's layout (:class:`planner.model.llm.layout.Layout`,
+Megatron order by default), builds the chunks of its pipeline stage with its 1/tp of every
+block, and runs ``warmup + steps`` training steps, each executing the stage's schedule from
+:func:`planner.workloads.llm.schedule.schedule` (the simulator's own): receive (blocking), pass, send
+(``isend``, completed at the end of the step); after the last micro-batch's backward of each
+chunk, its gradients (fp32, a flat buffer in backward order) are all-reduced over the DP group
+in :func:`planner.workloads.llm.partition.dp_bucket_elements` buckets; then AdamW (foreach ops). A barrier separates steps
+(not part of any step's record). Every communication call goes through
+:class:`planner.measure.validate.comm.Recorder`.
+
+The processes form a pool that runs several jobs one after the other (a fresh process group
+each), so torch is imported once per process. Reports travel to the parent on a queue:
+``("ready", job, rank, None)`` once the job's groups are up, ``("done", job, rank, result)`` or
+``("error", job, rank, info)``. A rank that fails reports and exits at once (``os._exit``)
+without touching its groups again.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+
+from planner.model.llm.layout import Layout
+from planner.workloads.llm.partition import chunk_layer_counts, dp_bucket_elements, vstage_layer_offsets
+from planner.workloads.llm.schedule import schedule
+
+from planner.measure.validate.comm import CommError, GroupBroken, Progress, Recorder
+from planner.measure.validate.config import RunConfig
+
+__all__ = ["worker_main"]
+
+
+def worker_main(slot: int, inbox, progress: Progress, outbox) -> None:
+    """Entry point of a spawned pool process (importable by name, as spawn needs).
+
+    Runs jobs ``(job, cfg, port)`` from ``inbox`` as rank ``slot`` until ``None`` arrives;
+    the parent sends a job only to the slots below its world size. After a failure the
+    process reports and ends at once (``os._exit``), leaving its groups alone."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _die_with_parent()
+    while True:
+        msg = inbox.get()
+        if msg is None:
+            break
+        job, cfg, port = msg
+        state: dict = {"step": -1}
+        try:
+            send = (lambda kind, payload, job=job: outbox.put((kind, job, slot, payload)))
+            rank_main = getattr(cfg, "rank_main", None)      # DLRM runs bring their own
+            result = (rank_main(slot, port, progress, send, state) if rank_main is not None
+                      else _run(slot, cfg, port, progress, send, state))
+        except BaseException as exc:  # every failure goes to the parent, then the rank ends
+            text = str(exc).strip()
+            info = {"type": type(exc).__name__,
+                    "message": text.splitlines()[0][:400] if text else type(exc).__name__,
+                    "comm": isinstance(exc, (CommError, GroupBroken)) or _is_comm(exc),
+                    "step": state["step"], "op": progress.snapshot(slot)["op"],
+                    "traceback": "".join(traceback.format_exception(exc))[-3000:],
+                    "time": time.monotonic()}
+            try:
+                outbox.put(("error", job, slot, info))
+                outbox.close()
+                outbox.join_thread()
+            finally:
+                os._exit(1)
+        outbox.put(("done", job, slot, result))
+    outbox.close()
+    outbox.join_thread()
+
+
+def pin_main_thread(rank: int) -> None:
+    """Pin the calling (main) thread of a rank to core ``rank mod cores``, once its process
+    groups exist. Unpinned, the kernel moves two single-thread ranks between the cores and one
+    of them computed up to 25% slower (a GEMM, on this 2-core VM; pinned, both ran at the
+    speed of one alone). Only this thread: gloo's threads, started with the groups, keep every
+    core (pinned beside the main thread, a small all-reduce took 1.6 ms instead of 0.5)."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})   # pid 0: this thread only
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        pass
+
+
+def unpin() -> None:
+    """Give the calling thread every core again (a pool process runs several jobs)."""
+    try:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        pass
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel kill this process if the parent dies (no orphans left)."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
+def _is_comm(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__} {exc}".lower()
+    return any(w in text for w in ("gloo", "timed out", "timeout", "connection", "peer",
+                                   "socket", "distbackenderror"))
+
+
+def _run(rank: int, cfg: RunConfig, port: int, progress: Progress, report, state: dict) -> dict:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from planner.measure.validate.model import TPGroup, build_chunk, param_count
+    torch.set_num_threads(1)
+    p, m, t = cfg.parallel, cfg.spec.model, cfg.spec.training
+    timeout = datetime.timedelta(seconds=cfg.timeout_s)
+    progress.begin(rank, "init_process_group", -1)
+    dist.init_process_group(cfg.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=cfg.world, timeout=timeout)
+    progress.end(rank)
+    lay = Layout(p.tp, p.cp, p.dp, p.pp, cfg.order)
+    # every rank creates every group, in the same order
+    pgs: dict[tuple[int, ...], object] = {}
+    for axis in ("tp", "dp"):
+        seen: set[tuple[int, ...]] = set()
+        for r in range(lay.world):
+            g = tuple(lay.group(axis, r))
+            if len(g) > 1 and g not in seen:
+                seen.add(g)
+                pg = dist.new_group(ranks=list(g), timeout=timeout)
+                if rank in g:
+                    pgs[g] = pg
+    report("ready", None)
+    pin_main_thread(rank)
+    rec = Recorder(rank, progress)
+    co = lay.coords(rank)
+    s = co["pp"]
+    tp_ranks, dp_ranks = tuple(lay.group("tp", rank)), tuple(lay.group("dp", rank))
+    tp = TPGroup(rec, pgs.get(tp_ranks), tp_ranks, rank)
+    nv, M = p.pp * p.vpp, cfg.microbatches
+    chunk_layers = chunk_layer_counts(m.layers, p.pp, p.vpp)
+    offsets = vstage_layer_offsets(chunk_layers, p.pp, p.vpp)
+    chunks = {}
+    for c in range(p.vpp):
+        vs = c * p.pp + s
+        layers = range(offsets[vs], offsets[vs] + chunk_layers[s][c])
+        chunks[c] = build_chunk(m, tp, layers, first=vs == 0, last=vs == nv - 1,
+                                recompute=t.activation_recompute,
+                                seed=cfg.seed + 1000 * vs + tp.index)
+    items = schedule(cfg.schedule, p.pp, M, s, p.vpp)
+    b, seq, h = t.micro_batch_size, m.seq_len, m.hidden_size
+    sg = cfg.p2p_scatter_gather and p.tp > 1
+
+    def peer(vs: int) -> int:
+        return lay.rank(tp=co["tp"], cp=co["cp"], dp=co["dp"], pp=vs % p.pp)
+
+    def batch(step: int, mb: int):
+        g = torch.Generator().manual_seed(cfg.seed * 7919 + step * 104729 + co["dp"] * 131 + mb)
+        tokens = torch.randint(0, m.vocab_size, (b, seq + 1), generator=g)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    sent = b * seq * h // p.tp if sg else b * seq * h   # elements of one pipeline message
+
+    def receive(vs_from: int, name: str, tag: int):
+        buf = torch.empty(sent)
+        rec.recv(buf, peer(vs_from), name, tag)
+        return buf
+
+    def whole(buf, what: str):
+        """The received activation or gradient, all-gathered over TP under scatter-gather."""
+        if sg:
+            full = torch.empty(b * seq * h)
+            rec.all_gather(full, buf, tp.pg, tp_ranks, f"tp p2p gather {what} {rec.tag}", "tp")
+            buf = full
+        return buf.view(b, seq, h).detach()
+
+    def transmit(x, vs_to: int, name: str, tag: int) -> None:
+        x = x.detach().reshape(-1)
+        if sg:
+            x = x.chunk(p.tp)[tp.index]
+        rec.send(x.contiguous().clone(), peer(vs_to), name, tag)
+
+    flat_bufs: dict = {}
+
+    def reduce_grads(c: int) -> None:
+        # a persistent flat buffer per chunk, as Megatron's contiguous gradient buffer (a new
+        # one each step would page-fault megabytes of fresh memory on every step)
+        params = list(chunks[c].parameters())
+        grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in params]
+        flat = flat_bufs.get(c)
+        if flat is None:
+            flat = flat_bufs[c] = torch.empty(sum(q.numel() for q in params))
+        torch.cat([g.reshape(-1).float() for g in reversed(grads)], out=flat)
+        k = max(1, min(cfg.dp_buckets, chunk_layers[s][c]))
+        o = 0
+        for j, n in enumerate(dp_bucket_elements(flat.numel(), k)):
+            rec.all_reduce(flat[o:o + n], pgs[dp_ranks], dp_ranks, f"grads s{s}c{c}b{j}", "dp")
+            o += n
+        flat /= p.dp
+        o = 0
+        for q in reversed(params):
+            n = q.numel()
+            q.grad = flat[o:o + n].view_as(q)
+            o += n
+
+    adam: dict = {}
+
+    def optimizer_step() -> None:
+        """AdamW on fp32 states with multi-tensor (foreach) ops, as the simulator's optimizer
+        op models a trainer's fused Adam (torch.optim would import torch._dynamo)."""
+        params = [q for ch in chunks.values() for q in ch.parameters() if q.grad is not None]
+        if not params:
+            return
+        grads = [q.grad for q in params]
+        if "m" not in adam:
+            adam["m"] = [torch.zeros_like(q) for q in params]
+            adam["v"] = [torch.zeros_like(q) for q in params]
+            adam["t"] = 0
+        adam["t"] += 1
+        b1, b2, lr, eps, wd = 0.9, 0.95, 1e-3, 1e-8, 0.01
+        m_, v_ = adam["m"], adam["v"]
+        torch._foreach_mul_(params, 1.0 - lr * wd)
+        torch._foreach_lerp_(m_, grads, 1.0 - b1)
+        torch._foreach_mul_(v_, b2)
+        torch._foreach_addcmul_(v_, grads, grads, 1.0 - b2)
+        denom = torch._foreach_sqrt(v_)
+        torch._foreach_div_(denom, (1.0 - b2 ** adam["t"]) ** 0.5)
+        torch._foreach_add_(denom, eps)
+        torch._foreach_addcdiv_(params, m_, denom, -lr / (1.0 - b1 ** adam["t"]))
+
+    losses: list[float] = []
+
+    def run_step(step: int) -> None:
+        rec.step = state["step"] = step
+        rec.note(f"step {step} start")
+        if cfg.fault is not None and cfg.fault.rank == rank and cfg.fault.step == step:
+            _inject(cfg.fault.kind, rank, step)
+        for ch in chunks.values():
+            for q in ch.parameters():
+                q.grad = None
+        saved = {}
+        total = 0.0
+        for kind, mb, c in items:
+            vs = c * p.pp + s
+            if kind == "F":
+                if vs > 0:
+                    buf = receive(vs - 1, f"act mb{mb} v{vs}", 2 * vs)
+                rec.begin_pass("F", mb, c)
+                if vs == 0:
+                    x = batch(step, mb)[0]
+                else:
+                    x = whole(buf, "F").requires_grad_(True)
+                out = chunks[c](x)
+                if vs == nv - 1:
+                    out = chunks[c].loss(out, batch(step, mb)[1], M)
+                    total += float(out.detach())
+                else:
+                    transmit(out, vs + 1, f"act mb{mb} v{vs + 1}", 2 * (vs + 1))
+                saved[(mb, c)] = (x, out)
+            else:
+                x, out = saved.pop((mb, c))
+                if vs < nv - 1:
+                    buf = receive(vs + 1, f"grad mb{mb} v{vs}", 2 * vs + 1)
+                rec.begin_pass("B", mb, c)
+                g = whole(buf, "B") if vs < nv - 1 else None
+                out.backward(g)
+                if vs > 0:
+                    transmit(x.grad, vs - 1, f"grad mb{mb} v{vs - 1}", 2 * (vs - 1) + 1)
+                if mb == M - 1 and p.dp > 1:
+                    reduce_grads(c)
+        rec.wait_sends()
+        rec.note(f"optimizer step {step}")
+        with torch.no_grad():
+            optimizer_step()
+        if s == (nv - 1) % p.pp:
+            losses.append(total)
+
+    steps, trace = timed_steps(rec, run_step, cfg, rank)
+    state["step"] = -2
+    dist.destroy_process_group()
+    unpin()
+    return {"rank": rank, "coords": co, "events": rec.events, "steps": steps,
+            "losses": losses, "params": {c: param_count(chunks[c]) for c in chunks},
+            "trace": trace}
+
+
+def timed_steps(rec: Recorder, run_step, cfg, rank: int) -> tuple[list, str | None]:
+    """Run warm-up and measured steps between barriers, (step, start, end) wall times each,
+    then one profiled step whose Chrome trace goes to ``cfg.trace_dir`` (when set)."""
+    steps: list[tuple[int, float, float]] = []
+    n_steps = cfg.warmup + cfg.steps
+    for step in range(n_steps):
+        rec.barrier()
+        t0 = time.perf_counter()
+        run_step(step)
+        steps.append((step, t0, time.perf_counter()))
+    trace = None
+    if cfg.trace_dir:
+        from torch.profiler import ProfilerActivity, profile
+        rec.barrier()
+        with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            run_step(n_steps)
+        os.makedirs(cfg.trace_dir, exist_ok=True)
+        trace = os.path.join(cfg.trace_dir, f"rank{rank}.trace.json")
+        prof.export_chrome_trace(trace)
+    rec.barrier()
+    return steps, trace
+
+
+def _inject(kind: str, rank: int, step: int) -> None:
+    if kind == "raise":
+        raise RuntimeError(f"injected fault on rank {rank} at step {step}")
+    if kind == "hang":
+        time.sleep(10 ** 6)
+    if kind == "exit":
+        os._exit(3)
+
+
+class _quiet_stderr:
+    """Silence file descriptor 2 (Kineto prints a line per profiler start and stop)."""
+
+    def __enter__(self):
+        import sys
+        sys.stderr.flush()
+        self.saved = os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+
+    def __exit__(self, *exc):
+        os.dup2(self.saved, 2)
+        os.close(self.saved)

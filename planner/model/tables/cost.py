@@ -1,0 +1,354 @@
+"""Analytic per-rank cost of an embedding sharding, in seconds.
+
+Notation: ``B`` global batch, ``n`` ranks, ``b = B / n`` local batch, a table with ``R`` rows,
+pooling factor ``L`` (ids per sample), weight precision ``p`` bytes, pooled-output precision
+``o`` bytes (``comm_precision``), HBM bandwidth ``H`` (``topo.gpu.hbm_bandwidth_Bps``).
+
+**Lookups (per shard, on its rank).** A table-wise or column-wise shard of ``c`` columns
+serves all ``B·L`` ids of the global batch; a row-wise block of ``r`` rows serves ``B·L·r/R`` of
+them (ids spread over rows in proportion to the block, i.e. hashing spreads hot rows evenly);
+a data-parallel replica serves its local ``b·L``. Forward time ::
+
+    ids · (miss · c·p  +  overhead  +  id_bytes)  +  outputs · c·o
+    ---------------------------------------------------------------  +  shard_overhead_s
+                          H · hbm_efficiency
+
+``outputs`` is ``B`` pooled rows (``b`` for data-parallel). ``overhead`` (64 B) is a per-lookup
+cost TorchRec omits (index load, offset arithmetic, one memory transaction of latency), so a
+lookup into a 4-wide table is not 32× cheaper than one into a 128-wide table.
+**Cache-hit discount**: the table's access distribution gives ``u`` = distinct rows / lookups
+(``1 / accesses_per_row``, from its 17 reuse bins or its Zipf exponent, and never fewer than
+``lookups / R``); a first touch always reads HBM, a repeat hits L2 with probability
+``repeat_hit_ratio`` ``h`` (0.8), so ``miss = u + (1 − u)(1 − h)``.
+A first touch can also pay address translation: ``row_walk_bytes · log2(shard bytes /
+page_reach_bytes)`` per distinct row (0 on GPUs; fitted for CPUs, where a page walk per
+distinct row of a large table is measurable).
+**Backward** = ``backward_multiplier`` (2, TorchRec's) × the forward lookup time + the optimizer's
+state traffic (read and write the state of each distinct row touched: Adam 2·c·p, Adagrad c·p,
+row-wise Adagrad 4 bytes) + ``shard_overhead_s``. A data-parallel table instead gets a dense
+gradient and updates the whole table (weights, gradient and state streamed once).
+One TBE kernel launch forward and two backward per rank (the compute profile's launch overhead).
+
+**Communication (per rank).** Table- and column-wise shards join two all-to-alls: ids in
+(``L·id_bytes + length_bytes`` per sample and shard) and pooled embeddings out
+(``c·o`` per sample), the latter once forward and once backward (gradients, reversed). With
+``Y_r`` the bytes per sample owned by rank ``r``, rank ``r`` exchanges ``b·Y_r`` with each peer
+one way and ``b·Y_q`` from each peer ``q`` the other way; the time is ::
+
+    alpha + max(send_intra, recv_intra) / bw_intra + max(send_inter, recv_inter) / bw_inter
+
+with intra = peers in the same node and inter = peers elsewhere. The two terms add (a
+conservative choice); against :func:`simulator.collectives.simulate_collective` with uneven
+splits this is exact inside a DGX node and 3–8% high across 2–4 nodes (checked within 10% in the
+tests). Row-wise tables cost a reduce-scatter of the ``B × dim`` partial sums forward and an
+all-gather backward; table-row-wise the same inside the host plus the cross-host all-to-all of
+its ``1/G`` share; data-parallel tables an all-reduce of their fp32 gradient. All collective times
+are ``alpha + size / bandwidth`` fitted to the simulator's own collectives on the plan's topology
+(:func:`calibrate_comm`), so a slower fabric or a multi-node plan costs what the simulator says.
+
+**CPU profile.** On a topology whose GPU kind is ``cpu`` (``localhost-gloo``: this machine, one
+gloo process per "device") the constants above are not priors but measurements:
+:func:`load_cpu_profile` reads ``traces/calibration/cpu-embedding.yaml`` (written by
+``clusterplan calibrate embedding`` from kernel and collective microbenchmarks, see
+:mod:`.calibrate_embedding`) and the model takes from it the lookup bandwidth ``H`` (instead of
+HBM × efficiency), ``lookup_overhead_bytes``, ``repeat_hit_ratio``, ``backward_multiplier``,
+``shard_overhead_s``, the per-call ``kernel_launch_s`` and the cost of a half-precision element
+in byte-equivalents (``element_bytes``: a CPU converts fp16 rows, so they do not cost half of
+fp32), and its collectives from the gloo fits for the plan's world size instead of the
+simulator: the all-to-all ``alpha + max(sent, received) / Bps`` of the busiest rank, the same for
+every rank (:class:`~.comm_model.SyncCommModel`: processes sharing a few cores finish together;
+measured per-rank times do not follow per-rank volumes), the others ``alpha + bytes / Bps``.
+``CostConfig(device_profile=None)`` turns this off; GPU topologies never use it.
+
+The per-rank cost a planner minimises (its maximum) is the sum of lookups forward and backward,
+the ids all-to-all, the output all-to-all forward and backward, and the row-wise, table-row-wise
+and data-parallel collectives. The dense part (MLPs and their all-reduce) is the same on every
+rank and is reported separately (:meth:`CostModel.dense_costs`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+
+from simulator.topology import Topology
+
+from planner.model.tables.access import accesses_per_row, default_reuse_bins, zipf_reuse
+from planner.model.tables.comm_model import CommModel, calibrate_comm
+from planner.model.tables.cpu_profile import CPU_PROFILE_PATH, CpuProfile, load_cpu_profile
+from planner.model.tables.shards import Shard, ShardingType, TableSharding
+from planner.model.tables.spec import PRECISION_BYTES, ModelSpec, TableSpec
+from planner.model.tables.memory import shard_memory_bytes
+
+__all__ = ["CostConfig", "CommModel", "CostModel", "calibrate_comm", "FEATURES",
+           "BREAKDOWN_KEYS", "CpuProfile", "load_cpu_profile", "CPU_PROFILE_PATH"]
+
+#: per-rank additive features of a plan (see :meth:`CostModel.shard_features`)
+FEATURES = ("fwd_s", "bwd_s", "out_Bps", "ids_Bps", "rw_bytes", "dp_bytes", "twrw_bytes",
+            "mem_bytes")
+F_FWD, F_BWD, F_OUT, F_IDS, F_RW, F_DP, F_HRS, F_MEM = range(len(FEATURES))
+K = len(FEATURES)
+
+BREAKDOWN_KEYS = ("lookup_fwd_s", "lookup_bwd_s", "input_a2a_s", "output_a2a_fwd_s",
+                  "output_a2a_bwd_s", "row_wise_comm_s", "table_row_wise_comm_s",
+                  "data_parallel_allreduce_s")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostConfig:
+    """Constants of the analytic model (priors, not measurements; see the module docstring).
+
+    Attributes
+    ----------
+    hbm_efficiency : float
+        Fraction of HBM bandwidth embedding gathers reach.
+    lookup_overhead_bytes : float
+        Per-lookup cost expressed as extra bytes at that bandwidth.
+    repeat_hit_ratio : float
+        Probability that a repeated access of a row within a batch hits on-chip cache.
+    backward_multiplier : float
+        Backward lookup time / forward lookup time.
+    id_bytes, length_bytes : int
+        Bytes per id (int64) and per (sample, feature) length entry (int32).
+    shard_overhead_s : float
+        Fixed time per shard per pass (table setup inside the fused kernel), seconds.
+    kernel_launch_s : float or None
+        Launch time of one TBE kernel, seconds; None uses the GPU compute profile's.
+    reserve_fraction : float
+        Fraction of HBM kept free (TorchRec's heuristic reservation).
+    row_walk_bytes, page_reach_bytes : float
+        Address-translation cost of a first touch: each distinct row a shard touches costs
+        ``row_walk_bytes · log2(max(1, shard bytes / page_reach_bytes))`` extra bytes at the
+        lookup bandwidth (a TLB miss and page walk, which grow with the table's footprint).
+        0 for GPUs (the prior); fitted in the CPU profile.
+    device_profile : str or None
+        ``"auto"``: on a CPU topology, the measured CPU profile (:func:`load_cpu_profile`)
+        replaces the lookup constants above and the collective fits; a path: that profile file;
+        None: the priors everywhere. GPU topologies are unaffected.
+    lookup_time_scale : float
+        Multiplies every lookup time (bandwidth term, per-shard overhead and launch alike):
+        the slowdown of lookups measured under the run's own conditions, e.g. ranks sharing
+        cores and caches (:mod:`planner.measure.validate.calibrate_dlrm`'s lookup probe). 1.0 here.
+    """
+
+    hbm_efficiency: float = 0.8
+    lookup_overhead_bytes: float = 64.0
+    repeat_hit_ratio: float = 0.8
+    backward_multiplier: float = 2.0
+    id_bytes: int = 8
+    length_bytes: int = 4
+    shard_overhead_s: float = 2e-6
+    kernel_launch_s: float | None = None
+    reserve_fraction: float = 0.15
+    row_walk_bytes: float = 0.0
+    page_reach_bytes: float = 1048576.0
+    device_profile: str | None = "auto"
+    lookup_time_scale: float = 1.0
+
+
+def _device_profile(topo: Topology, cfg: CostConfig) -> CpuProfile | None:
+    if cfg.device_profile is None or topo.gpu.name != "cpu":
+        return None
+    if cfg.device_profile == "auto":
+        return load_cpu_profile(None)
+    return load_cpu_profile(str(cfg.device_profile))
+
+
+class CostModel:
+    """Per-shard features and per-rank costs of a plan for one model on ``n`` ranks.
+
+    Features are additive per rank (:data:`FEATURES`); costs are a function of the per-rank
+    feature matrix ``F`` (shape ``(..., n, K)``), vectorised over leading candidate axes so
+    planners can score many moves at once.
+    """
+
+    def __init__(self, model: ModelSpec, topo: Topology, n: int, comm: CommModel,
+                 hosts: Sequence[Sequence[int]], config: CostConfig | None = None) -> None:
+        from simulator.compute import load_compute_profile
+        self.model = model
+        self.topo = topo
+        self.n = n
+        self.comm = comm
+        self.hosts = tuple(tuple(h) for h in hosts)
+        self.config = config or CostConfig()
+        self.profile = load_compute_profile(topo.gpu)
+        self.device_profile = _device_profile(topo, self.config)
+        if self.device_profile is not None:
+            self.config = replace(self.config, **self.device_profile.cost_overrides())
+            self.comm = comm = self.device_profile.comm_model(n, comm)
+        cfg = self.config
+        self.hbm_Bps = float(topo.gpu.hbm_bandwidth_Bps) * cfg.hbm_efficiency
+        #: byte-equivalents per weight element in the lookup terms (the CPU profile's fitted
+        #: cost of half-precision rows; else the storage bytes)
+        self.lookup_element_bytes: dict[str, float] = {}
+        if self.device_profile is not None:
+            self.hbm_Bps = self.device_profile.lookup_Bps
+            self.lookup_element_bytes = dict(self.device_profile.element_bytes)
+        self.launch_s = (self.profile.launch_overhead_s if cfg.kernel_launch_s is None
+                         else cfg.kernel_launch_s)
+        scale = float(cfg.lookup_time_scale)
+        if not scale > 0:
+            raise ValueError(f"lookup_time_scale must be > 0, got {scale}")
+        if scale != 1.0:                 # every lookup term scales: bandwidth, overheads, launch
+            self.hbm_Bps /= scale
+            self.launch_s *= scale
+            self.config = cfg = replace(cfg, shard_overhead_s=cfg.shard_overhead_s * scale)
+        self.out_bytes = PRECISION_BYTES[model.comm_precision]
+        self.batch = model.batch_size
+        self.local_batch = model.batch_size / n
+        self.accesses_per_row = np.array([self._apr(t) for t in model.tables])
+        u = 1.0 / self.accesses_per_row
+        h = cfg.repeat_hit_ratio
+        self.miss = u + (1.0 - u) * (1.0 - h)
+        self.host_of = np.empty(n, dtype=int)
+        for k, hr in enumerate(self.hosts):
+            self.host_of[list(hr)] = k
+
+    # -- per-table statistics --------------------------------------------------------------
+    def _apr(self, t: TableSpec) -> float:
+        """Accesses per distinct row in one global batch (≥ lookups / rows, ≥ 1)."""
+        lookups = self.batch * t.pooling_factor
+        if lookups <= 0:
+            return 1.0
+        if t.zipf_exponent is not None:
+            apr = zipf_reuse(float(t.zipf_exponent), t.num_embeddings, float(lookups))[1]
+        else:
+            apr = accesses_per_row(t.reuse_bins if t.reuse_bins is not None
+                                   else default_reuse_bins())
+        return max(1.0, apr, lookups / t.num_embeddings)
+
+    def _state_bytes_per_row(self, t: TableSpec, cols: int) -> float:
+        opt = self.model.optimizer
+        if opt == "adam":
+            return 2.0 * cols * t.bytes_per_element
+        if opt == "adagrad":
+            return 1.0 * cols * t.bytes_per_element
+        if opt == "rowwise_adagrad":
+            return 4.0
+        return 0.0
+
+    # -- features ----------------------------------------------------------------------------
+    def shard_features(self, ti: int, shard: Shard, st: ShardingType) -> np.ndarray:
+        """Additive features (:data:`FEATURES`) one shard puts on its rank."""
+        t = self.model.tables[ti]
+        cfg = self.config
+        f = np.zeros(K)
+        rows, cols = shard.rows, shard.cols
+        p, o = t.bytes_per_element, self.out_bytes
+        L = t.pooling_factor
+        miss = self.miss[ti]
+        if st == ShardingType.DATA_PARALLEL:
+            ids = self.local_batch * L
+            outputs = self.local_batch
+        elif st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+            ids = self.batch * L * rows / t.num_embeddings
+            outputs = self.batch
+        else:
+            ids = self.batch * L
+            outputs = self.batch
+        p_look = self.lookup_element_bytes.get(t.precision, p)
+        gather = ids * (miss * cols * p_look + cfg.lookup_overhead_bytes + cfg.id_bytes)
+        if cfg.row_walk_bytes > 0 and rows > 0:
+            walk = math.log2(max(1.0, rows * cols * p / cfg.page_reach_bytes))
+            gather += min(ids / self.accesses_per_row[ti], rows) * cfg.row_walk_bytes * walk
+        fwd = (gather + outputs * cols * o) / self.hbm_Bps + cfg.shard_overhead_s
+        bwd = cfg.backward_multiplier * (fwd - cfg.shard_overhead_s) + cfg.shard_overhead_s
+        if st == ShardingType.DATA_PARALLEL:
+            state = self._state_bytes_per_row(t, cols) * rows
+            bwd += (rows * cols * (2 * p + 2 * 4) + 2 * state) / self.hbm_Bps
+            f[F_DP] = rows * cols * 4
+        else:
+            unique = min(ids / self.accesses_per_row[ti], rows)
+            bwd += 2 * unique * self._state_bytes_per_row(t, cols) / self.hbm_Bps
+        f[F_FWD] = fwd
+        f[F_BWD] = bwd
+        if st in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE):
+            f[F_OUT] = cols * o
+            f[F_IDS] = L * cfg.id_bytes + cfg.length_bytes
+        elif st == ShardingType.ROW_WISE:
+            f[F_IDS] = L * cfg.id_bytes * rows / t.num_embeddings + cfg.length_bytes
+            f[F_RW] = self.batch * cols * o
+        elif st == ShardingType.TABLE_ROW_WISE:
+            g = len(self.hosts[self.host_of[shard.rank]])
+            f[F_IDS] = L * cfg.id_bytes * rows / t.num_embeddings + cfg.length_bytes / g
+            f[F_OUT] = cols * o / g
+            f[F_HRS] = self.batch * cols * o
+        f[F_MEM] = shard_memory_bytes(t, rows, cols, st, self.model.optimizer)
+        return f
+
+    def sharding_features(self, ts: TableSharding) -> np.ndarray:
+        """Per-rank features ``(n, K)`` of one table's layout."""
+        out = np.zeros((self.n, K))
+        for s in ts.shards:
+            out[s.rank] += self.shard_features(ts.table, s, ts.sharding_type)
+        return out
+
+    def plan_features(self, shardings: Sequence[TableSharding]) -> np.ndarray:
+        """Per-rank features ``(n, K)`` of a whole plan."""
+        out = np.zeros((self.n, K))
+        for ts in shardings:
+            out += self.sharding_features(ts)
+        return out
+
+    # -- costs ------------------------------------------------------------------------------
+    def components(self, F: np.ndarray) -> dict[str, np.ndarray]:
+        """Per-rank cost components (:data:`BREAKDOWN_KEYS`), seconds, shape ``F.shape[:-1]``."""
+        F = np.asarray(F, dtype=float)
+        b = self.local_batch
+        c = self.comm
+        out = {"lookup_fwd_s": F[..., F_FWD] + self.launch_s,
+               "lookup_bwd_s": F[..., F_BWD] + 2 * self.launch_s}
+        if self.n > 1:
+            out["input_a2a_s"] = c.a2a_times(b * F[..., F_IDS])
+            a2a = c.a2a_times(b * F[..., F_OUT])
+            out["output_a2a_fwd_s"] = a2a
+            out["output_a2a_bwd_s"] = a2a
+        else:
+            z = np.zeros(F.shape[:-1])
+            out["input_a2a_s"] = out["output_a2a_fwd_s"] = out["output_a2a_bwd_s"] = z
+        out["row_wise_comm_s"] = (c.time("reducescatter", F[..., F_RW])
+                                  + c.time("allgather", F[..., F_RW]))
+        out["table_row_wise_comm_s"] = (c.time("host_reducescatter", F[..., F_HRS])
+                                        + c.time("host_allgather", F[..., F_HRS]))
+        out["data_parallel_allreduce_s"] = c.time("allreduce", F[..., F_DP])
+        return out
+
+    def rank_costs(self, F: np.ndarray) -> np.ndarray:
+        """Per-rank embedding cost, seconds (sum of :meth:`components`)."""
+        comp = self.components(F)
+        total = np.zeros(np.asarray(F).shape[:-1])
+        for k in BREAKDOWN_KEYS:
+            total = total + comp[k]
+        return total
+
+    def dense_costs(self) -> dict[str, float]:
+        """Rank-independent dense part of a step, seconds: ``mlp_fwd_s``, ``mlp_bwd_s``
+        (backward = 2 × forward FLOPs) and ``dense_allreduce_s`` (fp32 gradients)."""
+        from simulator.compute import op_time
+        d = self.model.dense
+        if d is None:
+            return {"mlp_fwd_s": 0.0, "mlp_bwd_s": 0.0, "dense_allreduce_s": 0.0}
+        dims = [t.embedding_dim for t in self.model.tables]
+        fwd = 0.0
+        bwd = 0.0
+        b = self.local_batch
+        for block in d.layers(dims).values():
+            for i, o in block:
+                flops = 2.0 * b * i * o
+                bytes_ = 4.0 * (i * o + b * (i + o))
+                fwd += op_time(self.profile, flops=flops, bytes_moved=bytes_, dtype=d.dtype)
+                bwd += 2 * op_time(self.profile, flops=flops, bytes_moved=bytes_, dtype=d.dtype)
+        ar = float(self.comm.time("allreduce", d.param_count(dims) * 4.0)) if self.n > 1 else 0.0
+        return {"mlp_fwd_s": fwd, "mlp_bwd_s": bwd, "dense_allreduce_s": ar}
+
+    def a2a_matrices(self, F: np.ndarray) -> dict[str, np.ndarray]:
+        """Byte matrices ``m[i, j]`` (rank i → j, zero diagonal) of the three all-to-alls."""
+        b = self.local_batch
+        n = self.n
+        off = 1.0 - np.eye(n)
+        ids = (b * np.asarray(F)[:, F_IDS])[None, :] * off        # i sends ids for j's shards
+        out = (b * np.asarray(F)[:, F_OUT])[:, None] * off        # i sends its pooled outputs
+        return {"input": ids, "output_fwd": out, "output_bwd": out.T.copy()}

@@ -1,0 +1,165 @@
+"""The cost model's measured constants on a CPU target (``localhost-gloo``): lookup bandwidth
+and overheads from kernel microbenchmarks and the gloo collective fits per world size, read
+from ``traces/calibration/cpu-embedding.yaml`` (written by ``clusterplan calibrate embedding``,
+:mod:`.calibrate_embedding`). See the *CPU profile* part of :mod:`.cost`."""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from planner.model.tables.comm_model import CommModel, SyncCommModel
+
+__all__ = ["CpuProfile", "load_cpu_profile", "CPU_PROFILE_PATH"]
+
+
+#: the committed CPU profile (``clusterplan calibrate embedding --out`` rewrites it)
+CPU_PROFILE_PATH = (Path(__file__).resolve().parents[2] / "traces" / "calibration"
+                    / "cpu-embedding.yaml")
+
+_LOOKUP_FIELDS = ("lookup_Bps", "lookup_overhead_bytes", "repeat_hit_ratio", "backward_multiplier",
+                  "shard_overhead_s", "kernel_launch_s")
+
+
+@dataclass(frozen=True)
+class CpuProfile:
+    """Measured constants of the cost model on a CPU target (see the module docstring).
+
+    Attributes
+    ----------
+    lookup_Bps : float
+        Effective bytes per second of a one-thread fused lookup (replaces HBM × efficiency).
+    lookup_overhead_bytes, repeat_hit_ratio, backward_multiplier, shard_overhead_s, kernel_launch_s
+        As in :class:`CostConfig`, fitted.
+    element_bytes : Mapping[str, float]
+        Byte-equivalents per element of fp16/bf16 rows in the lookup terms (a CPU converts
+        half-precision rows, so they cost about what fp32 ones do, not half).
+    row_walk_bytes, page_reach_bytes : float
+        As in :class:`CostConfig`, fitted.
+    comm : Mapping[int, Mapping[str, Any]]
+        Per calibrated world size: ``a2a_alpha_s``, ``a2a_Bps`` and, for ``allreduce``,
+        ``reducescatter``, ``allgather``, ``{alpha_s, Bps}``.
+    source : str
+        The file and how it was measured.
+    """
+
+    lookup_Bps: float
+    lookup_overhead_bytes: float
+    repeat_hit_ratio: float
+    backward_multiplier: float
+    shard_overhead_s: float
+    kernel_launch_s: float
+    comm: Mapping[int, Mapping[str, Any]]
+    source: str = ""
+    element_bytes: Mapping[str, float] = field(default_factory=dict)
+    row_walk_bytes: float = 0.0
+    page_reach_bytes: float = 1048576.0
+
+    def cost_overrides(self) -> dict:
+        """The :class:`CostConfig` fields this profile sets."""
+        return {"lookup_overhead_bytes": self.lookup_overhead_bytes,
+                "repeat_hit_ratio": self.repeat_hit_ratio,
+                "backward_multiplier": self.backward_multiplier,
+                "shard_overhead_s": self.shard_overhead_s,
+                "kernel_launch_s": self.kernel_launch_s,
+                "row_walk_bytes": self.row_walk_bytes,
+                "page_reach_bytes": self.page_reach_bytes}
+
+    def world_fit(self, n: int) -> tuple[int, Mapping[str, Any]]:
+        """The calibrated world size used for ``n`` ranks (the nearest in log₂, ties upward)
+        and its fits."""
+        if not self.comm:
+            raise ValueError("the CPU profile has no collective fits")
+        sizes = sorted(self.comm)
+        w = min(sizes, key=lambda s: (abs(math.log2(s) - math.log2(max(n, 1))), -s))
+        return w, self.comm[w]
+
+    def comm_model(self, n: int, like: CommModel | None = None) -> CommModel:
+        """A :class:`CommModel` for ``n`` ranks on one host from the gloo fits."""
+        if n < 2 or not self.comm:
+            base = like or CommModel(n=n, node_of=np.zeros(n, dtype=int),
+                                     node_size=np.full(n, float(n)), a2a_alpha_s=0.0,
+                                     intra_Bps=math.inf, inter_Bps=math.inf)
+            return base
+        w, e = self.world_fit(n)
+        fits = {}
+        for kind in ("reducescatter", "allgather", "allreduce"):
+            if kind in e:
+                fits[kind] = (float(e[kind]["alpha_s"]), float(e[kind]["Bps"]))
+        if "reducescatter" in fits:
+            fits["host_reducescatter"] = fits["reducescatter"]
+        if "allgather" in fits:
+            fits["host_allgather"] = fits["allgather"]
+        note = "" if w == n else f" (world {n} uses the world-{w} fit)"
+        return SyncCommModel(n=n, node_of=np.zeros(n, dtype=int), node_size=np.full(n, float(n)),
+                         a2a_alpha_s=float(e["a2a_alpha_s"]), intra_Bps=float(e["a2a_Bps"]),
+                         inter_Bps=math.inf, fits=fits,
+                         source=f"gloo fits from {self.source}{note}")
+
+
+@functools.lru_cache(maxsize=8)
+def load_cpu_profile(path: str | None = None) -> CpuProfile | None:
+    """Read a CPU profile YAML (default :data:`CPU_PROFILE_PATH`); None when the default file is
+    absent. A bad or missing explicit file raises :class:`~simulator.errors.SpecError`."""
+    from simulator.errors import SpecError
+    from simulator.fileio import parse_yaml
+    p = Path(path) if path else CPU_PROFILE_PATH
+    if not p.is_file():
+        if path:
+            raise SpecError("CPU profile not found", source=str(p),
+                            fix="run `clusterplan calibrate embedding --out FILE` first")
+        return None
+    doc = parse_yaml(p.read_text(encoding="utf-8"), source=str(p))
+    look = doc.get("lookup") if isinstance(doc, dict) else None
+    if not isinstance(look, dict):
+        raise SpecError("no 'lookup' section", source=str(p), field="lookup",
+                        fix="rewrite it with `clusterplan calibrate embedding`")
+    vals = {}
+    for k in _LOOKUP_FIELDS:
+        v = look.get(k)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+            raise SpecError(f"{k} must be a non-negative number, got {v!r}", source=str(p),
+                            field=f"lookup.{k}", fix="rewrite it with `clusterplan calibrate "
+                                                    "embedding`")
+        vals[k] = float(v)
+    if vals["lookup_Bps"] <= 0:
+        raise SpecError("lookup_Bps must be positive", source=str(p), field="lookup.lookup_Bps",
+                        fix="rewrite it with `clusterplan calibrate embedding`")
+    worlds = ((doc.get("comm") or {}).get("worlds") or {})
+    comm = {}
+    for k, e in worlds.items():
+        try:
+            w = int(k)
+            entry = {"a2a_alpha_s": float(e["a2a_alpha_s"]), "a2a_Bps": float(e["a2a_Bps"])}
+            for kind in ("allreduce", "reducescatter", "allgather"):
+                if kind in e:
+                    entry[kind] = {"alpha_s": float(e[kind]["alpha_s"]),
+                                   "Bps": float(e[kind]["Bps"])}
+        except (TypeError, ValueError, KeyError) as exc:
+            raise SpecError(f"bad collective fit for world {k!r}: {exc}", source=str(p),
+                            field=f"comm.worlds.{k}",
+                            fix="rewrite it with `clusterplan calibrate embedding`") from None
+        comm[w] = entry
+    elem = {}
+    for k, v in (look.get("element_bytes") or {}).items():
+        if k not in ("fp16", "bf16") or not isinstance(v, (int, float)) or not v > 0:
+            raise SpecError(f"element_bytes.{k} must be a positive number for fp16/bf16",
+                            source=str(p), field=f"lookup.element_bytes.{k}",
+                            fix="rewrite it with `clusterplan calibrate embedding`")
+        elem[k] = float(v)
+    for k, default in (("row_walk_bytes", 0.0), ("page_reach_bytes", 1048576.0)):
+        v = look.get(k, default)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) \
+                or v < 0 or (k == "page_reach_bytes" and v <= 0):
+            raise SpecError(f"{k} must be a non-negative number, got {v!r}", source=str(p),
+                            field=f"lookup.{k}", fix="rewrite it with `clusterplan calibrate "
+                                                    "embedding`")
+        vals[k] = float(v)
+    meas = doc.get("measured") or {}
+    src = f"{p.name} (measured {meas.get('date', '?')} on {(meas.get('machine') or {}).get('cpu_model', '?')})"
+    return CpuProfile(comm=comm, source=src, element_bytes=elem, **vals)

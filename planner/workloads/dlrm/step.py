@@ -1,0 +1,188 @@
+"""One DLRM training step of a sharding plan, simulated with :mod:`simulator.engine`.
+
+The step as a DAG on every rank (streams ``compute``, ``comm``, ``comm:dp``)::
+
+    comm      ids all-to-all ─┐              ┌ pooled all-to-all ┐ [RW reduce-scatter]
+    compute   bottom MLP fwd ─┼ lookups fwd ─┘                   └ interaction + top MLP fwd
+                                                                     │
+    compute   top MLP + interaction bwd ── bottom MLP bwd ── lookups bwd (after the grad a2a)
+    comm      grad all-to-all (reverse of pooled) ┘ [RW all-gather]
+    comm:dp   dense all-reduce (after the MLP backward; overlaps the lookups backward)
+              [data-parallel tables' all-reduce after the lookups backward]
+
+All-to-alls carry the plan's uneven byte matrices (``splits``), so ranks with more pooled
+output send more and every rank waits for the slowest, as in NCCL. Lookups are compute ops with
+the analytic model's time (and its byte count for the record); MLPs are roofline-timed compute
+ops with their FLOPs (backward = 2× forward). Collectives share the network with each other, so
+the dense all-reduce competes with the gradient all-to-all for links.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from simulator.engine import SimResult, simulate
+from simulator.workload import Workload
+
+from planner.model.tables.cost import F_BWD, F_DP, F_FWD, F_HRS, F_RW
+from planner.model.tables.plan import Plan
+from planner.model.tables.shards import TableSharding
+from planner.model.tables.task import Problem, prepare
+
+__all__ = ["StepSimulation", "build_step_workload", "simulate_step", "simulate_plan"]
+
+CATEGORIES = ("a2a", "emb_fwd", "emb_bwd", "mlp_fwd", "mlp_bwd", "rw_comm", "dense_allreduce",
+              "dp_allreduce")
+
+
+@dataclass
+class StepSimulation:
+    """Result of :func:`simulate_step`.
+
+    Attributes
+    ----------
+    step_time_s : float
+        Simulated time of one training step, seconds.
+    breakdown_s : dict
+        Per op category (``a2a``, ``emb_fwd``, ``emb_bwd``, ``mlp_fwd``, ``mlp_bwd``,
+        ``rw_comm``, ``dense_allreduce``, ``dp_allreduce``): the busiest rank's summed op time,
+        seconds (overlapped time counts in each category it overlaps).
+    a2a_bytes : dict
+        Total bytes of the ``input``, ``output_fwd`` and ``output_bwd`` all-to-alls.
+    result : SimResult
+    """
+
+    step_time_s: float
+    breakdown_s: dict
+    a2a_bytes: dict
+    result: SimResult
+
+
+def _mlp_flops(problem: Problem) -> dict[str, float]:
+    d = problem.model.dense
+    if d is None:
+        return {"bottom": 0.0, "top": 0.0, "params": 0.0}
+    dims = [t.embedding_dim for t in problem.model.tables]
+    b = problem.cost.local_batch
+    ls = d.layers(dims)
+    bottom = sum(2.0 * b * i * o for i, o in ls["bottom"])
+    top = sum(2.0 * b * i * o for i, o in ls["interaction"] + ls["top"])
+    return {"bottom": bottom, "top": top, "params": float(d.param_count(dims))}
+
+
+def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
+                        ) -> tuple[Workload, dict[str, np.ndarray]]:
+    """The step's :class:`Workload` and its all-to-all byte matrices (rank i → j)."""
+    cm = problem.cost
+    n = problem.devices
+    F = cm.plan_features(shardings)
+    mats = cm.a2a_matrices(F)
+    d = problem.model.dense
+    dtype = d.dtype if d is not None else "fp32"
+    fl = _mlp_flops(problem)
+    ranks = list(range(n))
+    w = Workload(name=f"dlrm-step:{problem.model.name}")
+    launch = cm.launch_s
+    hbm = cm.hbm_Bps
+
+    def a2a(name: str, mat: np.ndarray, deps) -> int | None:
+        if n < 2:
+            return None
+        return w.collective("alltoall", ranks, float(mat.sum(axis=1).max()), name=name,
+                            splits=mat, deps=deps, stream="comm", category="a2a")
+
+    ids = a2a("input_a2a", mats["input"], None)
+    bottom = [w.compute(r, "bottom_mlp_fwd", flops=fl["bottom"], dtype=dtype,
+                        category="mlp_fwd") if fl["bottom"] else None for r in ranks]
+    fwd = [w.compute(r, "lookups_fwd", duration_s=float(F[r, F_FWD] + launch),
+                     bytes_moved=float(F[r, F_FWD] * hbm), deps=[ids] if ids is not None else None,
+                     category="emb_fwd") for r in ranks]
+    out = a2a("output_a2a_fwd", mats["output_fwd"], fwd)
+    rw_rs = None
+    if F[0, F_RW] > 0 and n > 1:
+        rw_rs = w.collective("reducescatter", ranks, float(F[0, F_RW]), name="rw_reducescatter",
+                             deps=fwd, stream="comm", category="rw_comm")
+    host_rs = {}
+    for h, members in enumerate(problem.hosts):
+        size = float(F[members[0], F_HRS])
+        if size > 0 and len(members) > 1:
+            host_rs[h] = w.collective("reducescatter", members, size, name=f"twrw_rs_h{h}",
+                                      deps=[fwd[r] for r in members], stream="comm",
+                                      category="rw_comm")
+    top_fwd, top_bwd, bottom_bwd, bwd = [], [], [], []
+    for r in ranks:
+        deps = [fwd[r]] + [x for x in (out, rw_rs, bottom[r], host_rs.get(
+            problem.cost.host_of[r])) if x is not None]
+        top_fwd.append(w.compute(r, "interaction_top_mlp_fwd", flops=fl["top"], dtype=dtype,
+                                 deps=deps, category="mlp_fwd"))
+    for r in ranks:
+        top_bwd.append(w.compute(r, "top_mlp_interaction_bwd", flops=2 * fl["top"], dtype=dtype,
+                                 deps=[top_fwd[r]], category="mlp_bwd"))
+    grad = a2a("output_a2a_bwd", mats["output_bwd"], top_bwd)
+    rw_ag = None
+    if F[0, F_RW] > 0 and n > 1:
+        rw_ag = w.collective("allgather", ranks, float(F[0, F_RW]), name="rw_allgather",
+                             deps=top_bwd, stream="comm", category="rw_comm")
+    host_ag = {}
+    for h, members in enumerate(problem.hosts):
+        size = float(F[members[0], F_HRS])
+        if size > 0 and len(members) > 1:
+            host_ag[h] = w.collective("allgather", members, size, name=f"twrw_ag_h{h}",
+                                      deps=[top_bwd[r] for r in members], stream="comm",
+                                      category="rw_comm")
+    for r in ranks:
+        bottom_bwd.append(w.compute(r, "bottom_mlp_bwd", flops=2 * fl["bottom"], dtype=dtype,
+                                    deps=[top_bwd[r]], category="mlp_bwd")
+                          if fl["bottom"] else top_bwd[r])
+    for r in ranks:
+        deps = [bottom_bwd[r]] + [x for x in (grad, rw_ag, host_ag.get(problem.cost.host_of[r]))
+                                  if x is not None]
+        bwd.append(w.compute(r, "lookups_bwd", duration_s=float(F[r, F_BWD] + 2 * launch),
+                             bytes_moved=float(F[r, F_BWD] * hbm), deps=deps,
+                             category="emb_bwd"))
+    if fl["params"] > 0 and n > 1:
+        w.collective("allreduce", ranks, fl["params"] * 4.0, name="dense_allreduce",
+                     deps=bottom_bwd, stream="comm:dp", category="dense_allreduce")
+    if F[0, F_DP] > 0 and n > 1:
+        w.collective("allreduce", ranks, float(F[0, F_DP]), name="dp_tables_allreduce",
+                     deps=bwd, stream="comm:dp", category="dp_allreduce")
+    return w, mats
+
+
+def simulate_step(problem: Problem, shardings: Sequence[TableSharding], *,
+                  mode: str = "explicit", comm: str = "model") -> StepSimulation:
+    """Simulate one training step of ``shardings`` on the problem's topology.
+
+    ``comm="model"``: the averaged all-to-alls above; ``comm="torchrec"``: the collectives
+    TorchRec 1.8.0 issues for one seeded batch (:mod:`planner.workloads.dlrm.torchrec`,
+    checked call for call against real runs by ``clusterplan validate``)."""
+    if comm == "torchrec":
+        from planner.workloads.dlrm.torchrec import build_torchrec_step_workload, torchrec_step_ops
+        ops = torchrec_step_ops(problem, shardings)
+        w = build_torchrec_step_workload(problem, shardings, ops)
+        def sent(sel) -> np.ndarray:       # bytes between different ranks
+            return np.array(sum(float(o.matrix.sum() - np.trace(o.matrix)) for o in ops
+                                if o.matrix is not None and sel(o)))
+        mats = {"input": sent(lambda o: o.phase == "fwd" and "pooled" not in o.name),
+                "output_fwd": sent(lambda o: o.phase == "fwd" and "pooled" in o.name),
+                "output_bwd": sent(lambda o: o.phase == "bwd")}
+    elif comm == "model":
+        w, mats = build_step_workload(problem, shardings)
+    else:
+        raise ValueError(f"comm must be 'model' or 'torchrec', not {comm!r}")
+    res = simulate(problem.topology, w, mode=mode)
+    per = res.per_device()
+    breakdown = {}
+    for cat in CATEGORIES:
+        sel = per[per.category == cat]
+        breakdown[cat] = float(sel.groupby("rank").duration_s.sum().max()) if len(sel) else 0.0
+    return StepSimulation(step_time_s=res.step_time_s, breakdown_s=breakdown,
+                          a2a_bytes={k: float(v.sum()) for k, v in mats.items()}, result=res)
+
+
+def simulate_plan(plan: Plan, task) -> StepSimulation:
+    """Simulate ``plan`` (made for ``task``, a :class:`~planner.model.tables.task.ShardingTask`)."""
+    return simulate_step(prepare(task, plan.devices), plan.shardings)

@@ -1,0 +1,430 @@
+"""The DLRM step of a sharding plan with the collectives TorchRec 1.8.0 actually issues.
+
+:func:`planner.workloads.dlrm.step.build_step_workload` models a step with three averaged
+all-to-alls (ids, pooled forward, pooled backward), one row-wise reduce-scatter / all-gather pair
+and two all-reduces. A real ``DistributedModelParallel`` step (seen through a logging wrapper of
+``torch.distributed`` on gloo, ``clusterplan validate``) issues more and different calls; this
+module builds the step as it does, for one concrete batch (``ids``), so that every call's kind,
+process group, bytes, all-to-all split sizes and order can be compared exactly:
+
+forward, per sharding type with an input dist (table-wise, column-wise, row-wise, table-row-wise,
+in the order the types first appear among the tables)
+    1. a splits all-to-all per type (``KJTAllToAll``: 3 int64 per rank pair, equal splits);
+    2. per type a lengths all-to-all (int64, ``batch/N`` per feature and destination shard) and a
+       values all-to-all (int64 ids; row-wise and table-row-wise ids bucketised by row block);
+    3. per type the pooled-embedding dist: table-/column-wise an all-to-all of the pooled rows
+       (``batch/N × dims`` fp32 per pair), row-wise a reduce-scatter over the world
+       (``batch × dims``), table-row-wise a reduce-scatter in each host's group followed by an
+       all-to-all across hosts between ranks of the same local index;
+backward
+    4. the pooled dists' backward in reverse type order (all-to-alls with the transposed splits,
+       row-wise all-gather; table-row-wise its cross-host all-to-all): TorchRec's output is a
+       ``LazyAwaitable`` whose wait (an autograd node issuing the backward call) happens when
+       the pooled embeddings are first read, after the bottom MLP, so the autograd engine runs
+       these nodes before the bottom MLP's backward;
+    5. the dense part's DDP all-reduce, one per gradient bucket (bucket cap 25 MiB), once the
+       bottom MLP's gradients are ready;
+    6. the data-parallel tables' DDP all-reduce (1 MiB first bucket, then 25 MiB);
+    7. table-row-wise: the in-host all-gather.
+
+Collectives on a group of one rank are not issued. Channels are process groups: ``world``,
+``intra`` (the ranks of one host) and ``cross`` (one local index across hosts); order is
+compared within a channel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from simulator.workload import Workload
+
+from planner.model.tables.shards import ShardingType, TableSharding
+
+__all__ = ["CommOp", "torchrec_comm_ops", "rank_events", "build_torchrec_step_workload",
+           "ddp_buckets", "dense_op_list", "INPUT_DIST_ORDER", "KJT_SPLITS"]
+
+#: int64 entries per rank pair in KJTAllToAll's first (splits) all-to-all
+KJT_SPLITS = 3
+ID_BYTES = 8          # int64 lengths and ids
+FLOAT_BYTES = 4       # fp32 pooled embeddings and gradients
+DENSE_BUCKET_BYTES = 25 * 1024 * 1024       # DMP's DDP (bucket_cap_mb=25 for every bucket)
+DP_FIRST_BUCKET_BYTES = 1024 * 1024         # ShardedEBC's DDP of data-parallel lookups: defaults
+DP_BUCKET_BYTES = 25 * 1024 * 1024
+
+TW, CW, RW, TWRW, DP = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE,
+                        ShardingType.TABLE_ROW_WISE, ShardingType.DATA_PARALLEL)
+INPUT_DIST_ORDER = (TW, CW, RW, TWRW)
+
+
+@dataclass
+class CommOp:
+    """One collective of the step on one group.
+
+    ``matrix`` (all-to-alls): bytes rank ``group[i]`` sends to ``group[j]``, the diagonal
+    included (what ``all_to_all_single`` is given); ``size`` (others): the full buffer, bytes.
+    """
+
+    name: str
+    kind: str                      # alltoall | reducescatter | allgather | allreduce
+    group: tuple[int, ...]
+    channel: str                   # world | intra | cross
+    phase: str                     # fwd | bwd
+    size: float = 0.0
+    matrix: np.ndarray | None = None
+    deps: list = field(default_factory=list)
+
+    def event(self, rank: int) -> tuple:
+        """``(kind, bytes, send splits, receive splits)`` of ``rank``'s call (bytes: what it
+        sends for an all-to-all, the full buffer otherwise)."""
+        if self.matrix is None:
+            return (self.kind, int(self.size), (), ())
+        i = self.group.index(rank)
+        send = tuple(int(x) for x in self.matrix[i])
+        recv = tuple(int(x) for x in self.matrix[:, i])
+        return (self.kind, sum(send), send, recv)
+
+
+def ddp_buckets(sizes: Sequence[int], first: int, cap: int) -> list[int]:
+    """Bytes per DDP gradient bucket: parameters in reverse order, a bucket closes once it
+    reaches its limit (``first`` for the first, ``cap`` after)."""
+    out, cur, limit = [], 0, first
+    for s in reversed(list(sizes)):
+        cur += s
+        if cur >= limit:
+            out.append(cur)
+            cur, limit = 0, cap
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _types_in_order(shardings: Sequence[TableSharding]) -> list[ShardingType]:
+    seen: list[ShardingType] = []
+    for ts in sorted(shardings, key=lambda t: t.table):
+        if ts.sharding_type not in seen:
+            seen.append(ts.sharding_type)
+    return seen
+
+
+def torchrec_comm_ops(shardings: Sequence[TableSharding], dims: Sequence[int],
+                      lengths: Sequence[np.ndarray], ids: Sequence[np.ndarray], *, world: int,
+                      local_world: int, dense_param_sizes: Sequence[int] = (),
+                      rebuilt: bool = False) -> list[CommOp]:
+    """Every collective of one step, in issue order (see the module docstring).
+
+    ``rebuilt``: DDP has rebuilt its buckets (every step after a model's first): the data-
+    parallel tables' gradients then go in one all-reduce of their total, whatever its size
+    (measured in real runs: 1.3 MB + 20.6 MB in step 0, one 21.9 MB all-reduce after; six
+    buckets of 30.7 MB in step 0, one 175 MB all-reduce after).
+
+    ``lengths[t]`` / ``ids[t]``: the global batch of table ``t`` (bag lengths, ``batch`` of them,
+    and the concatenated row ids; rank ``r`` holds samples ``r·B .. (r+1)·B - 1``);
+    ``dense_param_sizes``: bytes of each dense parameter in registration order (the DDP of
+    ``DistributedModelParallel``)."""
+    n, lws = world, local_world
+    batch = len(lengths[0]) if len(lengths) else 0
+    if batch % n:
+        raise ValueError(f"global batch {batch} is not divisible by {n} ranks")
+    B = batch // n
+    hosts = [tuple(range(h * lws, (h + 1) * lws)) for h in range(n // lws)]
+    world_g = tuple(range(n))
+    offs = [np.concatenate([[0], np.cumsum(x)]).astype(np.int64) for x in lengths]
+
+    def rank_ids(t: int, r: int) -> np.ndarray:
+        return ids[t][offs[t][r * B]:offs[t][(r + 1) * B]]
+
+    by_type: dict[ShardingType, list[TableSharding]] = {}
+    for ts in sorted(shardings, key=lambda t: t.table):
+        by_type.setdefault(ts.sharding_type, []).append(ts)
+    types = [t for t in _types_in_order(shardings) if t != DP]
+    ops: list[CommOp] = []
+
+    def a2a(name, group, channel, phase, mat):
+        if len(group) > 1:
+            ops.append(CommOp(name, "alltoall", tuple(group), channel, phase,
+                              matrix=np.asarray(mat, dtype=np.int64)))
+
+    # 1. splits all-to-alls
+    for st in types:
+        a2a(f"{st.value} kjt splits a2a", world_g, "world", "fwd",
+            np.full((n, n), KJT_SPLITS * ID_BYTES))
+    # 2. lengths and values
+    for st in types:
+        lm = np.zeros((n, n), dtype=np.int64)
+        vm = np.zeros((n, n), dtype=np.int64)
+        for ts in by_type[st]:
+            t = ts.table
+            for s in range(n):
+                mine = rank_ids(t, s)
+                for sh in ts.shards:
+                    lm[s, sh.rank] += B * ID_BYTES
+                    if st in (RW, TWRW):
+                        k = int(((mine >= sh.row_offset) & (mine < sh.row_offset + sh.rows)).sum())
+                    else:
+                        k = len(mine)
+                    vm[s, sh.rank] += k * ID_BYTES
+        a2a(f"{st.value} lengths a2a", world_g, "world", "fwd", lm)
+        a2a(f"{st.value} values a2a", world_g, "world", "fwd", vm)
+    # 3. pooled dists (forward), remembering each type's backward
+    stage1, stage2 = [], []
+    for st in types:
+        tables = by_type[st]
+        if st in (TW, CW):
+            per_rank = np.zeros(n, dtype=np.int64)
+            for ts in tables:
+                for sh in ts.shards:
+                    per_rank[sh.rank] += sh.cols
+            mat = np.repeat((per_rank * B * FLOAT_BYTES)[:, None], n, axis=1)
+            a2a(f"{st.value} pooled a2a", world_g, "world", "fwd", mat)
+            stage1.append(("alltoall", f"{st.value} pooled grad a2a", world_g, "world", mat.T))
+        elif st == RW:
+            d = sum(dims[ts.table] for ts in tables)
+            size = n * B * d * FLOAT_BYTES
+            if n > 1:
+                ops.append(CommOp(f"{st.value} pooled reduce-scatter", "reducescatter", world_g,
+                                  "world", "fwd", size=size))
+            stage1.append(("allgather", f"{st.value} pooled grad all-gather", world_g, "world",
+                           size))
+        elif st == TWRW:
+            dh = [sum(dims[ts.table] for ts in tables if ts.shards[0].rank in hg) for hg in hosts]
+            for h, hg in enumerate(hosts):
+                if len(hg) > 1:
+                    ops.append(CommOp(f"{st.value} pooled reduce-scatter host {h}",
+                                      "reducescatter", hg, "intra", "fwd",
+                                      size=n * B * dh[h] * FLOAT_BYTES))
+            cross = []
+            for loc in range(lws):
+                g = tuple(hg[loc] for hg in hosts)
+                mat = np.repeat(np.array([B * dh[h] * FLOAT_BYTES for h in range(len(hosts))],
+                                         dtype=np.int64)[:, None], len(hosts), axis=1)
+                a2a(f"{st.value} pooled cross-host a2a l{loc}", g, "cross", "fwd", mat)
+                cross.append(("alltoall", f"{st.value} pooled grad cross-host a2a l{loc}", g,
+                              "cross", mat.T))
+            stage1.append(cross)
+            stage2.append([("allgather", f"{st.value} pooled grad all-gather host {h}", hg,
+                            "intra", n * B * dh[h] * FLOAT_BYTES)
+                           for h, hg in enumerate(hosts)])
+
+    def emit(item):
+        for kind, name, g, ch, x in (item if isinstance(item, list) else [item]):
+            if len(g) < 2:
+                continue
+            if kind == "alltoall":
+                ops.append(CommOp(name, kind, g, ch, "bwd", matrix=np.asarray(x)))
+            else:
+                ops.append(CommOp(name, kind, g, ch, "bwd", size=x))
+
+    # 4. pooled dists backward, reverse type order
+    for item in reversed(stage1):
+        emit(item)
+    # 5. dense DDP
+    if n > 1:
+        for k, b in enumerate(ddp_buckets(dense_param_sizes, DENSE_BUCKET_BYTES,
+                                          DENSE_BUCKET_BYTES)):
+            ops.append(CommOp(f"dense ddp all-reduce b{k}", "allreduce", world_g, "world", "bwd",
+                              size=b))
+    # 6. data-parallel tables
+    dp = [ts for ts in by_type.get(DP, [])]
+    if n > 1 and dp:
+        sizes = [ts.shards[0].rows * ts.shards[0].cols * FLOAT_BYTES for ts in dp]
+        buckets = [sum(sizes)] if rebuilt else ddp_buckets(sizes, DP_FIRST_BUCKET_BYTES,
+                                                              DP_BUCKET_BYTES)
+        for k, b in enumerate(buckets):
+            ops.append(CommOp(f"data-parallel tables ddp all-reduce b{k}", "allreduce", world_g,
+                              "world", "bwd", size=b))
+    # 7. table-row-wise in-host all-gather
+    for item in reversed(stage2):
+        emit(item)
+    return ops
+
+
+def rank_events(ops: Sequence[CommOp], rank: int) -> dict[str, list[tuple]]:
+    """``{channel: [(kind, bytes, send splits, receive splits, name), ...]}`` of one rank.
+
+    Channels are keyed ``"world"``, ``"intra [0, 1]"``, ``"cross [0, 2]"`` (the group's ranks)."""
+    out: dict[str, list[tuple]] = {}
+    for op in ops:
+        if rank in op.group:
+            key = "world" if op.channel == "world" else f"{op.channel} {list(op.group)}"
+            out.setdefault(key, []).append(op.event(rank) + (op.name,))
+    return out
+
+
+def dense_op_list(dense, dims: Sequence[int], batch: float) -> list[tuple[str, str, float, float]]:
+    """The dense part's ops as the validation model (:mod:`planner.measure.validate.dlrm_worker`)
+    runs them eagerly on ``batch`` samples per rank: ``(block, phase, flops, bytes)`` with
+    ``block`` ``bottom`` or ``top`` (interaction and top MLP), ``phase`` ``fwd`` or ``bwd``:
+    every GEMM with its real shape, and the elementwise ops around them (bias, ReLU and their
+    backward, DCNv2's products and sums, the concatenation, the loss), fp32 bytes read and
+    written. Empty without a dense part."""
+    if dense is None:
+        return []
+    B, f4 = float(batch), 4.0
+    out: list[tuple[str, str, float, float]] = []
+    ls = dense.layers(dims)
+
+    def mlp(block, layers, first_needs_grad):
+        for k, (i, o) in enumerate(layers):
+            last = k == len(layers) - 1
+            out.append((block, "fwd", 2 * B * i * o, f4 * (B * i + i * o + 2 * B * o)))
+            if not last:
+                out.append((block, "fwd", 0.0, f4 * 2 * B * o))                    # relu
+                out.append((block, "bwd", 0.0, f4 * 3 * B * o))                    # relu bwd
+            out.append((block, "bwd", 2 * B * i * o, f4 * (B * o + B * i + i * o)))   # dW
+            out.append((block, "bwd", 0.0, f4 * (B * o + o)))                      # db
+            if k > 0 or first_needs_grad:
+                out.append((block, "bwd", 2 * B * i * o, f4 * (B * o + i * o + B * i)))  # dX
+    mlp("bottom", ls["bottom"], False)
+    f = len(dims) + 1
+    if dense.interaction == "dot":
+        d = ls["interaction"][0][0]
+        top_in = ls["top"][0][0]
+        out.append(("top", "fwd", 0.0, f4 * 2 * B * f * d))                        # stack
+        out.append(("top", "fwd", 2 * B * f * f * d, f4 * (2 * B * f * d + B * f * f)))  # bmm
+        out.append(("top", "fwd", 0.0, f4 * 2 * B * f * f))                        # triu gather
+        out.append(("top", "fwd", 0.0, f4 * 2 * B * top_in))                       # cat
+        out.append(("top", "bwd", 0.0, f4 * 2 * B * top_in))                       # cat bwd
+        out.append(("top", "bwd", 0.0, f4 * 3 * B * f * f))                        # scatter
+        out += [("top", "bwd", 2 * B * f * f * d, f4 * (2 * B * f * d + B * f * f))] * 2
+        out.append(("top", "bwd", 0.0, f4 * 3 * B * f * d))                        # sum grads
+        out.append(("top", "bwd", 0.0, f4 * 2 * B * f * d))                        # unstack
+    else:
+        top_in = ls["top"][0][0]
+        p = dense.dcn_projection
+        x = B * top_in
+        out.append(("top", "fwd", 0.0, f4 * 2 * x))                                # cat
+        out.append(("top", "bwd", 0.0, f4 * 2 * x))                                # cat bwd
+        for _ in range(dense.dcn_layers):
+            out.append(("top", "fwd", 2 * x * p, f4 * (x + top_in * p + B * p)))       # u
+            out.append(("top", "fwd", 2 * x * p, f4 * (B * p + top_in * p + x)))       # v
+            out += [("top", "fwd", 0.0, f4 * 2 * x)] + [("top", "fwd", 0.0, f4 * 3 * x)] * 2
+            out += [("top", "bwd", 2 * x * p, f4 * (x + B * p + top_in * p))] * 4      # u, v
+            out += [("top", "bwd", 0.0, f4 * 3 * x)] * 4                           # products
+            out.append(("top", "bwd", 0.0, f4 * (x + top_in)))                     # db
+    mlp("top", ls["top"], True)
+    out.append(("top", "fwd", 0.0, f4 * 3 * B))                                    # loss
+    out.append(("top", "bwd", 0.0, f4 * 3 * B))
+    return out
+
+
+def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], ops: Sequence[CommOp],
+                                 *, compute=None, host_s: Sequence[float] | None = None,
+                                 dense_op_s: float = 0.0) -> Workload:
+    """The step's :class:`Workload` with ``ops`` as its collectives and the compute of
+    :func:`planner.workloads.dlrm.step.build_step_workload` (lookups, MLPs) between them.
+
+    With ``compute`` (a measured :class:`simulator.compute.ComputeProfile`) the dense part is
+    timed op by op (:func:`dense_op_list`: each GEMM at its own size on the matmul curve, the
+    elementwise ops on the memory curve, each op's dispatch, plus ``dense_op_s`` of eager host
+    time per op); ``host_s`` (seconds per rank): TorchRec's host work per step, run before the
+    input dist (:mod:`planner.measure.validate.calibrate_dlrm`)."""
+    from planner.model.tables.cost import F_BWD, F_FWD
+    from planner.workloads.dlrm.step import _mlp_flops
+    cm = problem.cost
+    n = problem.devices
+    F = cm.plan_features(shardings)
+    d = problem.model.dense
+    dtype = d.dtype if d is not None else "fp32"
+    fl = _mlp_flops(problem)
+    ranks = list(range(n))
+    w = Workload(name=f"dlrm-torchrec-step:{problem.model.name}")
+    launch, hbm = cm.launch_s, cm.hbm_Bps
+    dur: dict[tuple[str, str], float] = {}
+    if compute is not None and d is not None:
+        from simulator.compute import op_time
+        for block, phase, flops, nbytes in dense_op_list(
+                d, [t.embedding_dim for t in problem.model.tables], cm.local_batch):
+            dur[(block, phase)] = dur.get((block, phase), 0.0) + dense_op_s + op_time(
+                compute, flops=flops, bytes_moved=nbytes, dtype=dtype)
+
+    def mlp_op(r, name, block, phase, flops, deps=None):
+        cat = "mlp_fwd" if phase == "fwd" else "mlp_bwd"
+        if dur:
+            return w.compute(r, name, duration_s=dur.get((block, phase), 0.0), deps=deps,
+                             category=cat)
+        return w.compute(r, name, flops=flops, dtype=dtype, deps=deps, category=cat)
+    host = None
+    if host_s is not None and any(h > 0 for h in host_s):
+        host = [w.compute(r, "torchrec_host", duration_s=float(host_s[r]), category="host")
+                for r in ranks]
+
+    def coll(op: CommOp, deps) -> int:
+        if op.kind == "alltoall":
+            m = op.matrix.astype(float) * (1.0 - np.eye(len(op.group)))
+            return w.collective("alltoall", op.group, float(m.sum(axis=1).max()), name=op.name,
+                                splits=m, deps=deps, stream="comm", category="a2a")
+        cat = "dense_allreduce" if op.name.startswith("dense") else (
+            "dp_allreduce" if op.kind == "allreduce" else "rw_comm")
+        return w.collective(op.kind, op.group, float(op.size), name=op.name, deps=deps,
+                            stream="comm:dp" if op.kind == "allreduce" else "comm",
+                            category=cat)
+
+    fwd_ops = [op for op in ops if op.phase == "fwd"]
+    bwd_ops = [op for op in ops if op.phase == "bwd"]
+    ids_ops = [op for op in fwd_ops if "pooled" not in op.name]
+    out_ops = [op for op in fwd_ops if "pooled" in op.name]
+    last: int | None = None
+    ids_done = []
+    for op in ids_ops:
+        last = coll(op, [last] if last is not None else host)
+        ids_done.append(last)
+    bottom = [mlp_op(r, "bottom_mlp_fwd", "bottom", "fwd", fl["bottom"])
+              if fl["bottom"] else None for r in ranks]
+    fwd = [w.compute(r, "lookups_fwd", duration_s=float(F[r, F_FWD] + launch),
+                     bytes_moved=float(F[r, F_FWD] * hbm), deps=ids_done[-1:] or None,
+                     category="emb_fwd") for r in ranks]
+    outs = []
+    for op in out_ops:
+        outs.append(coll(op, [fwd[r] for r in op.group] + outs[-1:]))
+    top_fwd = [mlp_op(r, "interaction_top_mlp_fwd", "top", "fwd", fl["top"],
+                      deps=[fwd[r]] + outs + [x for x in (bottom[r],) if x is not None])
+               for r in ranks]
+    top_bwd = [mlp_op(r, "top_mlp_interaction_bwd", "top", "bwd", 2 * fl["top"],
+                      deps=[top_fwd[r]]) for r in ranks]
+    bottom_bwd = [mlp_op(r, "bottom_mlp_bwd", "bottom", "bwd", 2 * fl["bottom"],
+                         deps=[top_bwd[r]]) if fl["bottom"] else top_bwd[r] for r in ranks]
+    grads, dense_ar = [], []
+    for op in bwd_ops:
+        if op.name.startswith("dense"):
+            dense_ar.append(coll(op, bottom_bwd + dense_ar[-1:]))
+        elif not op.name.startswith("data-parallel"):
+            grads.append(coll(op, [top_bwd[r] for r in op.group] + grads[-1:]))
+    # measured profile: the autograd engine's order (the bottom MLP's nodes are newer than the
+    # lookups', and the DDP hook's all-reduce blocks the backward thread), not any ready order
+    after = dense_ar[-1:] if compute is not None else []
+    bwd = [w.compute(r, "lookups_bwd", duration_s=float(F[r, F_BWD] + 2 * launch),
+                     bytes_moved=float(F[r, F_BWD] * hbm), deps=[bottom_bwd[r]] + grads + after,
+                     category="emb_bwd") for r in ranks]
+    dp_ar: list[int] = []
+    for op in bwd_ops:
+        if op.name.startswith("data-parallel"):
+            dp_ar.append(coll(op, bwd + dp_ar[-1:]))
+    return w
+
+
+def torchrec_step_ops(problem, shardings: Sequence[TableSharding], *, seed: int = 0,
+                      local_world: int | None = None) -> list[CommOp]:
+    """:func:`torchrec_comm_ops` for one seeded global batch drawn from the tables' access
+    distributions (:func:`planner.measure.embedding.table_ids`), the problem's dense part and
+    its hosts (``local_world``: ranks per host, default the topology's)."""
+    from planner.model.tables.ids import table_ids
+    m = problem.model
+    n = problem.devices
+    batch = int(m.batch_size)
+    if batch % n:
+        batch = max(n, batch - batch % n)
+    lengths, ids = [], []
+    for i, t in enumerate(m.tables):
+        x = table_ids(t, batch, seed=seed, index=i)
+        lengths.append(np.diff(x.offsets).astype(np.int64))
+        ids.append(np.asarray(x.indices, dtype=np.int64))
+    lws = local_world or len(problem.hosts[0])
+    d = m.dense
+    sizes: list[int] = []
+    if d is not None:
+        sizes = [d.param_count([t.embedding_dim for t in m.tables]) * FLOAT_BYTES]
+    return torchrec_comm_ops(shardings, [t.embedding_dim for t in m.tables], lengths, ids,
+                             world=n, local_world=lws, dense_param_sizes=sizes)

@@ -1,0 +1,375 @@
+"""One DLRM training step with SPTT towers, simulated beside the flat step on the same topology.
+
+The flat step is :func:`planner.workloads.dlrm.step.build_step_workload` (a global id
+all-to-all, lookups, a global pooled all-to-all over all ``N`` ranks). The SPTT step (papers.md
+§3.2, the data flow of TorchRec's ``ShardedEmbeddingTowerCollection``) on ``H`` hosts × ``G``
+GPUs, rank ``(h, g)``, local batch ``B``::
+
+    forward
+      1 ids, cross-host peers   cross_pg[g] (size H)  (h,g) → (t,g): tower-t ids of B samples
+      2 ids, inside the host    intra_pg[t] (size G)  to the GPU owning each shard (H·B samples)
+      3 lookups                 every GPU, its shards, H·B·G = global batch
+      4 pooled, inside the host intra_pg[t]           (t,g) gets D_t values for its H·B samples
+                                [row-wise tables: reduce-scatter inside the host]
+      5 tower module            (t,g): f_t on H·B samples, D_t → D'_t
+      6 return, cross-host      cross_pg[g]           (t,g) → (h,g): B × D'_t
+      7 interaction + top MLP   every rank, its B samples, input Σ_t D'_t
+    backward: 7 → 6 (gradients of the tower outputs back to (t,g)) → 5 (module backward; its
+      weight gradient all-reduced inside the host, stream comm:tm) → 4 (pooled gradients to
+      the shard owners) [row-wise: all-gather] → 3 (lookups backward); the dense all-reduce of
+      the top/bottom MLPs over all N ranks as in the flat step.
+
+Every exchange is one simulator all-to-all with its exact uneven byte matrix; the ``G``
+cross-host collectives of one step (one per local index) and the ``H`` intra-host ones run
+concurrently and share the network. Lookup times are the sharding cost model's for each host's
+sub-plan; the module and the MLPs are roofline-timed compute ops with their FLOPs (backward 2×).
+
+>>> from planner.model.tables.spec import ModelSpec, TableSpec
+>>> from planner.model.tables.task import ShardingTask
+>>> from planner.model.dmt import TowerModuleSpec
+>>> tabs = tuple(TableSpec(name=f"t{i}", num_embeddings=10000, embedding_dim=64) for i in range(8))
+>>> task = ShardingTask(model=ModelSpec(name="m", tables=tabs, batch_size=4096),
+...                     topology="dgx-h100:nodes=2")
+>>> cmp = compare_flat_dmt(task, 16, towers=2, module=TowerModuleSpec())
+>>> cmp.flat.step_time_s > 0 and cmp.dmt.step_time_s > 0
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import numpy as np
+
+from simulator.engine import SimResult, simulate
+from simulator.workload import Workload
+
+from planner.model.tables.cost import F_BWD, F_FWD, F_RW
+from planner.workloads.dlrm.step import StepSimulation, simulate_step
+from planner.model.tables.spec import ModelSpec
+from planner.model.tables.task import Problem, ShardingTask, prepare
+from planner.dmt.towers import HostPlan, TowerLayout, host_groups
+
+__all__ = ["DmtStep", "Comparison", "build_sptt_workload", "simulate_sptt", "compare_flat_dmt",
+           "top_input_dims", "cross_host_bytes", "simulate_flat", "with_a2a_algo"]
+
+CATEGORIES = ("a2a_cross", "a2a_intra", "emb_fwd", "emb_bwd", "tm_fwd", "tm_bwd", "mlp_fwd",
+              "mlp_bwd", "rw_comm", "tm_allreduce", "dense_allreduce")
+
+
+@dataclass
+class DmtStep:
+    """Result of :func:`simulate_sptt`: step time, per-category busiest-rank time, bytes."""
+
+    step_time_s: float
+    breakdown_s: dict
+    bytes: dict
+    result: SimResult = field(repr=False)
+
+
+@dataclass
+class Comparison:
+    """A flat plan and an SPTT layout of one task, both simulated."""
+
+    flat: StepSimulation
+    dmt: DmtStep
+    layout: TowerLayout
+    host_plans: tuple
+    flat_plan: object
+    flat_cross_host_bytes: float
+
+    @property
+    def speedup(self) -> float:
+        return self.flat.step_time_s / self.dmt.step_time_s
+
+    def to_dict(self) -> dict:
+        fb = dict(self.flat.breakdown_s)
+        return {"flat_step_s": self.flat.step_time_s, "dmt_step_s": self.dmt.step_time_s,
+                "speedup": self.speedup, "flat_breakdown_s": fb,
+                "dmt_breakdown_s": dict(self.dmt.breakdown_s),
+                "flat_cross_host_bytes": self.flat_cross_host_bytes,
+                "dmt_bytes": dict(self.dmt.bytes)}
+
+
+def top_input_dims(model: ModelSpec, layout: TowerLayout) -> list[int]:
+    """Embedding widths the interaction sees after the towers.
+
+    ``dot``: the features must share one width ``d`` (the model's mean dim), so a tower of
+    output width ``D'_t`` contributes ``ceil(D'_t / d)`` vectors of width ``d``; with identity
+    modules this is the flat model's list. ``dcnv2``: the concatenation, so one entry per tower.
+    """
+    d = model.dense
+    dims = [t.embedding_dim for t in model.tables]
+    if layout.module.is_identity:
+        return dims
+    if d is not None and d.interaction == "dot":
+        w = max(1, int(round(sum(dims) / len(dims))))
+        out = []
+        for tw in layout.towers:
+            out += [w] * max(1, -(-tw.out_width // w))
+        return out
+    return [tw.out_width for tw in layout.towers]
+
+
+def _mlp_flops(model: ModelSpec, dims: Sequence[int], local_batch: float) -> dict[str, float]:
+    d = model.dense
+    if d is None:
+        return {"bottom": 0.0, "top": 0.0, "params": 0.0}
+    ls = d.layers(list(dims))
+    bottom = sum(2.0 * local_batch * i * o for i, o in ls["bottom"])
+    top = sum(2.0 * local_batch * i * o for i, o in ls["interaction"] + ls["top"])
+    return {"bottom": bottom, "top": top, "params": float(d.param_count(list(dims)))}
+
+
+def _id_bytes_per_sample(model: ModelSpec, tables: Sequence[int], cfg) -> float:
+    return float(sum(model.tables[t].pooling_factor * cfg.id_bytes + cfg.length_bytes
+                     for t in tables))
+
+
+def cross_host_bytes(problem: Problem, mats: dict) -> float:
+    """Bytes of the flat step's all-to-alls (ids, pooled forward and backward) that cross hosts."""
+    host = problem.cost.host_of
+    cross = host[:, None] != host[None, :]
+    return float(sum((m * cross).sum() for m in mats.values()))
+
+
+def build_sptt_workload(task: ShardingTask, devices: int, layout: TowerLayout,
+                        host_plans: Sequence[HostPlan]) -> tuple[Workload, dict]:
+    """The SPTT step as a :class:`Workload` and its byte totals per exchange."""
+    problem = prepare(task, devices)
+    model = task.model
+    groups = host_groups(problem)
+    H, G = len(groups), len(groups[0])
+    if (H, G) != (layout.hosts, layout.gpus_per_host):
+        raise ValueError(f"layout for {layout.hosts}×{layout.gpus_per_host}, problem {H}×{G}")
+    cfg = problem.cost.config
+    obytes = problem.cost.out_bytes
+    B = model.batch_size / devices
+    dense = model.dense
+    dtype = dense.dtype if dense is not None else "fp32"
+    fl = _mlp_flops(model, top_input_dims(model, layout), B)
+    tm = layout.module
+    w = Workload(name=f"dlrm-sptt:{model.name}")
+    totals = {"ids_cross": 0.0, "ids_intra": 0.0, "pooled_intra_fwd": 0.0,
+              "pooled_cross_fwd": 0.0, "pooled_cross_bwd": 0.0, "pooled_intra_bwd": 0.0,
+              "tm_params": 0.0}
+
+    # per host: ids bytes per sample, module output width, module flops and params
+    ids_ps = np.array([_id_bytes_per_sample(model, layout.host_tables(h), cfg) for h in range(H)])
+    out_w = np.array([sum(tw.out_width for tw in layout.host_towers(h)) for h in range(H)],
+                     dtype=float)
+    tm_flops = [sum(tm.flops_fwd(tw.dims, samples=H * B) for tw in layout.host_towers(h))
+                for h in range(H)]
+    tm_params = [sum(tm.param_count(tw.dims) for tw in layout.host_towers(h))
+                 for h in range(H)]
+    totals["tm_params"] = float(sum(tm_params))
+    off = 1.0 - np.eye(H)
+    # sub-plan features per host (local ranks 0..G-1)
+    sub = []
+    for hp in host_plans:
+        if hp.plan is None:
+            sub.append(None)
+            continue
+        sp = prepare(hp.task, G)
+        F = sp.cost.plan_features(hp.plan.shardings)
+        sub.append((sp, F, sp.cost.a2a_matrices(F)))
+
+    def cross(name: str, per_dest: np.ndarray, deps_of, *, transpose: bool = False):
+        """One all-to-all per local index g over the cross-host group; ``per_dest[h']`` is what
+        each rank sends to host h' (its peer there); ``transpose``: the reverse direction."""
+        ops = []
+        mat = per_dest[None, :] * off
+        if transpose:
+            mat = mat.T.copy()
+        if H < 2:
+            return [None] * G
+        for g in range(G):
+            ranks = [groups[h][g] for h in range(H)]
+            ops.append(w.collective("alltoall", ranks, float(mat.sum(axis=1).max()),
+                                    name=f"{name}_g{g}", splits=mat, deps=deps_of(g),
+                                    stream="comm", category="a2a_cross"))
+        totals_key = {"ids_cross": "ids_cross", "pooled_cross_fwd": "pooled_cross_fwd",
+                      "pooled_cross_bwd": "pooled_cross_bwd"}[name]
+        totals[totals_key] += float(mat.sum()) * G
+        return ops
+
+    def intra(name: str, key: str, h: int, deps, total_key: str):
+        if sub[h] is None or G < 2:
+            return None
+        mat = sub[h][2][key]
+        totals[total_key] += float(mat.sum())
+        return w.collective("alltoall", groups[h], float(mat.sum(axis=1).max()),
+                            name=f"{name}_h{h}", splits=mat, deps=deps, stream="comm",
+                            category="a2a_intra")
+
+    def lookup_time(h: int, i: int, col: int) -> float:
+        if sub[h] is None:
+            return 0.0
+        sp, F, _ = sub[h]
+        return float(F[i, col])
+
+    launch = problem.cost.launch_s
+    hbm = problem.cost.hbm_Bps
+    # 1 cross-host ids (B samples × tower ids to each peer)
+    ids_x = cross("ids_cross", B * ids_ps, lambda g: None)
+    bottom = {}
+    for h in range(H):
+        for r in groups[h]:
+            if fl["bottom"]:
+                bottom[r] = w.compute(r, "bottom_mlp_fwd", flops=fl["bottom"], dtype=dtype,
+                                      category="mlp_fwd")
+    fwd, ids_i, out_i, rs_i, tmf = {}, {}, {}, {}, {}
+    for h in range(H):
+        mem = groups[h]
+        d1 = [x for x in ids_x if x is not None]
+        ids_i[h] = intra("ids_intra", "input", h, d1, "ids_intra")
+        for i, r in enumerate(mem):
+            t = lookup_time(h, i, F_FWD)
+            deps = [ids_i[h]] if ids_i[h] is not None else d1
+            fwd[r] = w.compute(r, "lookups_fwd", duration_s=t + launch if t else 0.0,
+                               bytes_moved=t * hbm, deps=deps, category="emb_fwd")
+        out_i[h] = intra("pooled_intra_fwd", "output_fwd", h, [fwd[r] for r in mem],
+                         "pooled_intra_fwd")
+        rs_i[h] = None
+        if sub[h] is not None and sub[h][1][0, F_RW] > 0 and G > 1:
+            rs_i[h] = w.collective("reducescatter", mem, float(sub[h][1][0, F_RW]),
+                                   name=f"rw_rs_h{h}", deps=[fwd[r] for r in mem],
+                                   stream="comm", category="rw_comm")
+        for r in mem:
+            deps = [fwd[r]] + [x for x in (out_i[h], rs_i[h]) if x is not None]
+            tmf[r] = w.compute(r, "tower_module_fwd", flops=tm_flops[h], dtype=dtype,
+                               deps=deps, category="tm_fwd") if tm_flops[h] else \
+                w.compute(r, "tower_gather", duration_s=0.0, deps=deps, category="tm_fwd")
+    # 6 cross-host return of module outputs (B samples × D'_t to each peer)
+    ret = cross("pooled_cross_fwd", B * out_w * obytes,
+                lambda g: [tmf[groups[h][g]] for h in range(H)])
+    top_fwd, top_bwd = {}, {}
+    for h in range(H):
+        for g, r in enumerate(groups[h]):
+            deps = [tmf[r]] + [x for x in (ret[g], bottom.get(r)) if x is not None]
+            top_fwd[r] = w.compute(r, "interaction_top_mlp_fwd", flops=fl["top"], dtype=dtype,
+                                   deps=deps, category="mlp_fwd")
+            top_bwd[r] = w.compute(r, "top_mlp_interaction_bwd", flops=2 * fl["top"],
+                                   dtype=dtype, deps=[top_fwd[r]], category="mlp_bwd")
+    bottom_bwd = {}
+    for h in range(H):
+        for r in groups[h]:
+            # issued before the tower backward so that, as in the flat step, the dense
+            # all-reduce can start while the tower gradients travel
+            bottom_bwd[r] = (w.compute(r, "bottom_mlp_bwd", flops=2 * fl["bottom"], dtype=dtype,
+                                       deps=[top_bwd[r]], category="mlp_bwd")
+                             if fl["bottom"] else top_bwd[r])
+    if fl["params"] > 0 and devices > 1:
+        w.collective("allreduce", list(range(devices)), fl["params"] * 4.0,
+                     name="dense_allreduce", deps=list(bottom_bwd.values()), stream="comm:dp",
+                     category="dense_allreduce")
+    grad_x = cross("pooled_cross_bwd", B * out_w * obytes,
+                   lambda g: [top_bwd[groups[h][g]] for h in range(H)], transpose=True)
+    bwd = {}
+    for h in range(H):
+        mem = groups[h]
+        tmb = {}
+        for g, r in enumerate(mem):
+            deps = [top_bwd[r]] + ([grad_x[g]] if grad_x[g] is not None else [])
+            tmb[r] = w.compute(r, "tower_module_bwd", flops=2 * tm_flops[h], dtype=dtype,
+                               deps=deps, category="tm_bwd") if tm_flops[h] else \
+                w.compute(r, "tower_scatter", duration_s=0.0, deps=deps, category="tm_bwd")
+        if tm_params[h] and G > 1:
+            w.collective("allreduce", mem, tm_params[h] * 4.0, name=f"tm_allreduce_h{h}",
+                         deps=[tmb[r] for r in mem], stream="comm:tm", category="tm_allreduce")
+        gi = intra("pooled_intra_bwd", "output_bwd", h, [tmb[r] for r in mem],
+                   "pooled_intra_bwd")
+        ag = None
+        if sub[h] is not None and sub[h][1][0, F_RW] > 0 and G > 1:
+            ag = w.collective("allgather", mem, float(sub[h][1][0, F_RW]), name=f"rw_ag_h{h}",
+                              deps=[tmb[r] for r in mem], stream="comm", category="rw_comm")
+        for i, r in enumerate(mem):
+            t = lookup_time(h, i, F_BWD)
+            deps = [bottom_bwd[r], tmb[r]] + [x for x in (gi, ag) if x is not None]
+            bwd[r] = w.compute(r, "lookups_bwd", duration_s=t + 2 * launch if t else 0.0,
+                               bytes_moved=t * hbm, deps=deps, category="emb_bwd")
+    return w, totals
+
+
+def with_a2a_algo(w: Workload, algo: str) -> Workload:
+    """The workload with every all-to-all run by ``algo`` (``direct``: all pairs at once, one
+    latency per collective, the default; ``pairwise``: ``p − 1`` rounds, one latency each, so
+    an exchange over ``p`` ranks pays ``(p − 1)·α``, the per-peer cost of the volume model).
+    """
+    if algo in ("auto", "direct"):
+        return w
+    ops = [replace(op, algo=algo) if op.kind == "collective" and op.collective == "alltoall"
+           else op for op in w.ops]
+    return Workload(ops=ops, name=w.name)
+
+
+def _breakdown(res: SimResult, categories) -> dict:
+    per = res.per_device()
+    out = {}
+    for cat in categories:
+        sel = per[per.category == cat]
+        out[cat] = float(sel.groupby("rank").duration_s.sum().max()) if len(sel) else 0.0
+    return out
+
+
+def simulate_sptt(task: ShardingTask, devices: int, layout: TowerLayout,
+                  host_plans: Sequence[HostPlan], *, mode: str = "explicit",
+                  a2a_algo: str = "direct") -> DmtStep:
+    """Simulate the SPTT step (see the module docstring)."""
+    w, totals = build_sptt_workload(task, devices, layout, host_plans)
+    problem = prepare(task, devices)
+    res = simulate(problem.topology, with_a2a_algo(w, a2a_algo), mode=mode)
+    totals["cross_host"] = (totals["ids_cross"] + totals["pooled_cross_fwd"]
+                            + totals["pooled_cross_bwd"])
+    return DmtStep(step_time_s=res.step_time_s, breakdown_s=_breakdown(res, CATEGORIES),
+                   bytes=totals, result=res)
+
+
+def simulate_flat(problem: Problem, shardings, *, mode: str = "explicit",
+                  a2a_algo: str = "direct") -> StepSimulation:
+    """The flat step (:func:`planner.workloads.dlrm.step.simulate_step`) with a choice of
+    all-to-all algorithm (:func:`with_a2a_algo`)."""
+    if a2a_algo in ("auto", "direct"):
+        return simulate_step(problem, shardings, mode=mode)
+    from planner.workloads.dlrm.step import CATEGORIES as FLAT_CATEGORIES, build_step_workload
+    w, mats = build_step_workload(problem, shardings)
+    res = simulate(problem.topology, with_a2a_algo(w, a2a_algo), mode=mode)
+    return StepSimulation(step_time_s=res.step_time_s,
+                          breakdown_s=_breakdown(res, FLAT_CATEGORIES),
+                          a2a_bytes={k: float(v.sum()) for k, v in mats.items()}, result=res)
+
+
+def compare_flat_dmt(task: ShardingTask, devices: int, *, towers: int | str = "auto",
+                     module=None, layout: TowerLayout | None = None, planner: str = "greedy",
+                     partitioner: str = "affinity", seed: int = 0, flat_plan=None,
+                     mode: str | None = None, coaccess=None,
+                     time_limit_s: float | None = None) -> Comparison:
+    """Plan and simulate the flat step and the SPTT step of ``task`` on ``devices`` GPUs.
+
+    The flat plan comes from ``planner`` over all ranks (types: the task's, default the tower
+    types plus table-row-wise); the towers from :func:`planner.dmt.partition.partition_towers`
+    unless ``layout`` is given; each host's tables from the same planner inside the host
+    (``time_limit_s`` per host for ``mip`` and ``local_search``).
+    """
+    from planner.model.dmt import TowerModuleSpec
+    from planner.dmt.partition import partition_layout
+    from planner.dmt.towers import shard_hosts
+    problem = prepare(task, devices)
+    host_groups(problem)                      # uneven hosts: a SpecError before any planning
+    if mode is None:
+        mode = "symmetric" if devices > 64 else "explicit"
+    if flat_plan is None:
+        from planner.sharding.planners import get_planner
+        flat_plan = get_planner(planner).plan(task, devices, seed=seed)
+    flat = simulate_step(problem, flat_plan.shardings, mode=mode)
+    from planner.workloads.dlrm.step import build_step_workload
+    _, mats = build_step_workload(problem, flat_plan.shardings)
+    if layout is None:
+        layout = partition_layout(task, devices, towers=towers,
+                                  module=module or TowerModuleSpec(), method=partitioner,
+                                  seed=seed, coaccess=coaccess).layout
+    hps = shard_hosts(task, layout, planner=planner, seed=seed, time_limit_s=time_limit_s)
+    dmt = simulate_sptt(task, devices, layout, hps, mode=mode)
+    return Comparison(flat=flat, dmt=dmt, layout=layout, host_plans=hps, flat_plan=flat_plan,
+                      flat_cross_host_bytes=cross_host_bytes(problem, mats))

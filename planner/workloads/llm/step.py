@@ -1,0 +1,404 @@
+"""One training step of a transformer as a simulator workload.
+
+Representative ranks: all data-parallel replicas, tensor-parallel and context-parallel ranks of a
+pipeline stage do the same work at the same time, so compute and pipeline sends are issued for
+one representative per stage (``tp = cp = dp = 0``). Tensor- and context-parallel collectives
+are blocking inside each block (Megatron), so their time, simulated once on the actual TP/CP
+group, is part of the block's time. Data-parallel traffic is issued for real: every TP×CP
+position of every stage reduces its gradient buckets over its whole DP group, overlapping the
+last micro-batch's backward, so DP traffic of the whole cluster shares the fabric.
+
+``build_step(..., expand_collectives=True)`` lists every collective of the step instead: each
+block's TP (and CP) collectives become explicit ops on the stage representative's real TP/CP
+group, in the order a Megatron-style trainer issues them (forward: the all-reduces after the
+attention and MLP output projections; backward: those of the MLP and QKV input gradients;
+the recompute forward's again under full recompute; with sequence parallelism all-gathers and
+reduce-scatters instead), plus the vocabulary-parallel embedding and cross-entropy collectives,
+and parameters are counted per rank exactly (norms replicated over TP; :mod:`.partition`);
+the passes are emitted by :mod:`.emit`. :func:`~planner.workloads.llm.comm_events.comm_events` reads
+the per-rank ordered communication events of any step workload back, expanding the
+representative folding to every rank. ``planner/measure/validate`` compares them with a real run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from simulator.collectives import simulate_collective
+from simulator.compute import ComputeProfile, load_compute_profile, op_time
+from simulator.errors import SpecError
+from simulator.topology import Topology
+from simulator.workload import Workload
+
+from planner.workloads.llm.comm_events import CommEvent, comm_events
+from planner.workloads.llm.emit import PassEmitter
+from planner.model.llm.kernels import block_kernels, bytes_per_element, kernels_time, logits_kernels
+from planner.model.llm.host import HostOverhead, load_host_overhead
+from planner.model.llm.layout import Layout
+from planner.workloads.llm.partition import (chunk_layer_counts, dp_bucket_elements, p2p_activation_bytes, rank_params,
+                        vstage_layer_offsets)
+from planner.workloads.llm.schedule import schedule
+from planner.model.llm.spec import LLMSpec, ParallelSpec
+
+__all__ = ["StepPlan", "build_step", "resolve_parallel", "pass_times", "CommEvent", "comm_events",
+           "dp_bucket_elements", "rank_params", "vstage_layer_offsets", "p2p_activation_bytes",
+           "chunk_layer_counts"]
+
+
+@dataclass
+class StepPlan:
+    """The workload plus what was folded into compute ops (seconds per micro-batch)."""
+
+    workload: Workload
+    layout: Layout
+    parallel: ParallelSpec
+    microbatches: int
+    fwd_s: list                  # per (stage, chunk): forward time of one micro-batch
+    bwd_s: list
+    tp_comm_s: list              # per (stage, chunk): TP+CP communication inside fwd+bwd
+    representatives: list[int]
+    info: dict = field(default_factory=dict)
+
+
+def resolve_parallel(spec: LLMSpec, p: ParallelSpec, num_gpus: int) -> ParallelSpec:
+    """Fill ``dp`` from the GPU count and check every divisibility rule (SpecError, exit 2)."""
+    m, t = spec.model, spec.training
+    if m.num_heads % p.tp:
+        raise SpecError(f"num_heads {m.num_heads} is not divisible by tp {p.tp}",
+                        source="--parallel", field="tp", fix="use a tp that divides num_heads")
+    mp = p.tp * p.cp * p.pp
+    if p.dp and mp * p.dp != num_gpus:
+        raise SpecError(f"tp·cp·pp·dp = {p.tp}·{p.cp}·{p.pp}·{p.dp} = {mp * p.dp} does not match "
+                        f"the {num_gpus} GPUs of the topology", source="--parallel", field="dp",
+                        fix=f"choose degrees whose product is {num_gpus}, or resize with --gpus")
+    if not p.dp and num_gpus % mp:
+        raise SpecError(f"tp·cp·pp = {p.tp}·{p.cp}·{p.pp} = {mp} does not divide the {num_gpus} "
+                        "GPUs of the topology", source="--parallel", field="tp",
+                        fix=f"choose tp·cp·pp dividing {num_gpus}, or resize with --gpus")
+    dp = p.dp or num_gpus // mp
+    if p.tp > m.num_kv_heads and p.tp % m.num_kv_heads:
+        raise SpecError(f"tp {p.tp} does not divide or get divided by num_kv_heads "
+                        f"{m.num_kv_heads}", source="--parallel", field="tp",
+                        fix="use a tp that divides num_kv_heads or a multiple of it")
+    if p.cp > 1 and m.seq_len % (2 * p.cp):
+        raise SpecError(f"seq_len {m.seq_len} is not divisible by 2·cp = {2 * p.cp}",
+                        source="--parallel", field="cp", fix="use a cp with seq_len % (2·cp) == 0")
+    if m.layers < p.pp * p.vpp:
+        raise SpecError(f"{m.layers} layers cannot fill pp·vpp = {p.pp * p.vpp} stages",
+                        source="--parallel", field="pp", fix="lower pp or vpp")
+    if p.vpp > 1 and p.pp == 1:
+        raise SpecError("vpp > 1 needs pp > 1", source="--parallel", field="vpp", fix="set vpp=1")
+    if t.global_batch_size % (t.micro_batch_size * dp):
+        raise SpecError(f"global batch {t.global_batch_size} is not divisible by micro-batch "
+                        f"{t.micro_batch_size} × dp {dp}", source="--parallel", field="dp",
+                        fix="change the global batch, the micro-batch size or dp")
+    if p.ep > 1:
+        if not m.is_moe:
+            raise SpecError(f"ep {p.ep} needs a mixture-of-experts model ({m.name} is dense)",
+                            source="--parallel", field="ep",
+                            fix="set ep=1, or give the model num_experts and top_k")
+        if m.num_experts % p.ep or dp % p.ep:
+            raise SpecError(f"ep {p.ep} must divide num_experts {m.num_experts} and dp {dp}",
+                            source="--parallel", field="ep",
+                            fix="use an ep that divides both (experts are split over DP ranks)")
+    return replace(p, dp=dp)
+
+
+def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "tp-cp-dp-pp",
+               profile: ComputeProfile | None = None, schedule_name: str = "1f1b",
+               dp_buckets: int = 4, attention: str = "flash",
+               sequence_parallel: bool = True, expand_collectives: bool = False,
+               p2p_scatter_gather: bool | None = None,
+               host: "HostOverhead | None | str" = "measured",
+               host_serial: bool = False, grad_bytes: int = 4) -> StepPlan:
+    """Build the workload of one step; ``p`` must be resolved (see :func:`resolve_parallel`).
+
+    ``expand_collectives``: every TP/CP collective becomes an op on its real group (see the
+    module docstring) instead of simulated time folded into the block; parameters per rank
+    are counted exactly, so DP bucket sizes are those of a real trainer's flat gradient buffer
+    (:func:`dp_bucket_elements`, :func:`rank_params`). Mixture-of-experts models are refused.
+
+    ``p2p_scatter_gather``: whether a pipeline send carries 1/tp of the activation (Megatron's
+    scatter-gather). ``None`` keeps each mode's assumption: the folded step sends 1/tp (its
+    gather is not modelled); the expanded step sends what Megatron-core sends: 1/tp slices with
+    sequence parallelism, the whole activation without. ``True`` without sequence parallelism
+    in the expanded step adds the receiver's TP all-gather as an op; ``False`` sends the whole
+    activation (see :func:`p2p_activation_bytes`).
+
+    ``host`` and ``host_serial``: see :func:`pass_times`.
+
+    ``dp_buckets`` and ``grad_bytes``: the data-parallel gradient reduction. The last
+    micro-batch's backward is cut into ``dp_buckets`` parts, each bucket reduced as soon as its
+    part lands (Megatron-core's overlapped DDP); ``dp_buckets=1`` reduces all gradients after the
+    last backward, not overlapped (DeepSpeed's engine, whose pipeline schedule issues
+    ``ReduceGrads`` after the last ``BackwardPass``). ``grad_bytes`` per gradient element on the
+    wire: 4 for fp32 main-gradient buffers (Megatron-core), 2 where fp16/bf16 gradients are
+    reduced in their own type (DeepSpeed without ``fp32_allreduce``).
+    """
+    m, t = spec.model, spec.training
+    if expand_collectives and (m.is_moe or p.ep > 1):
+        raise SpecError("expand_collectives does not list mixture-of-experts all-to-alls yet",
+                        source=spec.source, field="model.num_experts",
+                        fix="use a dense model, or simulate without expanded collectives")
+    prof = profile or load_compute_profile(topo.gpu)
+    lay = Layout(p.tp, p.cp, p.dp, p.pp, order)
+    b = t.micro_batch_size
+    micro = t.global_batch_size // (b * p.dp)
+    e = bytes_per_element("bf16" if t.precision == "fp8" else t.precision)
+    e_w = 2 if t.precision == "fp8" else e
+    reps = [lay.rank(pp=s) for s in range(p.pp)]
+
+    detail: dict = {}
+    fwd_s, bwd_s, tpc_s, chunk_layers = pass_times(spec, p, topo, lay, prof, detail=detail,
+                                                   attention=attention,
+                                                   sequence_parallel=sequence_parallel,
+                                                   include_comm=not expand_collectives,
+                                                   host=host, host_serial=host_serial)
+
+    w = Workload(name=f"{m.name} step")
+    # parameters held per rank in each (stage, chunk), for DP traffic and the optimizer
+    def chunk_params(s: int, c: int) -> float:
+        if expand_collectives:
+            return float(rank_params(spec, p, chunk_layers, s, c))
+        n = chunk_layers[s][c] * m.layer_params_per_rank(p.ep)
+        vs = c * p.pp + s
+        if vs == 0 or vs == p.pp * p.vpp - 1:
+            n += m.embedding_params
+        return n / p.tp
+
+    zero3 = p.fsdp in ("zero3", "hsdp")
+    dp_reduce = "allreduce" if p.fsdp == "none" else "reducescatter"
+    dp_groups = {}
+    for s in range(p.pp):
+        dp_groups[s] = [lay.group("dp", lay.rank(tp=i, cp=j, pp=s))
+                        for i in range(p.tp) for j in range(p.cp)]
+
+    def dp_collectives(kind: str, s: int, size: float, deps: list[int], name: str) -> list[int]:
+        if p.dp == 1 or size <= 0:
+            return []
+        # nccl-tests sizes: the full per-rank buffer (gradients in, parameters out)
+        return [w.collective(kind, g, size, name=name, stream="dp", deps=deps, category="dp")
+                for g in dp_groups[s]]
+
+    # FSDP (ZeRO-3): gather each chunk's weights before its first forward and first backward
+    gathered: dict[tuple[int, int, str], list[int]] = {}
+    if zero3:
+        for s in range(p.pp):
+            for c in range(p.vpp):
+                gathered[(s, c, "F")] = dp_collectives("allgather", s, chunk_params(s, c) * e_w,
+                                                       [], f"fsdp gather s{s}c{c}")
+    items = {s: schedule(schedule_name, p.pp, micro, s, p.vpp) for s in range(p.pp)}
+    pos = {s: 0 for s in range(p.pp)}
+    done: dict[tuple[str, int, int], int] = {}     # (kind, vstage, mb) -> op id
+    first_b: dict[tuple[int, int], bool] = {}
+    last_ops: dict[int, list[int]] = {s: [] for s in range(p.pp)}
+    dp_ops: dict[int, list[int]] = {s: [] for s in range(p.pp)}
+    act, p2p_gather = p2p_activation_bytes(spec, p, sequence_parallel=sequence_parallel,
+                                           scatter_gather=p2p_scatter_gather,
+                                           expanded=expand_collectives)
+    nv = p.pp * p.vpp
+    emit = PassEmitter(w, spec, p, lay, reps, detail, chunk_layers,
+                        sequence_parallel=sequence_parallel) if expand_collectives else None
+    remaining = sum(len(v) for v in items.values())
+    while remaining:
+        progressed = False
+        for s in range(p.pp):
+            while pos[s] < len(items[s]):
+                kind, mb, c = items[s][pos[s]]
+                vs = c * p.pp + s
+                deps: list[int] = []
+                if kind == "F":
+                    if vs > 0:
+                        if ("F", vs - 1, mb) not in done:
+                            break
+                        deps.append(_p2p(w, p, reps, vs - 1, vs, act, done[("F", vs - 1, mb)],
+                                         f"act mb{mb}" + (f" v{vs}" if emit else "")))
+                    deps += gathered.get((s, c, "F"), [])
+                    if emit:
+                        oid = emit.forward(s, c, mb, deps, gather=p2p_gather and vs > 0)
+                    else:
+                        oid = w.compute(reps[s], f"F mb{mb} c{c}", duration_s=fwd_s[s][c],
+                                        deps=deps, category="fwd")
+                else:
+                    if vs < nv - 1:
+                        if ("B", vs + 1, mb) not in done:
+                            break
+                        deps.append(_p2p(w, p, reps, vs + 1, vs, act, done[("B", vs + 1, mb)],
+                                         f"grad mb{mb}" + (f" v{vs}" if emit else "")))
+                    deps.append(done[("F", vs, mb)])
+                    if zero3 and not first_b.get((s, c)):
+                        first_b[(s, c)] = True
+                        deps += dp_collectives("allgather", s, chunk_params(s, c) * e_w, [],
+                                               f"fsdp regather s{s}c{c}")
+                    last_mb = mb == micro - 1
+                    if emit:
+                        k = max(1, min(dp_buckets, chunk_layers[s][c])) \
+                            if last_mb and p.dp > 1 else 0
+                        sizes = dp_bucket_elements(round(chunk_params(s, c)), k)
+
+                        def reduce(j: int, dep: int, s=s, c=c, sizes=sizes) -> list[int]:
+                            return dp_collectives(dp_reduce, s, sizes[j] * grad_bytes, [dep],
+                                                  f"grads s{s}c{c}b{j}")
+                        oid, reduced = emit.backward(s, c, mb, deps, buckets=k, reduce=reduce,
+                                                     gather=p2p_gather and vs < nv - 1)
+                        dp_ops[s] += reduced
+                    elif last_mb and p.dp > 1:
+                        # the last micro-batch's backward in buckets, each reduced as it lands
+                        k = max(1, min(dp_buckets, chunk_layers[s][c]))
+                        prev = None
+                        for j in range(k):
+                            oid = w.compute(reps[s], f"B mb{mb} c{c} bucket{j}",
+                                            duration_s=bwd_s[s][c] / k,
+                                            deps=deps if prev is None else [prev], category="bwd")
+                            prev = oid
+                            dp_ops[s] += dp_collectives(dp_reduce, s,
+                                                        chunk_params(s, c) * grad_bytes / k,
+                                                        [oid], f"grads s{s}c{c}b{j}")
+                    else:
+                        oid = w.compute(reps[s], f"B mb{mb} c{c}", duration_s=bwd_s[s][c],
+                                        deps=deps, category="bwd")
+                done[(kind, vs, mb)] = oid
+                last_ops[s].append(oid)
+                pos[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise SpecError("pipeline schedule cannot make progress", field="parallel",
+                            fix="report this configuration as a bug")
+    # optimizer step (and ZeRO-1/2 parameter all-gather) on each stage
+    for s in range(p.pp):
+        params = sum(chunk_params(s, c) for c in range(p.vpp))
+        shard = p.dp if p.fsdp != "none" else 1
+        opt = w.compute(reps[s], "optimizer", bytes_moved=30 * params / shard,
+                        deps=dp_ops[s] + last_ops[s][-1:], category="optimizer")
+        if p.fsdp in ("zero1", "zero2"):
+            dp_collectives("allgather", s, params * e_w, [opt], f"param gather s{s}")
+    return StepPlan(workload=w, layout=lay, parallel=p, microbatches=micro, fwd_s=fwd_s,
+                    bwd_s=bwd_s, tp_comm_s=tpc_s, representatives=reps,
+                    info={"chunk_layers": chunk_layers, **detail})
+
+
+def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
+               prof: ComputeProfile, comm_cache: dict | None = None, *,
+               attention: str = "flash", sequence_parallel: bool = True,
+               detail: dict | None = None, host: HostOverhead | None | str = "measured",
+               include_comm: bool = True, host_serial: bool = False):
+    """Per (stage, chunk): forward and backward seconds of one micro-batch on the stage's
+    representative (TP/CP collectives included, timed on their actual groups), the TP/CP part
+    of it, and the blocks per chunk. ``comm_cache`` may be shared across calls.
+
+    Each block pass takes at least the trainer's host time (``host``, planner/model/llm/host.py:
+    eager PyTorch measured by ``clusterplan calibrate host``; ``None`` for a trainer without
+    that floor, e.g. CUDA graphs). CPU devices run ops synchronously and get no floor, unless
+    ``host_serial``: then the host time is *added* to the kernels' (a CPU thread dispatches
+    and computes in turn), and the kernels are charged no launch overhead of their own (the
+    measured host time already holds every op's dispatch), as ``clusterplan calibrate gloo``
+    measures it for :mod:`planner.measure.validate`.
+
+    ``include_comm=False`` leaves the TP/CP/EP collectives out of the pass times (the expanded
+    step issues them as ops). ``detail`` receives, per stage, the seconds of one block's
+    forward (``layer_fwd_s``), of its recompute (``layer_recompute_s``) and the rest of its
+    backward (``layer_bwd_s``), and the embedding and logits parts (``embed_*``, ``logits_*``)."""
+    m, t = spec.model, spec.training
+    b = t.micro_batch_size
+    e = bytes_per_element("bf16" if t.precision == "fp8" else t.precision)
+    T = b * m.seq_len / p.cp
+    reps = [lay.rank(pp=s) for s in range(p.pp)]
+    comm_cache = {} if comm_cache is None else comm_cache
+
+    def coll(kind: str, ranks: list[int], size: float) -> float:
+        key = (kind, tuple(ranks), size)
+        if key not in comm_cache:
+            comm_cache[key] = simulate_collective(topo, kind, ranks, size).time_s \
+                if len(ranks) > 1 and size > 0 else 0.0
+        return comm_cache[key]
+
+    blk = block_kernels(m, b=b, tp=p.tp, cp=p.cp, precision=t.precision, attention=attention,
+                        sequence_parallel=sequence_parallel, ep=p.ep)
+    kprof = replace(prof, launch_overhead_s=0.0) if host_serial and host else prof
+    blk_f, blk_b = kernels_time(kprof, blk), kernels_time(kprof, blk, backward=True)
+    attn = [k for k in blk if k.name.startswith("attention")]
+    attn_f = kernels_time(prof, attn)
+    # the attention half of a block (QKV, attention, output projection): its share of the
+    # block's kernel time, forward and backward (the host time splits the same way)
+    half = [k for k in blk if k.name in ("qkv", "attn_out") or k.name.startswith("attention")]
+    frac_f = kernels_time(kprof, half) / blk_f if blk_f > 0 else 0.5
+    frac_b = kernels_time(kprof, half, backward=True) / blk_b if blk_b > 0 else 0.5
+    logit = logits_kernels(m, b=b, tp=p.tp, cp=p.cp, precision=t.precision)
+    logit_f, logit_b = kernels_time(prof, logit), kernels_time(prof, logit, backward=True)
+
+    if isinstance(host, str):
+        host = load_host_overhead() if topo.gpu.name != "cpu" else None
+    host_f = host.forward_s if host else 0.0
+    host_b = host.backward_pass_s(t.activation_recompute) if host else 0.0
+
+    def floor(kernel_s: float, host_s: float) -> float:
+        return kernel_s + host_s if host_serial else max(kernel_s, host_s)
+    layers_per_chunk = chunk_layer_counts(m.layers, p.pp, p.vpp)
+    fwd_s, bwd_s, tpc_s = [], [], []
+    chunk_layers = []
+    for s in range(p.pp):
+        tp_group = lay.group("tp", reps[s])
+        cp_group = lay.group("cp", reps[s])
+        kv = m.num_kv_heads * m.head_dim
+        if include_comm:
+            tp_ar = coll("allreduce", tp_group, T * m.hidden_size * e)
+            cp_ag = coll("allgather", cp_group,
+                         p.cp * 2 * T * kv * e / min(p.tp, m.num_kv_heads))
+            # MoE: token dispatch and combine all-to-alls over the EP group (each rank sends
+            # its top_k copies of its 1/tp token slice), forward and again in backward
+            ep_a2a = coll("alltoall", lay.ep_group(reps[s], p.ep),
+                          m.top_k * T * m.hidden_size * e / p.tp) if m.is_moe else 0.0
+        else:
+            tp_ar = cp_ag = ep_a2a = 0.0
+        if detail is not None:   # EP all-to-all seconds per micro-batch and layer, per stage
+            detail.setdefault("ep_a2a_s", []).append(ep_a2a)
+            detail.setdefault("layer_attn_frac_f", []).append(frac_f)
+            detail.setdefault("layer_attn_frac_b", []).append(frac_b)
+        comm_f = 2 * tp_ar + cp_ag + 2 * ep_a2a
+        comm_b = 2 * tp_ar + 2 * cp_ag + 2 * ep_a2a
+        recompute = {"none": 0.0, "selective": attn_f, "full": blk_f + comm_f}[
+            t.activation_recompute]
+        if detail is not None:
+            layer_b = floor(blk_b + comm_b + recompute, host_b)
+            layer_r = blk_f if t.activation_recompute == "full" and not include_comm else 0.0
+            detail.setdefault("layer_fwd_s", []).append(floor(blk_f + comm_f, host_f))
+            detail.setdefault("layer_recompute_s", []).append(layer_r)
+            detail.setdefault("layer_bwd_s", []).append(layer_b - layer_r)
+        per_chunk = layers_per_chunk[s]
+        chunk_layers.append(per_chunk)
+        f_row, b_row, c_row = [], [], []
+        for c, n in enumerate(per_chunk):
+            vs = c * p.pp + s
+            f = n * floor(blk_f + comm_f, host_f)
+            bw = n * floor(blk_b + comm_b + recompute, host_b)
+            embed_f = op_time(prof, flops=0, bytes_moved=2 * T * m.hidden_size * e)
+            embed_b = op_time(prof, flops=0, bytes_moved=3 * T * m.hidden_size * e)
+            logits_b = logit_b + (logit_f if t.activation_recompute == "full" else 0.0)
+            if detail is not None:
+                detail.update(embed_fwd_s=embed_f, embed_bwd_s=embed_b, logits_fwd_s=logit_f,
+                              logits_bwd_s=logits_b)
+            if vs == 0:
+                f += embed_f
+                bw += embed_b
+            if vs == p.pp * p.vpp - 1:
+                f += logit_f
+                bw += logits_b
+            f_row.append(f)
+            b_row.append(bw)
+            c_row.append(n * (comm_f + comm_b + (comm_f if t.activation_recompute == "full"
+                                                 else 0.0)))
+        fwd_s.append(f_row)
+        bwd_s.append(b_row)
+        tpc_s.append(c_row)
+
+    return fwd_s, bwd_s, tpc_s, chunk_layers
+
+
+def _p2p(w: Workload, p: ParallelSpec, reps: list[int], src_vs: int, dst_vs: int, nbytes: float,
+         dep: int, name: str) -> int:
+    a, b = reps[src_vs % p.pp], reps[dst_vs % p.pp]
+    if a == b:
+        return dep
+    return w.sendrecv(a, b, nbytes, name=name, stream=f"p2p {a}->{b}", deps=[dep],
+                      category="pp")
