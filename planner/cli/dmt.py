@@ -26,7 +26,7 @@ import numpy as np
 from simulator.errors import SpecError
 from simulator.units import format_bytes, format_time
 
-from planner.model.dmt import TM_KINDS, TowerModuleSpec
+from planner.model.dmt.module import TM_KINDS, TowerModuleSpec
 from planner.dmt.partition import METHODS
 
 __all__ = ["add_dmt_arguments", "dmt_section", "format_dmt"]
@@ -76,8 +76,8 @@ def dmt_section(args, task, plan) -> tuple[dict, object]:
     """The plan JSON's ``dmt`` section and the comparison behind it."""
     from planner.export.dmt import tower_sharding_plan
     from planner.dmt.partition import partition_layout
-    from planner.workloads.dmt import compare_flat_dmt
-    from planner.dmt.towers import host_groups
+    from planner.dmt.compare import compare_flat_dmt
+    from planner.model.dmt.layout import host_groups
     from planner.model.tables.task import prepare
     if not (args.balance >= 0):
         raise SpecError(f"--balance must be ≥ 0, got {args.balance}", source="--balance",

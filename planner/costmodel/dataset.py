@@ -33,7 +33,7 @@ class Dataset:
 
 
 def load_dataset(path) -> Dataset:
-    from planner.measure.collect import meta_path, read_data
+    from planner.costmodel.datafile import meta_path, read_data
     from simulator.errors import SpecError
     rows = read_data(path)
     mp = meta_path(path)

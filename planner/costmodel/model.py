@@ -31,7 +31,7 @@ __all__ = ["ComputeNet", "ComputeEnsemble", "CommNet", "train", "mape", "kendall
 
 
 def _torch():
-    from planner.measure.kernels import require_torch
+    from planner.machine import require_torch
     return require_torch("the learned cost model")
 
 

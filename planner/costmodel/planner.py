@@ -33,7 +33,8 @@ import time
 
 import numpy as np
 
-from planner.model.tables.memory import check_feasible, shard_memory_bytes
+from planner.model.tables.memory import shard_memory_bytes
+from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.shards import ShardingType
 from planner.model.tables.task import ShardingTask, prepare

@@ -183,7 +183,7 @@ def _run_mlp(mlp, x: np.ndarray) -> np.ndarray:
 
 def load_predictor(path=None, *, check_hardware: bool = True) -> Predictor:
     """Load weights (default: the shipped ones) with ``torch.load(weights_only=True)``."""
-    from planner.measure.kernels import require_torch
+    from planner.machine import require_torch
     torch = require_torch("loading cost-model weights")
     from planner.costmodel.model import CommNet, ComputeEnsemble, ComputeNet
     path = Path(path) if path is not None else shipped_weights_path()
@@ -216,8 +216,8 @@ def load_predictor(path=None, *, check_hardware: bool = True) -> Predictor:
         fwd.eval()
         bwd.eval()
     if check_hardware:
-        from planner.measure.collect import hardware_info
-        here = hardware_info(light=True)
+        from planner.machine import installed_description
+        here = installed_description()
         hw = (meta.get("collection", {}).get("hardware") or [{}])[0]
         diff = [f"{k} {hw.get(k)!r} (here {here.get(k)!r})" for k in CHECKED
                 if hw.get(k) != here.get(k)]

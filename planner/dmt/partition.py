@@ -41,8 +41,8 @@ from simulator.errors import SpecError
 from planner.model.tables.shards import Shard, ShardingType
 from planner.model.tables.spec import ModelSpec
 from planner.model.tables.task import ShardingTask, prepare
-from planner.model.dmt import TowerModuleSpec
-from planner.dmt.towers import TowerLayout, host_groups, make_layout
+from planner.model.dmt.module import TowerModuleSpec
+from planner.model.dmt.layout import TowerLayout, host_groups, make_layout
 
 __all__ = ["synthetic_coaccess", "affinity_matrix", "spectral_embedding", "feature_costs",
            "partition_features", "assign_hosts", "imbalance", "affinity_kept",

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from planner.model.tables.shards import ShardingType
-from planner.dmt.towers import HostPlan, TowerLayout
+from planner.model.dmt.layout import HostPlan, TowerLayout
 
 __all__ = ["tower_sharding_plan", "to_parameter_shardings", "EXPORT_FORMAT"]
 

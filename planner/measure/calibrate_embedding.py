@@ -314,7 +314,8 @@ def calibrate(*, kernel_points: int = 120, worlds: Sequence[int] = (2, 4, 8), re
               progress=None) -> dict:
     """Run both sweeps and return the profile document (see the module docstring)."""
     from planner.measure.comm import oversubscription
-    from planner.measure.kernels import cpu_description, kernel_backend
+    from planner.measure.kernels import kernel_backend
+    from planner.machine import cpu_description
     import os
     kind = kernel_backend(backend)
     load_before = [round(x, 2) for x in os.getloadavg()]

@@ -53,12 +53,12 @@ import numpy as np
 
 from simulator.errors import SpecError
 
-__all__ = ["CollectConfig", "collect", "hardware_info", "hardware_id", "read_data", "COLUMNS",
-           "DIMS", "meta_path"]
+from planner.costmodel.datafile import COLUMNS, meta_path, read_data
+from planner.machine import cpu_description, installed_description
+
+__all__ = ["CollectConfig", "collect", "hardware_info", "hardware_id", "DIMS"]
 
 DIMS = (4, 8, 16, 32, 64, 128)
-COLUMNS = ("kind", "sample_id", "round", "hw", "n_tables", "tables", "fwd_ms", "bwd_ms",
-           "total_ms", "total_min_ms", "dim_sums", "sleeps_ms", "comm_fwd_ms", "comm_bwd_ms")
 FORMAT = "clusterplan.costmodel-data"
 HW_KEYS = ("cpu_model", "cpu_count", "torch", "fbgemm_gpu", "threads", "backend")
 
@@ -94,17 +94,13 @@ class CollectConfig:
         return d
 
 
-def meta_path(data: str | Path) -> Path:
-    return Path(str(data) + ".meta.json")
-
-
 def hardware_info(threads: int = 1, *, light: bool = False, device: str = "cpu") -> dict:
     """What the measurements depend on: CPU model and cores, torch and fbgemm_gpu versions,
     threads and kernel backend (plus platform facts), and the GPU's name when the kernels run
     on ``device="cuda"``. ``light`` reads the versions from the installed package metadata
     instead of importing fbgemm_gpu (the weights loader's check)."""
     if not light:
-        from planner.measure.kernels import cpu_description, kernel_backend
+        from planner.measure.kernels import kernel_backend
         info = cpu_description()
         info["threads"] = int(threads)
         info["backend"] = kernel_backend("auto")
@@ -112,19 +108,7 @@ def hardware_info(threads: int = 1, *, light: bool = False, device: str = "cpu")
             import torch
             info["gpu"] = torch.cuda.get_device_name(0)
         return info
-    import importlib.metadata as md
-    from planner.measure.kernels import last_level_cache_bytes, platform_description
-    info = platform_description()
-    for dist, key in (("torch", "torch"), ("fbgemm-gpu-cpu", "fbgemm_gpu"),
-                      ("fbgemm-gpu", "fbgemm_gpu")):
-        try:
-            info.setdefault(key, md.version(dist))
-        except md.PackageNotFoundError:
-            pass
-    info["last_level_cache_bytes"] = last_level_cache_bytes()
-    info["threads"] = int(threads)
-    info["backend"] = "fbgemm" if "fbgemm_gpu" in info else "torch"
-    return info
+    return installed_description(threads)
 
 
 def hardware_id(info: dict) -> str:
@@ -203,20 +187,6 @@ class _Ids:
 
 # ---------------------------------------------------------------------------------------------
 # file handling
-
-def read_data(path: str | Path) -> list[dict]:
-    """Rows of a data file as dicts (strings; see :data:`COLUMNS`)."""
-    p = Path(path)
-    if not p.exists():
-        raise SpecError("no such data file", source=str(p),
-                        fix="collect one with `clusterplan costmodel collect --out FILE`")
-    with open(p, newline="") as f:
-        rows = list(csv.DictReader(f))
-    if rows and set(COLUMNS) - set(rows[0]):
-        raise SpecError(f"not a costmodel data file (missing columns "
-                        f"{sorted(set(COLUMNS) - set(rows[0]))})", source=str(p),
-                        fix="pass a file written by `clusterplan costmodel collect`")
-    return rows
 
 
 def _open_meta(out: Path, cfg: CollectConfig, hw: dict, mix_hardware: bool) -> dict:

@@ -179,7 +179,7 @@ class GlooGroup:
         if world < 1:
             raise SpecError(f"world size must be ≥ 1, got {world}", source="--devices",
                             fix="pass the number of devices")
-        from planner.measure.kernels import require_torch
+        from planner.machine import require_torch
         require_torch("timing collectives")
         self.world = world
         self.timeout_s = timeout_s

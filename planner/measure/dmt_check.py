@@ -170,7 +170,8 @@ def _sharded_pooled(dist, torch, pg, members: Sequence[int], me: int, layout: di
 
 
 def _modules(case: SemanticCase, dims, kind: str, ratio: float):
-    from planner.model.dmt import TowerModuleSpec, build_torch_module
+    from planner.model.dmt.module import TowerModuleSpec
+    from planner.measure.dmt_module import build_torch_module
     spec = TowerModuleSpec(kind=kind, ratio=ratio)
     return [build_torch_module(spec, [dims[t] for t in sorted(tabs)], seed=case.seed + 100 + k)
             for k, (tabs, _h) in enumerate(case.towers)]

@@ -335,7 +335,8 @@ def measure_shardings(problem, shardings: Sequence[TableSharding], *, repeats: i
     ``problem``'s cost model on the same layouts.
     """
     from planner.measure.comm import GlooGroup, oversubscription
-    from planner.measure.kernels import cpu_description, time_ranks
+    from planner.measure.kernels import time_ranks
+    from planner.machine import cpu_description
     from planner.model.tables.plan import evaluate_shardings
     t0 = time.perf_counter()
     model = problem.model
@@ -416,7 +417,8 @@ def _measure_many(problem, plans: Sequence[Sequence[TableSharding]], *, repeats:
     after another twice, in forward then reverse order, and each rank's two medians averaged.
     """
     from planner.measure.comm import GlooGroup, oversubscription
-    from planner.measure.kernels import cpu_description, time_ranks
+    from planner.measure.kernels import time_ranks
+    from planner.machine import cpu_description
     from planner.model.tables.plan import evaluate_shardings
     t0 = time.perf_counter()
     model = problem.model

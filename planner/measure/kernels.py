@@ -23,33 +23,21 @@ row goes to memory, with in-batch repeats free to hit the cache.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from simulator.errors import SpecError
 
+from planner.machine import INSTALL_HINT, last_level_cache_bytes, require_torch
+
 __all__ = ["KernelTable", "KernelTiming", "RankKernels", "time_ranks", "time_shard_set",
-           "kernel_backend", "require_torch", "last_level_cache_bytes", "make_flusher",
-           "cpu_description", "INSTALL_HINT"]
+           "kernel_backend", "make_flusher"]
 
-INSTALL_HINT = "install with `make setup-torchrec` (torch 2.13.0 CPU, fbgemm-gpu-cpu 1.8.0)"
 LR = 0.01
-
-
-def require_torch(what: str = "measuring embedding kernels"):
-    """Import torch or raise a SpecError (exit 2) saying how to install it."""
-    try:
-        import torch
-    except ImportError:
-        raise SpecError(f"{what} needs torch, which is not installed", source="torch",
-                        fix=INSTALL_HINT) from None
-    return torch
 
 
 def kernel_backend(backend: str = "auto") -> str:
@@ -70,21 +58,6 @@ def kernel_backend(backend: str = "auto") -> str:
             raise SpecError("fbgemm_gpu does not import", source="--kernel",
                             fix=INSTALL_HINT + ", or pass --kernel torch") from None
         return "torch"
-
-
-def last_level_cache_bytes() -> int:
-    """Size of the largest CPU cache (from sysfs), or 32 MiB when unknown."""
-    best = 0
-    base = Path("/sys/devices/system/cpu/cpu0/cache")
-    try:
-        for d in base.glob("index*"):
-            text = (d / "size").read_text().strip()
-            mult = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(text[-1:], 1)
-            num = text[:-1] if text[-1:] in "KMG" else text
-            best = max(best, int(num) * mult)
-    except (OSError, ValueError):
-        best = 0
-    return best or 32 * 1024 ** 2
 
 
 @dataclass
@@ -368,33 +341,3 @@ def time_shard_set(tables: Sequence[KernelTable], *, optimizer: str = "sgd", rep
                       backend=backend, device=device, flush=flush, threads=threads)[0]
 
 
-def platform_description() -> dict:
-    """Platform, cores, Python and numpy versions and the CPU model (no torch import)."""
-    import platform
-    info = {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "python": platform.python_version(), "numpy": np.__version__}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu_model"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return info
-
-
-def cpu_description() -> dict:
-    """Machine facts recorded beside measurements (model, cores, versions)."""
-    info = platform_description()
-    try:
-        import torch
-        info["torch"] = torch.__version__
-    except ImportError:
-        pass
-    try:
-        import fbgemm_gpu
-        info["fbgemm_gpu"] = getattr(fbgemm_gpu, "__version__", "?")
-    except Exception:
-        pass
-    info["last_level_cache_bytes"] = last_level_cache_bytes()
-    return info

@@ -20,7 +20,7 @@ the dlrm_datasets locality statistics; ``cli`` is ``clusterplan plan``. See READ
 
 from planner.model.tables.cost import CostConfig, CostModel
 from planner.model.tables.generate import dreamshard_tasks, neuroshard_tasks, synthesize_tables
-from planner.model.tables.memory import InfeasibleError, check_feasible
+from planner.model.tables.feasible import InfeasibleError, check_feasible
 from planner.model.tables.plan import Plan, PlannerStats
 from planner.sharding.planners import PLANNER_NAMES, Planner, get_planner
 from planner.model.tables.shards import Shard, ShardingType, TableSharding

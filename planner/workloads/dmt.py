@@ -26,7 +26,7 @@ sub-plan; the module and the MLPs are roofline-timed compute ops with their FLOP
 
 >>> from planner.model.tables.spec import ModelSpec, TableSpec
 >>> from planner.model.tables.task import ShardingTask
->>> from planner.model.dmt import TowerModuleSpec
+>>> from planner.model.dmt.module import TowerModuleSpec
 >>> tabs = tuple(TableSpec(name=f"t{i}", num_embeddings=10000, embedding_dim=64) for i in range(8))
 >>> task = ShardingTask(model=ModelSpec(name="m", tables=tabs, batch_size=4096),
 ...                     topology="dgx-h100:nodes=2")
@@ -49,7 +49,7 @@ from planner.model.tables.cost import F_BWD, F_FWD, F_RW
 from planner.workloads.dlrm.step import StepSimulation, simulate_step
 from planner.model.tables.spec import ModelSpec
 from planner.model.tables.task import Problem, ShardingTask, prepare
-from planner.dmt.towers import HostPlan, TowerLayout, host_groups
+from planner.model.dmt.layout import HostPlan, TowerLayout, host_groups
 
 __all__ = ["DmtStep", "Comparison", "build_sptt_workload", "simulate_sptt", "compare_flat_dmt",
            "top_input_dims", "cross_host_bytes", "simulate_flat", "with_a2a_algo"]
@@ -340,36 +340,3 @@ def simulate_flat(problem: Problem, shardings, *, mode: str = "explicit",
                           a2a_bytes={k: float(v.sum()) for k, v in mats.items()}, result=res)
 
 
-def compare_flat_dmt(task: ShardingTask, devices: int, *, towers: int | str = "auto",
-                     module=None, layout: TowerLayout | None = None, planner: str = "greedy",
-                     partitioner: str = "affinity", seed: int = 0, flat_plan=None,
-                     mode: str | None = None, coaccess=None,
-                     time_limit_s: float | None = None) -> Comparison:
-    """Plan and simulate the flat step and the SPTT step of ``task`` on ``devices`` GPUs.
-
-    The flat plan comes from ``planner`` over all ranks (types: the task's, default the tower
-    types plus table-row-wise); the towers from :func:`planner.dmt.partition.partition_towers`
-    unless ``layout`` is given; each host's tables from the same planner inside the host
-    (``time_limit_s`` per host for ``mip`` and ``local_search``).
-    """
-    from planner.model.dmt import TowerModuleSpec
-    from planner.dmt.partition import partition_layout
-    from planner.dmt.towers import shard_hosts
-    problem = prepare(task, devices)
-    host_groups(problem)                      # uneven hosts: a SpecError before any planning
-    if mode is None:
-        mode = "symmetric" if devices > 64 else "explicit"
-    if flat_plan is None:
-        from planner.sharding.planners import get_planner
-        flat_plan = get_planner(planner).plan(task, devices, seed=seed)
-    flat = simulate_step(problem, flat_plan.shardings, mode=mode)
-    from planner.workloads.dlrm.step import build_step_workload
-    _, mats = build_step_workload(problem, flat_plan.shardings)
-    if layout is None:
-        layout = partition_layout(task, devices, towers=towers,
-                                  module=module or TowerModuleSpec(), method=partitioner,
-                                  seed=seed, coaccess=coaccess).layout
-    hps = shard_hosts(task, layout, planner=planner, seed=seed, time_limit_s=time_limit_s)
-    dmt = simulate_sptt(task, devices, layout, hps, mode=mode)
-    return Comparison(flat=flat, dmt=dmt, layout=layout, host_plans=hps, flat_plan=flat_plan,
-                      flat_cross_host_bytes=cross_host_bytes(problem, mats))

@@ -37,10 +37,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from planner.model.dmt import TowerModuleSpec  # noqa: E402
+from planner.model.dmt.module import TowerModuleSpec  # noqa: E402
 from planner.dmt.partition import partition_layout  # noqa: E402
 from planner.workloads.dmt import cross_host_bytes, simulate_flat, simulate_sptt  # noqa: E402
-from planner.dmt.towers import shard_hosts, with_module  # noqa: E402
+from planner.dmt.towers import shard_hosts  # noqa: E402
+from planner.model.dmt.layout import with_module  # noqa: E402
 from planner.model.tables.generate import synthesize_tables  # noqa: E402
 from planner.sharding.planners import get_planner  # noqa: E402
 from planner.workloads.dlrm.step import build_step_workload, simulate_step  # noqa: E402

@@ -11,7 +11,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from planner.measure.collect import CollectConfig, collect, meta_path, read_data  # noqa: E402
+from planner.costmodel.datafile import read_data  # noqa: E402
+from planner.measure.collect import CollectConfig, collect  # noqa: E402
+from planner.costmodel.datafile import meta_path
 from simulator.errors import SpecError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,10 +8,12 @@ import pytest
 
 from planner.model.tables.shards import ShardingType
 
-from planner.model.dmt import TowerModuleSpec
+from planner.model.dmt.module import TowerModuleSpec
 from planner.dmt.partition import partition_layout
-from planner.workloads.dmt import build_sptt_workload, compare_flat_dmt, top_input_dims
-from planner.dmt.towers import make_layout, shard_hosts
+from planner.workloads.dmt import build_sptt_workload, top_input_dims
+from planner.dmt.compare import compare_flat_dmt
+from planner.dmt.towers import shard_hosts
+from planner.model.dmt.layout import make_layout
 from simulator.errors import SpecError
 
 
@@ -92,7 +94,7 @@ def test_layout_rejects_overlap_and_missing(task16):
         make_layout(m, [[0], [1]], [0, 1], hosts=2, gpus_per_host=8, module=TowerModuleSpec())
 
 
-@pytest.mark.parametrize("name", ["planner.model.dmt", "planner.workloads.dmt"])
+@pytest.mark.parametrize("name", ["planner.model.dmt.module", "planner.workloads.dmt"])
 def test_doctests(name):
     import doctest
     import importlib

@@ -7,8 +7,8 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from planner.model.tables.memory import (InfeasibleError, check_feasible, device_capacity_bytes,
-                                     shard_memory_bytes, table_bytes)
+from planner.model.tables.feasible import InfeasibleError, check_feasible
+from planner.model.tables.memory import device_capacity_bytes, shard_memory_bytes, table_bytes
 from planner.model.tables.shards import (ShardingType, column_widths, column_wise_counts,
                                      data_parallel, parse_sharding_types, row_blocks, row_wise,
                                      table_row_wise, table_wise, validate_sharding)

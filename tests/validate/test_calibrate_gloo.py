@@ -102,7 +102,7 @@ def test_lookup_probe_is_recorded_and_scales_the_plans_lookups():
     from planner.measure.embedding import cpu_topology_ref
     from planner.model.tables.plan import evaluate_shardings
     from planner.model.tables.task import ShardingTask, prepare
-    from planner.measure.validate.calibrate_dlrm import (_probe_shardings, lookup_probe_model,
+    from planner.measure.validate.dlrm_probes import (_probe_shardings, lookup_probe_model,
                                                  lookup_scale, predicted_lookup_s)
     cfg = GlooCalibration(rounds=2, repeats=3, quick=True, torchrec=False,
                           sizes=(4, 4096))

@@ -27,7 +27,8 @@ from planner.model.tables.spec import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
 from planner.measure.validate.config import Fault
 from planner.measure.validate.dlrm import is_sharding_plan, load_dlrm_config
-from planner.measure.validate.dlrm_report import expected_ops, validate_dlrm
+from planner.measure.validate.dlrm_ops import expected_ops
+from planner.measure.validate.dlrm_report import validate_dlrm
 from planner.measure.validate.runner import RunFailed, run_many
 from simulator.errors import SpecError
 
@@ -114,7 +115,7 @@ def test_torchrec_ops_of_a_mixed_plan(tmp_path):
 
 def test_rw_values_follow_the_ids(tmp_path):
     cfg = load_dlrm_config(str(write_plan(tmp_path, "row_wise", 2)), steps=1, warmup=0)
-    from planner.measure.validate.dlrm import step_batch
+    from planner.measure.validate.dlrm_ops import step_batch
     lengths, ids = step_batch(cfg, 0)
     ops = torchrec_comm_ops(cfg.shardings, [t[2] for t in TABLES], lengths, ids, world=2,
                             local_world=2)

@@ -30,7 +30,7 @@ same time (as in a step, so shared caches and memory bandwidth are loaded as the
   median of 31 single passes of 8 blocks, each after the caches were swept (as in a real
   step, where GEMMs and collectives run between a block's host work);
 - **lookups under the run's conditions**: one fused embedding kernel on every rank at once
-  (:func:`planner.measure.validate.calibrate_dlrm.time_lookup_probe`), whose ratio to the CPU
+  (:func:`planner.measure.validate.dlrm_probes.time_lookup_probe`), whose ratio to the CPU
   embedding profile scales the lookups of validated DLRM plans.
 
 Everything is measured ``rounds`` times (2 by default); the profile keeps the per-entry median
@@ -121,7 +121,7 @@ def _rank_main(cfg: GlooCalibration, rank: int, port: int, progress, report) -> 
         out["host"][rnd] = _time_host(dist, torch, cfg.world, rank)
         out.setdefault("wake", {})[rnd] = _time_wake(dist, torch)
         if cfg.lookup:
-            from planner.measure.validate.calibrate_dlrm import time_lookup_probe
+            from planner.measure.validate.dlrm_probes import time_lookup_probe
             out.setdefault("lookup", {})[rnd] = time_lookup_probe(
                 dist, repeats=3 if cfg.quick else 9)
         progress.end(rank)
@@ -472,7 +472,7 @@ def profile_document(ranks: list[dict], cfg: GlooCalibration, *, load: dict | No
 
 def _lookup_section(ranks: list[dict], rounds: int) -> dict:
     """The co-running lookup probe: per round the slowest rank, and their median (seconds)."""
-    from planner.measure.validate.calibrate_dlrm import LOOKUP_BATCH, LOOKUP_TABLES
+    from planner.measure.validate.dlrm_probes import LOOKUP_BATCH, LOOKUP_TABLES
     per = [max(r["lookup"][rnd] for r in ranks) for rnd in range(rounds)]
     return {"what": "fused TBE forward+backward of the tables [rows, dim, pooling, zipf] at "
                     "the batch, on every rank at once (planner/measure/validate/calibrate_dlrm.py)",
@@ -508,7 +508,7 @@ def _machine() -> dict:
     """This machine as the other measurements describe it, plus the torch version."""
     import torch
 
-    from planner.measure.kernels import platform_description
+    from planner.machine import platform_description
     return {**platform_description(), "torch": str(torch.__version__)}
 
 
@@ -603,7 +603,7 @@ def summary_lines(doc: dict) -> list[str]:
     hb = doc["host_block_s"]
     lk = doc.get("lookup")
     if lk:
-        from planner.measure.validate.calibrate_dlrm import predicted_lookup_s
+        from planner.measure.validate.dlrm_probes import predicted_lookup_s
         lines.append(f"  lookups on every rank at once: {format_time(lk['measured_s'])} for the "
                      f"probe, {lk['measured_s'] / predicted_lookup_s():.2f}x the CPU embedding "
                      "profile's prediction")

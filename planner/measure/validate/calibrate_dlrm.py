@@ -42,64 +42,9 @@ from __future__ import annotations
 
 import statistics
 
-__all__ = ["PROBE_TYPES", "probe_config", "measure_torchrec", "host_costs", "size_measure",
-           "lookup_probe_model", "time_lookup_probe", "predicted_lookup_s", "lookup_scale"]
+from planner.measure.validate.dlrm_probes import PROBE_TYPES, probe_config
 
-PROBE_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
-PROBE_TABLES = 4
-PROBE_DIM = 32
-PROBE_ROWS = 4096
-PROBE_SMALL = 8              # samples per rank
-PROBE_LARGE = 1024
-PROBE_POOLING = 32
-PROBE_DP_LARGE_ROWS = 32768  # 4 MiB fp32 per table at dim 32
-#: the co-running lookup probe: (rows, dim, pooling factor, Zipf exponent) per table
-LOOKUP_TABLES = ((200_000, 64, 20.0, 1.1), (100_000, 32, 10.0, 1.05), (400_000, 32, 5.0, 1.1),
-                 (50_000, 16, 30.0, 1.2))
-LOOKUP_BATCH = 2048
-
-
-def probe_config(kind: str, size: str, world: int, *, steps: int = 30, warmup: int = 5):
-    """The probe's :class:`planner.measure.validate.dlrm.DLRMRunConfig` (deterministic: the prediction
-    rebuilds it to simulate it)."""
-    from planner.model.tables import shards as sh
-    from planner.measure.embedding import cpu_topology_ref
-    from planner.model.tables.plan import PlannerStats, make_plan
-    from planner.model.tables.spec import ModelSpec, TableSpec
-    from planner.model.tables.task import ShardingTask, prepare
-    from planner.export.torchrec import export_torchrec_plan
-
-    from planner.measure.validate.dlrm import DLRMRunConfig
-    large = size == "large"
-    rows = PROBE_DP_LARGE_ROWS if (large and kind == "data_parallel") else PROBE_ROWS
-    rows -= rows % world
-    pooling = float(PROBE_POOLING if large else 1)
-    per_rank = PROBE_LARGE if large else PROBE_SMALL
-    tables = tuple(TableSpec(name=f"p{i}", num_embeddings=rows, embedding_dim=PROBE_DIM,
-                             pooling_factor=pooling, zipf_exponent=1.05)
-                   for i in range(PROBE_TABLES))
-    model = ModelSpec(name=f"probe-{kind}-{size}", tables=tables, dense=None,
-                      batch_size=per_rank * world, optimizer="sgd", source="calibrate_dlrm")
-    problem = prepare(ShardingTask(model=model, topology=cpu_topology_ref(world)), world)
-    out = []
-    for i, t in enumerate(tables):
-        if kind == "table_wise":
-            out.append(sh.table_wise(i, t.name, rows, PROBE_DIM, i % world))
-        elif kind == "column_wise":
-            w = PROBE_DIM // world
-            out.append(sh.column_wise(i, t.name, rows, PROBE_DIM, list(range(world)),
-                                      [w] * world))
-        elif kind == "row_wise":
-            out.append(sh.row_wise(i, t.name, rows, PROBE_DIM, world))
-        else:
-            out.append(sh.data_parallel(i, t.name, rows, PROBE_DIM, world))
-    plan = make_plan(problem, out, "probe", PlannerStats())
-    tr = export_torchrec_plan(plan.to_dict(), device="cpu")
-    return DLRMRunConfig(model=model, shardings=tuple(out), torchrec_plan=tr,
-                         plan_source=f"<{model.name}>", world=world,
-                         local_world=int(tr["local_world_size"]), steps=steps, warmup=warmup)
-
-
+__all__ = ["measure_torchrec", "merge_torchrec"]
 
 
 def measure_torchrec(pool, world: int, *, quick: bool = False, rounds: int | None = None
@@ -154,101 +99,6 @@ def _spread(xs) -> float:
     return (max(xs) - min(xs)) / m if m > 0 else 0.0
 
 
-def size_measure(kind: str, cfg, ops, rank: int) -> float:
-    """The size a type's host cost grows with on ``rank``: ids it sends plus receives in the
-    type's values all-to-all (table-wise, column-wise, row-wise), or the bytes of its
-    data-parallel tables."""
-    if kind == "data_parallel":
-        return float(sum(4 * ts.shards[0].rows * ts.shards[0].cols for ts in cfg.shardings
-                         if ts.sharding_type.value == kind))
-    for op in ops:
-        if op.name == f"{kind} values a2a":
-            i = op.group.index(rank)
-            return float(op.matrix[i].sum() + op.matrix[:, i].sum()) / 8.0
-    return 0.0
-
-
-def host_costs(calibration, world: int, simulate_probe, *, iterations: int = 4) -> dict:
-    """Per type ``(intercept_s, slope_s_per_unit)`` from the stored probes.
-
-    ``simulate_probe(cfg, host_s) -> seconds`` simulates a probe with ``host_s`` seconds of
-    host work per rank (the model the prediction uses). The host cost is what makes the model
-    reproduce the measured probe: starting from measured − simulated without host work, the
-    line through the two probes is corrected by the remaining difference a few times (the
-    host work lengthens the compute gap before the next call, whose wake-up cost the model
-    then charges too, so one subtraction would count that twice)."""
-    tr = getattr(calibration, "torchrec", None) or {}
-    if int(tr.get("world", -1)) != world:
-        return {}
-    from planner.measure.validate.dlrm_report import expected_ops
-    probes: dict[str, dict] = {}
-    for p in tr.get("probes", []):
-        cfg = probe_config(p["sharding_type"], p["size"], world)
-        ops = expected_ops(cfg, cfg.warmup)
-        xs = [size_measure(p["sharding_type"], cfg, ops, r) for r in range(world)]
-        probes.setdefault(p["sharding_type"], {})[p["size"]] = (cfg, xs, float(p["step_s"]))
-    out = {}
-    for kind, got in probes.items():
-        if "small" not in got:
-            continue
-        pts = [got[k] for k in ("small", "large") if k in got]
-        target = [0.0] * len(pts)                 # host seconds (slowest rank) per probe
-        a = b = 0.0
-        for _ in range(iterations):
-            for i, (cfg, xs, meas) in enumerate(pts):
-                host = [a + b * x for x in xs]
-                target[i] = max(host) + meas - simulate_probe(cfg, host)
-            x0, t0 = max(pts[0][1]), target[0]
-            if len(pts) > 1 and max(pts[1][1]) > x0:
-                b = max(0.0, (target[1] - t0) / (max(pts[1][1]) - x0))
-            a = max(0.0, t0 - b * x0)
-        out[kind] = (a, b)
-    return out
-
-
 # -- the co-running lookup probe ------------------------------------------------------------
 
-def lookup_probe_model():
-    """The probe's tables (:data:`LOOKUP_TABLES`) as a model, all table-wise on one rank."""
-    from planner.model.tables.spec import ModelSpec, TableSpec
-    tables = tuple(TableSpec(name=f"l{i}", num_embeddings=r, embedding_dim=d, pooling_factor=p,
-                             zipf_exponent=z) for i, (r, d, p, z) in enumerate(LOOKUP_TABLES))
-    return ModelSpec(name="lookup-probe", tables=tables, batch_size=LOOKUP_BATCH,
-                     optimizer="sgd", source="planner/measure/validate/calibrate_dlrm.py")
 
-
-def _probe_shardings(model):
-    from planner.model.tables.shards import table_wise
-    return [table_wise(i, t.name, t.num_embeddings, t.embedding_dim, 0)
-            for i, t in enumerate(model.tables)]
-
-
-def time_lookup_probe(dist, *, repeats: int = 9) -> float:
-    """Seconds of the probe's fused forward + backward on this rank, every rank starting
-    together after a barrier (median of ``repeats``, caches flushed before each)."""
-    from planner.measure.embedding import model_ids, rank_work
-    from planner.measure.kernels import time_shard_set
-    model = lookup_probe_model()
-    tables = rank_work(model, _probe_shardings(model), model_ids(model), 1)[0]
-    dist.barrier()
-    return time_shard_set(tables, repeats=repeats, warmup=2).total_s
-
-
-def predicted_lookup_s() -> float:
-    """The CPU embedding profile's forward + backward lookup seconds of the probe."""
-    from planner.measure.embedding import cpu_topology_ref
-    from planner.model.tables.plan import evaluate_shardings
-    from planner.model.tables.task import ShardingTask, prepare
-    model = lookup_probe_model()
-    problem = prepare(ShardingTask(model=model, topology=cpu_topology_ref(2)), 2)
-    ev = evaluate_shardings(problem, _probe_shardings(model))
-    return float(ev.breakdown_s["lookup_fwd_s"][0] + ev.breakdown_s["lookup_bwd_s"][0])
-
-
-def lookup_scale(calibration) -> float:
-    """Measured / predicted lookup time of the probe (1.0 when the calibration has none)."""
-    lk = getattr(calibration, "lookup", None) or {}
-    measured = lk.get("measured_s")
-    if not measured:
-        return 1.0
-    return float(measured) / predicted_lookup_s()

@@ -15,7 +15,6 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 
 from simulator.errors import SpecError
 
@@ -79,17 +78,6 @@ class DLRMRunConfig:
         """The rank's run (called by :func:`planner.measure.validate.worker.worker_main`)."""
         from planner.measure.validate.dlrm_worker import run_rank
         return run_rank(rank, self, port, progress, report, state)
-
-
-def step_batch(cfg: DLRMRunConfig, step: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """The global batch of ``step``: per table its bag lengths (``batch_size``) and ids."""
-    from planner.model.tables.ids import table_ids
-    lengths, ids = [], []
-    for i, t in enumerate(cfg.model.tables):
-        x = table_ids(t, cfg.model.batch_size, seed=cfg.seed * 1009 + step, index=i)
-        lengths.append(np.diff(x.offsets).astype(np.int64))
-        ids.append(np.asarray(x.indices, dtype=np.int64))
-    return lengths, ids
 
 
 def load_dlrm_config(plan_path: str, *, tables: str | None = None, nproc: int | None = None,

@@ -16,43 +16,15 @@ import statistics
 from simulator.units import format_time
 
 from planner.measure.validate.compare import Mismatch
-from planner.measure.validate.dlrm import DLRMRunConfig, step_batch
+from planner.measure.validate.dlrm import DLRMRunConfig
+from planner.measure.validate.dlrm_ops import expected_ops
 from planner.measure.validate.report import verdict_lines
 from planner.measure.validate.runner import RunResult, run
 
-__all__ = ["expected_ops", "measured_channels", "compare_dlrm", "validate_dlrm",
-           "format_dlrm_report", "dense_param_sizes"]
+__all__ = ["measured_channels", "compare_dlrm", "validate_dlrm", "format_dlrm_report"]
 
 FWD_KINDS = {"torchrec_host": "TorchRec host work", "a2a": "embedding all-to-all", "rw_comm": "reduce-scatter/all-gather",
              "dense_allreduce": "dense all-reduce", "dp_allreduce": "data-parallel all-reduce"}
-
-
-def dense_param_sizes(model) -> list[int]:
-    """Bytes of the dense parameters in registration order (as the real run builds them)."""
-    d = model.dense
-    if d is None:
-        return []
-    dims = [t.embedding_dim for t in model.tables]
-    ls = d.layers(dims)
-    out = []
-    for i, o in ls["bottom"]:
-        out += [i * o * 4, o * 4]
-    if d.interaction != "dot":
-        top_in = ls["top"][0][0]
-        out += [top_in * d.dcn_projection * 4] * d.dcn_layers          # u
-        out += [d.dcn_projection * top_in * 4] * d.dcn_layers          # v
-        out += [top_in * 4] * d.dcn_layers                             # biases
-    for i, o in ls["top"]:
-        out += [i * o * 4, o * 4]
-    return out
-
-
-def expected_ops(cfg: DLRMRunConfig, step: int):
-    from planner.workloads.dlrm.torchrec import torchrec_comm_ops
-    lengths, ids = step_batch(cfg, step)
-    return torchrec_comm_ops(cfg.shardings, [t.embedding_dim for t in cfg.model.tables],
-                             lengths, ids, world=cfg.world, local_world=cfg.local_world,
-                             dense_param_sizes=dense_param_sizes(cfg.model), rebuilt=step >= 1)
 
 
 def measured_channels(events, step: int) -> dict[str, list[tuple]]:
@@ -140,7 +112,7 @@ def predicted(cfg: DLRMRunConfig, step: int, calibration=None) -> dict:
     else:
         hc = _host_costs(calibration, cfg.world)
         if hc:
-            from planner.measure.validate.calibrate_dlrm import size_measure
+            from planner.measure.validate.dlrm_probes import size_measure
             types = [k for k in sorted({ts.sharding_type.value for ts in cfg.shardings})
                      if k in hc]
             # every probe's intercept holds the step's own fixed cost once (taken as the
@@ -169,7 +141,7 @@ _LOOKUP_SCALE: dict = {}
 
 def _problem(cfg: DLRMRunConfig, calibration):
     """The plan's problem on this machine's topology; with a calibration, its lookups scaled
-    by the co-running lookup probe (:func:`planner.measure.validate.calibrate_dlrm.lookup_scale`)."""
+    by the co-running lookup probe (:func:`planner.measure.validate.dlrm_probes.lookup_scale`)."""
     from planner.model.tables.cost import CostConfig
     from planner.measure.embedding import cpu_topology_ref
     from planner.model.tables.task import ShardingTask, prepare
@@ -177,7 +149,7 @@ def _problem(cfg: DLRMRunConfig, calibration):
     if calibration is not None:
         key = id(calibration)
         if key not in _LOOKUP_SCALE:
-            from planner.measure.validate.calibrate_dlrm import lookup_scale
+            from planner.measure.validate.dlrm_probes import lookup_scale
             _LOOKUP_SCALE[key] = (calibration, lookup_scale(calibration))
         scale = _LOOKUP_SCALE[key][1]
     return prepare(ShardingTask(model=cfg.model, topology=cpu_topology_ref(cfg.world),
@@ -188,7 +160,7 @@ def _host_costs(calibration, world: int) -> dict:
     """TorchRec's host costs from the calibration's probe plans (cached per profile)."""
     key = (id(calibration), world)
     if key not in _HOST_COSTS:
-        from planner.measure.validate.calibrate_dlrm import host_costs
+        from planner.measure.validate.dlrm_probes import host_costs
 
         def sim(cfg, host) -> float:        # a probe simulated with host work per rank
             from planner.workloads.dlrm.torchrec import build_torchrec_step_workload

@@ -24,7 +24,7 @@ name               what it does
 
 Every planner falls back to row-wise for a table that fits no single device, when row-wise is
 allowed; a table that fits nowhere under the allowed types raises
-:class:`~planner.model.tables.memory.InfeasibleError` (exit code 2 in the CLI) naming the fix.
+:class:`~planner.model.tables.feasible.InfeasibleError` (exit code 2 in the CLI) naming the fix.
 """
 
 from __future__ import annotations

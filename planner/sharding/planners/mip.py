@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import pulp
 
 from planner.model.tables.cost import F_MEM
-from planner.model.tables.memory import check_feasible
+from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.planners.common import CW_PARTS, Catalog, catalog

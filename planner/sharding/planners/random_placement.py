@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from planner.model.tables.memory import check_feasible
+from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.shards import ShardingType
 from planner.model.tables.task import ShardingTask, prepare

@@ -41,7 +41,7 @@ import warnings
 
 from simulator.errors import SpecError
 
-from planner.model.tables.memory import InfeasibleError
+from planner.model.tables.feasible import InfeasibleError
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.shards import Shard, ShardingType, TableSharding, table_wise
 from planner.model.tables.task import Problem, ShardingTask, prepare

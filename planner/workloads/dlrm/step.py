@@ -31,6 +31,7 @@ from planner.model.tables.cost import F_BWD, F_DP, F_FWD, F_HRS, F_RW
 from planner.model.tables.plan import Plan
 from planner.model.tables.shards import TableSharding
 from planner.model.tables.task import Problem, prepare
+from planner.workloads.dlrm.dense import mlp_flops
 
 __all__ = ["StepSimulation", "build_step_workload", "simulate_step", "simulate_plan"]
 
@@ -61,18 +62,6 @@ class StepSimulation:
     result: SimResult
 
 
-def _mlp_flops(problem: Problem) -> dict[str, float]:
-    d = problem.model.dense
-    if d is None:
-        return {"bottom": 0.0, "top": 0.0, "params": 0.0}
-    dims = [t.embedding_dim for t in problem.model.tables]
-    b = problem.cost.local_batch
-    ls = d.layers(dims)
-    bottom = sum(2.0 * b * i * o for i, o in ls["bottom"])
-    top = sum(2.0 * b * i * o for i, o in ls["interaction"] + ls["top"])
-    return {"bottom": bottom, "top": top, "params": float(d.param_count(dims))}
-
-
 def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
                         ) -> tuple[Workload, dict[str, np.ndarray]]:
     """The step's :class:`Workload` and its all-to-all byte matrices (rank i → j)."""
@@ -82,7 +71,7 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
     mats = cm.a2a_matrices(F)
     d = problem.model.dense
     dtype = d.dtype if d is not None else "fp32"
-    fl = _mlp_flops(problem)
+    fl = mlp_flops(problem)
     ranks = list(range(n))
     w = Workload(name=f"dlrm-step:{problem.model.name}")
     launch = cm.launch_s

@@ -42,6 +42,7 @@ import numpy as np
 from simulator.workload import Workload
 
 from planner.model.tables.shards import ShardingType, TableSharding
+from planner.workloads.dlrm.dense import mlp_flops
 
 __all__ = ["CommOp", "torchrec_comm_ops", "rank_events", "build_torchrec_step_workload",
            "ddp_buckets", "dense_op_list", "INPUT_DIST_ORDER", "KJT_SPLITS"]
@@ -322,13 +323,12 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     time per op); ``host_s`` (seconds per rank): TorchRec's host work per step, run before the
     input dist (:mod:`planner.measure.validate.calibrate_dlrm`)."""
     from planner.model.tables.cost import F_BWD, F_FWD
-    from planner.workloads.dlrm.step import _mlp_flops
     cm = problem.cost
     n = problem.devices
     F = cm.plan_features(shardings)
     d = problem.model.dense
     dtype = d.dtype if d is not None else "fp32"
-    fl = _mlp_flops(problem)
+    fl = mlp_flops(problem)
     ranks = list(range(n))
     w = Workload(name=f"dlrm-torchrec-step:{problem.model.name}")
     launch, hbm = cm.launch_s, cm.hbm_Bps

@@ -1,0 +1,93 @@
+"""Facts about this machine recorded beside measurements (CPU model, cores, caches, versions),
+and the one place that says how to install torch when a command needs it. Imports no torch
+unless asked to."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from simulator.errors import SpecError
+
+__all__ = ["INSTALL_HINT", "require_torch", "last_level_cache_bytes", "platform_description",
+           "cpu_description", "installed_description"]
+
+
+INSTALL_HINT = "install with `make setup-torchrec` (torch 2.13.0 CPU, fbgemm-gpu-cpu 1.8.0)"
+
+
+def require_torch(what: str = "measuring embedding kernels"):
+    """Import torch or raise a SpecError (exit 2) saying how to install it."""
+    try:
+        import torch
+    except ImportError:
+        raise SpecError(f"{what} needs torch, which is not installed", source="torch",
+                        fix=INSTALL_HINT) from None
+    return torch
+
+
+def last_level_cache_bytes() -> int:
+    """Size of the largest CPU cache (from sysfs), or 32 MiB when unknown."""
+    best = 0
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    try:
+        for d in base.glob("index*"):
+            text = (d / "size").read_text().strip()
+            mult = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(text[-1:], 1)
+            num = text[:-1] if text[-1:] in "KMG" else text
+            best = max(best, int(num) * mult)
+    except (OSError, ValueError):
+        best = 0
+    return best or 32 * 1024 ** 2
+
+
+def platform_description() -> dict:
+    """Platform, cores, Python and numpy versions and the CPU model (no torch import)."""
+    import platform
+    info = {"platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "python": platform.python_version(), "numpy": np.__version__}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return info
+
+
+def cpu_description() -> dict:
+    """Machine facts recorded beside measurements (model, cores, versions)."""
+    info = platform_description()
+    try:
+        import torch
+        info["torch"] = torch.__version__
+    except ImportError:
+        pass
+    try:
+        import fbgemm_gpu
+        info["fbgemm_gpu"] = getattr(fbgemm_gpu, "__version__", "?")
+    except Exception:
+        pass
+    info["last_level_cache_bytes"] = last_level_cache_bytes()
+    return info
+
+
+def installed_description(threads: int = 1) -> dict:
+    """:func:`platform_description` plus the installed torch and fbgemm_gpu versions (read from
+    package metadata, so nothing heavy is imported), the last-level cache, ``threads`` and the
+    embedding kernel backend those packages give."""
+    import importlib.metadata as md
+    info = platform_description()
+    for dist, key in (("torch", "torch"), ("fbgemm-gpu-cpu", "fbgemm_gpu"),
+                      ("fbgemm-gpu", "fbgemm_gpu")):
+        try:
+            info.setdefault(key, md.version(dist))
+        except md.PackageNotFoundError:
+            pass
+    info["last_level_cache_bytes"] = last_level_cache_bytes()
+    info["threads"] = int(threads)
+    info["backend"] = "fbgemm" if "fbgemm_gpu" in info else "torch"
+    return info
