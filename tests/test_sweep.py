@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from planner.cli.main import main
+from planner.cli.main import main
 from planner.sweep import parse_sweep, points, run_point, run_sweep
 from simulator.errors import SpecError
 
@@ -37,18 +38,18 @@ def test_points_are_the_cartesian_product_with_zip_in_file_order():
 
 def test_a_failing_point_is_a_row_not_a_crash():
     bad = run_point(("collective", "allreduce", "--size", "1GiB", "--ranks", "9999",
-                     "--topology", "dgx-a100", "--json"))
+                     "--topology", "dgx-a100", "--json"), main)
     assert not bad["ok"] and "--ranks" in bad["error"] and bad["exit_code"] == 2
     bad = run_point(("collective", "allreduce", "--size", "1GiB", "--algo", "ring",
-                     "--no-such-option", "--topology", "dgx-a100", "--json"))
+                     "--no-such-option", "--topology", "dgx-a100", "--json"), main)
     assert not bad["ok"] and bad["exit_code"] == 2
 
 
 def test_pool_and_ray_give_the_same_table_for_216_simulations():
     pytest.importorskip("ray")
     spec = parse_sweep(BIG, source="big")
-    pool, s1 = run_sweep(spec, workers=2)
-    ray_t, s2 = run_sweep(spec, workers=2, ray_address="local")
+    pool, s1 = run_sweep(spec, command=main, workers=2)
+    ray_t, s2 = run_sweep(spec, command=main, workers=2, ray_address="local")
     assert s1["points"] == s2["points"] == 216 and s1["run"] == s2["run"] == 216
     assert pool.ok.all(), pool[~pool.ok].head()
     pd.testing.assert_frame_equal(pool, ray_t)
@@ -63,14 +64,14 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(tmp_path):
                         "args": {"--topology": "dgx-a100:nodes=2"},
                         "grid": {"--size": ["1MiB", "16MiB", "256MiB"], "--ranks": [4, 8, 16]},
                         "keep": ["time_s"]}, source="t")
-    full, _ = run_sweep(spec, workers=1)
+    full, _ = run_sweep(spec, command=main, workers=1)
     ckpt = tmp_path / "out.csv.partial.jsonl"
     pts = points(spec)
     with ckpt.open("w") as fh:           # the first 4 points finished, then a half-written line
         for p in pts[:4]:
-            fh.write(json.dumps({"key": p.key, "outcome": run_point(p.argv)}) + "\n")
+            fh.write(json.dumps({"key": p.key, "outcome": run_point(p.argv, main)}) + "\n")
         fh.write('{"key": "' + pts[4].key + '", "outc')
-    again, stats = run_sweep(spec, workers=1, checkpoint=ckpt)
+    again, stats = run_sweep(spec, command=main, workers=1, checkpoint=ckpt)
     assert stats == {"points": 9, "run": 5, "resumed": 4, "failed": 0}
     pd.testing.assert_frame_equal(full, again)
 

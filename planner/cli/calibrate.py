@@ -1,16 +1,18 @@
-"""``clusterplan calibrate``: fit or measure the simulator's parameters (nccl-tests tables,
-kernel timings, this CPU, gloo, eager PyTorch's host time)."""
+"""``clusterplan calibrate``: fit or measure the simulator"s parameters (nccl-tests tables,
+kernel timings, this CPU, gloo, eager PyTorch"s host time)."""
 
 from __future__ import annotations
 
 from simulator.errors import SpecError
 from simulator.units import format_time
 
-from planner.cli.commands import _atomic_write, _common_topology, _emit, _load_topology
+from planner.cli.options import topology_arguments, topology_from_args
+from planner.cli.output import atomic_write, emit
 
-__all__ = ["add_calibrate_command"]
+__all__ = ["register"]
 
-def add_calibrate_command(sub) -> None:
+
+def register(sub) -> None:
     p = sub.add_parser("calibrate", help="fit simulator parameters to measurements",
                        description="Fit or measure simulator parameters. `clusterplan calibrate "
                                    "--backend gloo` is `clusterplan calibrate gloo`.")
@@ -29,7 +31,7 @@ def add_calibrate_command(sub) -> None:
     n.add_argument("--algo", default="ring")
     n.add_argument("--link", default="nvlink", help="link kind whose efficiency is fitted")
     n.add_argument("--out", metavar="FILE", help="write the fitted values as YAML")
-    _common_topology(n)
+    topology_arguments(n)
     n.add_argument("--json", action="store_true")
     n.set_defaults(func=_calibrate_nccl)
     c = csub.add_parser("compute", help="efficiency curves from kernel timings, or measure this CPU",
@@ -82,7 +84,7 @@ def _calibrate_nccl(args) -> int:
     import pandas as pd
     import yaml
     from planner.measure.fit_collectives import fit_collective_profile, read_nccl_table
-    topo = _load_topology(args)
+    topo = topology_from_args(args)
     parts = []
     for item in args.table:
         ranks, eq, path = item.partition("=")
@@ -100,7 +102,7 @@ def _calibrate_nccl(args) -> int:
             "alpha_s": fit.alpha_s, "link_kind": args.link, "efficiency": fit.efficiency,
             "local_Bps": fit.local_Bps, "mape_by_ranks": per}
     if args.out:
-        _atomic_write(args.out, yaml.safe_dump(
+        atomic_write(args.out, yaml.safe_dump(
             {"fitted_to": [str(t) for t in args.table], "topology": topo.name,
              "kind": args.kind, "algorithm": args.algo, "alpha_s": fit.alpha_s,
              "efficiency": {args.link: fit.efficiency}, "local_bandwidth_Bps": fit.local_Bps,
@@ -111,7 +113,7 @@ def _calibrate_nccl(args) -> int:
              f"  {'ranks':>5}{'MAPE all':>10}{'MAPE ≥64MiB':>13}"]
     for nr, m in per.items():
         lines.append(f"  {nr:>5}{m['mape_all'] * 100:>9.2f}%{m['mape_ge_64MiB'] * 100:>12.2f}%")
-    _emit(args, data, "\n".join(lines))
+    emit(args, data, "\n".join(lines))
     return 0
 
 
@@ -135,11 +137,11 @@ def _calibrate_compute(args) -> int:
                                          source=args.source,
                                          drop_cache_resident=args.drop_cache_resident)
     text = yaml.safe_dump(prof, sort_keys=False)
-    _atomic_write(args.out, text)
+    atomic_write(args.out, text)
     check = load_compute_profile(prof["gpu"], args.out)      # the file loads as written
     data = {"out": args.out, "gpu": prof["gpu"], "launch_overhead_s": check.launch_overhead_s,
             "matmul_dtypes": sorted(check.matmul)}
-    _emit(args, data, f"wrote {args.out} for {prof['gpu']}: matmul curves for "
+    emit(args, data, f"wrote {args.out} for {prof['gpu']}: matmul curves for "
                       f"{', '.join(sorted(check.matmul))}, launch {format_time(check.launch_overhead_s)}")
     return 0
 
@@ -167,9 +169,9 @@ def _calibrate_gloo(args) -> int:
         raise SpecError(f"--rounds {args.rounds} is outside 1..10", field="--rounds",
                         fix="use --rounds 2 or 3")
     doc = measure_gloo(GlooCalibration(world=args.nproc, rounds=args.rounds))
-    _atomic_write(args.out, "# clusterplan calibrate gloo: see planner/measure/validate/calibrate.py\n"
+    atomic_write(args.out, "# clusterplan calibrate gloo: see planner/measure/validate/calibrate.py\n"
                   + yaml.safe_dump(doc, sort_keys=False, width=100))
-    _emit(args, doc, "\n".join(summary_lines(doc) + [f"wrote {args.out}"]))
+    emit(args, doc, "\n".join(summary_lines(doc) + [f"wrote {args.out}"]))
     return 0
 
 
@@ -180,9 +182,9 @@ def _calibrate_host(args) -> int:
                         fix="use --repeats 5 or more")
     doc = measure_host_overhead(repeats=args.repeats)
     if args.out:
-        _atomic_write(args.out, host_overhead_yaml(doc))
+        atomic_write(args.out, host_overhead_yaml(doc))
     per, noise = doc["per_block_s"], doc["noise_iqr_over_median"]
-    _emit(args, doc, f"host time per block (torch {doc['torch']}, 1 thread): forward "
+    emit(args, doc, f"host time per block (torch {doc['torch']}, 1 thread): forward "
                      f"{format_time(per['forward'])}, backward {format_time(per['backward'])}, "
                      f"full-recompute extra {format_time(per['recompute_extra'])} "
                      f"(IQR/median {noise['forward_backward']:.0%})"

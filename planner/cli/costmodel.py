@@ -7,10 +7,10 @@ import json
 import shlex
 import sys
 
-__all__ = ["add_costmodel_command"]
+__all__ = ["register"]
 
 
-def add_costmodel_command(sub) -> None:
+def register(sub) -> None:
     p = sub.add_parser("costmodel", help="learned (NeuroShard) embedding cost model: collect "
                                          "data on this machine, train, ship weights")
     cs = p.add_subparsers(dest="costmodel_cmd", required=True)

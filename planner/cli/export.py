@@ -20,17 +20,27 @@ from pathlib import Path
 from typing import Sequence
 
 from simulator.errors import ClusterplanError, SpecError
-from simulator.fileio import atomic_write_text, read_json_file
+from simulator.fileio import read_json_file
 
+from planner.cli.output import atomic_write
 from planner.export import TARGETS, export_plan
 from planner.export._plan import check_plan
 
-__all__ = ["add_arguments", "run", "main", "load_plan", "read_plan_file", "write_files",
+__all__ = ["register", "add_arguments", "run", "main", "load_plan", "read_plan_file", "write_files",
            "TORCHREC", "TORCHREC_FILE"]
 
 #: the target for embedding sharding plans (the others take LLM plans)
 TORCHREC = "torchrec"
 TORCHREC_FILE = "torchrec_plan.json"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("export", help="write a plan as trainer launch settings",
+                       description="Turn an LLM plan JSON (clusterplan plan MODEL --out plan.json) "
+                                   "into torchtitan, Megatron-LM or DeepSpeed settings, or a "
+                                   "host/rank file that places every rank where the plan put it.")
+    add_arguments(p)
+    p.set_defaults(func=run)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,10 +104,6 @@ def _fill_from_model(plan: dict, args) -> dict:
     return opts
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    atomic_write_text(path, text)
-
-
 def write_files(files: dict[str, str], out: str) -> list[str]:
     """Write to ``out``: a directory (made if its parent exists) or, for one file, a file path."""
     dest = Path(out)
@@ -115,7 +121,7 @@ def write_files(files: dict[str, str], out: str) -> list[str]:
     else:
         paths = [dest]
     for path, text in zip(paths, files.values()):
-        _atomic_write(path, text)
+        atomic_write(path, text)
     return [str(p) for p in paths]
 
 

@@ -1,4 +1,5 @@
-"""The ``clusterplan`` command.
+"""The ``clusterplan`` command: one module per subcommand, each with ``register(subparsers)``
+and ``run(args)``; :data:`COMMANDS` lists them in the order ``--help`` shows.
 
 Every subcommand prints a table for people and, with ``--json``, one JSON object for programs.
 Bad input (a missing file, an unknown name, a value out of range) ends with one line naming the
@@ -8,13 +9,17 @@ file, the field and the fix, and exit code 2; never a traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Sequence
 
 from simulator.errors import ClusterplanError
 
-from planner.cli import commands
+from planner.cli import (calibrate, collective, costmodel, diagnose, export, fidelity, gpus,
+                         measure, plan, probe, reorder, replay, simulate, sweep, topology,
+                         validate)
+
+COMMANDS = (topology, gpus, collective, simulate, plan, measure, export, fidelity, calibrate,
+            diagnose, reorder, probe, costmodel, validate, sweep, replay)
 
 EXAMPLES = """\
 main commands (each has --help):
@@ -44,13 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="clusterplan", description="Simulate and plan training on GPU clusters.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    commands.register(sub)
-    from planner.cli.validate import register as register_validate
-    register_validate(sub)
-    from planner.cli.sweep import register as register_sweep
-    register_sweep(sub)
-    from planner.cli.replay import register as register_replay
-    register_replay(sub)
+    for command in COMMANDS:
+        command.register(sub)
+    p.set_defaults(main=main)      # for commands that run other commands (sweep)
     return p
 
 
@@ -70,25 +71,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
-
-
-def emit(args: argparse.Namespace, data: dict, human: str) -> None:
-    """Print ``data`` as JSON when ``--json`` was given, else the human text."""
-    if getattr(args, "json", False):
-        print(json.dumps(data, indent=2, default=_jsonable))
-    else:
-        print(human)
-
-
-def _jsonable(o):
-    import numpy as np
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,7 +8,9 @@ from pathlib import Path
 from simulator.errors import SpecError
 from simulator.units import format_time
 
-__all__ = ["register"]
+from planner.cli.output import emit
+
+__all__ = ["register", "run"]
 
 
 def register(sub) -> None:
@@ -30,14 +32,13 @@ def register(sub) -> None:
                    help="where to replay (default: this machine, localhost-gloo with one "
                         "process per rank)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=run)
 
 
-def _run(args) -> int:
+def run(args) -> int:
     from simulator.engine import simulate
     from simulator.topology import load_topology
     from planner.workloads.replay import chakra_workload, kineto_workload, read_kineto
-    from planner.cli.main import emit
     n = len(args.traces)
     topo = load_topology(args.topology or f"localhost-gloo:node.gpus={n}")
     if topo.num_gpus < n:

@@ -7,7 +7,9 @@ from pathlib import Path
 
 from simulator.errors import SpecError
 
-__all__ = ["register"]
+from planner.cli.output import emit
+
+__all__ = ["register", "run"]
 
 
 def register(sub) -> None:
@@ -32,11 +34,10 @@ def register(sub) -> None:
     p.add_argument("--restart", action="store_true",
                    help="forget finished points of an earlier, interrupted run")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=run)
 
 
-def _run(args) -> int:
-    from planner.cli.main import emit
+def run(args) -> int:
     from planner.sweep.grid import load_sweep
     from planner.sweep.run import plot_table, run_sweep, bar_progress, write_table
     spec = load_sweep(args.grid)
@@ -56,7 +57,7 @@ def _run(args) -> int:
     if args.restart and ckpt.exists():
         ckpt.unlink()
     table, stats = run_sweep(spec, workers=args.workers, ray_address=args.ray, checkpoint=ckpt,
-                             progress=bar_progress)
+                             progress=bar_progress, command=args.main)
     write_table(table, out)
     if args.plot:
         plot_table(table, spec.plot, Path(args.plot))

@@ -13,8 +13,7 @@ plan file's content); ``--out`` writes the plan JSON atomically. Exit codes: 0 v
 1 the planner produced an invalid plan (over memory; try another planner), 2 bad input or a task
 that cannot fit (one line naming the file, the field, the table, the numbers and the fix).
 
-Also here: ``clusterplan measure TABLES PLAN.json`` (:func:`run_measure`, the plan run for real
-on this machine, :mod:`planner.measure.embedding`) and ``clusterplan calibrate embedding``
+Also here: ``clusterplan calibrate embedding``
 (:func:`run_calibrate_embedding`, the CPU profile of the cost model,
 :mod:`planner.measure.calibrate_embedding`).
 """
@@ -29,20 +28,23 @@ from typing import Sequence
 from simulator.errors import ClusterplanError, SpecError
 from simulator.units import format_bytes, format_time, parse_bytes
 
+from planner.cli.output import progress_line, write_json
 from planner.sharding.planners import PLANNER_NAMES, get_planner
 from planner.model.tables.shards import parse_sharding_types
 from planner.model.tables.spec import OPTIMIZERS, load_model_spec
 from planner.model.tables.task import ShardingTask
 
-__all__ = ["add_arguments", "run", "main", "build_parser"]
+__all__ = ["add_arguments", "run", "main", "build_parser", "positive", "add_calibrate_embedding",
+           "run_calibrate_embedding"]
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the ``plan`` command's arguments to ``p``."""
+def add_arguments(p: argparse.ArgumentParser, *, devices_required: bool = True) -> None:
+    """Add the ``plan`` command's arguments to ``p`` (``--devices`` optional where the same
+    parser also plans models, which take their GPUs from the topology)."""
     p.add_argument("tables", metavar="TABLES",
                    help="built-in spec (criteo-dlrm, mlperf-dcnv2), a YAML spec or a CSV with "
                         "columns name,num_embeddings,embedding_dim,pooling_factor")
-    p.add_argument("--devices", type=int, required=True, metavar="N", help="number of GPUs")
+    p.add_argument("--devices", type=int, required=devices_required, metavar="N", help="number of GPUs")
     p.add_argument("--topology", default=None, metavar="NAME|FILE",
                    help="topology (default dgx-a100:nodes=ceil(N/8)); ranks 0..N-1 are used")
     p.add_argument("--planner", default="greedy", metavar="NAME",
@@ -125,11 +127,11 @@ def run(args: argparse.Namespace) -> int:
     meas = None
     if getattr(args, "measure", False):
         from planner.measure.embedding import measure_plan
-        meas = measure_plan(plan, task, repeats=_positive(args.repeats, "--repeats"),
+        meas = measure_plan(plan, task, repeats=positive(args.repeats, "--repeats"),
                             seed=args.seed)
         doc["measurement"] = meas.to_dict()
     if args.out:
-        _write_json(args.out, doc)
+        write_json(args.out, doc)
     if args.json:
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
@@ -146,100 +148,11 @@ def run(args: argparse.Namespace) -> int:
     return 0 if plan.valid else 1
 
 
-def _positive(v: int, flag: str) -> int:
+def positive(v: int, flag: str) -> int:
+    """``v`` as an int when it is at least 1, else a SpecError naming ``flag``."""
     if v is None or v < 1:
         raise SpecError(f"{flag} must be ≥ 1, got {v}", source=flag, fix=f"pass e.g. {flag} 5")
     return int(v)
-
-
-# -- clusterplan measure --------------------------------------------------------------------
-
-def add_measure_command(sub) -> None:
-    """Register ``clusterplan measure TABLES PLAN.json`` on a subparsers object."""
-    p = sub.add_parser("measure", help="run a sharding plan for real on this machine",
-                       description="Measure a sharding plan (clusterplan plan TABLES --devices N "
-                                   "--out PLAN.json) on this machine: each rank's shards as one "
-                                   "fused embedding kernel (forward, backward, fused optimizer; "
-                                   "one thread; median of --repeats), and the ids and pooled-"
-                                   "embedding all-to-alls (and row-wise / data-parallel "
-                                   "collectives) with torch.distributed gloo across N processes. "
-                                   "Prints measured per-rank lookups, communication and total, "
-                                   "the maximum, and the analytic prediction beside them.")
-    p.add_argument("tables", metavar="TABLES", help="the table spec the plan was made for")
-    p.add_argument("plan", metavar="PLAN.json", help="a plan JSON written by clusterplan plan")
-    p.add_argument("--repeats", type=int, default=5, metavar="K",
-                   help="timed iterations per rank (median; default 5)")
-    p.add_argument("--warmup", type=int, default=2, metavar="K", help="untimed iterations first")
-    p.add_argument("--comm-repeats", type=int, default=7, metavar="K",
-                   help="timed rounds of the collectives (median; default 7)")
-    p.add_argument("--no-comm", action="store_true", help="time the kernels only")
-    p.add_argument("--kernel", default="auto", choices=("auto", "fbgemm", "torch"),
-                   help="fused FBGEMM TBE (auto when installed) or torch.nn.EmbeddingBag")
-    p.add_argument("--seed", type=int, default=0, help="seed of the ids")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--out", default=None, metavar="FILE", help="write the JSON result here")
-    p.set_defaults(func=run_measure)
-
-
-def run_measure(args: argparse.Namespace) -> int:
-    """``clusterplan measure``: load the spec and plan, measure, print."""
-    from planner.measure.embedding import cpu_topology_ref, format_measurement, measure_shardings
-    from planner.model.tables.plan import read_plan_json
-    from planner.model.tables.task import prepare
-    try:
-        with open(args.plan, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise SpecError(f"cannot read the plan: {exc.strerror or exc}", source=args.plan,
-                        fix="pass a plan written by clusterplan plan --out") from None
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise SpecError(f"not JSON: {exc}", source=args.plan,
-                        fix="pass a plan written by clusterplan plan --out") from None
-    if not isinstance(doc, dict) or doc.get("format") != "clusterplan.sharding-plan":
-        raise SpecError("not a clusterplan sharding plan", source=args.plan, field="format",
-                        fix="pass a plan written by clusterplan plan TABLES --devices N --out")
-    info = doc.get("task") or {}
-    model = load_model_spec(args.tables).with_overrides(batch_size=info.get("batch_size"),
-                                                        optimizer=info.get("optimizer"))
-    if info.get("sha256") and info["sha256"] != model.sha256():
-        raise SpecError(f"the plan was made for another model ({info.get('name')!r}, "
-                        f"{info.get('num_tables')} tables)", source=args.plan, field="task.sha256",
-                        fix=f"pass the table spec the plan was made from, or re-plan "
-                            f"{args.tables}")
-    devices = int(doc.get("devices") or 0)
-    if devices < 1:
-        raise SpecError("the plan has no device count", source=args.plan, field="devices",
-                        fix="re-plan with clusterplan plan")
-    task = ShardingTask(model=model, topology=cpu_topology_ref(devices))
-    problem = prepare(task, devices)
-    shardings = read_plan_json(doc, problem)
-    if sorted(ts.table for ts in shardings) != list(range(model.num_tables)):
-        raise SpecError("the plan does not place every table exactly once", source=args.plan,
-                        field="shards", fix="re-plan with clusterplan plan")
-    meas = measure_shardings(problem, shardings, repeats=_positive(args.repeats, "--repeats"),
-                             warmup=max(0, args.warmup),
-                             comm_repeats=_positive(args.comm_repeats, "--comm-repeats"),
-                             comm=not args.no_comm, seed=args.seed, backend=args.kernel)
-    out = meas.to_dict() | {"plan": args.plan, "planner": doc.get("planner"),
-                            "plan_topology": doc.get("topology")}
-    if doc.get("topology") and doc["topology"] != problem.topology_ref:
-        meas.notes = tuple(meas.notes) + (
-            f"the plan was made for {doc['topology']}; predicted here with this machine's "
-            f"profile ({problem.topology_ref})",)
-        out["notes"] = list(meas.notes)
-    if args.out:
-        _write_json(args.out, out)
-    if args.json:
-        print(json.dumps(out, indent=2, ensure_ascii=False))
-    else:
-        print(f"{model.name}: {model.num_tables} tables, batch {model.batch_size:,}, "
-              f"{devices} ranks, plan by {doc.get('planner')}")
-        print(format_measurement(meas))
-        if args.out:
-            print(f"wrote {args.out}")
-    return 0
 
 
 # -- clusterplan calibrate embedding ------------------------------------------------------
@@ -283,11 +196,11 @@ def run_calibrate_embedding(args: argparse.Namespace) -> int:
         [f"--kernel-points {args.kernel_points}", f"--worlds {args.worlds}",
          f"--repeats {args.repeats}", f"--rounds {args.rounds}", f"--seed {args.seed}",
          f"--out {args.out}"])
-    doc = calibrate(kernel_points=_positive(args.kernel_points, "--kernel-points"), worlds=worlds,
-                    repeats=_positive(args.repeats, "--repeats"), seed=args.seed,
-                    rounds=_positive(args.rounds, "--rounds"),
+    doc = calibrate(kernel_points=positive(args.kernel_points, "--kernel-points"), worlds=worlds,
+                    repeats=positive(args.repeats, "--repeats"), seed=args.seed,
+                    rounds=positive(args.rounds, "--rounds"),
                     backend=args.kernel, command=command,
-                    progress=None if args.json else _progress)
+                    progress=None if args.json else progress_line)
     write_profile(doc, args.out)
     look, fit = doc["lookup"], doc["lookup_fit"]
     data = {"out": args.out, "lookup": look, "lookup_fit": fit,
@@ -313,15 +226,6 @@ def run_calibrate_embedding(args: argparse.Namespace) -> int:
                                ("allreduce", "reducescatter", "allgather") if k in e))
     print("\n".join(lines))
     return 0
-
-
-def _progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def _write_json(path: str, doc: dict) -> None:
-    from simulator.fileio import atomic_write_text
-    atomic_write_text(path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
 
 
 def format_plan(plan, sim=None) -> str:

@@ -8,13 +8,15 @@ the rank); 2 for bad input (the message names the field and the fix).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from simulator.errors import SpecError
 
+from planner.cli.output import emit
 from planner.measure.validate.config import SCHEDULES, Scale
 
-__all__ = ["register", "run_validate"]
+__all__ = ["register", "run", "load_calibration"]
 
 
 def register(sub) -> None:
@@ -72,7 +74,7 @@ def register(sub) -> None:
                    help="the plan's table spec (default: the plan's task.source)")
     d.add_argument("--batch-size", type=int, default=None, metavar="B",
                    help="global batch of the run and the prediction (default: the plan's)")
-    p.set_defaults(func=run_validate)
+    p.set_defaults(func=run)
 
 
 def load_calibration(path: str | None):
@@ -89,15 +91,12 @@ def _positive(value, flag: str, minimum: float = 1) -> None:
                         fix=f"pass {flag} {minimum:g} or more")
 
 
-def run_validate(args) -> int:
-    from planner.cli.main import emit
-
+def run(args) -> int:
     from planner.measure.validate.config import load_source, parse_fault, run_config
     from planner.measure.validate.report import format_report, validate
     from planner.measure.validate.dlrm import is_sharding_plan
     if is_sharding_plan(args.source):
-        from planner.cli.validate_dlrm import run_validate_dlrm
-        return run_validate_dlrm(args)
+        return _run_dlrm(args)
     if args.backend != "gloo":
         raise SpecError("only gloo runs in this slice (nccl needs CUDA GPUs and a device "
                         "placement the worker does not do yet)", field="--backend",
@@ -131,4 +130,37 @@ def run_validate(args) -> int:
         cfg = replace(cfg, trace_dir=trace_dir)
     d = validate(cfg, calibration=load_calibration(args.calibration))
     emit(args, d, format_report(d))
+    return 0 if d["structure"]["match"] else 1
+
+
+def _run_dlrm(args) -> int:
+    """``validate PLAN.json`` for an embedding sharding plan (TorchRec on gloo)."""
+
+    from planner.measure.validate.config import parse_fault
+    from planner.measure.validate.dlrm import load_dlrm_config
+    from planner.measure.validate.dlrm_report import format_dlrm_report, validate_dlrm
+    if args.backend != "gloo":
+        raise SpecError("only gloo runs DLRM plans here (TorchRec on CPU)", field="--backend",
+                        fix="use --backend gloo")
+    for flag, v, lo in (("--steps", args.steps, 1), ("--warmup", args.warmup, 0)):
+        if v < lo:
+            raise SpecError(f"{v} is below {lo}", field=flag, fix=f"pass {flag} {lo} or more")
+    if not args.timeout > 0:
+        raise SpecError(f"{args.timeout} is not a positive number of seconds", field="--timeout",
+                        fix="pass e.g. --timeout 60")
+    fault = parse_fault(args.inject_fault)
+    calibration = load_calibration(getattr(args, "calibration", None))
+    cfg = load_dlrm_config(args.source, tables=args.tables, nproc=args.nproc,
+                           batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
+                           timeout_s=args.timeout, fault=fault)
+    if fault is not None and fault.rank >= cfg.world:
+        raise SpecError(f"rank {fault.rank} is outside 0..{cfg.world - 1}",
+                        field="--inject-fault", fix=f"name a rank below {cfg.world}")
+    if not args.no_trace:
+        trace_dir = args.trace_dir or str(
+            Path("traces") / "validate" / f"{cfg.model.name}-dlrm{cfg.world}-"
+            f"{time.strftime('%Y%m%d-%H%M%S')}")
+        cfg = replace(cfg, trace_dir=trace_dir)
+    d = validate_dlrm(cfg, calibration=calibration)
+    emit(args, d, format_dlrm_report(d))
     return 0 if d["structure"]["match"] else 1

@@ -320,7 +320,7 @@ def _measure_comm(cfg: CollectConfig, sids: list[int]):
         jp = Path(tmp) / "jobs.json"
         jp.write_text(json.dumps(jobs))
         port = free_port()
-        procs = [subprocess.Popen([sys.executable, str(Path(__file__).with_name("comm_worker.py")),
+        procs = [subprocess.Popen([sys.executable, str(Path(__file__).with_name("collect_comm_worker.py")),
                                    str(r), str(world), str(port), str(jp),
                                    str(Path(tmp) / f"r{r}.jsonl")],
                                   env=env, cwd=root, stdout=subprocess.DEVNULL,

@@ -156,7 +156,7 @@ def _measure_matmul_threads(sizes: Sequence[int], repeats: int, min_sample_s: fl
     env = dict(os.environ)
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = str(threads)
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     code = ("import json; from planner.measure.cpu import _measure_matmul; "
             f"print(json.dumps(_measure_matmul({list(sizes)!r}, {repeats}, {min_sample_s!r}, "
@@ -418,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     prof = measure_cpu_profile(repeats=args.repeats, threads=args.threads,
                                statistic=args.statistic)
-    out = args.out or Path(__file__).resolve().parents[1] / "traces" / "efficiency" / "cpu.yaml"
+    out = args.out or Path(__file__).resolve().parents[2] / "traces" / "efficiency" / "cpu.yaml"
     write_profile(prof, out)
     m = prof["measured"]
     print(f"wrote {out}: peak fp32 {m['peak_fp32_flops'] / 1e9:.1f} GFLOP/s, memory "

@@ -1,6 +1,8 @@
 """Run a sweep's points in a local process pool or on a Ray cluster; resumable; one table.
 
-Each point runs ``planner.cli.main.main(argv)`` in a worker and keeps its JSON output. Finished
+Each point runs one ``clusterplan`` command line in a worker through ``command`` (the CLI's
+``main``, handed down by the ``sweep`` command: this layer sits below the CLI that drives it)
+and keeps its JSON output. Finished
 points are appended to a checkpoint file (JSON lines, ``<out>.partial.jsonl``) as they arrive,
 so an interrupted sweep started again with the same file and output runs only what is missing.
 The table has one row per point in grid order, whatever order the workers finished in, so the
@@ -25,17 +27,17 @@ from planner.sweep.grid import Point, SweepSpec, points
 __all__ = ["run_point", "run_sweep", "result_table"]
 
 
-def run_point(argv: tuple[str, ...]) -> dict[str, Any]:
-    """Run one ``clusterplan`` command; ``{"ok": bool, "result"|"error": ...}``.
+def run_point(argv: tuple[str, ...], command: Callable[[list[str]], int]) -> dict[str, Any]:
+    """Run one ``clusterplan`` command line with ``command`` (a ``main(argv) -> exit code``,
+    picklable for the pool and Ray); ``{"ok": bool, "result"|"error": ...}``.
 
     A point whose command fails (bad value, exit 2) is a row with its error, not a crash of the
     sweep: one impossible configuration in a grid is normal.
     """
-    from planner.cli.main import main
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            code = main(list(argv))
+            code = command(list(argv))
         except SystemExit as exc:                 # argparse rejects an argument
             code = exc.code if isinstance(exc.code, int) else 2
     if code != 0:
@@ -93,13 +95,14 @@ def _read_checkpoint(path: Path) -> dict[str, dict]:
     return done
 
 
-def run_sweep(spec: SweepSpec, *, workers: int | None = None, ray_address: str | None = None,
+def run_sweep(spec: SweepSpec, *, command: Callable[[list[str]], int],
+              workers: int | None = None, ray_address: str | None = None,
               checkpoint: Path | None = None,
               progress: Callable[[Iterable, int], Iterable] | None = None
               ) -> tuple[pd.DataFrame, dict]:
     """Run every point not yet in ``checkpoint``; returns (table, stats).
 
-    ``workers``: processes of the local pool (default: the CPUs); ``ray_address``: run on Ray
+    ``command``: runs one point's command line (:func:`run_point`); ``workers``: processes of the local pool (default: the CPUs); ``ray_address``: run on Ray
     instead (``"local"`` starts a local Ray instance, anything else is ``ray.init(address=)``).
     ``stats`` counts points run now, resumed from the checkpoint, and failed.
     """
@@ -110,8 +113,8 @@ def run_sweep(spec: SweepSpec, *, workers: int | None = None, ray_address: str |
     fh = checkpoint.open("a") if checkpoint else None
     progress = progress or (lambda it, total: it)
     try:
-        stream = (_run_ray(todo, ray_address, workers) if ray_address
-                  else _run_pool(todo, workers))
+        stream = (_run_ray(todo, command, ray_address, workers) if ray_address
+                  else _run_pool(todo, command, workers))
         for key, outcome in progress(stream, len(todo)):
             done[key] = outcome
             if fh:
@@ -126,19 +129,19 @@ def run_sweep(spec: SweepSpec, *, workers: int | None = None, ray_address: str |
     return table, stats
 
 
-def _run_pool(todo: list[Point], workers: int):
+def _run_pool(todo: list[Point], command, workers: int):
     if workers == 1 or len(todo) <= 1:
         for p in todo:
-            yield p.key, run_point(p.argv)
+            yield p.key, run_point(p.argv, command)
         return
     from concurrent.futures import ProcessPoolExecutor, as_completed
     with ProcessPoolExecutor(max_workers=workers) as ex:
-        futs = {ex.submit(run_point, p.argv): p for p in todo}
+        futs = {ex.submit(run_point, p.argv, command): p for p in todo}
         for fut in as_completed(futs):
             yield futs[fut].key, fut.result()
 
 
-def _run_ray(todo: list[Point], address: str, workers: int):
+def _run_ray(todo: list[Point], command, address: str, workers: int):
     try:
         import ray
     except ImportError:
@@ -161,7 +164,7 @@ def _run_ray(todo: list[Point], address: str, workers: int):
         started = True
     try:
         task = ray.remote(run_point)
-        refs = {task.remote(p.argv): p for p in todo}
+        refs = {task.remote(p.argv, command): p for p in todo}
         pending = list(refs)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)

@@ -19,7 +19,7 @@ __all__ = ["CpuProfile", "load_cpu_profile", "CPU_PROFILE_PATH"]
 
 
 #: the committed CPU profile (``clusterplan calibrate embedding --out`` rewrites it)
-CPU_PROFILE_PATH = (Path(__file__).resolve().parents[2] / "traces" / "calibration"
+CPU_PROFILE_PATH = (Path(__file__).resolve().parents[3] / "traces" / "calibration"
                     / "cpu-embedding.yaml")
 
 _LOOKUP_FIELDS = ("lookup_Bps", "lookup_overhead_bytes", "repeat_hit_ratio", "backward_multiplier",

@@ -242,7 +242,7 @@ class ModelSpec:
 # loading
 
 def _examples_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "examples"
+    return Path(__file__).resolve().parent / "catalog"
 
 
 def builtin_spec_names() -> list[str]:

@@ -1,0 +1,34 @@
+"""``clusterplan fidelity``: iteration-time error against published LLM runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from planner.cli.output import emit
+from planner.cli.llm import fidelity
+
+
+__all__ = ["register", "run"]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("fidelity", help="iteration-time error against published LLM runs",
+                       description="Simulate the published configurations of Narayanan 2021 "
+                                   "Table 1, Korthikanti 2022 and the vTrain multi-node runs and "
+                                   "print the error per row and the MAPE per set (assumptions in "
+                                   "planner/llm/fidelity.py).")
+    p.add_argument("--set", action="append",
+                   choices=("narayanan", "korthikanti", "vtrain", "vtrain-single"),
+                   help="default: narayanan, korthikanti, vtrain (vtrain-single: vTrain's 1,440 "
+                        "one-node runs)")
+    p.add_argument("--vtrain-dir", default=str(Path(__file__).resolve().parents[3] / "shared"
+                                               / "data" / "vtrain"),
+                   help="folder with ground_truth_multi.csv (default ../shared/data/vtrain)")
+    p.add_argument("--limit", type=int, default=None, help="first N rows of each set")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Simulate the published rows of each chosen set and print the errors."""
+    return fidelity(args, emit)

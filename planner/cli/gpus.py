@@ -1,0 +1,35 @@
+"""``clusterplan gpus``: the GPU catalog with a source for every number."""
+
+from __future__ import annotations
+
+from simulator.units import format_bytes
+
+from planner.cli.output import emit
+
+
+__all__ = ["register", "run"]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("gpus", help="list the GPU catalog with sources")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from simulator.hardware import gpu_names, gpu_spec
+    rows = []
+    for n in gpu_names():
+        g = gpu_spec(n)
+        rows.append({"name": n, "vendor_name": g.vendor_name, "peak_flops": dict(g.peak_flops),
+                     "hbm_bytes": g.hbm_bytes, "hbm_bandwidth_Bps": g.hbm_bandwidth_Bps,
+                     "nvlink_bandwidth_Bps": g.nvlink_bandwidth_Bps, "sources": dict(g.sources)})
+    lines = [f"{'kind':<11}{'bf16 TFLOP/s':>13}{'fp32 TFLOP/s':>13}{'memory':>12}{'HBM GB/s':>10}"
+             f"{'NVLink GB/s':>12}"]
+    for r in rows:
+        pf = r["peak_flops"]
+        lines.append(f"{r['name']:<11}{pf.get('bf16', float('nan')) / 1e12:>13.1f}"
+                     f"{pf.get('fp32', float('nan')) / 1e12:>13.2f}{format_bytes(r['hbm_bytes']):>12}"
+                     f"{r['hbm_bandwidth_Bps'] / 1e9:>10.0f}{r['nvlink_bandwidth_Bps'] / 1e9:>12.0f}")
+    emit(args, {"gpus": rows}, "\n".join(lines))
+    return 0

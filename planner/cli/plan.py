@@ -1,0 +1,51 @@
+"""``clusterplan plan``: LLM parallelism for a model spec, embedding sharding for a table spec."""
+
+from __future__ import annotations
+
+from simulator.errors import SpecError
+
+from planner.cli.output import emit
+from planner.cli.options import is_model
+__all__ = ["register", "run"]
+
+
+def register(sub) -> None:
+    from planner.cli.tables import add_arguments
+    p = sub.add_parser("plan", help="plan LLM parallelism or embedding-table sharding",
+                       description="With a model spec (llama3-70b, MODEL.yaml): search TP/CP/PP/"
+                                   "DP/vpp/micro-batch/FSDP layouts on --topology and print the "
+                                   "best by simulated step time. With a table spec (YAML or CSV; "
+                                   "built-in criteo-dlrm, mlperf-dcnv2): shard the tables over "
+                                   "--devices N so the slowest device is as fast as possible.")
+    add_arguments(p, devices_required=False)
+    p.add_argument("--top", type=int, default=5, metavar="K", help="model plans: layouts to show")
+    p.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="model plans: resize the topology to N GPUs")
+    p.set_defaults(func=run)
+
+
+# per-rank all-to-all matrices grow with N² (4,096 devices: ~30 s, ~7 GB): a bound, not a hang
+MAX_SHARDING_DEVICES = 4_096
+
+
+def run(args) -> int:
+    """Plan a model spec's parallelism or a table spec's sharding, whichever ``TABLES`` is."""
+    if is_model(args.tables):
+        from planner.cli.llm import plan_model
+        from planner.model.llm.spec import load_llm_spec
+        from simulator.topology import load_topology
+        if not args.topology:
+            raise SpecError("a model plan needs --topology", field="--topology",
+                            fix="pass e.g. --topology h100-ib --gpus 1024")
+        topo = load_topology(args.topology, gpus=args.gpus)
+        return plan_model(args, load_llm_spec(args.tables), topo, emit)
+    if args.devices is None:
+        raise SpecError("a sharding plan needs --devices", field="--devices",
+                        fix="pass --devices N")
+    if args.devices > MAX_SHARDING_DEVICES:
+        raise SpecError(f"--devices {args.devices} is more than the {MAX_SHARDING_DEVICES:,} "
+                        "this planner handles", field="--devices",
+                        fix=f"plan for at most {MAX_SHARDING_DEVICES:,} devices (shard per "
+                            "embedding-parallel group and replicate)")
+    from planner.cli.tables import run
+    return run(args)

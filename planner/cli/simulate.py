@@ -1,0 +1,100 @@
+"""``clusterplan simulate``: one training step of a model spec or an op graph on a topology."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from simulator.errors import SpecError
+from simulator.units import format_bytes, format_time
+
+from planner.cli.output import emit
+from planner.cli.options import is_model, topology_arguments, topology_from_args
+
+
+__all__ = ["register", "run"]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("simulate", help="simulate a training step (model or op DAG) on a topology",
+                       description="Simulate one training step: a transformer spec (model:, "
+                                   "training:, parallel:; see planner/model/llm/spec.py) or a workload "
+                                   "YAML (an op DAG; see simulator/workload_spec.py), by path or "
+                                   "built-in name (llama3-405b, gpt3-175b, dp-step ...).")
+    p.add_argument("workload", metavar="MODEL|WORKLOAD", help="YAML file or built-in name")
+    topology_arguments(p)
+    p.add_argument("--parallel", metavar="SPEC", help="e.g. tp=8,cp=1,pp=16,dp=128,vpp=1")
+    p.add_argument("--global-batch", type=int, metavar="N", help="sequences per step")
+    p.add_argument("--micro-batch", type=int, metavar="N", help="sequences per micro-batch")
+    p.add_argument("--order", default="tp-cp-dp-pp",
+                   help="placement of parallel axes, innermost first (default tp-cp-dp-pp)")
+    p.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe", "interleaved"))
+    p.add_argument("--mode", default="auto", choices=("auto", "explicit", "symmetric"))
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace JSON")
+    p.add_argument("--trace-ranks", type=int, default=64, metavar="N",
+                   help="ranks to include in the trace (default 64)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    from planner.model.reliability import add_arguments as _reliability_arguments
+    _reliability_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from simulator.engine import simulate
+    from simulator.workload_spec import load_workload
+    if args.trace and not Path(args.trace).resolve().parent.is_dir():
+        raise SpecError(f"directory of {args.trace} does not exist", field="--trace",
+                        fix="create the directory or write the trace elsewhere")
+    topo = topology_from_args(args)
+    if is_model(args.workload):
+        from planner.cli.llm import simulate_model
+        from planner.model.llm.spec import load_llm_spec
+        return simulate_model(args, load_llm_spec(args.workload), topo, emit)
+    from planner.model.reliability import link_faults_from_args, reliability_report, stragglers_from_args
+    w = load_workload(args.workload, num_gpus=topo.num_gpus)
+    res = simulate(topo, w, mode="explicit" if args.mode == "auto" else args.mode,
+                   slowdown=stragglers_from_args(args, topo.num_gpus),
+                   link_faults=link_faults_from_args(args, topo), track_links=args.diagnose)
+    df = res.ops
+    by_cat = df.groupby("category").duration_s.sum()
+    compute_ops = df[df.kind == "compute"]
+    # exposed communication: step time on rank 0 not covered by its compute
+    r0 = compute_ops[compute_ops.first_rank == 0]
+    exposed = res.step_time_s - float(r0.duration_s.sum())
+    data = {"workload": w.name, "topology": topo.name, "mode": res.mode,
+            "step_time_s": res.step_time_s, "ops": len(df),
+            "compute_time_rank0_s": float(r0.duration_s.sum()),
+            "exposed_comm_rank0_s": exposed,
+            "busy_time_by_category_s": {k: float(v) for k, v in by_cat.items()},
+            "events": res.events, "wall_s": res.wall_s}
+    if args.trace:
+        res.write_chrome_trace(args.trace, max_ranks=args.trace_ranks)
+        data["trace"] = args.trace
+    lines = [f"{w.name} on {topo.name} ({topo.num_gpus} GPUs, {res.mode}): step time "
+             f"{format_time(res.step_time_s)}",
+             f"  rank 0: compute {format_time(data['compute_time_rank0_s'])}, exposed communication "
+             f"{format_time(exposed)}"]
+    comm = df[df.kind != "compute"]
+    if len(comm):
+        lines.append("  collectives (first instance):")
+        for name, g in comm.groupby("name", sort=False):
+            row = g.iloc[0]
+            lines.append(f"    {name:<14}{row.algorithm:<16}{format_bytes(row.bytes):>12}"
+                         f"  {format_time(row.duration_s):>12}  ({len(g)} groups of {row.ranks})")
+    if res.link_faults:
+        data["link_faults"] = [{"link": f.label, "links": len(f.links), "factor": f.factor,
+                                "at_s": f.at_s} for f in res.link_faults]
+        lines.append("  link faults: " + ", ".join(f.label for f in res.link_faults))
+    if res.slowdown:
+        data["stragglers"] = {str(r): f for r, f in sorted(res.slowdown.items())}
+        lines.append("  stragglers: " + ", ".join(f"rank {r} ×{f:g}"
+                                                   for r, f in sorted(res.slowdown.items())))
+    rel_data, rel_lines = reliability_report(args, gpus=topo.num_gpus,
+                                             step_time_s=res.step_time_s,
+                                             busy_s=res.compute_busy_s(), sim=res, topo=topo)
+    data.update(rel_data)
+    lines += rel_lines
+    lines.append(f"  {res.events} events in {res.wall_s:.3f} s wall")
+    if args.trace:
+        lines.append(f"  trace: {args.trace} (open in https://ui.perfetto.dev)")
+    emit(args, data, "\n".join(lines))
+    return 0
