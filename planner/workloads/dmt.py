@@ -23,16 +23,7 @@ Every exchange is one simulator all-to-all with its exact uneven byte matrix; th
 cross-host collectives of one step (one per local index) and the ``H`` intra-host ones run
 concurrently and share the network. Lookup times are the sharding cost model's for each host's
 sub-plan; the module and the MLPs are roofline-timed compute ops with their FLOPs (backward 2×).
-
->>> from planner.model.tables.spec import ModelSpec, TableSpec
->>> from planner.model.tables.task import ShardingTask
->>> from planner.model.dmt.module import TowerModuleSpec
->>> tabs = tuple(TableSpec(name=f"t{i}", num_embeddings=10000, embedding_dim=64) for i in range(8))
->>> task = ShardingTask(model=ModelSpec(name="m", tables=tabs, batch_size=4096),
-...                     topology="dgx-h100:nodes=2")
->>> cmp = compare_flat_dmt(task, 16, towers=2, module=TowerModuleSpec())
->>> cmp.flat.step_time_s > 0 and cmp.dmt.step_time_s > 0
-True
+:func:`planner.dmt.compare.compare_flat_dmt` plans both and simulates them side by side.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def test_layout_rejects_overlap_and_missing(task16):
         make_layout(m, [[0], [1]], [0, 1], hosts=2, gpus_per_host=8, module=TowerModuleSpec())
 
 
-@pytest.mark.parametrize("name", ["planner.model.dmt.module", "planner.workloads.dmt"])
+@pytest.mark.parametrize("name", ["planner.model.dmt.module", "planner.dmt.compare"])
 def test_doctests(name):
     import doctest
     import importlib
