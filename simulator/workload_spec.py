@@ -28,7 +28,7 @@ from typing import Any, Mapping
 from simulator.collectives import KINDS
 from simulator.errors import SpecError
 from simulator.fileio import builtin_names, read_spec_mapping
-from simulator.topology.spec import Fields
+from simulator.validation import Fields
 from simulator.workload import Workload
 
 __all__ = ["load_workload", "build_workload", "builtin_workload_names", "rank_groups"]

@@ -23,11 +23,10 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.costmodel.dataset import Dataset, load_dataset, split_ids
+from planner.costmodel.dataset import load_dataset, split_ids
 from planner.costmodel.features import NUM_FEATURES, aggregate_vector, table_matrix
 
-__all__ = ["ComputeNet", "ComputeEnsemble", "CommNet", "train", "mape", "kendall_tau",
-           "load_dataset", "Dataset"]
+__all__ = ["ComputeNet", "ComputeEnsemble", "CommNet", "train", "mape", "kendall_tau"]
 
 
 def _torch():

@@ -53,8 +53,8 @@ from planner.model.tables.access import default_reuse_bins, zipf_reuse, accesses
 from planner.measure.calibrate_comm import fit_comm_profile, measure_comm_points
 from planner.model.tables.spec import ModelSpec, TableSpec
 
-__all__ = ["kernel_configs", "measure_kernel_points", "fit_kernel_profile", "measure_comm_points",
-           "fit_comm_profile", "calibrate", "DISTRIBUTIONS"]
+__all__ = ["kernel_configs", "measure_kernel_points", "fit_kernel_profile", "calibrate",
+           "DISTRIBUTIONS"]
 
 DISTRIBUTIONS = ("distinct", "dlrm", "zipf")
 #: page reaches tried for the address-translation term (bytes)

@@ -32,8 +32,7 @@ import numpy as np
 
 from planner.measure.dmt_spawn import spawn_gloo
 
-__all__ = ["SemanticCase", "run_semantic_check", "flat_and_sptt", "table_gradients",
-           "spawn_gloo"]
+__all__ = ["SemanticCase", "run_semantic_check", "flat_and_sptt", "table_gradients"]
 
 
 @dataclass(frozen=True)

@@ -44,13 +44,13 @@ import numpy as np
 from simulator.errors import SpecError
 
 from planner.model.tables.cost import BREAKDOWN_KEYS
-from planner.model.tables.ids import TableIds, local_batches, model_ids, table_ids
+from planner.model.tables.ids import TableIds, local_batches, model_ids
 from planner.model.tables.shards import ShardingType, TableSharding
 from planner.model.tables.spec import PRECISION_BYTES, ModelSpec
 
-__all__ = ["TableIds", "table_ids", "model_ids", "Measurement", "measure_shardings",
-           "measure_many", "measure_plan", "scale_model", "cpu_topology_ref", "local_batches", "rank_work",
-           "comm_ops", "LOOKUP_KEYS", "COMM_KEYS", "format_measurement"]
+__all__ = ["Measurement", "measure_shardings", "measure_many", "measure_plan", "scale_model",
+           "cpu_topology_ref", "rank_work", "comm_ops", "LOOKUP_KEYS", "COMM_KEYS",
+           "format_measurement"]
 
 LOOKUP_KEYS = ("lookup_fwd_s", "lookup_bwd_s")
 COMM_KEYS = tuple(k for k in BREAKDOWN_KEYS if k not in LOOKUP_KEYS)

@@ -8,7 +8,7 @@ spec loading           :class:`SpecLoader` ``(ref) -> ModelSpec``           ``lo
 table synthesis        :class:`TableSource` ``(n, *, seed) -> tables``      ``synthesize_tables``
 cost estimation        :class:`ShardEstimator`                              ``CostModel``
 feasibility            :class:`FeasibilityCheck` ``(problem, types)``       ``check_feasible``
-planning               :class:`~planner.sharding.planners.Planner`          ``get_planner(name)``
+planning               :class:`Planner` ``plan(task, devices, ...) -> Plan``  ``get_planner(name)``
 step simulation        :class:`StepSimulator` ``(problem, shardings)``      ``simulate_step``
 =====================  ===================================================  =====================
 """
@@ -19,12 +19,13 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from planner.sharding.planners import Planner
+from planner.model.tables.plan import Plan
 from planner.model.tables.shards import Shard, ShardingType, TableSharding
 from planner.model.tables.spec import ModelSpec, TableSpec
+from planner.model.tables.task import ShardingTask
 
-__all__ = ["SpecLoader", "TableSource", "ShardEstimator", "FeasibilityCheck", "StepSimulator",
-           "Planner"]
+__all__ = ["SpecLoader", "TableSource", "ShardEstimator", "FeasibilityCheck", "Planner",
+           "StepSimulator"]
 
 
 @runtime_checkable
@@ -53,6 +54,18 @@ class ShardEstimator(Protocol):
 @runtime_checkable
 class FeasibilityCheck(Protocol):
     def __call__(self, problem, types: Sequence[ShardingType]) -> None: ...
+
+
+@runtime_checkable
+class Planner(Protocol):
+    """One planning strategy."""
+
+    name: str
+
+    def plan(self, task: ShardingTask, devices: int, *, seed: int = 0,
+             time_limit_s: float | None = None) -> Plan:
+        """A plan for ``task`` on ``devices`` ranks; same inputs and seed → same plan."""
+        ...
 
 
 @runtime_checkable

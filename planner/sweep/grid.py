@@ -29,7 +29,7 @@ from typing import Any
 
 from simulator.errors import SpecError
 from simulator.fileio import parse_yaml, read_text
-from simulator.topology.spec import Fields
+from simulator.validation import Fields
 
 __all__ = ["SweepSpec", "Point", "load_sweep", "parse_sweep", "points", "MAX_POINTS"]
 

@@ -19,7 +19,8 @@ import numpy as np
 from simulator.errors import SpecError
 from simulator.hardware import GPUSpec, gpu_spec, gpu_spec_from_dict
 from simulator.topology.model import LINK_KINDS, CommProfile, Hierarchy, LinkTable, Tier, Topology
-from simulator.topology.spec import Fields, read_topology_mapping
+from simulator.topology.spec import read_topology_mapping
+from simulator.validation import Fields
 
 __all__ = ["load_topology", "build_topology", "DEFAULT_COMM"]
 

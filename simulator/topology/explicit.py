@@ -13,7 +13,7 @@ import numpy as np
 
 from simulator.hardware import GPUSpec
 from simulator.topology.model import DEVICE_KINDS, LINK_KINDS, CommProfile, LinkTable, Topology
-from simulator.topology.spec import Fields
+from simulator.validation import Fields
 
 __all__ = ["build_explicit"]
 

@@ -21,9 +21,8 @@ import yaml
 
 from simulator.errors import SpecError
 from simulator.fileio import parse_yaml, read_text
-from simulator.validation import Fields  # noqa: F401  (re-exported: the shared validation layer)
 
-__all__ = ["Fields", "builtin_topology_names", "read_topology_mapping", "parse_topology_ref"]
+__all__ = ["builtin_topology_names", "read_topology_mapping", "parse_topology_ref"]
 
 
 def builtin_topology_names() -> list[str]:

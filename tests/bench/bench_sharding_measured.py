@@ -45,8 +45,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from planner.model.tables.generate import dreamshard_tasks, neuroshard_tasks  # noqa: E402
-from planner.measure.embedding import (cpu_topology_ref, measure_many, model_ids,  # noqa: E402
-                                      scale_model)
+from planner.measure.embedding import cpu_topology_ref, measure_many, scale_model  # noqa: E402
+from planner.model.tables.ids import model_ids  # noqa: E402
 from planner.sharding.planners import get_planner  # noqa: E402
 from planner.model.tables.task import prepare  # noqa: E402
 

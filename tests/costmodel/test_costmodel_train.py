@@ -117,7 +117,7 @@ def test_cli_train(tmp_path, capsys):
 def test_target_is_median_over_passes_of_fastest_iteration(tmp_path):
     """Three passes: the target is the median of the passes' fastest iterations (a pass in
     which every iteration was slow does not move it); the noise pairs are passes 0 and 1."""
-    from planner.costmodel.model import load_dataset
+    from planner.costmodel.dataset import load_dataset
     hw = hardware_info(light=True)
     hid = hardware_id(hw)
     data = tmp_path / "d.csv"

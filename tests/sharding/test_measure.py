@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from planner.model.tables.access import default_reuse_bins
-from planner.model.tables.cost import CostConfig, load_cpu_profile
-from planner.measure.embedding import (comm_ops, cpu_topology_ref, local_batches, model_ids,
-                                      rank_work, scale_model, table_ids)
+from planner.model.tables.cost import CostConfig
+from planner.model.tables.cpu_profile import load_cpu_profile
+from planner.measure.embedding import comm_ops, cpu_topology_ref, rank_work, scale_model
+from planner.model.tables.ids import local_batches, model_ids, table_ids
 from planner.model.tables.shards import column_wise, data_parallel, row_wise, table_wise
 from planner.model.tables.spec import ModelSpec, TableSpec
 from planner.model.tables.task import ShardingTask, prepare
@@ -163,7 +164,7 @@ def test_kernel_fit_recovers_known_constants():
 
 
 def test_comm_fit_recovers_a_line():
-    from planner.measure.calibrate_embedding import fit_comm_profile
+    from planner.measure.calibrate_comm import fit_comm_profile
     pts = []
     for s in (1e3, 1e5, 1e6, 4e6):
         for r in range(4):

@@ -11,7 +11,8 @@ import pytest
 
 from planner.model.tables.cost import F_MEM
 from planner.model.tables.generate import neuroshard_tasks
-from planner.sharding.planners import PLANNER_NAMES, Planner, get_planner
+from planner.sharding.planners import PLANNER_NAMES, get_planner
+from planner.sharding.protocols import Planner
 from planner.sharding.planners.common import catalog
 from planner.sharding.planners.local_search import improve_choices
 from planner.sharding.planners.mip import MipPlanner

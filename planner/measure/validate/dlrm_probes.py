@@ -155,7 +155,8 @@ def _probe_shardings(model):
 def time_lookup_probe(dist, *, repeats: int = 9) -> float:
     """Seconds of the probe's fused forward + backward on this rank, every rank starting
     together after a barrier (median of ``repeats``, caches flushed before each)."""
-    from planner.measure.embedding import model_ids, rank_work
+    from planner.measure.embedding import rank_work
+    from planner.model.tables.ids import model_ids
     from planner.measure.kernels import time_shard_set
     model = lookup_probe_model()
     tables = rank_work(model, _probe_shardings(model), model_ids(model), 1)[0]

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.model.llm.host import HostOverhead
-from planner.workloads.llm.step import CommEvent, StepPlan, build_step, comm_events, resolve_parallel
+from planner.workloads.llm.step import StepPlan, build_step, resolve_parallel
+from planner.workloads.llm.comm_events import CommEvent, comm_events
 from simulator.compute import ComputeProfile, load_compute_profile
 from simulator.engine import SimResult, simulate
 from simulator.gloo_profile import GlooProfile

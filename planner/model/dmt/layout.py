@@ -12,7 +12,7 @@ from planner.model.dmt.module import TowerModuleSpec
 from planner.model.tables.plan import Plan
 from planner.model.tables.shards import ShardingType
 from planner.model.tables.spec import ModelSpec
-from planner.model.tables.task import Problem
+from planner.model.tables.task import Problem, ShardingTask
 
 __all__ = ["Tower", "TowerLayout", "host_groups", "make_layout", "HostPlan", "with_module",
            "INTRA_HOST_TYPES"]

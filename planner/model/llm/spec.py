@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 from simulator.errors import SpecError
 from simulator.fileio import builtin_names, read_spec_mapping
-from simulator.topology.spec import Fields
+from simulator.validation import Fields
 
 __all__ = ["ModelSpec", "TrainingSpec", "ParallelSpec", "LLMSpec", "load_llm_spec",
            "builtin_model_names", "parse_parallel"]

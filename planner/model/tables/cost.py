@@ -77,14 +77,13 @@ import numpy as np
 from simulator.topology import Topology
 
 from planner.model.tables.access import accesses_per_row, default_reuse_bins, zipf_reuse
-from planner.model.tables.comm_model import CommModel, calibrate_comm
-from planner.model.tables.cpu_profile import CPU_PROFILE_PATH, CpuProfile, load_cpu_profile
+from planner.model.tables.comm_model import CommModel
+from planner.model.tables.cpu_profile import CpuProfile, load_cpu_profile
 from planner.model.tables.shards import Shard, ShardingType, TableSharding
 from planner.model.tables.spec import PRECISION_BYTES, ModelSpec, TableSpec
 from planner.model.tables.memory import shard_memory_bytes
 
-__all__ = ["CostConfig", "CommModel", "CostModel", "calibrate_comm", "FEATURES",
-           "BREAKDOWN_KEYS", "CpuProfile", "load_cpu_profile", "CPU_PROFILE_PATH"]
+__all__ = ["CostConfig", "CostModel", "FEATURES", "BREAKDOWN_KEYS"]
 
 #: per-rank additive features of a plan (see :meth:`CostModel.shard_features`)
 FEATURES = ("fwd_s", "bwd_s", "out_Bps", "ids_Bps", "rw_bytes", "dp_bytes", "twrw_bytes",

@@ -1,4 +1,5 @@
-"""Planners behind one interface: ``plan(task, devices, *, seed, time_limit_s) -> Plan``.
+"""Planners behind one interface (:class:`~planner.sharding.protocols.Planner`:
+``plan(task, devices, *, seed, time_limit_s) -> Plan``).
 
 =================  ==========================================================================
 name               what it does
@@ -29,27 +30,12 @@ allowed; a table that fits nowhere under the allowed types raises
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from planner.sharding.protocols import Planner
 
-from planner.model.tables.plan import Plan
-from planner.model.tables.task import ShardingTask
-
-__all__ = ["Planner", "PLANNER_NAMES", "get_planner"]
+__all__ = ["PLANNER_NAMES", "get_planner"]
 
 PLANNER_NAMES = ("random", "size", "dim", "lookup", "size_lookup", "greedy", "local_search", "mip",
                  "torchrec", "neuroshard")
-
-
-@runtime_checkable
-class Planner(Protocol):
-    """One planning strategy."""
-
-    name: str
-
-    def plan(self, task: ShardingTask, devices: int, *, seed: int = 0,
-             time_limit_s: float | None = None) -> Plan:
-        """A plan for ``task`` on ``devices`` ranks; same inputs and seed → same plan."""
-        ...
 
 
 def get_planner(name: str, **options) -> Planner:
