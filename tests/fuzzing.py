@@ -39,7 +39,7 @@ KINDS = ["allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "bo
 ALGOS = ["auto", "ring", "tree", "hierarchical", "direct", "bogus"]
 
 # base specs to mutate: (command builder, file suffix, loader of the valid document)
-_MODEL = REPO / "planner" / "model" / "llm" / "catalog" / "llama3-8b.yaml"
+_MODEL = REPO / "planner" / "models" / "llama3-8b.yaml"
 _TOPO = REPO / "topologies" / "dgx-a100.yaml"
 _WORKLOAD = REPO / "simulator" / "workloads" / "dp-step.yaml"
 JUNK = [None, -1, 0, "abc", [], {}, 1e300, float("nan"), True, "1GiB", -1e-9, 2**63, "tp=8"]

@@ -13,7 +13,7 @@ of width ``ffn_hidden_size``) and ``model.top_k`` (experts per token); ``paralle
 the experts over ``ep`` data-parallel ranks (expert parallelism, carved from DP as in
 Megatron-Core), which exchange tokens with an all-to-all before and after the experts.
 
-Built-in specs (``planner/model/llm/catalog/``) load by name: ``llama3-405b``, ``gpt3-175b`` ...
+Built-in specs (``planner/models/``) load by name: ``llama3-405b``, ``gpt3-175b`` ...
 """
 
 from __future__ import annotations
@@ -144,12 +144,12 @@ class LLMSpec:
 
 
 def builtin_model_names() -> list[str]:
-    return builtin_names("planner.model.llm.catalog")
+    return builtin_names("planner.models")
 
 
 def load_llm_spec(ref: str | Path) -> LLMSpec:
     """Load a model spec by path or built-in name."""
-    doc, source = read_spec_mapping(ref, package="planner.model.llm.catalog", what="model",
+    doc, source = read_spec_mapping(ref, package="planner.models", what="model",
                                     fix="write model:, training: and optionally parallel: sections")
     return parse_llm_spec(doc, source=source)
 

@@ -1,7 +1,7 @@
 """Embedding-model specs for sharding: tables, the dense part, batch size, optimizer.
 
 A spec is a YAML file, a CSV of tables, or the name of a built-in example (``criteo-dlrm``,
-``mlperf-dcnv2``; files in ``planner/model/tables/catalog/``).
+``mlperf-dcnv2``; files in ``planner/examples/``).
 
 **CSV** — one row per table. Required columns ``name,num_embeddings,embedding_dim,
 pooling_factor``; optional ``precision`` (fp32|fp16|bf16, default fp32), ``zipf_exponent``,
@@ -242,11 +242,11 @@ class ModelSpec:
 # loading
 
 def _examples_dir() -> Path:
-    return Path(__file__).resolve().parent / "catalog"
+    return Path(__file__).resolve().parents[2] / "examples"
 
 
 def builtin_spec_names() -> list[str]:
-    """Names of the specs shipped in ``planner/model/tables/catalog`` (sorted)."""
+    """Names of the specs shipped in ``planner/examples`` (sorted)."""
     d = _examples_dir()
     return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
 
@@ -270,7 +270,7 @@ def load_model_spec(ref: str | Path) -> ModelSpec:
             raise SpecError(f"unknown table spec {ref!r}; built-in: {', '.join(names)}",
                             source="TABLES", fix="give a built-in name, a YAML file or a CSV file")
         path = _examples_dir() / f"{ref}.yaml"
-        source = f"planner/model/tables/catalog/{ref}.yaml"
+        source = f"planner/examples/{ref}.yaml"
     else:
         source = str(path)
     if path.is_dir():
