@@ -4,7 +4,9 @@ unless asked to."""
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import os
+import platform
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +47,6 @@ def last_level_cache_bytes() -> int:
 
 def platform_description() -> dict:
     """Platform, cores, Python and numpy versions and the CPU model (no torch import)."""
-    import platform
     info = {"platform": platform.platform(), "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "numpy": np.__version__}
     try:
@@ -79,7 +80,6 @@ def installed_description(threads: int = 1) -> dict:
     """:func:`platform_description` plus the installed torch and fbgemm_gpu versions (read from
     package metadata, so nothing heavy is imported), the last-level cache, ``threads`` and the
     embedding kernel backend those packages give."""
-    import importlib.metadata as md
     info = platform_description()
     for dist, key in (("torch", "torch"), ("fbgemm-gpu-cpu", "fbgemm_gpu"),
                       ("fbgemm-gpu", "fbgemm_gpu")):

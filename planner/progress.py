@@ -12,6 +12,16 @@ import sys
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, TypeVar
 
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
 __all__ = ["enabled", "progress", "track"]
 
 T = TypeVar("T")
@@ -30,9 +40,6 @@ def progress(total: int | None, description: str) -> Iterator[Callable[[int], No
     if not enabled():
         yield lambda n=1: None
         return
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
     cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
     with Progress(*cols, console=Console(stderr=True), transient=True) as bar:
@@ -55,9 +62,6 @@ class Bar:
     def __init__(self, total: int | None, description: str) -> None:
         self._p = None
         if enabled():
-            from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeElapsedColumn)
             self._p = Progress(TextColumn("{task.description}"), BarColumn(),
                                MofNCompleteColumn(), TimeElapsedColumn(),
                                console=Console(stderr=True), transient=True)

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping
@@ -76,7 +77,6 @@ def parse_link_faults(items: Iterable[str], topo, *, source: str = "--link-fault
     directions; ``=FACTOR`` the capacity kept, in (0, 1]; ``@TIME`` when it happens (default 0).
     ``clusterplan topology show NAME --json`` lists the node names.
     """
-    import fnmatch
     lt = topo.links
     names = [f"{a}->{b}" for a, b in zip(lt.src, lt.dst)]
     out: list[LinkFault] = []

@@ -24,7 +24,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-
 from simulator.collectives import KINDS
 from simulator.errors import SpecError
 from simulator.fileio import builtin_names, read_spec_mapping

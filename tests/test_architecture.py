@@ -38,9 +38,7 @@ def _import_graph() -> nx.DiGraph:
     for m in graph.modules:
         g.add_node(m)
         for t in graph.find_modules_directly_imported_by(m):
-            # a module and the package that holds it are one unit: `import a.b` runs a/__init__
-            if not (m.startswith(t + ".") or t.startswith(m + ".")):
-                g.add_edge(m, t)
+            g.add_edge(m, t)
     return g
 
 

@@ -3,11 +3,12 @@
 import numpy as np
 import pytest
 
-from planner.measure.fit_collectives import fit_collective_profile, read_nccl_table, _predict
 from simulator.collectives import plan_collective, simulate_collective
 from simulator.collectives.algorithms import _depth, dbt_parents
 from simulator.errors import SpecError
 from simulator.topology import build_topology, load_topology
+
+from planner.measure.fit_collectives import _predict, fit_collective_profile, read_nccl_table
 
 GiB = 2**30
 

@@ -8,8 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.compute import (ComputeProfile, EfficiencyCurve, achieved_flops,
-                               load_compute_profile, monotone_time_points, op_time, op_times)
+from simulator.compute import (
+    ComputeProfile,
+    EfficiencyCurve,
+    achieved_flops,
+    load_compute_profile,
+    monotone_time_points,
+    op_time,
+    op_times,
+)
 from simulator.errors import SpecError
 from simulator.hardware import gpu_names, gpu_spec
 

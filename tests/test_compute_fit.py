@@ -4,11 +4,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from planner.cli.main import main
 from simulator.compute import load_compute_profile, op_time
-from planner.measure.fit_compute import profile_from_measurements, read_measurements
 from simulator.errors import SpecError
 from simulator.hardware import gpu_spec
+
+from planner.cli.main import main
+from planner.measure.fit_compute import profile_from_measurements, read_measurements
 
 
 def _measurements(rng):

@@ -6,13 +6,20 @@ import re
 
 import pytest
 
-from planner.cli.main import main
 from simulator.engine import simulate
 from simulator.errors import SpecError
-from simulator.faults import (Reliability, ettr, find_stragglers, optimal_checkpoint_interval,
-                              parse_stragglers, simulate_failures)
+from simulator.faults import (
+    Reliability,
+    ettr,
+    find_stragglers,
+    optimal_checkpoint_interval,
+    parse_stragglers,
+    simulate_failures,
+)
 from simulator.topology import load_topology
 from simulator.workload import Workload
+
+from planner.cli.main import main
 
 
 def _sync_step(n: int, compute_s, size: float = 256 * 2**20) -> Workload:

@@ -4,10 +4,9 @@ traceback, never a hang. Cases in tests/fuzzing.py; tests/bench/bench_fuzz.py ru
 import tempfile
 from pathlib import Path
 
+from fuzzing import make_case, run_case
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from fuzzing import make_case, run_case
 
 
 @settings(max_examples=120, deadline=None, derandomize=True,

@@ -74,11 +74,12 @@ def test_engine_times_measured_calls_and_shares_each_rank_core():
 
 
 def test_host_time_is_added_to_kernels_on_a_cpu():
+    from dataclasses import replace as dc_replace
+
     from planner.model.llm.host import HostOverhead
     from planner.model.llm.layout import Layout
     from planner.model.llm.spec import load_llm_spec, parse_parallel
     from planner.workloads.llm.step import pass_times, resolve_parallel
-    from dataclasses import replace as dc_replace
     spec = load_llm_spec("llama3-8b")
     spec = dc_replace(spec, training=dc_replace(spec.training, precision="fp32"))
     topo = load_topology("localhost-gloo:node.gpus=1")
@@ -93,6 +94,7 @@ def test_host_time_is_added_to_kernels_on_a_cpu():
     kernels = d_max["layer_fwd_s"][0]
     assert kernels > 0.5
     from dataclasses import replace
+
     from planner.model.llm.kernels import block_kernels, kernels_time
     no_launch = replace(prof, launch_overhead_s=0.0)
     t = spec.training

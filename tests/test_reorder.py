@@ -7,16 +7,23 @@ import sys
 import numpy as np
 import pytest
 
+from simulator.costmatrix import CostMatrix, cost_matrix_from_dict
+from simulator.errors import SpecError
+from simulator.topology.cloud import cloud_spec_for, generate_placement, placement_cost_matrix
+
 from planner.reorder.bottleneck import bottleneck_ring, ring_bottleneck
-from planner.reorder.model import (alltoall_time, ring_allreduce_time, ring_allreduce_time_sync,
-                                   ring_edge_cost, stream_rates, tree_allreduce_time)
+from planner.reorder.model import (
+    alltoall_time,
+    ring_allreduce_time,
+    ring_allreduce_time_sync,
+    ring_edge_cost,
+    stream_rates,
+    tree_allreduce_time,
+)
 from planner.reorder.rankmap import rank_map
 from planner.reorder.search import reorder
 from planner.reorder.tsp_exact import brute_force_ring, mip_ring, ring_cost
 from planner.reorder.tsp_local import heuristic_ring
-from simulator.costmatrix import CostMatrix, cost_matrix_from_dict
-from simulator.errors import SpecError
-from simulator.topology.cloud import cloud_spec_for, generate_placement, placement_cost_matrix
 
 MiB = 2**20
 
@@ -239,8 +246,9 @@ def _plan(tp=2, cp=1, dp=16, pp=2):
 
 
 def test_plan_groups_placed_on_cloud64(tmp_path):
-    from planner.reorder.groups import plan_comm_time, plan_traffic, reorder_plan
     from simulator.topology.pairwise import cost_matrix_for
+
+    from planner.reorder.groups import plan_comm_time, plan_traffic, reorder_plan
     tr = plan_traffic(_plan())
     assert tr.groups["tp"].shape == (32, 2) and tr.groups["dp"].shape == (4, 16)
     assert list(tr.groups["tp"][0]) == [0, 1] and list(tr.groups["pp"][0]) == [0, 32]
@@ -268,6 +276,7 @@ def test_plan_groups_placed_on_cloud64(tmp_path):
 
 def test_cloud64_file_is_its_generator_output():
     from pathlib import Path
+
     from simulator.topology.cloud import cloud_topology_yaml
     shipped = Path(__file__).resolve().parents[1] / "topologies" / "cloud-64.yaml"
     assert shipped.read_text() == cloud_topology_yaml(cloud_spec_for(64, seed=1), name="cloud-64")

@@ -7,10 +7,10 @@ import json
 import pandas as pd
 import pytest
 
-from planner.cli.main import main
+from simulator.errors import SpecError
+
 from planner.cli.main import main
 from planner.sweep import parse_sweep, points, run_point, run_sweep
-from simulator.errors import SpecError
 
 #: 4 sizes × 6 group sizes × 3 algorithms × 3 clusters = 216 simulations
 BIG = {

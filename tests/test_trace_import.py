@@ -8,10 +8,11 @@ import socket
 
 import pytest
 
-from planner.cli.main import main
 from simulator.engine import simulate
 from simulator.errors import SpecError
 from simulator.topology import load_topology
+
+from planner.cli.main import main
 from planner.workloads.replay import chakra_workload, kineto_workload, read_kineto
 
 torch = pytest.importorskip("torch")

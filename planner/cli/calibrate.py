@@ -3,11 +3,21 @@ kernel timings, this CPU, gloo, eager PyTorch"s host time)."""
 
 from __future__ import annotations
 
+import pandas as pd
+import yaml
+
+from simulator.compute import load_compute_profile
 from simulator.errors import SpecError
 from simulator.units import format_time
 
 from planner.cli.options import topology_arguments, topology_from_args
 from planner.cli.output import atomic_write, emit
+from planner.cli.tables import add_calibrate_embedding
+from planner.measure.cpu import measure_cpu_profile
+from planner.measure.fit_collectives import fit_collective_profile, read_nccl_table
+from planner.measure.fit_compute import profile_from_measurements, read_measurements
+from planner.measure.validate.calibrate import GlooCalibration, measure_gloo, summary_lines
+from planner.model.llm.host import host_overhead_yaml, measure_host_overhead
 
 __all__ = ["register"]
 
@@ -51,7 +61,6 @@ def register(sub) -> None:
     c.add_argument("--out", required=True, metavar="FILE", help="efficiency YAML to write")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_calibrate_compute)
-    from planner.cli.tables import add_calibrate_embedding
     add_calibrate_embedding(csub)
     h = csub.add_parser("host", help="measure eager PyTorch's host time per transformer block",
                         description="Time a Megatron-style block with tiny tensors on this CPU "
@@ -81,9 +90,6 @@ def register(sub) -> None:
 
 
 def _calibrate_nccl(args) -> int:
-    import pandas as pd
-    import yaml
-    from planner.measure.fit_collectives import fit_collective_profile, read_nccl_table
     topo = topology_from_args(args)
     parts = []
     for item in args.table:
@@ -118,10 +124,6 @@ def _calibrate_nccl(args) -> int:
 
 
 def _calibrate_compute(args) -> int:
-    import yaml
-    from planner.measure.cpu import measure_cpu_profile
-    from simulator.compute import load_compute_profile
-    from planner.measure.fit_compute import profile_from_measurements, read_measurements
     if args.measure_cpu == bool(args.measurements):
         raise SpecError("give either --measurements CSV (with --gpu) or --measure-cpu",
                         field="--measurements", fix="pass exactly one of them")
@@ -131,7 +133,6 @@ def _calibrate_compute(args) -> int:
         if not args.gpu:
             raise SpecError("--measurements needs --gpu", field="--gpu",
                             fix="name the catalog kind, e.g. --gpu h100-sxm")
-        import pandas as pd
         frames = [read_measurements(path) for path in args.measurements]
         prof = profile_from_measurements(args.gpu, pd.concat(frames, ignore_index=True),
                                          source=args.source,
@@ -160,8 +161,6 @@ def _calibrate_backend(args) -> int:
 
 
 def _calibrate_gloo(args) -> int:
-    import yaml
-    from planner.measure.validate.calibrate import GlooCalibration, measure_gloo, summary_lines
     if not 2 <= args.nproc <= 8:
         raise SpecError(f"--nproc {args.nproc} is outside 2..8", field="--nproc",
                         fix="use --nproc 2 (one process per core of this machine)")
@@ -176,7 +175,6 @@ def _calibrate_gloo(args) -> int:
 
 
 def _calibrate_host(args) -> int:
-    from planner.model.llm.host import host_overhead_yaml, measure_host_overhead
     if args.repeats < 5:
         raise SpecError(f"--repeats {args.repeats} is too few for a median", field="--repeats",
                         fix="use --repeats 5 or more")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from simulator.collectives import simulate_collective
 from simulator.errors import SpecError
 from simulator.units import format_bandwidth, format_bytes, format_time, parse_bytes
 
-from planner.cli.output import emit
 from planner.cli.options import topology_arguments, topology_from_args
-
+from planner.cli.output import emit
 
 __all__ = ["register", "run"]
 
@@ -34,7 +34,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from simulator.collectives import simulate_collective
     size = parse_bytes(args.size, field="--size")
     topo = topology_from_args(args)
     n = args.ranks if args.ranks is not None else topo.num_gpus

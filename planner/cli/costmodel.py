@@ -7,6 +7,12 @@ import json
 import shlex
 import sys
 
+from simulator.errors import SpecError
+
+from planner.costmodel.model import train
+from planner.costmodel.weights import save_weights
+from planner.measure.collect import CollectConfig, collect
+
 __all__ = ["register"]
 
 
@@ -46,8 +52,6 @@ def register(sub) -> None:
 
 
 def _collect(a: argparse.Namespace) -> int:
-    from simulator.errors import SpecError
-    from planner.measure.collect import CollectConfig, collect
     for name in ("samples", "comm_samples", "passes", "repeats", "max_tables"):
         least = 1 if name in ("passes", "repeats", "max_tables") else 0
         if getattr(a, name) < least:
@@ -69,9 +73,6 @@ def _collect(a: argparse.Namespace) -> int:
 
 
 def _train(a: argparse.Namespace) -> int:
-    from planner.costmodel.model import train
-    from planner.costmodel.weights import save_weights
-    from simulator.errors import SpecError
     if a.ensemble < 1 or a.epochs < 1:
         raise SpecError(f"--ensemble and --epochs must be ≥ 1, got {a.ensemble}, {a.epochs}",
                         source="--ensemble" if a.ensemble < 1 else "--epochs",

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from simulator.errors import SpecError
+from simulator.faults import find_stragglers
+from simulator.trace_read import busy_by_rank
 from simulator.units import format_time
 
 from planner.cli.output import emit
-
 
 __all__ = ["register", "run"]
 
@@ -24,8 +25,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from simulator.faults import find_stragglers
-    from simulator.trace_read import busy_by_rank
     if not 0 <= args.min_excess < 10:
         raise SpecError(f"--min-excess {args.min_excess} is not a fraction", field="--min-excess",
                         fix="pass e.g. 0.05 for 5%")

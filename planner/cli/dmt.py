@@ -26,8 +26,12 @@ import numpy as np
 from simulator.errors import SpecError
 from simulator.units import format_bytes, format_time
 
+from planner.dmt.compare import compare_flat_dmt
+from planner.dmt.partition import METHODS, partition_layout
+from planner.export.dmt import tower_sharding_plan
+from planner.model.dmt.layout import host_groups
 from planner.model.dmt.module import TM_KINDS, TowerModuleSpec
-from planner.dmt.partition import METHODS
+from planner.model.tables.task import prepare
 
 __all__ = ["add_dmt_arguments", "dmt_section", "format_dmt"]
 
@@ -74,11 +78,6 @@ def _load_coaccess(path: str | None, n_tables: int):
 
 def dmt_section(args, task, plan) -> tuple[dict, object]:
     """The plan JSON's ``dmt`` section and the comparison behind it."""
-    from planner.export.dmt import tower_sharding_plan
-    from planner.dmt.partition import partition_layout
-    from planner.dmt.compare import compare_flat_dmt
-    from planner.model.dmt.layout import host_groups
-    from planner.model.tables.task import prepare
     if not (args.balance >= 0):
         raise SpecError(f"--balance must be ≥ 0, got {args.balance}", source="--balance",
                         fix="pass e.g. --balance 0.05")

@@ -25,6 +25,7 @@ from simulator.fileio import read_json_file
 from planner.cli.output import atomic_write
 from planner.export import TARGETS, export_plan
 from planner.export._plan import check_plan
+from planner.export.torchrec import export_torchrec_plan, is_sharding_plan, torchrec_plan_json
 
 __all__ = ["register", "add_arguments", "run", "main", "load_plan", "read_plan_file", "write_files",
            "TORCHREC", "TORCHREC_FILE"]
@@ -75,7 +76,6 @@ def read_plan_file(path: str) -> dict:
 def load_plan(path: str) -> dict:
     """Read and check an LLM plan file; every failure is a SpecError naming the file."""
     doc = read_plan_file(path)
-    from planner.export.torchrec import is_sharding_plan
     if is_sharding_plan(doc):
         raise SpecError("an embedding sharding plan cannot go to an LLM trainer", source=path,
                         field="format", fix="export it with --to torchrec")
@@ -126,7 +126,6 @@ def write_files(files: dict[str, str], out: str) -> list[str]:
 
 
 def _export_torchrec(args) -> dict[str, str]:
-    from planner.export.torchrec import export_torchrec_plan, torchrec_plan_json
     doc = read_plan_file(args.plan)
     out = export_torchrec_plan(doc, module_fqn=getattr(args, "module_fqn", "") or "",
                                device=getattr(args, "device", None), source=args.plan)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.cli.output import emit
 from planner.cli.llm import fidelity
-
+from planner.cli.output import emit
 
 __all__ = ["register", "run"]
 

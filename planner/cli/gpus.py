@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from simulator.hardware import gpu_names, gpu_spec
 from simulator.units import format_bytes
 
 from planner.cli.output import emit
-
 
 __all__ = ["register", "run"]
 
@@ -17,7 +17,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from simulator.hardware import gpu_names, gpu_spec
     rows = []
     for n in gpu_names():
         g = gpu_spec(n)

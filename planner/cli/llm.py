@@ -2,21 +2,38 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
+
 from simulator.errors import SpecError
+from simulator.fileio import atomic_write_text
 from simulator.units import format_bytes, format_time
 
-from planner.model.llm.spec import LLMSpec, parse_parallel
+from planner.llm.fidelity import (
+    kendall_tau_by_group,
+    korthikanti_rows,
+    narayanan_rows,
+    run_set,
+    vtrain_rows,
+    vtrain_single_rows,
+)
+from planner.llm.metrics import simulate_llm
+from planner.llm.search import search
+from planner.model.llm.spec import LLMSpec, ParallelSpec, parse_parallel
+from planner.model.reliability import (
+    link_faults_from_args,
+    reliability_report,
+    stragglers_from_args,
+)
 
 __all__ = ["simulate_model", "fidelity"]
 
 
 def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
-    from dataclasses import replace
-    from planner.llm.metrics import simulate_llm
-    from planner.model.llm.spec import ParallelSpec
     par = spec.parallel or ParallelSpec()
     if args.parallel:
         par = parse_parallel(args.parallel, spec.parallel)
@@ -30,7 +47,6 @@ def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
     if args.micro_batch:
         tr = replace(tr, micro_batch_size=args.micro_batch)
     spec = replace(spec, training=tr)
-    from planner.model.reliability import link_faults_from_args, reliability_report, stragglers_from_args
     slow = stragglers_from_args(args, topo.num_gpus)
     faults = link_faults_from_args(args, topo)
     res = simulate_llm(spec, par, topo, mode=args.mode, order=args.order,
@@ -94,9 +110,6 @@ def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
 
 
 def fidelity(args, emit) -> int:
-    import pandas as pd
-    from planner.llm.fidelity import (kendall_tau_by_group, korthikanti_rows, narayanan_rows, run_set,
-                           vtrain_rows, vtrain_single_rows)
     sets = args.set or ["narayanan", "korthikanti", "vtrain"]
     frames = []
     for name in sets:
@@ -132,11 +145,8 @@ def fidelity(args, emit) -> int:
 
 def plan_model(args, spec: LLMSpec, topo, emit) -> int:
     """``clusterplan plan MODEL.yaml --topology NAME``: the top layouts and a plan JSON."""
-    import json
 
-    from simulator.fileio import atomic_write_text
 
-    from planner.llm.search import search
     if args.top < 1:
         raise SpecError(f"--top {args.top} shows no plan", field="--top",
                         fix="pass --top 1 or more")

@@ -14,9 +14,24 @@ from typing import Sequence
 
 from simulator.errors import ClusterplanError
 
-from planner.cli import (calibrate, collective, costmodel, diagnose, export, fidelity, gpus,
-                         measure, plan, probe, reorder, replay, simulate, sweep, topology,
-                         validate)
+from planner.cli import (
+    calibrate,
+    collective,
+    costmodel,
+    diagnose,
+    export,
+    fidelity,
+    gpus,
+    measure,
+    plan,
+    probe,
+    reorder,
+    replay,
+    simulate,
+    sweep,
+    topology,
+    validate,
+)
 
 COMMANDS = (topology, gpus, collective, simulate, plan, measure, export, fidelity, calibrate,
             diagnose, reorder, probe, costmodel, validate, sweep, replay)

@@ -10,8 +10,10 @@ from simulator.errors import SpecError
 
 from planner.cli.output import write_json
 from planner.cli.tables import positive
+from planner.measure.embedding import cpu_topology_ref, format_measurement, measure_shardings
+from planner.model.tables.plan import read_plan_json
 from planner.model.tables.spec import load_model_spec
-from planner.model.tables.task import ShardingTask
+from planner.model.tables.task import ShardingTask, prepare
 
 __all__ = ["register", "run"]
 
@@ -45,9 +47,6 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``clusterplan measure``: load the spec and plan, measure, print."""
-    from planner.measure.embedding import cpu_topology_ref, format_measurement, measure_shardings
-    from planner.model.tables.plan import read_plan_json
-    from planner.model.tables.task import prepare
     try:
         with open(args.plan, encoding="utf-8") as fh:
             text = fh.read()

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from simulator.errors import SpecError
+from simulator.topology import load_topology
 
-from planner.cli.output import emit
+from planner.cli.llm import plan_model
 from planner.cli.options import is_model
+from planner.cli.output import emit
+from planner.cli.tables import add_arguments
+from planner.model.llm.spec import load_llm_spec
+
 __all__ = ["register", "run"]
 
 
 def register(sub) -> None:
-    from planner.cli.tables import add_arguments
     p = sub.add_parser("plan", help="plan LLM parallelism or embedding-table sharding",
                        description="With a model spec (llama3-70b, MODEL.yaml): search TP/CP/PP/"
                                    "DP/vpp/micro-batch/FSDP layouts on --topology and print the "
@@ -31,9 +35,6 @@ MAX_SHARDING_DEVICES = 4_096
 def run(args) -> int:
     """Plan a model spec's parallelism or a table spec's sharding, whichever ``TABLES`` is."""
     if is_model(args.tables):
-        from planner.cli.llm import plan_model
-        from planner.model.llm.spec import load_llm_spec
-        from simulator.topology import load_topology
         if not args.topology:
             raise SpecError("a model plan needs --topology", field="--topology",
                             fix="pass e.g. --topology h100-ib --gpus 1024")

@@ -3,9 +3,12 @@ torch.distributed and write a cost matrix for ``clusterplan reorder``."""
 
 from __future__ import annotations
 
+from simulator.costmatrix import load_cost_matrix
 from simulator.errors import SpecError
+from simulator.fileio import atomic_write_text
 from simulator.units import format_time, parse_bytes
 
+from planner.measure.probe import ProbeSettings, run_probe
 
 __all__ = ["register", "run"]
 
@@ -35,9 +38,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from simulator.fileio import atomic_write_text
 
-    from planner.measure.probe import ProbeSettings, run_probe
     if not 2 <= args.nproc <= 256:
         raise SpecError(f"--nproc {args.nproc} is not in 2..256", field="--nproc",
                         fix="probe at least 2 processes")
@@ -54,7 +55,6 @@ def run(args) -> int:
                         field="--large", fix="e.g. --small 8 --large 16MiB")
     emulate = None
     if args.emulate:
-        from simulator.costmatrix import load_cost_matrix
         emulate = load_cost_matrix(args.emulate)
         if emulate.n != args.nproc:
             raise SpecError(f"the matrix has {emulate.n} ranks, --nproc is {args.nproc}",

@@ -4,12 +4,19 @@ measured or generated network."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
+from simulator.costmatrix import load_cost_matrix
 from simulator.errors import SpecError
+from simulator.fileio import atomic_write_text
+from simulator.topology.pairwise import cost_matrix_for
 from simulator.units import format_time, parse_bytes
 
 from planner.cli.output import emit
+from planner.reorder.groups import placed_plan, plan_comm_time, plan_traffic, reorder_plan
+from planner.reorder.rankmap import rank_map
+from planner.reorder.search import reorder
 
 __all__ = ["register", "run"]
 
@@ -51,8 +58,6 @@ def register(sub) -> None:
 
 
 def _load_matrix(args):
-    from simulator.costmatrix import load_cost_matrix
-    from simulator.topology.pairwise import cost_matrix_for
     if bool(args.matrix) == bool(args.topology):
         raise SpecError("give either a MATRIX.json or --topology NAME", field="MATRIX",
                         fix="e.g. clusterplan reorder --topology cloud-64")
@@ -62,7 +67,6 @@ def _load_matrix(args):
 
 
 def _group_size(args, cm) -> int:
-    from collections import Counter
     g = args.group_size
     if g is None:
         per = set(Counter(cm.hostnames).values())
@@ -78,10 +82,7 @@ def _group_size(args, cm) -> int:
 
 
 def run(args) -> int:
-    from simulator.fileio import atomic_write_text
 
-    from planner.reorder.rankmap import rank_map
-    from planner.reorder.search import reorder
     if not 0 < args.time_limit <= 3600:
         raise SpecError(f"--time-limit {args.time_limit} is not in (0, 3600] s",
                         field="--time-limit", fix="pass e.g. --time-limit 10")
@@ -102,7 +103,6 @@ def run(args) -> int:
         if g:
             extra = {"group_size": g}
     else:
-        from planner.reorder.groups import plan_comm_time, plan_traffic, reorder_plan
         path = Path(args.collective)
         if not path.is_file():
             raise SpecError(f"{args.collective!r} is neither a collective nor a plan file",
@@ -121,7 +121,6 @@ def run(args) -> int:
                  "comm_after": plan_comm_time(cm, traffic, res.order)}
         what = f"plan {path.name} (TP/CP/DP/PP traffic per step)"
         if args.plan_out:
-            from planner.reorder.groups import placed_plan
             atomic_write_text(args.plan_out, json.dumps(
                 placed_plan(plan, res.order, cm.hostnames), indent=1) + "\n", field="--plan-out")
             extra["plan_out"] = args.plan_out

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from simulator.engine import simulate
 from simulator.errors import SpecError
+from simulator.topology import load_topology
 from simulator.units import format_time
 
 from planner.cli.output import emit
+from planner.workloads.replay import chakra_workload, kineto_workload, read_kineto
 
 __all__ = ["register", "run"]
 
@@ -36,9 +39,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from simulator.engine import simulate
-    from simulator.topology import load_topology
-    from planner.workloads.replay import chakra_workload, kineto_workload, read_kineto
     n = len(args.traces)
     topo = load_topology(args.topology or f"localhost-gloo:node.gpus={n}")
     if topo.num_gpus < n:

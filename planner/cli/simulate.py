@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from simulator.engine import simulate
 from simulator.errors import SpecError
 from simulator.units import format_bytes, format_time
+from simulator.workload_spec import load_workload
 
-from planner.cli.output import emit
+from planner.cli.llm import simulate_model
 from planner.cli.options import is_model, topology_arguments, topology_from_args
-
+from planner.cli.output import emit
+from planner.model.llm.spec import load_llm_spec
+from planner.model.reliability import add_arguments as _reliability_arguments
+from planner.model.reliability import (
+    link_faults_from_args,
+    reliability_report,
+    stragglers_from_args,
+)
 
 __all__ = ["register", "run"]
 
@@ -33,23 +42,17 @@ def register(sub) -> None:
     p.add_argument("--trace-ranks", type=int, default=64, metavar="N",
                    help="ranks to include in the trace (default 64)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    from planner.model.reliability import add_arguments as _reliability_arguments
     _reliability_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from simulator.engine import simulate
-    from simulator.workload_spec import load_workload
     if args.trace and not Path(args.trace).resolve().parent.is_dir():
         raise SpecError(f"directory of {args.trace} does not exist", field="--trace",
                         fix="create the directory or write the trace elsewhere")
     topo = topology_from_args(args)
     if is_model(args.workload):
-        from planner.cli.llm import simulate_model
-        from planner.model.llm.spec import load_llm_spec
         return simulate_model(args, load_llm_spec(args.workload), topo, emit)
-    from planner.model.reliability import link_faults_from_args, reliability_report, stragglers_from_args
     w = load_workload(args.workload, num_gpus=topo.num_gpus)
     res = simulate(topo, w, mode="explicit" if args.mode == "auto" else args.mode,
                    slowdown=stragglers_from_args(args, topo.num_gpus),

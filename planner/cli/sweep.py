@@ -8,6 +8,8 @@ from pathlib import Path
 from simulator.errors import SpecError
 
 from planner.cli.output import emit
+from planner.sweep.grid import load_sweep
+from planner.sweep.run import bar_progress, plot_table, run_sweep, write_table
 
 __all__ = ["register", "run"]
 
@@ -38,8 +40,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from planner.sweep.grid import load_sweep
-    from planner.sweep.run import plot_table, run_sweep, bar_progress, write_table
     spec = load_sweep(args.grid)
     if args.workers is not None and args.workers < 1:
         raise SpecError(f"--workers {args.workers}", field="--workers", fix="use 1 or more")

@@ -28,11 +28,15 @@ from typing import Sequence
 from simulator.errors import ClusterplanError, SpecError
 from simulator.units import format_bytes, format_time, parse_bytes
 
+from planner.cli.dmt import add_dmt_arguments, dmt_section, format_dmt
 from planner.cli.output import progress_line, write_json
-from planner.sharding.planners import PLANNER_NAMES, get_planner
+from planner.measure.calibrate_embedding import calibrate, write_profile
+from planner.measure.embedding import cpu_topology_ref, format_measurement, measure_plan
 from planner.model.tables.shards import parse_sharding_types
 from planner.model.tables.spec import OPTIMIZERS, load_model_spec
 from planner.model.tables.task import ShardingTask
+from planner.sharding.planners import PLANNER_NAMES, get_planner
+from planner.workloads.dlrm.step import simulate_plan
 
 __all__ = ["add_arguments", "run", "main", "build_parser", "positive", "add_calibrate_embedding",
            "run_calibrate_embedding"]
@@ -77,7 +81,6 @@ def add_arguments(p: argparse.ArgumentParser, *, devices_required: bool = True) 
                    help="leave wall-clock time out of the JSON (byte-identical reruns)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", default=None, metavar="FILE", help="write the plan JSON here")
-    from planner.cli.dmt import add_dmt_arguments
     add_dmt_arguments(p)
 
 
@@ -93,7 +96,6 @@ def _task(args) -> ShardingTask:
     types = parse_sharding_types(args.sharding_types) if args.sharding_types else None
     topology = args.topology
     if topology is None and getattr(args, "measure", False):
-        from planner.measure.embedding import cpu_topology_ref
         topology = cpu_topology_ref(args.devices)
     return ShardingTask(model=model, topology=topology, memory_bytes=memory,
                         sharding_types=types)
@@ -117,16 +119,13 @@ def run(args: argparse.Namespace) -> int:
     doc = plan.to_dict(stable=args.reproducible)
     sim = None
     if args.simulate:
-        from planner.workloads.dlrm.step import simulate_plan
         sim = simulate_plan(plan, task)
         doc["simulation"] = {"step_time_s": sim.step_time_s, "breakdown_s": sim.breakdown_s,
                              "a2a_bytes": sim.a2a_bytes}
     if getattr(args, "dmt", False):
-        from planner.cli.dmt import dmt_section
         doc["dmt"], _ = dmt_section(args, task, plan)
     meas = None
     if getattr(args, "measure", False):
-        from planner.measure.embedding import measure_plan
         meas = measure_plan(plan, task, repeats=positive(args.repeats, "--repeats"),
                             seed=args.seed)
         doc["measurement"] = meas.to_dict()
@@ -137,10 +136,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_plan(plan, sim))
         if "dmt" in doc:
-            from planner.cli.dmt import format_dmt
             print(format_dmt(doc["dmt"]))
         if meas is not None:
-            from planner.measure.embedding import format_measurement
             print()
             print(format_measurement(meas))
         if args.out:
@@ -183,7 +180,6 @@ def add_calibrate_embedding(csub) -> None:
 
 
 def run_calibrate_embedding(args: argparse.Namespace) -> int:
-    from planner.measure.calibrate_embedding import calibrate, write_profile
     try:
         worlds = tuple(int(w) for w in str(args.worlds).split(",") if w.strip())
     except ValueError:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from planner.cli.output import emit
-from planner.cli.options import topology_from_args
+from simulator.topology import builtin_topology_names, load_topology
 
+from planner.cli.options import topology_from_args
+from planner.cli.output import emit
+from planner.cli.summary import format_topology_summary, topology_summary
 
 __all__ = ["register", "run"]
 
@@ -30,14 +32,12 @@ def run(args) -> int:
 
 
 def _show(args) -> int:
-    from planner.cli.summary import format_topology_summary, topology_summary
     s = topology_summary(topology_from_args(args))
     emit(args, s, format_topology_summary(s))
     return 0
 
 
 def _list(args) -> int:
-    from simulator.topology import builtin_topology_names, load_topology
     rows = []
     for name in builtin_topology_names():
         t = load_topology(name)

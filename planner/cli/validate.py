@@ -12,9 +12,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from simulator.errors import SpecError
+from simulator.gloo_profile import load_gloo_profile
 
 from planner.cli.output import emit
-from planner.measure.validate.config import SCHEDULES, Scale
+from planner.measure.validate.config import SCHEDULES, Scale, load_source, parse_fault, run_config
+from planner.measure.validate.dlrm import is_sharding_plan, load_dlrm_config
+from planner.measure.validate.dlrm_report import format_dlrm_report, validate_dlrm
+from planner.measure.validate.report import format_report, validate
 
 __all__ = ["register", "run", "load_calibration"]
 
@@ -81,7 +85,6 @@ def load_calibration(path: str | None):
     """The ``--calibration`` profile (None without the flag), read before any process starts."""
     if path is None:
         return None
-    from simulator.gloo_profile import load_gloo_profile
     return load_gloo_profile(path)
 
 
@@ -92,9 +95,6 @@ def _positive(value, flag: str, minimum: float = 1) -> None:
 
 
 def run(args) -> int:
-    from planner.measure.validate.config import load_source, parse_fault, run_config
-    from planner.measure.validate.report import format_report, validate
-    from planner.measure.validate.dlrm import is_sharding_plan
     if is_sharding_plan(args.source):
         return _run_dlrm(args)
     if args.backend != "gloo":
@@ -126,7 +126,6 @@ def run(args) -> int:
         trace_dir = args.trace_dir or str(
             Path("traces") / "validate" / f"{spec.model.name}-tp{p.tp}pp{p.pp}dp{p.dp}"
             f"vpp{p.vpp}-{time.strftime('%Y%m%d-%H%M%S')}")
-        from dataclasses import replace
         cfg = replace(cfg, trace_dir=trace_dir)
     d = validate(cfg, calibration=load_calibration(args.calibration))
     emit(args, d, format_report(d))
@@ -136,9 +135,6 @@ def run(args) -> int:
 def _run_dlrm(args) -> int:
     """``validate PLAN.json`` for an embedding sharding plan (TorchRec on gloo)."""
 
-    from planner.measure.validate.config import parse_fault
-    from planner.measure.validate.dlrm import load_dlrm_config
-    from planner.measure.validate.dlrm_report import format_dlrm_report, validate_dlrm
     if args.backend != "gloo":
         raise SpecError("only gloo runs DLRM plans here (TorchRec on CPU)", field="--backend",
                         fix="use --backend gloo")

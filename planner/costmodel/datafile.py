@@ -3,10 +3,11 @@ metadata beside it (``FILE.meta.json``). Written by ``clusterplan costmodel coll
 (:mod:`planner.measure.collect`), read to train (:mod:`planner.costmodel.dataset`)."""
 
 from __future__ import annotations
+
 import csv
 from pathlib import Path
-from simulator.errors import SpecError
 
+from simulator.errors import SpecError
 
 COLUMNS = ("kind", "sample_id", "round", "hw", "n_tables", "tables", "fwd_ms", "bwd_ms",
            "total_ms", "total_min_ms", "dim_sums", "sleeps_ms", "comm_fwd_ms", "comm_bwd_ms")

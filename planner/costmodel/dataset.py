@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simulator.errors import SpecError
+
+from planner.costmodel.datafile import meta_path, read_data
 from planner.costmodel.features import parse_table_records
 
 __all__ = ["Dataset", "load_dataset", "split_ids"]
@@ -33,8 +36,6 @@ class Dataset:
 
 
 def load_dataset(path) -> Dataset:
-    from planner.costmodel.datafile import meta_path, read_data
-    from simulator.errors import SpecError
     rows = read_data(path)
     mp = meta_path(path)
     meta = json.loads(mp.read_text()) if mp.exists() else {}

@@ -9,6 +9,7 @@ multiplicative structure of lookup time into sums the MLP learns easily.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Sequence
 
@@ -69,5 +70,4 @@ def aggregate_vector(records: Sequence[Sequence[float]], *, batch: int) -> np.nd
 def parse_table_records(text: str) -> list[list[float]]:
     """The ``tables`` column of a data file: JSON ``[[pool, rows, dim, pooling, bins…], …]``
     → records without the pool index."""
-    import json
     return [list(map(float, r[1:])) for r in json.loads(text)]

@@ -22,15 +22,18 @@ import time
 from typing import Sequence
 
 import numpy as np
+from scipy.stats import kendalltau
+
+from simulator.errors import SpecError
 
 from planner.costmodel.dataset import load_dataset, split_ids
 from planner.costmodel.features import NUM_FEATURES, aggregate_vector, table_matrix
+from planner.machine import require_torch
 
 __all__ = ["ComputeNet", "ComputeEnsemble", "CommNet", "train", "mape", "kendall_tau"]
 
 
 def _torch():
-    from planner.machine import require_torch
     return require_torch("the learned cost model")
 
 
@@ -127,7 +130,6 @@ def mape(pred, true) -> float:
 
 
 def kendall_tau(pred, true) -> float:
-    from scipy.stats import kendalltau
     return float(kendalltau(pred, true).statistic)
 
 
@@ -251,7 +253,6 @@ def train(data_path, *, seed: int = 0, epochs: int = 300, ensemble: int = 5,
     ds = load_dataset(data_path)
     n = len(ds.records)
     if n < 10:
-        from simulator.errors import SpecError
         raise SpecError(f"{data_path}: {n} compute samples are too few to train on",
                         source=str(data_path), fix="collect ≥ 10 samples (--samples)")
     mats = [table_matrix(r, batch=ds.batch) for r in ds.records]

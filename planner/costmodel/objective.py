@@ -33,9 +33,9 @@ from __future__ import annotations
 import numpy as np
 
 from planner.model.tables.access import default_reuse_bins, zipf_reuse
+from planner.model.tables.memory import shard_memory_bytes
 from planner.model.tables.plan import evaluate_shardings
-from planner.model.tables.shards import (ShardingType, column_wise, row_blocks, row_wise,
-                                     table_wise)
+from planner.model.tables.shards import ShardingType, column_wise, row_blocks, row_wise, table_wise
 
 __all__ = ["Objective", "table_records", "COMM_KEYS"]
 
@@ -65,7 +65,6 @@ class Objective:
     """Caches and scoring of states for one prepared problem and predictor."""
 
     def __init__(self, problem, pred, *, forced_rowwise=()) -> None:
-        from planner.model.tables.memory import shard_memory_bytes
         self._shard_memory_bytes = shard_memory_bytes
         self.problem, self.pred = problem, pred
         self.recs, self.factor = table_records(problem.model, pred)

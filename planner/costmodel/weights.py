@@ -21,6 +21,16 @@ import numpy as np
 from simulator.errors import SpecError
 
 from planner.costmodel.features import FEATURE_NAMES, NUM_FEATURES, table_matrix
+from planner.costmodel.model import (
+    CommNet,
+    ComputeEnsemble,
+    ComputeNet,
+    additive_members,
+    member_overheads,
+    predict_compute,
+    table_terms,
+)
+from planner.machine import installed_description, require_torch
 
 __all__ = ["save_weights", "load_predictor", "Predictor", "HardwareMismatchWarning",
            "shipped_weights_path", "FORMAT"]
@@ -90,7 +100,6 @@ class Predictor:
         self.batch = int(meta["batch"])
         self.comm_devices = meta["architecture"].get("bwd_net", {}).get("devices")
         self._memo: dict = {}
-        from planner.costmodel.model import additive_members, member_overheads
         #: additive nets: a device's time is a function of per-table terms, cached per record
         self._members = additive_members(compute)
         self._overheads = None if self._members is None else member_overheads(self._members)
@@ -100,7 +109,6 @@ class Predictor:
     def compute_ms(self, tables_per_device: Sequence[Sequence[Sequence[float]]]) -> np.ndarray:
         if self._members is not None:
             return self._compute_additive(tables_per_device)
-        from planner.costmodel.model import predict_compute
         out = np.zeros(len(tables_per_device))
         todo, mats = [], []
         for i, recs in enumerate(tables_per_device):
@@ -140,7 +148,6 @@ class Predictor:
         """Compute the terms of the records not cached yet, in one batch."""
         todo = sorted({k for k in keys if k not in self._terms})
         if todo:
-            from planner.costmodel.model import table_terms
             terms = table_terms(self._members, table_matrix([list(k) for k in todo],
                                                             batch=self.batch))
             self._terms.update(zip(todo, terms))
@@ -183,9 +190,7 @@ def _run_mlp(mlp, x: np.ndarray) -> np.ndarray:
 
 def load_predictor(path=None, *, check_hardware: bool = True) -> Predictor:
     """Load weights (default: the shipped ones) with ``torch.load(weights_only=True)``."""
-    from planner.machine import require_torch
     torch = require_torch("loading cost-model weights")
-    from planner.costmodel.model import CommNet, ComputeEnsemble, ComputeNet
     path = Path(path) if path is not None else shipped_weights_path()
     mp = path.with_suffix(".json")
     if not path.exists() or not mp.exists():
@@ -216,7 +221,6 @@ def load_predictor(path=None, *, check_hardware: bool = True) -> Predictor:
         fwd.eval()
         bwd.eval()
     if check_hardware:
-        from planner.machine import installed_description
         here = installed_description()
         hw = (meta.get("collection", {}).get("hardware") or [{}])[0]
         diff = [f"{k} {hw.get(k)!r} (here {here.get(k)!r})" for k in CHECKED

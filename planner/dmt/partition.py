@@ -35,14 +35,16 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+import pulp
 
 from simulator.errors import SpecError
 
+from planner.model.dmt.layout import TowerLayout, host_groups, make_layout
+from planner.model.dmt.module import TowerModuleSpec
+from planner.model.tables.cost import F_BWD, F_FWD, F_MEM
 from planner.model.tables.shards import Shard, ShardingType
 from planner.model.tables.spec import ModelSpec
 from planner.model.tables.task import ShardingTask, prepare
-from planner.model.dmt.module import TowerModuleSpec
-from planner.model.dmt.layout import TowerLayout, host_groups, make_layout
 
 __all__ = ["synthetic_coaccess", "affinity_matrix", "spectral_embedding", "feature_costs",
            "partition_features", "assign_hosts", "imbalance", "affinity_kept",
@@ -103,7 +105,6 @@ def feature_costs(task: ShardingTask, devices: int) -> tuple[np.ndarray, np.ndar
     problem = prepare(task, devices)
     cm = problem.cost
     w, m = [], []
-    from planner.model.tables.cost import F_BWD, F_FWD, F_MEM
     for i, t in enumerate(task.model.tables):
         f = cm.shard_features(i, Shard(0, 0, 0, t.num_embeddings, t.embedding_dim),
                               ShardingType.TABLE_WISE)
@@ -187,7 +188,6 @@ def _repair(lab: np.ndarray, w: np.ndarray, s: np.ndarray, cap: float, T: int,
 def _mip(s: np.ndarray, w: np.ndarray, mem: np.ndarray, cap: float, mem_cap: float,
          start: np.ndarray, *, time_limit_s: float, seed: int, width: np.ndarray | None = None,
          width_cap: float = math.inf) -> tuple[np.ndarray | None, str]:
-    import pulp
     F, T = s.shape
     prob = pulp.LpProblem("towers", pulp.LpMaximize)
     x = {(f, t): pulp.LpVariable(f"x_{f}_{t}", cat="Binary") for f in range(F) for t in range(T)}

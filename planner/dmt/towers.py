@@ -16,9 +16,9 @@ from dataclasses import replace
 
 from simulator.errors import SpecError
 
-from planner.model.tables.task import ShardingTask
-
 from planner.model.dmt.layout import INTRA_HOST_TYPES, HostPlan, TowerLayout
+from planner.model.tables.task import ShardingTask
+from planner.sharding.planners import get_planner
 
 __all__ = ["shard_hosts"]
 
@@ -30,7 +30,6 @@ def shard_hosts(task: ShardingTask, layout: TowerLayout, *, planner: str = "gree
     The sub-task keeps the model's batch, optimizer and precision, has no dense part, and uses
     the task's topology (ranks ``0..G-1`` are host 0's, the same hardware as every host).
     """
-    from planner.sharding.planners import get_planner
     model = task.model
     allowed = tuple(t for t in (task.sharding_types or INTRA_HOST_TYPES) if t in INTRA_HOST_TYPES)
     if not allowed:

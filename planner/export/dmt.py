@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from planner.model.tables.shards import ShardingType
 from planner.model.dmt.layout import HostPlan, TowerLayout
+from planner.model.tables.shards import ShardingType
 
 __all__ = ["tower_sharding_plan", "to_parameter_shardings", "EXPORT_FORMAT"]
 

@@ -44,7 +44,13 @@ from typing import Any, Mapping
 
 from simulator.errors import SpecError
 
-from planner.model.tables.shards import Shard, ShardingType, TableSharding, row_blocks, validate_sharding
+from planner.model.tables.shards import (
+    Shard,
+    ShardingType,
+    TableSharding,
+    row_blocks,
+    validate_sharding,
+)
 
 __all__ = ["FORMAT", "SCHEMA_VERSION", "TORCHREC_VERSION", "SHARDING_PLAN_FORMAT",
            "SUPPORTED_TYPES", "KERNELS", "export_torchrec_plan", "check_torchrec_plan",

@@ -21,8 +21,13 @@ from typing import Any, Iterable, Mapping
 from simulator.errors import SpecError
 from simulator.fileio import read_json_file
 
-from planner.export.torchrec import (check_torchrec_plan, empty_row_shards, parse_placement, placement,
-                            table_shapes)
+from planner.export.torchrec import (
+    check_torchrec_plan,
+    empty_row_shards,
+    parse_placement,
+    placement,
+    table_shapes,
+)
 
 __all__ = ["load_sharding_plan", "read_torchrec_plan", "model_table_shapes"]
 
@@ -164,9 +169,13 @@ def load_sharding_plan(path_or_dict: Any, *, world_size: int | None = None, tabl
     if not allow_empty_shards:
         _refuse_empty_cpu_shards(doc, device, source)
     try:
-        from torchrec.distributed.types import (EmbeddingModuleShardingPlan,
-                                                EnumerableShardingSpec, ParameterSharding,
-                                                ShardingPlan, ShardMetadata)
+        from torchrec.distributed.types import (
+            EmbeddingModuleShardingPlan,
+            EnumerableShardingSpec,
+            ParameterSharding,
+            ShardingPlan,
+            ShardMetadata,
+        )
     except ImportError as exc:
         raise SpecError(f"loading a TorchRec plan needs torchrec ({exc.name or exc} is missing)",
                         source=source, fix=_INSTALL) from None

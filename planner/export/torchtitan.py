@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 import shlex
-import tomllib
 from typing import Mapping
+
+import tomllib
 
 from simulator.errors import SpecError
 

@@ -89,6 +89,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+from scipy.stats import kendalltau
 
 from simulator.errors import SpecError
 from simulator.topology import load_topology
@@ -248,6 +249,5 @@ def run_set(rows: list[dict], *, progress=None) -> pd.DataFrame:
 
 
 def kendall_tau_by_group(df: pd.DataFrame) -> dict[str, float]:
-    from scipy.stats import kendalltau
     return {g: float(kendalltau(d.measured_s, d.predicted_s).statistic)
             for g, d in df.groupby("group") if len(d) > 2}

@@ -24,11 +24,12 @@ from simulator.compute import load_compute_profile, op_time
 from simulator.errors import SpecError
 from simulator.topology import Topology
 
+from planner.llm.metrics import LLMResult, simulate_llm
+from planner.llm.placement import crossing_axes, stages_per_building
 from planner.model.llm.layout import Layout
 from planner.model.llm.memory import memory_per_gpu
-from planner.llm.placement import crossing_axes, stages_per_building
-from planner.llm.metrics import LLMResult, simulate_llm
 from planner.model.llm.spec import LLMSpec, ParallelSpec
+from planner.progress import track
 from planner.workloads.llm.step import pass_times, resolve_parallel
 
 __all__ = ["Candidate", "search"]
@@ -146,7 +147,6 @@ def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8
         if baseline is not None and baseline not in chosen:
             chosen.append(baseline)
     sims: dict[Candidate, LLMResult] = {}
-    from planner.progress import track
     for c in track(chosen, len(chosen), f"simulating {len(chosen)} layouts"):
         s = replace(spec, training=replace(spec.training, micro_batch_size=c.micro_batch_size))
         sims[c] = simulate_llm(s, c.parallel, topo, order=c.order,

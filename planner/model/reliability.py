@@ -9,8 +9,15 @@ training time ratio (simulator/faults.py) and the throughput that survives it.
 from __future__ import annotations
 
 from simulator.errors import SpecError
-from simulator.faults import (Reliability, ettr, find_hot_links, find_stragglers,
-                              optimal_checkpoint_interval, parse_link_faults, parse_stragglers)
+from simulator.faults import (
+    Reliability,
+    ettr,
+    find_hot_links,
+    find_stragglers,
+    optimal_checkpoint_interval,
+    parse_link_faults,
+    parse_stragglers,
+)
 from simulator.units import format_time
 
 __all__ = ["add_arguments", "stragglers_from_args", "link_faults_from_args",

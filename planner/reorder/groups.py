@@ -33,6 +33,7 @@ import numpy as np
 from simulator.costmatrix import CostMatrix
 from simulator.errors import SpecError
 
+from planner.model.llm.spec import load_llm_spec
 from planner.reorder.model import concurrent_rings_time, ring_edge_cost, stream_rates
 from planner.reorder.search import ReorderResult, swap_search
 from planner.reorder.tsp_exact import mip_ring
@@ -67,7 +68,6 @@ def _groups(ranks: list[dict], axis: str) -> np.ndarray:
 
 def plan_traffic(plan: Any, *, source: str = "plan") -> PlanTraffic:
     """Read groups and message sizes from a plan document (see the module docstring)."""
-    from planner.model.llm.spec import load_llm_spec
 
     fix = "regenerate the plan with `clusterplan plan MODEL --out plan.json`"
     if not isinstance(plan, Mapping) or plan.get("kind") != "llm-plan":

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import pulp
 
 __all__ = ["ExactRing", "ring_cost", "brute_force_ring", "mip_ring"]
 
@@ -101,7 +102,6 @@ def _patch(c: np.ndarray, cycles: list[list[int]]) -> list[int]:
 
 def mip_ring(c: np.ndarray, *, time_limit_s: float = 20.0, start=None) -> ExactRing:
     """Optimal ring by the DFJ MIP with subtour cuts, PuLP + CBC, within ``time_limit_s``."""
-    import pulp
 
     n = c.shape[0]
     t0 = time.perf_counter()

@@ -19,15 +19,21 @@ the dlrm_datasets locality statistics; ``cli`` is ``clusterplan plan``. See READ
 """
 
 from planner.model.tables.cost import CostConfig, CostModel
-from planner.model.tables.generate import dreamshard_tasks, neuroshard_tasks, synthesize_tables
 from planner.model.tables.feasible import InfeasibleError, check_feasible
+from planner.model.tables.generate import dreamshard_tasks, neuroshard_tasks, synthesize_tables
 from planner.model.tables.plan import Plan, PlannerStats
+from planner.model.tables.shards import Shard, ShardingType, TableSharding
+from planner.model.tables.spec import (
+           DenseSpec,
+           ModelSpec,
+           TableSpec,
+           builtin_spec_names,
+           load_model_spec,
+)
+from planner.model.tables.task import Problem, ShardingTask, prepare
 from planner.sharding.planners import PLANNER_NAMES, get_planner
 from planner.sharding.protocols import Planner
-from planner.model.tables.shards import Shard, ShardingType, TableSharding
 from planner.workloads.dlrm.step import simulate_plan, simulate_step
-from planner.model.tables.spec import DenseSpec, ModelSpec, TableSpec, builtin_spec_names, load_model_spec
-from planner.model.tables.task import Problem, ShardingTask, prepare
 
 __all__ = ["CostConfig", "CostModel", "dreamshard_tasks", "neuroshard_tasks",
            "synthesize_tables", "InfeasibleError", "check_feasible", "Plan", "PlannerStats",

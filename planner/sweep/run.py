@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -22,6 +23,7 @@ import pandas as pd
 
 from simulator.errors import SpecError
 
+from planner.progress import track
 from planner.sweep.grid import Point, SweepSpec, points
 
 __all__ = ["run_point", "run_sweep", "result_table"]
@@ -134,7 +136,6 @@ def _run_pool(todo: list[Point], command, workers: int):
         for p in todo:
             yield p.key, run_point(p.argv, command)
         return
-    from concurrent.futures import ProcessPoolExecutor, as_completed
     with ProcessPoolExecutor(max_workers=workers) as ex:
         futs = {ex.submit(run_point, p.argv, command): p for p in todo}
         for fut in as_completed(futs):
@@ -226,5 +227,4 @@ def plot_table(table: pd.DataFrame, plot: dict, path: Path) -> None:
 
 def bar_progress(it: Iterable, total: int) -> Iterable:
     """A rich progress bar over the finished points (when stderr is a terminal)."""
-    from planner.progress import track
     return track(it, total, "sweep")

@@ -15,11 +15,12 @@ from typing import Callable, Sequence
 import numpy as np
 import simpy
 
-from simulator.errors import SpecError
-from simulator.network import FlowNetwork
-from simulator.topology import Topology
 from simulator.collectives import algorithms as alg
 from simulator.collectives.plan import BUSBW_FACTOR, KINDS, CollectivePlan, Phase
+from simulator.errors import SpecError
+from simulator.network import FlowNetwork
+from simulator.network.maxmin import maxmin_rates
+from simulator.topology import Topology
 
 __all__ = ["ALGORITHMS", "plan_collective", "run_plan", "simulate_collective", "CollectiveResult",
            "CollectivePlan", "Phase", "KINDS", "BUSBW_FACTOR"]
@@ -139,7 +140,6 @@ def _tuner_tree_time(ring_plan: CollectivePlan, ring_s: float, tree_plan: Collec
 
 
 def _uncontended_time(topo: Topology, plan: CollectivePlan) -> float:
-    from simulator.network.maxmin import maxmin_rates
     cap = topo.effective_capacity_Bps()
     total = 0.0
     for ph in plan.phases:

@@ -24,10 +24,10 @@ from typing import Sequence
 
 import numpy as np
 
+from simulator.collectives.plan import CollectivePlan, Phase
 from simulator.errors import SpecError
 from simulator.network.route import Routes, route, route_to_node_switch
 from simulator.topology import Topology
-from simulator.collectives.plan import CollectivePlan, Phase
 
 __all__ = ["ring", "tree", "hierarchical", "halving_doubling", "nvls", "alltoall_direct",
            "alltoall_pairwise", "sendrecv", "dbt_parents"]

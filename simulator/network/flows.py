@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from simulator.topology import Topology
 from simulator.network.maxmin import maxmin_rates
 from simulator.network.route import Routes
+from simulator.topology import Topology
 
 __all__ = ["FlowNetwork", "NetworkStats", "link_classes", "symmetric_reduce"]
 

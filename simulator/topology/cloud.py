@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Mapping
 
 import numpy as np
+import yaml
 
 from simulator.costmatrix import CostMatrix, Sharing, SharingLevel
 from simulator.errors import SpecError
@@ -263,7 +264,6 @@ def cloud_spec_from_mapping(doc: Mapping[str, Any], *, source: str) -> CloudSpec
 
 def cloud_topology_yaml(spec: CloudSpec, *, name: str, gpu: str = "a100-40gb") -> str:
     """The YAML text of :func:`cloud_topology_mapping` for ``spec`` (how cloud-64.yaml was made)."""
-    import yaml
 
     doc = cloud_topology_mapping(generate_placement(spec), name=name, gpu=gpu)
     head = yaml.dump({k: v for k, v in doc.items() if k not in ("devices", "links")},

@@ -16,6 +16,14 @@ import numpy as np
 
 from simulator.costmatrix import CostMatrix
 from simulator.errors import SpecError
+from simulator.network.route import route
+from simulator.topology.build import build_topology
+from simulator.topology.cloud import (
+    cloud_spec_from_mapping,
+    generate_placement,
+    placement_cost_matrix,
+)
+from simulator.topology.spec import read_topology_mapping
 
 __all__ = ["topology_cost_matrix", "cost_matrix_for", "MAX_PAIRWISE_GPUS"]
 
@@ -25,7 +33,6 @@ MAX_PAIRWISE_GPUS = 4096
 
 def topology_cost_matrix(topo) -> CostMatrix:
     """Latency (s) and bandwidth (bytes/s) of one flow alone between every GPU pair."""
-    from simulator.network.route import route
 
     n = topo.num_gpus
     if n > MAX_PAIRWISE_GPUS:
@@ -49,9 +56,6 @@ def topology_cost_matrix(topo) -> CostMatrix:
 
 def cost_matrix_for(ref: str) -> CostMatrix:
     """The cost matrix of a built-in topology name or YAML file (see the module docstring)."""
-    from simulator.topology.build import build_topology
-    from simulator.topology.cloud import cloud_spec_from_mapping, generate_placement, placement_cost_matrix
-    from simulator.topology.spec import read_topology_mapping
 
     doc, source = read_topology_mapping(ref)
     spec = cloud_spec_from_mapping(doc, source=source)

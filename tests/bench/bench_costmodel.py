@@ -62,11 +62,11 @@ def main() -> int:
         t = time.perf_counter()
         load_predictor()
         loads.append(time.perf_counter() - t)
-    from planner.model.tables.generate import neuroshard_tasks
-    from planner.measure.embedding import cpu_topology_ref, measure_many, scale_model
-    from planner.sharding.planners import get_planner
-    from planner.model.tables.task import prepare
     from planner.costmodel.planner import learned_plan_cost_ms
+    from planner.measure.embedding import cpu_topology_ref, measure_many, scale_model
+    from planner.model.tables.generate import neuroshard_tasks
+    from planner.model.tables.task import prepare
+    from planner.sharding.planners import get_planner
     predictor = load_predictor(check_hardware=False)
     rows = []
     for i, bt in enumerate(neuroshard_tasks(a.seed, a.tasks)):

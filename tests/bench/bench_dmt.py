@@ -37,16 +37,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from planner.model.dmt.module import TowerModuleSpec  # noqa: E402
 from planner.dmt.partition import partition_layout  # noqa: E402
-from planner.workloads.dmt import cross_host_bytes, simulate_flat, simulate_sptt  # noqa: E402
 from planner.dmt.towers import shard_hosts  # noqa: E402
 from planner.model.dmt.layout import with_module  # noqa: E402
+from planner.model.dmt.module import TowerModuleSpec  # noqa: E402
 from planner.model.tables.generate import synthesize_tables  # noqa: E402
-from planner.sharding.planners import get_planner  # noqa: E402
-from planner.workloads.dlrm.step import build_step_workload, simulate_step  # noqa: E402
 from planner.model.tables.spec import DenseSpec, ModelSpec  # noqa: E402
 from planner.model.tables.task import ShardingTask, prepare  # noqa: E402
+from planner.sharding.planners import get_planner  # noqa: E402
+from planner.workloads.dlrm.step import build_step_workload, simulate_step  # noqa: E402
+from planner.workloads.dmt import cross_host_bytes, simulate_flat, simulate_sptt  # noqa: E402
 
 LOCAL_BATCH = 512
 MODULES = {"sptt": TowerModuleSpec(), "c4": TowerModuleSpec(kind="mix", ratio=4),
@@ -98,7 +98,7 @@ def partitioner_rows(topo: str, n: int, seed: int = 0) -> list[dict]:
     problem = prepare(task, n)
     flat_plan = get_planner("greedy").plan(task, n, seed=seed)
     flat = simulate_step(problem, flat_plan.shardings, mode=mode)
-    from planner.dmt.partition import affinity_matrix, affinity_kept, synthetic_coaccess
+    from planner.dmt.partition import affinity_kept, affinity_matrix, synthetic_coaccess
     a = affinity_matrix(synthetic_coaccess(task.model, seed=seed))
     out = []
     for method in ("random", "balanced", "affinity"):

@@ -17,9 +17,10 @@ import argparse
 import statistics
 import time
 
+from simulator.topology import load_topology
+
 from planner.llm.metrics import simulate_llm
 from planner.model.llm.spec import load_llm_spec, parse_parallel
-from simulator.topology import load_topology
 
 
 def main() -> None:

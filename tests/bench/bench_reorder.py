@@ -26,13 +26,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from simulator.costmatrix import CostMatrix  # noqa: E402
+from simulator.topology.cloud import cloud_spec_for, generate_placement, placement_cost_matrix  # noqa: E402
+
 from planner.reorder.model import ring_allreduce_time, ring_edge_cost  # noqa: E402
 from planner.reorder.search import reorder  # noqa: E402
 from planner.reorder.tsp_exact import mip_ring, ring_cost  # noqa: E402
 from planner.reorder.tsp_local import heuristic_ring  # noqa: E402
-from simulator.costmatrix import CostMatrix  # noqa: E402
-from simulator.topology.cloud import (cloud_spec_for, generate_placement,  # noqa: E402
-                                      placement_cost_matrix)
 
 MiB = 2**20
 
@@ -159,8 +159,8 @@ def heuristic_time() -> None:
 
 
 def real_run() -> None:
-    from planner.measure.reorder_emulate import run_emulated_ring
     from planner.measure.probe import ProbeSettings, run_probe
+    from planner.measure.reorder_emulate import run_emulated_ring
     print("5. real gloo ring all-reduce (isend/irecv), 8 processes, emulated cloud network")
     base = _cloud(8, 2)
     emu = CostMatrix(base.latency_s * 50, base.bandwidth_Bps / 100, base.hostnames,

@@ -19,8 +19,8 @@ import statistics
 import time
 
 from planner.model.tables.generate import neuroshard_tasks
-from planner.sharding.planners import get_planner
 from planner.model.tables.task import prepare
+from planner.sharding.planners import get_planner
 
 
 def plan_time_60x8(seed: int) -> None:

@@ -44,11 +44,11 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from planner.model.tables.generate import dreamshard_tasks, neuroshard_tasks  # noqa: E402
 from planner.measure.embedding import cpu_topology_ref, measure_many, scale_model  # noqa: E402
+from planner.model.tables.generate import dreamshard_tasks, neuroshard_tasks  # noqa: E402
 from planner.model.tables.ids import model_ids  # noqa: E402
-from planner.sharding.planners import get_planner  # noqa: E402
 from planner.model.tables.task import prepare  # noqa: E402
+from planner.sharding.planners import get_planner  # noqa: E402
 
 PLANNERS = ("torchrec", "size_lookup", "greedy", "local_search", "mip")
 #: TorchRec's plan measured a second time in the same paired run: its ratio to ``torchrec`` is

@@ -178,8 +178,9 @@ def repredict(paths: list[str]) -> int:
     """Time the LLM rows of earlier runs' JSON files again with the current simulator, from the
     calibration each file recorded (nothing is run; the measured times are the file's). DLRM
     rows keep their recorded prediction: it needs the run's recorded collectives."""
-    from planner.measure.validate.expected import expected_step
     from simulator.gloo_profile import gloo_profile_from_dict
+
+    from planner.measure.validate.expected import expected_step
     llm = {label: cfg for label, _, cfg in llm_runs(10, 5)}
     for path in paths:
         d = json.loads(Path(path).read_text())
@@ -225,13 +226,18 @@ def main(argv=None) -> int:
             ap.error(f"--repredict: no such file {missing[0]}")
         return repredict(a.repredict)
 
-    from planner.measure.validate.calibrate import (GlooCalibration, measure_gloo_raw, profile_from_raw,
-                                            summary_lines)
+    from simulator.gloo_profile import gloo_profile_from_dict
+
+    from planner.measure.validate.calibrate import (
+        GlooCalibration,
+        measure_gloo_raw,
+        profile_from_raw,
+        summary_lines,
+    )
     from planner.measure.validate.dlrm_report import validate_dlrm
     from planner.measure.validate.load import OTHER_CORES_LIMIT, LoadMeter
     from planner.measure.validate.report import validate
     from planner.measure.validate.runner import Pool
-    from simulator.gloo_profile import gloo_profile_from_dict
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(a.out or ROOT / "traces" / "validate" / f"bench-{stamp}.json")

@@ -8,7 +8,13 @@ model's forward (no grad) and forward+backward, three times.
 Shows whether the gap between predicted and measured step time is already there in one process
 (no gloo, no second rank) and in which pass; see planner/measure/validate/README.md.
 """
-import torch, time, statistics, torch.nn as nn, torch.nn.functional as F
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
 torch.set_num_threads(1)
 h,f,V,L,T,heads,kvh=512,1792,512,4,128,8,2
 hd=h//heads

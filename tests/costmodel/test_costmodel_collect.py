@@ -11,10 +11,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-from planner.costmodel.datafile import read_data  # noqa: E402
-from planner.measure.collect import CollectConfig, collect  # noqa: E402
-from planner.costmodel.datafile import meta_path
 from simulator.errors import SpecError  # noqa: E402
+
+from planner.costmodel.datafile import (
+    meta_path,
+    read_data,  # noqa: E402
+)
+from planner.measure.collect import CollectConfig, collect  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = dict(pool_size=12, max_tables=3, repeats=1, warmup=0, comm_devices=2, comm_repeats=1,
@@ -81,8 +84,9 @@ def test_refuses_mixed_hardware_and_other_config(tmp_path):
 
 
 def test_device_field_keeps_cpu_files_resumable_and_cuda_needs_a_gpu(tmp_path):
-    from planner.measure.collect import hardware_id
     import torch
+
+    from planner.measure.collect import hardware_id
     # the device field is not part of a CPU file's configuration key or hardware id, so data
     # collected before it existed (the shipped cpu-epyc.csv) still resumes
     assert "device" not in CollectConfig().key()

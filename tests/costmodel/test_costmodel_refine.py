@@ -25,8 +25,8 @@ def pred():
 
 
 def _scaled_task(seed: int):
-    from planner.model.tables.generate import neuroshard_tasks
     from planner.measure.embedding import cpu_topology_ref, scale_model
+    from planner.model.tables.generate import neuroshard_tasks
     bt = neuroshard_tasks(seed, 1)[0]
     return bt.task(model=scale_model(bt.model, 1 / 16), memory_bytes=bt.memory_bytes // 16,
                    topology=cpu_topology_ref(4))
@@ -35,8 +35,8 @@ def _scaled_task(seed: int):
 def _hot_task(types):
     """Twelve modest tables and one narrow (dim 4, no column split possible) hot one: 600
     lookups per sample, where the others have at most 8."""
-    from planner.model.tables.generate import synthesize_tables
     from planner.measure.embedding import cpu_topology_ref
+    from planner.model.tables.generate import synthesize_tables
     from planner.model.tables.spec import ModelSpec
     from planner.model.tables.task import ShardingTask
     base = synthesize_tables(12, seed=1)

@@ -13,11 +13,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from planner.costmodel.datafile import meta_path  # noqa: E402
-from planner.measure.collect import CollectConfig, hardware_id, hardware_info  # noqa: E402
-from planner.costmodel.datafile import COLUMNS
+from planner.costmodel.datafile import (
+    COLUMNS,
+    meta_path,  # noqa: E402
+)
 from planner.costmodel.model import kendall_tau, mape, train  # noqa: E402
 from planner.costmodel.weights import HardwareMismatchWarning, load_predictor, save_weights  # noqa: E402,E501
+from planner.measure.collect import CollectConfig, hardware_id, hardware_info  # noqa: E402
 
 BATCH = 4096
 

@@ -91,10 +91,9 @@ def test_uneven_hosts_refused():
 
 def test_torchrec_parameter_shardings_build():
     pytest.importorskip("torchrec")
-    from planner.export.dmt import to_parameter_shardings
     from planner.dmt.partition import partition_layout
     from planner.dmt.towers import shard_hosts
-    from planner.export.dmt import tower_sharding_plan
+    from planner.export.dmt import to_parameter_shardings, tower_sharding_plan
     from planner.model.tables.spec import load_model_spec
     from planner.model.tables.task import ShardingTask, prepare
     task = ShardingTask(model=load_model_spec("criteo-dlrm"), topology="dgx-h100:nodes=2")

@@ -5,10 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.dmt.partition import (affinity_kept, affinity_matrix, assign_hosts, imbalance,
-                                   partition_layout, resolve_towers, synthetic_coaccess)
 from simulator.errors import SpecError
 
+from planner.dmt.partition import (
+    affinity_kept,
+    affinity_matrix,
+    assign_hosts,
+    imbalance,
+    partition_layout,
+    resolve_towers,
+    synthetic_coaccess,
+)
 
 
 def test_seeded_partition_balanced_within_5_percent(make_task):

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import tomllib
 
 import pytest
+import tomllib
+from export_plans import make_plan
 
 from planner.cli.export import main
-
-from export_plans import make_plan
 
 
 @pytest.fixture

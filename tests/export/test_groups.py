@@ -10,15 +10,15 @@ import itertools
 import json
 import math
 import shlex
-import tomllib
 
 import pytest
+import tomllib
+from export_plans import make_plan
+
+from simulator.errors import SpecError
 
 from planner.export import TARGETS, export_plan
 from planner.export.megatron import parse_megatron_args
-from simulator.errors import SpecError
-
-from export_plans import make_plan
 
 AXES = ("tp", "cp", "dp", "pp")
 

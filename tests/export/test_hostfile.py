@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import shlex
 
+from export_plans import make_plan
+
 from planner.export import export_plan
 from planner.export.hostfile import placement_from_files
-
-from export_plans import make_plan
 
 
 def _want(plan):

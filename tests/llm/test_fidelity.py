@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from planner.llm.fidelity import (kendall_tau_by_group, korthikanti_rows, narayanan_rows,
-                                   run_set, vtrain_rows)
+from planner.llm.fidelity import (
+    kendall_tau_by_group,
+    korthikanti_rows,
+    narayanan_rows,
+    run_set,
+    vtrain_rows,
+)
 
 
 @pytest.mark.parametrize("name,rows", [("narayanan", narayanan_rows), ("korthikanti", korthikanti_rows)])

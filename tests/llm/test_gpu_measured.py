@@ -14,11 +14,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from planner.model.llm.kernels import block_kernels, kernels_time
-from planner.llm.metrics import simulate_llm
-from planner.model.llm.spec import LLMSpec, ModelSpec, ParallelSpec, TrainingSpec
 from simulator.compute import load_compute_profile
 from simulator.topology import load_topology
+
+from planner.llm.metrics import simulate_llm
+from planner.model.llm.kernels import block_kernels, kernels_time
+from planner.model.llm.spec import LLMSpec, ModelSpec, ParallelSpec, TrainingSpec
 
 MEASURED = Path(__file__).parents[2] / "traces" / "measured"
 GPUS = ["h100-sxm", "h200"]

@@ -2,13 +2,14 @@
 
 import pytest
 
+from simulator.compute import load_compute_profile
+from simulator.errors import SpecError
+from simulator.topology import load_topology
+
 from planner.model.llm.host import HostOverhead, load_host_overhead
 from planner.model.llm.layout import Layout
 from planner.model.llm.spec import LLMSpec, ModelSpec, ParallelSpec, TrainingSpec, load_llm_spec
 from planner.workloads.llm.step import pass_times
-from simulator.compute import load_compute_profile
-from simulator.errors import SpecError
-from simulator.topology import load_topology
 
 
 def _times(spec, topo, host, p=ParallelSpec(tp=1, pp=1, dp=8)):
@@ -73,6 +74,7 @@ def test_calibrate_host_writes_a_file_that_loads(tmp_path, capsys):
 def test_host_floor_improves_vtrain_single_node_predictions(monkeypatch):
     """vTrain's one-node runs (small blocks) are predicted far too fast without the floor."""
     from pathlib import Path
+
     import planner.workloads.llm.step as step
     from planner.llm.fidelity import run_set, vtrain_single_rows
     path = Path(__file__).resolve().parents[3] / "shared" / "data" / "vtrain" / \

@@ -7,9 +7,10 @@ from dataclasses import replace
 
 import pytest
 
+from simulator.compute import load_compute_profile, op_time
+
 from planner.model.llm.kernels import Kernel, block_kernels, block_model_flops, kernels_time
 from planner.model.llm.spec import ModelSpec
-from simulator.compute import load_compute_profile, op_time
 
 
 @pytest.mark.parametrize("ffn", ["swiglu", "gelu"])

@@ -4,15 +4,23 @@ import json
 
 import pytest
 
-from planner.cli.main import main
-from planner.llm.fidelity import KORTHIKANTI, korthikanti_rows, narayanan_flops
-from planner.model.llm.layout import Layout
-from planner.llm.metrics import model_flops, simulate_llm
-from planner.workloads.llm.schedule import interleaved, one_f_one_b
-from planner.model.llm.spec import (LLMSpec, ModelSpec, ParallelSpec, TrainingSpec, builtin_model_names,
-                              load_llm_spec, parse_parallel)
 from simulator.errors import SpecError
 from simulator.topology import load_topology
+
+from planner.cli.main import main
+from planner.llm.fidelity import KORTHIKANTI, korthikanti_rows, narayanan_flops
+from planner.llm.metrics import model_flops, simulate_llm
+from planner.model.llm.layout import Layout
+from planner.model.llm.spec import (
+    LLMSpec,
+    ModelSpec,
+    ParallelSpec,
+    TrainingSpec,
+    builtin_model_names,
+    load_llm_spec,
+    parse_parallel,
+)
+from planner.workloads.llm.schedule import interleaved, one_f_one_b
 
 
 def test_builtins_load():

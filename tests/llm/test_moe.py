@@ -5,14 +5,15 @@ from dataclasses import replace
 
 import pytest
 
-from planner.cli.main import main
-from planner.model.llm.kernels import block_kernels, block_model_flops
-from planner.model.llm.memory import memory_per_gpu
-from planner.llm.metrics import simulate_llm
-from planner.model.llm.spec import ParallelSpec, load_llm_spec, parse_llm_spec
-from planner.workloads.llm.step import resolve_parallel
 from simulator.errors import SpecError
 from simulator.topology import load_topology
+
+from planner.cli.main import main
+from planner.llm.metrics import simulate_llm
+from planner.model.llm.kernels import block_kernels, block_model_flops
+from planner.model.llm.memory import memory_per_gpu
+from planner.model.llm.spec import ParallelSpec, load_llm_spec, parse_llm_spec
+from planner.workloads.llm.step import resolve_parallel
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,10 @@
 
 import pytest
 
-from planner.model.llm.layout import Layout
-from planner.llm.placement import crossing_axes, stages_per_building
 from simulator.topology import load_topology
+
+from planner.llm.placement import crossing_axes, stages_per_building
+from planner.model.llm.layout import Layout
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from planner.model.tables.cost import F_BWD, F_FWD, F_IDS, F_OUT
-from planner.sharding.planners import get_planner
-from planner.sharding.planners.common import catalog
 from planner.model.tables.shards import Shard, ShardingType
-from planner.workloads.dlrm.step import build_step_workload, simulate_step
 from planner.model.tables.spec import ModelSpec, TableSpec, load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
+from planner.sharding.planners import get_planner
+from planner.sharding.planners.common import catalog
+from planner.workloads.dlrm.step import build_step_workload, simulate_step
 
 
 @pytest.mark.parametrize("ref,n", [("dgx-a100", 8), ("dgx-a100:nodes=2", 16)])

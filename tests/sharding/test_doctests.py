@@ -17,9 +17,16 @@ def test_doctests(name):
 
 
 def test_stages_implement_their_protocols():
+    from planner.sharding import (
+        ShardingTask,
+        check_feasible,
+        get_planner,
+        load_model_spec,
+        prepare,
+        simulate_step,
+        synthesize_tables,
+    )
     from planner.sharding import protocols as p
-    from planner.sharding import (check_feasible, get_planner, load_model_spec, prepare,
-                                  simulate_step, synthesize_tables, ShardingTask)
     assert isinstance(load_model_spec, p.SpecLoader)
     assert isinstance(synthesize_tables, p.TableSource)
     assert isinstance(check_feasible, p.FeasibilityCheck)

@@ -7,10 +7,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.model.tables.access import (BIN_MEAN_COUNT, accesses_per_row, load_locality_stats,
-                                     locality_csv_path, zipf_reuse)
-from planner.model.tables.generate import (dreamshard_tasks, neuroshard_tasks, pool_statistics,
-                                       synthesize_tables)
+from planner.model.tables.access import (
+    BIN_MEAN_COUNT,
+    accesses_per_row,
+    load_locality_stats,
+    locality_csv_path,
+    zipf_reuse,
+)
+from planner.model.tables.generate import (
+    dreamshard_tasks,
+    neuroshard_tasks,
+    pool_statistics,
+    synthesize_tables,
+)
 
 # Stated tolerances of the generator against the CSV (856-table pools, any seed):
 APR_TOL = 0.06          # accesses per distinct row, relative

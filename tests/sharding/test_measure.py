@@ -12,15 +12,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from simulator.errors import SpecError
+
+from planner.measure.embedding import comm_ops, cpu_topology_ref, rank_work, scale_model
 from planner.model.tables.access import default_reuse_bins
 from planner.model.tables.cost import CostConfig
 from planner.model.tables.cpu_profile import load_cpu_profile
-from planner.measure.embedding import comm_ops, cpu_topology_ref, rank_work, scale_model
 from planner.model.tables.ids import local_batches, model_ids, table_ids
 from planner.model.tables.shards import column_wise, data_parallel, row_wise, table_wise
 from planner.model.tables.spec import ModelSpec, TableSpec
 from planner.model.tables.task import ShardingTask, prepare
-from simulator.errors import SpecError
 
 
 def _model(tables, batch=2048, name="m"):

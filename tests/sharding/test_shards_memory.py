@@ -5,16 +5,27 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.errors import SpecError
 
 from planner.model.tables.feasible import InfeasibleError, check_feasible
 from planner.model.tables.memory import device_capacity_bytes, shard_memory_bytes, table_bytes
-from planner.model.tables.shards import (ShardingType, column_widths, column_wise_counts,
-                                     data_parallel, parse_sharding_types, row_blocks, row_wise,
-                                     table_row_wise, table_wise, validate_sharding)
+from planner.model.tables.shards import (
+    ShardingType,
+    column_widths,
+    column_wise_counts,
+    data_parallel,
+    parse_sharding_types,
+    row_blocks,
+    row_wise,
+    table_row_wise,
+    table_wise,
+    validate_sharding,
+)
 from planner.model.tables.spec import ModelSpec, TableSpec, load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
-from simulator.errors import SpecError
 
 
 def test_row_blocks_torchrec_examples():

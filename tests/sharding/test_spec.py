@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from planner.model.tables.spec import load_model_spec, builtin_spec_names
-from planner.model.tables.shards import ShardingType
 from simulator.errors import SpecError
+
+from planner.model.tables.shards import ShardingType
+from planner.model.tables.spec import builtin_spec_names, load_model_spec
 
 
 def test_builtin_examples():

@@ -59,12 +59,13 @@ def _launch(world: int, lws: int, store: str, plan_dir: str, out_dir: str) -> in
     import warnings
     warnings.simplefilter("ignore")
     os.environ["LOCAL_WORLD_SIZE"] = str(lws)
+    import fbgemm_gpu  # noqa: F401
     import torch
     import torch.distributed  # noqa: F401
-    import fbgemm_gpu  # noqa: F401
     import torchrec  # noqa: F401
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder  # noqa: F401
     from torchrec.distributed.model_parallel import DistributedModelParallel  # noqa: F401
+
     import planner.export.torchrec_load  # noqa: F401
     torch.set_num_threads(1)
     pids = []
@@ -149,6 +150,7 @@ def _run_case(rank, world, lws, tables, plan_path, torch, *, allow_empty=False):
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
     from planner.export.torchrec_load import load_sharding_plan
 
     configs = [EmbeddingBagConfig(name=n, num_embeddings=r, embedding_dim=d,
@@ -360,7 +362,10 @@ def test_fbgemm_cpu_empty_table_defect():
     import torch
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-        ComputeDevice, EmbeddingLocation, SplitTableBatchedEmbeddingBagsCodegen)
+        ComputeDevice,
+        EmbeddingLocation,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
 
     def tbe(shapes):
         return SplitTableBatchedEmbeddingBagsCodegen(

@@ -14,14 +14,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from simulator.errors import SpecError
+
+from planner.export.torchrec import (
+    FORMAT,
+    SCHEMA_VERSION,
+    check_torchrec_plan,
+    context_sha256,
+    export_torchrec_plan,
+    torchrec_plan_json,
+)
 from planner.model.tables import shards as sh
 from planner.model.tables.plan import PlannerStats, make_plan
 from planner.model.tables.spec import ModelSpec, TableSpec
 from planner.model.tables.task import ShardingTask, prepare
-from planner.export.torchrec import (FORMAT, SCHEMA_VERSION, check_torchrec_plan,
-                                            context_sha256, export_torchrec_plan,
-                                            torchrec_plan_json)
-from simulator.errors import SpecError
 
 REPO = Path(__file__).resolve().parents[2]
 TABLES = (("t0", 40, 16), ("t1", 37, 32), ("t2", 7, 8), ("t3", 23, 12), ("t4", 64, 20))
@@ -262,8 +268,8 @@ def test_loader_refuses_another_world_tables_or_host_size():
 def test_empty_row_shards_are_refused_for_cpu_placements():
     """TorchRec's own row-wise layout of 5 rows on 4 ranks ends in an empty shard; FBGEMM's CPU
     kernel mishandles it (test_torchrec_dmp.py), so the loader refuses it for CPU runs."""
-    from planner.export.torchrec_load import load_sharding_plan
     from planner.export.torchrec import empty_row_shards
+    from planner.export.torchrec_load import load_sharding_plan
     doc = export_torchrec_plan(sharding_plan("row_wise", 4, EMPTY_SHARD_TABLES), device="cpu")
     assert [s["shard_sizes"][0] for s in doc["plan"][""]["e0"]["shards"]] == [2, 2, 1, 0]
     assert empty_row_shards(doc) == [("", "e0", 3, 3)]
@@ -293,9 +299,14 @@ def test_loader_file_errors_name_the_file(tmp_path):
 
 def test_loader_builds_torchrec_objects_equal_to_the_file(tmp_path):
     pytest.importorskip("torchrec")
-    from torchrec.distributed.types import (EmbeddingModuleShardingPlan, EnumerableShardingSpec,
-                                            ParameterSharding, ShardingPlan)
+    from torchrec.distributed.types import (
+        EmbeddingModuleShardingPlan,
+        EnumerableShardingSpec,
+        ParameterSharding,
+        ShardingPlan,
+    )
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
     from planner.export.torchrec_load import load_sharding_plan
     doc = _doc()
     path = tmp_path / "p.json"

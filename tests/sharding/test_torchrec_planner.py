@@ -7,11 +7,12 @@ import json
 
 import pytest
 
+from simulator.errors import SpecError
+
 from planner.measure.embedding import cpu_topology_ref
-from planner.sharding.planners import PLANNER_NAMES, get_planner
 from planner.model.tables.shards import ShardingType, validate_sharding
 from planner.model.tables.task import prepare
-from simulator.errors import SpecError
+from planner.sharding.planners import PLANNER_NAMES, get_planner
 
 
 def _planner_cls():
@@ -79,6 +80,7 @@ def test_conversion_of_each_sharding_type(torchrec, make_task):
     from torch.distributed._shard.metadata import ShardMetadata
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
     from torchrec.distributed.types import ParameterSharding
+
     from planner.sharding.planners.torchrec_planner import from_torchrec_plan
     task = make_task(4, seed=1, dims=(32,), devices=2)
     problem = prepare(task, 2)

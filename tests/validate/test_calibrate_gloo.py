@@ -9,11 +9,16 @@ import sys
 
 import pytest
 
-from planner.measure.validate.calibrate import (GlooCalibration, measure_gloo, measure_gloo_raw,
-                                        profile_from_raw)
+from simulator.gloo_profile import gloo_profile_from_dict
+
+from planner.measure.validate.calibrate import (
+    GlooCalibration,
+    measure_gloo,
+    measure_gloo_raw,
+    profile_from_raw,
+)
 from planner.measure.validate.calibrate_dlrm import merge_torchrec
 from planner.measure.validate.runner import Pool
-from simulator.gloo_profile import gloo_profile_from_dict
 
 
 def _cli(*args):
@@ -98,12 +103,16 @@ def test_lookup_probe_is_recorded_and_scales_the_plans_lookups():
     embedding profile's prediction multiplies every lookup term of the cost model."""
     from dataclasses import replace as dc_replace
 
-    from planner.model.tables.cost import CostConfig
     from planner.measure.embedding import cpu_topology_ref
+    from planner.measure.validate.dlrm_probes import (
+        _probe_shardings,
+        lookup_probe_model,
+        lookup_scale,
+        predicted_lookup_s,
+    )
+    from planner.model.tables.cost import CostConfig
     from planner.model.tables.plan import evaluate_shardings
     from planner.model.tables.task import ShardingTask, prepare
-    from planner.measure.validate.dlrm_probes import (_probe_shardings, lookup_probe_model,
-                                                 lookup_scale, predicted_lookup_s)
     cfg = GlooCalibration(rounds=2, repeats=3, quick=True, torchrec=False,
                           sizes=(4, 4096))
     with Pool(2) as pool:

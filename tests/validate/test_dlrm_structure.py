@@ -20,17 +20,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.model.tables.plan import PlannerStats, make_plan
-from planner.workloads.dlrm.torchrec import (KJT_SPLITS, ddp_buckets, rank_events,
-                                                torchrec_comm_ops)
-from planner.model.tables.spec import load_model_spec
-from planner.model.tables.task import ShardingTask, prepare
+from simulator.errors import SpecError
+
 from planner.measure.validate.config import Fault
 from planner.measure.validate.dlrm import is_sharding_plan, load_dlrm_config
 from planner.measure.validate.dlrm_ops import expected_ops
 from planner.measure.validate.dlrm_report import validate_dlrm
 from planner.measure.validate.runner import RunFailed, run_many
-from simulator.errors import SpecError
+from planner.model.tables.plan import PlannerStats, make_plan
+from planner.model.tables.spec import load_model_spec
+from planner.model.tables.task import ShardingTask, prepare
+from planner.workloads.dlrm.torchrec import KJT_SPLITS, ddp_buckets, rank_events, torchrec_comm_ops
 
 #: rows split evenly over 4 ranks and over 2 ranks per host (TorchRec's row blocks, no empty
 #: shard); dims multiples of 4 (column-wise widths)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from planner.workloads.dlrm.torchrec import dense_op_list
-from planner.model.tables.spec import DenseSpec
-from planner.measure.validate.dlrm_probes import PROBE_TYPES, host_costs, probe_config, size_measure
 from planner.measure.validate.dlrm_ops import expected_ops
+from planner.measure.validate.dlrm_probes import PROBE_TYPES, host_costs, probe_config, size_measure
 from planner.measure.validate.dlrm_report import _HOST_COSTS, predicted
+from planner.model.tables.spec import DenseSpec
+from planner.workloads.dlrm.torchrec import dense_op_list
 
 BASE = {"format": "clusterplan.gloo-profile", "version": 1, "shared_core": True,
         "comm": {f"{k}@2": [[4.0, 3e-4], [1048576.0, 1e-3], [16777216.0, 1e-2]]
@@ -52,10 +52,11 @@ def test_probe_host_costs_reproduce_the_probes():
     assert cal.torchrec["world"] == 2
 
     def run(cfg, host):
-        from planner.measure.embedding import cpu_topology_ref
-        from planner.workloads.dlrm.torchrec import build_torchrec_step_workload
-        from planner.model.tables.task import ShardingTask, prepare
         from simulator.engine import simulate
+
+        from planner.measure.embedding import cpu_topology_ref
+        from planner.model.tables.task import ShardingTask, prepare
+        from planner.workloads.dlrm.torchrec import build_torchrec_step_workload
         problem = prepare(ShardingTask(model=cfg.model, topology=cpu_topology_ref(2)), 2)
         w = build_torchrec_step_workload(problem, cfg.shardings, expected_ops(cfg, cfg.warmup),
                                          compute=cal.compute, host_s=host)

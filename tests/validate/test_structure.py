@@ -15,16 +15,22 @@ from dataclasses import replace
 
 import pytest
 
-from planner.model.llm.layout import Layout
-from planner.model.llm.spec import LLMSpec, ModelSpec, TrainingSpec, load_llm_spec, parse_parallel
-from planner.workloads.llm.step import build_step, resolve_parallel
-from planner.workloads.llm.partition import chunk_layer_counts, dp_bucket_elements, p2p_activation_bytes, rank_params
-from planner.workloads.llm.comm_events import CommEvent, comm_events
-from planner.measure.validate.compare import compare_rank, compare_structure, events_from_records
-from planner.measure.validate.config import Scale, load_source, run_config
 from simulator.errors import SpecError
 from simulator.topology import load_topology
 from simulator.workload import Workload
+
+from planner.measure.validate.compare import compare_rank, compare_structure, events_from_records
+from planner.measure.validate.config import Scale, load_source, run_config
+from planner.model.llm.layout import Layout
+from planner.model.llm.spec import LLMSpec, ModelSpec, TrainingSpec, load_llm_spec, parse_parallel
+from planner.workloads.llm.comm_events import CommEvent, comm_events
+from planner.workloads.llm.partition import (
+    chunk_layer_counts,
+    dp_bucket_elements,
+    p2p_activation_bytes,
+    rank_params,
+)
+from planner.workloads.llm.step import build_step, resolve_parallel
 
 torch = pytest.importorskip("torch")
 

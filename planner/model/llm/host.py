@@ -26,6 +26,9 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
+
+import yaml
 
 from simulator.errors import SpecError
 from simulator.fileio import parse_yaml
@@ -59,7 +62,6 @@ class HostOverhead:
 @lru_cache(maxsize=None)
 def load_host_overhead(name: str = DEFAULT) -> HostOverhead:
     """The measured host overhead shipped in ``traces/calibration/``, or a file path."""
-    from pathlib import Path
     path = Path(name) if ("/" in name or Path(name).exists()) else \
         resources.files("traces") / "calibration" / name
     where = str(path) if isinstance(path, Path) else f"traces/calibration/{name}"
@@ -95,8 +97,8 @@ def measure_host_overhead(*, layers: int = 24, repeats: int = 40, warmup: int = 
                         fix="pip install -e '.[torch]' (torch 2.13.0 CPU)") from None
     from torch import nn
     from torch.nn import functional as F
-    from torch.utils.checkpoint import checkpoint
     from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.checkpoint import checkpoint
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -191,6 +193,5 @@ def measure_host_overhead(*, layers: int = 24, repeats: int = 40, warmup: int = 
 
 
 def host_overhead_yaml(doc: dict) -> str:
-    import yaml
     return "# Host overhead of eager PyTorch per transformer block (seconds); see planner/model/llm/host.py\n" \
         + yaml.safe_dump(doc, sort_keys=False)

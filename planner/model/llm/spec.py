@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-
 from simulator.errors import SpecError
 from simulator.fileio import builtin_names, read_spec_mapping
 from simulator.validation import Fields

@@ -27,6 +27,9 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
+
+from simulator.errors import SpecError
 
 __all__ = ["NUM_BINS", "BIN_MEAN_COUNT", "BIN_LABELS", "accesses_per_row", "access_hist",
            "row_hist", "zipf_reuse", "LocalityStats", "load_locality_stats",
@@ -164,8 +167,6 @@ FILE_SETS = ("2021", "2021-parts", "2022")
 @functools.lru_cache(maxsize=8)
 def load_locality_stats(file_set: str = "2021", path: str | None = None) -> LocalityStats:
     """Read one file set's aggregates from the dlrm_datasets CSV (packaged copy by default)."""
-    import pandas as pd
-    from simulator.errors import SpecError
     if file_set not in FILE_SETS:
         raise SpecError(f"unknown dlrm_datasets file set {file_set!r}", field="file_set",
                         fix=f"use one of: {', '.join(FILE_SETS)}")

@@ -12,7 +12,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from simulator.topology import Topology
+from simulator.collectives import simulate_collective
+from simulator.topology import Topology, load_topology
 
 __all__ = ["CommModel", "SyncCommModel", "calibrate_comm"]
 
@@ -81,7 +82,6 @@ class CommModel:
 
 @functools.lru_cache(maxsize=32)
 def _calibrate_cached(ref: str, n: int) -> CommModel:
-    from simulator.topology import load_topology
     return calibrate_comm(load_topology(ref), n, ref=ref)
 
 
@@ -92,7 +92,6 @@ def calibrate_comm(topo: Topology, n: int, *, ref: str | None = None) -> CommMod
     The all-to-all bandwidths come from one uniform exchange inside a host and one in which every
     rank sends only to other hosts (over at most 4 hosts, to keep calibration fast).
     """
-    from simulator.collectives import simulate_collective
     mode = "symmetric" if n > 64 else "explicit"
     node_of = np.array([topo.node_of(r) for r in range(n)])
     _, inv, counts = np.unique(node_of, return_inverse=True, return_counts=True)

@@ -74,14 +74,15 @@ from typing import Sequence
 
 import numpy as np
 
+from simulator.compute import load_compute_profile, op_time
 from simulator.topology import Topology
 
 from planner.model.tables.access import accesses_per_row, default_reuse_bins, zipf_reuse
 from planner.model.tables.comm_model import CommModel
 from planner.model.tables.cpu_profile import CpuProfile, load_cpu_profile
+from planner.model.tables.memory import shard_memory_bytes
 from planner.model.tables.shards import Shard, ShardingType, TableSharding
 from planner.model.tables.spec import PRECISION_BYTES, ModelSpec, TableSpec
-from planner.model.tables.memory import shard_memory_bytes
 
 __all__ = ["CostConfig", "CostModel", "FEATURES", "BREAKDOWN_KEYS"]
 
@@ -166,7 +167,6 @@ class CostModel:
 
     def __init__(self, model: ModelSpec, topo: Topology, n: int, comm: CommModel,
                  hosts: Sequence[Sequence[int]], config: CostConfig | None = None) -> None:
-        from simulator.compute import load_compute_profile
         self.model = model
         self.topo = topo
         self.n = n
@@ -326,7 +326,6 @@ class CostModel:
     def dense_costs(self) -> dict[str, float]:
         """Rank-independent dense part of a step, seconds: ``mlp_fwd_s``, ``mlp_bwd_s``
         (backward = 2 × forward FLOPs) and ``dense_allreduce_s`` (fp32 gradients)."""
-        from simulator.compute import op_time
         d = self.model.dense
         if d is None:
             return {"mlp_fwd_s": 0.0, "mlp_bwd_s": 0.0, "dense_allreduce_s": 0.0}

@@ -13,6 +13,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from simulator.errors import SpecError
+from simulator.fileio import parse_yaml
+
 from planner.model.tables.comm_model import CommModel, SyncCommModel
 
 __all__ = ["CpuProfile", "load_cpu_profile", "CPU_PROFILE_PATH"]
@@ -106,8 +109,6 @@ class CpuProfile:
 def load_cpu_profile(path: str | None = None) -> CpuProfile | None:
     """Read a CPU profile YAML (default :data:`CPU_PROFILE_PATH`); None when the default file is
     absent. A bad or missing explicit file raises :class:`~simulator.errors.SpecError`."""
-    from simulator.errors import SpecError
-    from simulator.fileio import parse_yaml
     p = Path(path) if path else CPU_PROFILE_PATH
     if not p.is_file():
         if path:

@@ -31,9 +31,16 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.model.tables.access import BIN_MEAN_COUNT, accesses_per_row, access_hist, load_locality_stats, row_hist
+from planner.model.tables.access import (
+    BIN_MEAN_COUNT,
+    access_hist,
+    accesses_per_row,
+    load_locality_stats,
+    row_hist,
+)
 from planner.model.tables.shards import ShardingType
 from planner.model.tables.spec import ModelSpec, TableSpec
+from planner.model.tables.task import ShardingTask
 
 __all__ = ["synthesize_tables", "pool_statistics", "BenchmarkTask", "neuroshard_tasks",
            "dreamshard_tasks", "NEUROSHARD_DIMS"]
@@ -102,7 +109,6 @@ class BenchmarkTask:
 
     def task(self, **kw):
         """The :class:`~planner.model.tables.task.ShardingTask` (extra fields as keywords)."""
-        from planner.model.tables.task import ShardingTask
         args = {"model": self.model, "memory_bytes": self.memory_bytes,
                 "sharding_types": self.sharding_types}
         args.update(kw)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 
-
 from planner.model.tables.shards import ShardingType, row_blocks
 from planner.model.tables.spec import ModelSpec, TableSpec
 

@@ -29,6 +29,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from simulator.errors import SpecError
 from simulator.fileio import atomic_write_text
 
 from planner.model.tables.cost import BREAKDOWN_KEYS, F_MEM
@@ -215,7 +216,6 @@ def make_plan(problem: Problem, shardings: Sequence[TableSharding], planner: str
 
 def read_plan_json(doc: Mapping[str, Any], problem: Problem) -> tuple[TableSharding, ...]:
     """Rebuild the layouts of a plan JSON for ``problem`` (table names must match)."""
-    from simulator.errors import SpecError
     if doc.get("format_version") != FORMAT_VERSION:
         raise SpecError(f"plan format_version {doc.get('format_version')!r} is not "
                         f"{FORMAT_VERSION}", field="format_version",

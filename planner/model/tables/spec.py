@@ -56,10 +56,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-
 from simulator.errors import SpecError
-from simulator.validation import choice, number, whole
 from simulator.fileio import parse_yaml
+from simulator.validation import choice, number, whole
 
 from planner.model.tables.shards import ShardingType, parse_sharding_types
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simulator.errors import SpecError
+from simulator.topology import load_topology
 
 from planner.model.tables.comm_model import _calibrate_cached
 from planner.model.tables.cost import CostConfig, CostModel
@@ -56,7 +57,6 @@ class Problem:
     """
 
     def __init__(self, task: ShardingTask, devices: int) -> None:
-        from simulator.topology import load_topology
         if isinstance(devices, bool) or not isinstance(devices, (int, np.integer)) or devices < 1:
             raise SpecError(f"--devices must be a whole number ≥ 1, got {devices!r}",
                             source="--devices", fix="pass the number of GPUs, e.g. --devices 8")

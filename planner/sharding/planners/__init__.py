@@ -30,6 +30,15 @@ allowed; a table that fits nowhere under the allowed types raises
 
 from __future__ import annotations
 
+from simulator.errors import SpecError
+
+from planner.costmodel.planner import NeuroShardPlanner
+from planner.sharding.planners.baselines import KeyGreedyPlanner
+from planner.sharding.planners.greedy import GreedyPlanner
+from planner.sharding.planners.local_search import LocalSearchPlanner
+from planner.sharding.planners.mip import MipPlanner
+from planner.sharding.planners.random_placement import RandomPlanner
+from planner.sharding.planners.torchrec_planner import TorchRecPlanner
 from planner.sharding.protocols import Planner
 
 __all__ = ["PLANNER_NAMES", "get_planner"]
@@ -40,27 +49,19 @@ PLANNER_NAMES = ("random", "size", "dim", "lookup", "size_lookup", "greedy", "lo
 
 def get_planner(name: str, **options) -> Planner:
     """The planner called ``name`` (see the module docstring); ``options`` go to its constructor."""
-    from simulator.errors import SpecError
     if name == "random":
-        from planner.sharding.planners.random_placement import RandomPlanner
         return RandomPlanner(**options)
     if name in ("size", "dim", "lookup", "size_lookup"):
-        from planner.sharding.planners.baselines import KeyGreedyPlanner
         return KeyGreedyPlanner(name, **options)
     if name == "greedy":
-        from planner.sharding.planners.greedy import GreedyPlanner
         return GreedyPlanner(**options)
     if name == "local_search":
-        from planner.sharding.planners.local_search import LocalSearchPlanner
         return LocalSearchPlanner(**options)
     if name == "mip":
-        from planner.sharding.planners.mip import MipPlanner
         return MipPlanner(**options)
     if name == "torchrec":
-        from planner.sharding.planners.torchrec_planner import TorchRecPlanner
         return TorchRecPlanner(**options)
     if name == "neuroshard":
-        from planner.costmodel.planner import NeuroShardPlanner
         return NeuroShardPlanner(**options)
     raise SpecError(f"unknown planner {name!r}", source="--planner",
                     fix=f"use one of: {', '.join(PLANNER_NAMES)}")

@@ -20,9 +20,17 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.model.tables.cost import K
-from planner.model.tables.shards import (ShardingType, TableSharding, column_wise_counts, data_parallel, row_wise,
-                      table_row_wise, table_wise, Shard)
+from planner.model.tables.cost import F_MEM, K
+from planner.model.tables.shards import (
+    Shard,
+    ShardingType,
+    TableSharding,
+    column_wise_counts,
+    data_parallel,
+    row_wise,
+    table_row_wise,
+    table_wise,
+)
 from planner.model.tables.task import Problem
 
 __all__ = ["Catalog", "catalog", "Choice", "CW_PARTS"]
@@ -182,7 +190,6 @@ def catalog(problem: Problem) -> Catalog:
 
 def rowwise_prepass(cat: Catalog, choices: list) -> list[str]:
     """Put every table that fits on no single device row-wise (when allowed); notes returned."""
-    from planner.model.tables.cost import F_MEM
     notes = []
     cap = float(cat.cap.max())
     for t in range(cat.model.num_tables):
@@ -199,7 +206,6 @@ def place_table_wise(cat: Catalog, order: Sequence[int], choices: list, pick) ->
     rank has room the table goes to the rank with the most free memory and a note says so (the
     plan is then invalid).
     """
-    from planner.model.tables.cost import F_MEM
     mem = cat.features(choices)[:, F_MEM]
     notes = []
     for t in order:

@@ -17,6 +17,8 @@ import time
 
 import numpy as np
 
+from simulator.errors import SpecError
+
 from planner.model.tables.cost import F_MEM, K
 from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
@@ -124,7 +126,6 @@ class GreedyPlanner:
         no_tw = [problem.model.tables[i].name for i in range(problem.num_tables)
                  if not problem.allowed(i, ShardingType.TABLE_WISE)]
         if no_tw:
-            from simulator.errors import SpecError
             raise SpecError(f"the greedy planner places tables table-wise (column-split when "
                             f"that helps), but {len(no_tw)} table(s) may not be table-wise "
                             f"({', '.join(no_tw[:4])}{', …' if len(no_tw) > 4 else ''})",

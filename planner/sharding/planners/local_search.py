@@ -32,6 +32,8 @@ from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.shards import ShardingType, TableSharding
 from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.planners.common import Catalog, catalog
+from planner.sharding.planners.greedy import GreedyPlanner
+from planner.sharding.protocols import Planner
 
 __all__ = ["LocalSearchPlanner", "improve_choices", "improve"]
 
@@ -224,28 +226,27 @@ class LocalSearchPlanner:
 
     name = "local_search"
 
-    def __init__(self, *, start: str = "greedy", rounds: int = 6, max_iters: int = 400,
+    def __init__(self, *, start: Planner | None = None, rounds: int = 6, max_iters: int = 400,
                  default_time_limit_s: float = 20.0) -> None:
-        self.start = start
+        self.start = start if start is not None else GreedyPlanner()
         self.rounds = rounds
         self.max_iters = max_iters
         self.default_time_limit_s = default_time_limit_s
 
     def plan(self, task: ShardingTask, devices: int, *, seed: int = 0,
              time_limit_s: float | None = None) -> Plan:
-        from planner.sharding.planners import get_planner
         t0 = time.perf_counter()
         limit = self.default_time_limit_s if time_limit_s is None else time_limit_s
         problem = prepare(task, devices)
         check_feasible(problem, (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
                                  ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL))
-        start = get_planner(self.start).plan(task, devices, seed=seed)
+        start = self.start.plan(task, devices, seed=seed)
         cat = catalog(problem)
         choices, info = improve_choices(cat, cat.choices_of(start.shardings), seed=seed,
                                         rounds=self.rounds, max_iters=self.max_iters,
                                         time_limit_s=max(0.0, limit - (time.perf_counter() - t0)))
         notes = list(start.stats.notes)
-        notes.append(f"start {self.start}: max cost {start.max_cost_s:.6g} s")
+        notes.append(f"start {self.start.name}: max cost {start.max_cost_s:.6g} s")
         if info["timed_out"]:
             notes.append("stopped at the time limit: the result may depend on machine speed")
         stats = PlannerStats(wall_s=time.perf_counter() - t0, status="heuristic", seed=seed,

@@ -18,18 +18,21 @@ import re
 import subprocess
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 
 import pulp
+
+from simulator.errors import SpecError
 
 from planner.model.tables.cost import F_MEM
 from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.planners.common import CW_PARTS, Catalog, catalog
-from planner.sharding.planners.mip_model import _CW, _DP, _RW, _TW, _TWRW, EPS, US, MipModel
-from planner.sharding.planners.local_search import improve_choices
 from planner.sharding.planners.greedy import greedy_choices
+from planner.sharding.planners.local_search import improve_choices
+from planner.sharding.planners.mip_model import _CW, _DP, _RW, _TW, _TWRW, EPS, US, MipModel
 
 __all__ = ["MipPlanner", "MipResult", "solve_mip"]
 
@@ -51,7 +54,6 @@ class MipResult:
 
 def _cbc() -> pulp.LpSolver:
     """PuLP's bundled CBC (or a ``cbc`` on PATH when the bundled one is gone, PuLP ≥ 4)."""
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         try:
@@ -87,7 +89,6 @@ def _solve_cbc(model: MipModel, *, seconds: float, hard_deadline: float, seed: i
     solver = _cbc()
     path = solver.path
     if not path or not solver.available():
-        from simulator.errors import SpecError
         raise SpecError("no CBC solver found (PuLP's bundled CBC or cbc on PATH)",
                         source="--planner mip", fix="pip install 'pulp[cbc]' or install coinor-cbc")
     lp = model.lp
@@ -210,7 +211,6 @@ class MipPlanner:
         if solver not in ("cbc", "highs"):
             raise ValueError("solver must be 'cbc' or 'highs'")
         if solver == "highs" and not pulp.HiGHS().available():
-            from simulator.errors import SpecError
             raise SpecError("HiGHS is not installed", source="--mip-solver",
                             fix="pip install highspy, or use --mip-solver cbc")
         self.default_time_limit_s = default_time_limit_s
@@ -255,7 +255,6 @@ class MipPlanner:
             self._max(cat, start) < self._max(cat, choices)
         if choices is None or worse:
             if start is None:
-                from simulator.errors import SpecError
                 raise SpecError(f"the MIP found no plan within {limit:g} s "
                                 f"({res.note or res.status})", source="--planner mip",
                                 fix="raise --time-limit or use --planner greedy")

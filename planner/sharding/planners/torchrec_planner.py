@@ -42,8 +42,15 @@ import warnings
 from simulator.errors import SpecError
 
 from planner.model.tables.feasible import InfeasibleError
+from planner.model.tables.memory import shard_memory_bytes
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
-from planner.model.tables.shards import Shard, ShardingType, TableSharding, table_wise
+from planner.model.tables.shards import (
+    Shard,
+    ShardingType,
+    TableSharding,
+    data_parallel,
+    table_wise,
+)
 from planner.model.tables.task import Problem, ShardingTask, prepare
 
 __all__ = ["TorchRecPlanner", "torchrec_inputs", "from_torchrec_plan", "INSTALL_HINT",
@@ -200,7 +207,6 @@ def from_torchrec_plan(problem: Problem, module_plan) -> tuple[list[TableShardin
                 rows, cols = (int(x) for x in md.shard_sizes)
                 shards.append(Shard(int(rank), r0, c0, rows, cols))
         if st == "data_parallel":
-            from planner.model.tables.shards import data_parallel
             out.append(data_parallel(i, name, t.num_embeddings, t.embedding_dim, n))
         elif st == "table_wise":
             out.append(table_wise(i, name, t.num_embeddings, t.embedding_dim, shards[0].rank))
@@ -263,8 +269,9 @@ class TorchRecPlanner:
             problem, compute_device=self.compute_device, min_partition=self.min_partition,
             bandwidths=self.bandwidths)
         from torchrec.distributed.planner import EmbeddingShardingPlanner
-        from torchrec.distributed.planner.storage_reservations import \
-            FixedPercentageStorageReservation
+        from torchrec.distributed.planner.storage_reservations import (
+            FixedPercentageStorageReservation,
+        )
         t1 = time.perf_counter()
         try:
             with _Quiet():
@@ -309,10 +316,11 @@ def _enumerator(problem: Problem, topology, batch: int, constraints):
     also their fp32 gradient) — the same accounting every other planner is checked against."""
     from torchrec.distributed.planner.constants import DEFAULT_PERF_ESTIMATOR
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-    from torchrec.distributed.planner.shard_estimators import (EmbeddingPerfEstimatorFactory,
-                                                               EmbeddingStorageEstimator)
+    from torchrec.distributed.planner.shard_estimators import (
+        EmbeddingPerfEstimatorFactory,
+        EmbeddingStorageEstimator,
+    )
     from torchrec.distributed.planner.types import Storage
-    from planner.model.tables.memory import shard_memory_bytes
     model = problem.model
     tables = {t.name: t for t in model.tables}
     cuda = topology.compute_device == "cuda"

@@ -32,6 +32,7 @@ from planner.model.tables.plan import Plan
 from planner.model.tables.shards import TableSharding
 from planner.model.tables.task import Problem, prepare
 from planner.workloads.dlrm.dense import mlp_flops
+from planner.workloads.dlrm.torchrec import build_torchrec_step_workload, torchrec_step_ops
 
 __all__ = ["StepSimulation", "build_step_workload", "simulate_step", "simulate_plan"]
 
@@ -149,7 +150,6 @@ def simulate_step(problem: Problem, shardings: Sequence[TableSharding], *,
     TorchRec 1.8.0 issues for one seeded batch (:mod:`planner.workloads.dlrm.torchrec`,
     checked call for call against real runs by ``clusterplan validate``)."""
     if comm == "torchrec":
-        from planner.workloads.dlrm.torchrec import build_torchrec_step_workload, torchrec_step_ops
         ops = torchrec_step_ops(problem, shardings)
         w = build_torchrec_step_workload(problem, shardings, ops)
         def sent(sel) -> np.ndarray:       # bytes between different ranks

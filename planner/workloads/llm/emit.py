@@ -8,8 +8,8 @@ from simulator.workload import Workload
 
 from planner.model.llm.kernels import bytes_per_element
 from planner.model.llm.layout import Layout
-from planner.workloads.llm.partition import vstage_layer_offsets
 from planner.model.llm.spec import LLMSpec, ParallelSpec
+from planner.workloads.llm.partition import vstage_layer_offsets
 
 __all__ = ["PassEmitter"]
 
