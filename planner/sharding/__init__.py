@@ -1,12 +1,14 @@
-"""Embedding-table sharding for recommendation models: specs, layouts, memory, cost, planners.
+"""Embedding-table sharding for recommendation models: the planners, and this package's public
+API over the stages they use.
 
-Pipeline (each stage a small module)::
+Pipeline (each stage a small module; specs, tasks, plans and costs in :mod:`planner.model.tables`,
+the step's op graph in :mod:`planner.workloads.dlrm`)::
 
     spec.load_model_spec ─► task.ShardingTask ─► task.prepare(task, N) ─► planners.get_planner(name)
          (YAML / CSV /          (model, topology,     (topology, hosts,        .plan(task, N, seed=,
           built-in name)         memory, types)        capacity, cost model)         time_limit_s=)
                                                                                    │
-    simulate.simulate_step ◄── plan.Plan (per-rank cost, memory, layouts, JSON) ◄──┘
+    dlrm.step.simulate_step ◄── plan.Plan (per-rank cost, memory, layouts, JSON) ◄──┘
 
 >>> from planner.sharding import ShardingTask, get_planner, load_model_spec
 >>> task = ShardingTask(model=load_model_spec("criteo-dlrm"))
@@ -15,7 +17,8 @@ Pipeline (each stage a small module)::
 (True, 26)
 
 ``generate`` makes seeded synthetic tables and NeuroShard/DreamShard-shaped tasks calibrated to
-the dlrm_datasets locality statistics; ``cli`` is ``clusterplan plan``. See README.md here.
+the dlrm_datasets locality statistics; :mod:`planner.cli.tables` is ``clusterplan plan``. See
+README.md here.
 """
 
 from planner.model.tables.cost import CostConfig, CostModel

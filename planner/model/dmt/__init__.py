@@ -1,0 +1,1 @@
+"""DMT towers: the tower module spec and tower layouts (which host serves which tables)."""

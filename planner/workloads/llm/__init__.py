@@ -1,0 +1,1 @@
+"""One LLM training step as an op graph: stages, kernels, collectives, pipeline schedule."""
