@@ -1,5 +1,5 @@
-"""``clusterplan calibrate``: fit or measure the simulator"s parameters (nccl-tests tables,
-kernel timings, this CPU, gloo, eager PyTorch"s host time)."""
+"""``clusterplan calibrate``: fit or measure the simulator's parameters (nccl-tests tables,
+kernel timings, this CPU, gloo, eager PyTorch's host time)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from simulator.units import format_time
 
 from planner.cli.options import topology_arguments, topology_from_args
 from planner.cli.output import atomic_write, emit
-from planner.cli.tables import add_calibrate_embedding
+from planner.cli.tables import add_calibrate_embedding, run_calibrate_embedding
 from planner.measure.cpu import measure_cpu_profile
 from planner.measure.fit_collectives import fit_collective_profile, read_nccl_table
 from planner.measure.fit_compute import profile_from_measurements, read_measurements
 from planner.measure.validate.calibrate import GlooCalibration, measure_gloo, summary_lines
-from planner.model.llm.host import host_overhead_yaml, measure_host_overhead
+from planner.measure.host import host_overhead_yaml, measure_host_overhead
 
-__all__ = ["register"]
+__all__ = ["register", "run"]
 
 
 def register(sub) -> None:
@@ -29,7 +29,7 @@ def register(sub) -> None:
     p.add_argument("--backend", choices=["gloo", "nccl"],
                    help="measure this machine's torch.distributed backend (gloo: see "
                         "`calibrate gloo`; nccl: needs CUDA GPUs)")
-    p.set_defaults(func=_calibrate_backend, out=None, json=False)
+    p.set_defaults(func=run, out=None, json=False)
     csub = p.add_subparsers(dest="what", metavar="WHAT")
     n = csub.add_parser("nccl", help="fit collective alpha and link efficiency to nccl-tests tables",
                         description="Fit the per-step latency of an algorithm and the protocol "
@@ -43,7 +43,7 @@ def register(sub) -> None:
     n.add_argument("--out", metavar="FILE", help="write the fitted values as YAML")
     topology_arguments(n)
     n.add_argument("--json", action="store_true")
-    n.set_defaults(func=_calibrate_nccl)
+    n.set_defaults(func=run)
     c = csub.add_parser("compute", help="efficiency curves from kernel timings, or measure this CPU",
                         description="Fit a compute-efficiency file (traces/efficiency/*.yaml) to "
                                     "measured kernel timings (CSV: kind,dtype,flops,bytes,seconds; "
@@ -60,8 +60,9 @@ def register(sub) -> None:
     c.add_argument("--measure-cpu", action="store_true", help="measure this CPU instead")
     c.add_argument("--out", required=True, metavar="FILE", help="efficiency YAML to write")
     c.add_argument("--json", action="store_true")
-    c.set_defaults(func=_calibrate_compute)
+    c.set_defaults(func=run)
     add_calibrate_embedding(csub)
+    csub.choices["embedding"].set_defaults(func=run)
     h = csub.add_parser("host", help="measure eager PyTorch's host time per transformer block",
                         description="Time a Megatron-style block with tiny tensors on this CPU "
                                     "(forward, backward, full recompute): the host floor a GPU "
@@ -69,7 +70,7 @@ def register(sub) -> None:
     h.add_argument("--out", metavar="FILE", help="YAML to write (traces/calibration/ format)")
     h.add_argument("--repeats", type=int, default=40)
     h.add_argument("--json", action="store_true")
-    h.set_defaults(func=_calibrate_host)
+    h.set_defaults(func=run)
     g = csub.add_parser("gloo", help="measure torch.distributed (gloo) on this machine: "
                                      "collectives per size, one core's compute, host time",
                         description="Spawn gloo processes (one thread each, pinned to a core) "
@@ -86,7 +87,15 @@ def register(sub) -> None:
     g.add_argument("--nproc", type=int, default=2, help="processes (default 2)")
     g.add_argument("--rounds", type=int, default=2, help="measurement rounds (default 2)")
     g.add_argument("--json", action="store_true")
-    g.set_defaults(func=_calibrate_gloo)
+    g.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Run the calibration ``args.what`` names (none: ``--backend``'s measurement)."""
+    actions = {"nccl": _calibrate_nccl, "compute": _calibrate_compute,
+               "embedding": run_calibrate_embedding, "host": _calibrate_host,
+               "gloo": _calibrate_gloo}
+    return actions.get(args.what, _calibrate_backend)(args)
 
 
 def _calibrate_nccl(args) -> int:

@@ -13,7 +13,7 @@ from planner.costmodel.model import train
 from planner.costmodel.weights import save_weights
 from planner.measure.collect import CollectConfig, collect
 
-__all__ = ["register"]
+__all__ = ["register", "run"]
 
 
 def register(sub) -> None:
@@ -39,7 +39,7 @@ def register(sub) -> None:
     c.add_argument("--mix-hardware", action="store_true",
                    help="append to a file collected on other hardware")
     c.add_argument("--no-progress", action="store_true")
-    c.set_defaults(func=_collect)
+    c.set_defaults(func=run)
     t = cs.add_parser("train", help="train the cost network and the gradient-boosting baseline")
     t.add_argument("data", help="data CSV from `costmodel collect`")
     t.add_argument("--out", help="weights file (.pt; a .json with the metadata beside it)")
@@ -48,7 +48,12 @@ def register(sub) -> None:
     t.add_argument("--ensemble", type=int, default=5,
                    help="additive nets averaged into the shipped compute model (default 5)")
     t.add_argument("--json", action="store_true", help="print the metrics as JSON")
-    t.set_defaults(func=_train)
+    t.set_defaults(func=run)
+
+
+def run(a: argparse.Namespace) -> int:
+    """``costmodel collect`` or ``costmodel train``."""
+    return _collect(a) if a.costmodel_cmd == "collect" else _train(a)
 
 
 def _collect(a: argparse.Namespace) -> int:

@@ -30,7 +30,7 @@ It writes, in ``DIR``:
     host dispatch (the compute profile's ``launch_overhead`` is the GPU-side cost; the host
     side is modelled apart, :mod:`planner.model.llm.host`).
 ``host.csv``
-    :func:`planner.model.llm.host.measure_host_overhead` on this device: the host seconds per tiny
+    :func:`planner.measure.host.measure_host_overhead` on this device: the host seconds per tiny
     transformer block, forward, backward and full-recompute extra.
 ``embedding.csv``
     ``torch.nn.EmbeddingBag`` (sum pooling, sparse gradients) forward and backward per table
@@ -448,7 +448,7 @@ def measure_embedding(dev, *, quick: bool, samples: int) -> list[dict]:
 
 def measure_host(dev, *, quick: bool, samples: int) -> list[dict]:
     """The host-overhead microbenchmark of :mod:`planner.model.llm.host` on this device."""
-    from planner.model.llm.host import measure_host_overhead
+    from planner.measure.host import measure_host_overhead
     doc = measure_host_overhead(device=dev.type, layers=4 if quick else 24,
                                 repeats=5 if quick else 40, warmup=2 if quick else 10)
     return [{"pass": k, "seconds_per_block": v,
