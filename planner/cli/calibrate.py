@@ -16,8 +16,8 @@ from planner.cli.tables import add_calibrate_embedding, run_calibrate_embedding
 from planner.measure.cpu import measure_cpu_profile
 from planner.measure.fit_collectives import fit_collective_profile, read_nccl_table
 from planner.measure.fit_compute import profile_from_measurements, read_measurements
-from planner.measure.validate.calibrate import GlooCalibration, measure_gloo, summary_lines
 from planner.measure.host import host_overhead_yaml, measure_host_overhead
+from planner.measure.validate.calibrate import GlooCalibration, measure_gloo, summary_lines
 
 __all__ = ["register", "run"]
 

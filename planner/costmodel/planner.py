@@ -33,14 +33,13 @@ import time
 
 import numpy as np
 
-from planner.model.tables.memory import shard_memory_bytes
+from planner.costmodel.objective import Objective
+from planner.costmodel.refine import refine as local_search
 from planner.model.tables.feasible import check_feasible
+from planner.model.tables.memory import shard_memory_bytes
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.shards import ShardingType
 from planner.model.tables.task import ShardingTask, prepare
-
-from planner.costmodel.objective import Objective
-from planner.costmodel.refine import refine as local_search
 
 __all__ = ["NeuroShardPlanner", "GRID", "learned_plan_cost_ms"]
 
@@ -71,6 +70,7 @@ class NeuroShardPlanner:
     def plan(self, task: ShardingTask, devices: int, *, seed: int = 0,
              time_limit_s: float | None = None) -> Plan:
         import warnings
+
         from planner.costmodel.weights import HardwareMismatchWarning, load_predictor
         t0 = time.perf_counter()
         limit = 8.0 if time_limit_s is None else float(time_limit_s)

@@ -24,7 +24,7 @@ from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.shards import ShardingType
 from planner.model.tables.task import ShardingTask, prepare
-from planner.sharding.planners.common import CW_PARTS, Catalog, catalog
+from planner.sharding.common import CW_PARTS, Catalog, catalog
 
 __all__ = ["GreedyPlanner", "greedy_choices"]
 

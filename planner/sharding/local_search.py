@@ -31,8 +31,8 @@ from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.shards import ShardingType, TableSharding
 from planner.model.tables.task import ShardingTask, prepare
-from planner.sharding.planners.common import Catalog, catalog
-from planner.sharding.planners.greedy import GreedyPlanner
+from planner.sharding.common import Catalog, catalog
+from planner.sharding.greedy import GreedyPlanner
 from planner.sharding.protocols import Planner
 
 __all__ = ["LocalSearchPlanner", "improve_choices", "improve"]

@@ -29,10 +29,10 @@ from planner.model.tables.cost import F_MEM
 from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.task import ShardingTask, prepare
-from planner.sharding.planners.common import CW_PARTS, Catalog, catalog
-from planner.sharding.planners.greedy import greedy_choices
-from planner.sharding.planners.local_search import improve_choices
-from planner.sharding.planners.mip_model import _CW, _DP, _RW, _TW, _TWRW, EPS, US, MipModel
+from planner.sharding.common import CW_PARTS, Catalog, catalog
+from planner.sharding.greedy import greedy_choices
+from planner.sharding.local_search import improve_choices
+from planner.sharding.mip_model import _CW, _DP, _RW, _TW, _TWRW, EPS, US, MipModel
 
 __all__ = ["MipPlanner", "MipResult", "solve_mip"]
 

@@ -30,7 +30,7 @@ import pulp
 
 from planner.model.tables.cost import F_BWD, F_DP, F_FWD, F_HRS, F_IDS, F_MEM, F_OUT, F_RW
 from planner.model.tables.shards import ShardingType
-from planner.sharding.planners.common import CW_PARTS, Catalog
+from planner.sharding.common import CW_PARTS, Catalog
 
 __all__ = ["EPS", "US", "MipModel"]
 

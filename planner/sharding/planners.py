@@ -33,13 +33,13 @@ from __future__ import annotations
 from simulator.errors import SpecError
 
 from planner.costmodel.planner import NeuroShardPlanner
-from planner.sharding.planners.baselines import KeyGreedyPlanner
-from planner.sharding.planners.greedy import GreedyPlanner
-from planner.sharding.planners.local_search import LocalSearchPlanner
-from planner.sharding.planners.mip import MipPlanner
-from planner.sharding.planners.random_placement import RandomPlanner
-from planner.sharding.planners.torchrec_planner import TorchRecPlanner
+from planner.sharding.baselines import KeyGreedyPlanner
+from planner.sharding.greedy import GreedyPlanner
+from planner.sharding.local_search import LocalSearchPlanner
+from planner.sharding.mip import MipPlanner
 from planner.sharding.protocols import Planner
+from planner.sharding.random_placement import RandomPlanner
+from planner.sharding.torchrec_planner import TorchRecPlanner
 
 __all__ = ["PLANNER_NAMES", "get_planner"]
 

@@ -14,7 +14,7 @@ from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.shards import ShardingType
 from planner.model.tables.task import ShardingTask, prepare
-from planner.sharding.planners.common import catalog, place_table_wise, rowwise_prepass
+from planner.sharding.common import catalog, place_table_wise, rowwise_prepass
 
 __all__ = ["RandomPlanner"]
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
@@ -11,8 +9,8 @@ from planner.model.tables.cost import F_BWD, F_FWD, F_IDS, F_OUT
 from planner.model.tables.shards import Shard, ShardingType
 from planner.model.tables.spec import ModelSpec, TableSpec, load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
+from planner.sharding.common import catalog
 from planner.sharding.planners import get_planner
-from planner.sharding.planners.common import catalog
 from planner.workloads.dlrm.step import build_step_workload, simulate_step
 
 

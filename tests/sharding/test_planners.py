@@ -13,10 +13,10 @@ from planner.model.tables.cost import F_MEM
 from planner.model.tables.generate import neuroshard_tasks
 from planner.model.tables.shards import ShardingType
 from planner.model.tables.task import prepare
+from planner.sharding.common import catalog
+from planner.sharding.local_search import improve_choices
+from planner.sharding.mip import MipPlanner
 from planner.sharding.planners import PLANNER_NAMES, get_planner
-from planner.sharding.planners.common import catalog
-from planner.sharding.planners.local_search import improve_choices
-from planner.sharding.planners.mip import MipPlanner
 from planner.sharding.protocols import Planner
 
 

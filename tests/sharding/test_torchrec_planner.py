@@ -16,7 +16,7 @@ from planner.sharding.planners import PLANNER_NAMES, get_planner
 
 
 def _planner_cls():
-    from planner.sharding.planners.torchrec_planner import TorchRecPlanner
+    from planner.sharding.torchrec_planner import TorchRecPlanner
     return TorchRecPlanner
 
 
@@ -81,7 +81,7 @@ def test_conversion_of_each_sharding_type(torchrec, make_task):
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
     from torchrec.distributed.types import ParameterSharding
 
-    from planner.sharding.planners.torchrec_planner import from_torchrec_plan
+    from planner.sharding.torchrec_planner import from_torchrec_plan
     task = make_task(4, seed=1, dims=(32,), devices=2)
     problem = prepare(task, 2)
     t = task.model.tables
