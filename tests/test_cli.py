@@ -21,6 +21,17 @@ def test_no_arguments_lists_commands(capsys):
     assert "clusterplan collective allreduce" in out and "topology show" in out
 
 
+def test_every_command_is_a_module_with_register_and_run(capsys):
+    from planner.cli.main import COMMANDS, command_module
+    for name in COMMANDS:
+        mod = command_module(name)
+        assert callable(mod.register) and callable(mod.run), name
+        with pytest.raises(SystemExit) as exc:
+            main([name, "--help"])
+        assert exc.value.code == 0
+        assert f"usage: clusterplan {name}" in capsys.readouterr().out
+
+
 def test_topology_show_json(capsys):
     assert main(["topology", "show", "selene-a100:nodes=64", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)

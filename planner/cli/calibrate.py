@@ -3,6 +3,8 @@ kernel timings, this CPU, gloo, eager PyTorch's host time)."""
 
 from __future__ import annotations
 
+import argparse
+
 import pandas as pd
 import yaml
 
@@ -22,10 +24,10 @@ from planner.measure.validate.calibrate import GlooCalibration, measure_gloo, su
 __all__ = ["register", "run"]
 
 
-def register(sub) -> None:
-    p = sub.add_parser("calibrate", help="fit simulator parameters to measurements",
-                       description="Fit or measure simulator parameters. `clusterplan calibrate "
-                                   "--backend gloo` is `clusterplan calibrate gloo`.")
+def register(p: argparse.ArgumentParser) -> None:
+    """Add this command's description and arguments to its parser ``p``."""
+    p.description = ("Fit or measure simulator parameters. `clusterplan calibrate "
+                     "--backend gloo` is `clusterplan calibrate gloo`.")
     p.add_argument("--backend", choices=["gloo", "nccl"],
                    help="measure this machine's torch.distributed backend (gloo: see "
                         "`calibrate gloo`; nccl: needs CUDA GPUs)")

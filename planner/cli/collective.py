@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from simulator.collectives import simulate_collective
 from simulator.errors import SpecError
 from simulator.units import format_bandwidth, format_bytes, format_time, parse_bytes
@@ -12,11 +14,11 @@ from planner.cli.output import emit
 __all__ = ["register", "run"]
 
 
-def register(sub) -> None:
-    p = sub.add_parser("collective", help="time one collective on a topology",
-                       description="Simulate one collective alone on an idle network and print "
-                                   "time, algorithm bandwidth and bus bandwidth (nccl-tests "
-                                   "conventions).")
+def register(p: argparse.ArgumentParser) -> None:
+    """Add this command's description and arguments to its parser ``p``."""
+    p.description = ("Simulate one collective alone on an idle network and print "
+                     "time, algorithm bandwidth and bus bandwidth (nccl-tests "
+                     "conventions).")
     p.add_argument("kind", choices=("allreduce", "allgather", "reducescatter", "alltoall",
                                     "broadcast"))
     p.add_argument("--size", required=True, metavar="BYTES",

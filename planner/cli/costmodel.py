@@ -16,9 +16,8 @@ from planner.measure.collect import CollectConfig, collect
 __all__ = ["register", "run"]
 
 
-def register(sub) -> None:
-    p = sub.add_parser("costmodel", help="learned (NeuroShard) embedding cost model: collect "
-                                         "data on this machine, train, ship weights")
+def register(p: argparse.ArgumentParser) -> None:
+    """Add this command's description and arguments to its parser ``p``."""
     cs = p.add_subparsers(dest="costmodel_cmd", required=True)
     c = cs.add_parser("collect", help="measure fused TBE lookups and straggler all-to-alls")
     c.add_argument("--out", required=True, help="data CSV (appended; DATA.meta.json beside it)")

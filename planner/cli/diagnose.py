@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from simulator.errors import SpecError
 from simulator.faults import find_stragglers
 from simulator.trace_read import busy_by_rank
@@ -12,11 +14,11 @@ from planner.cli.output import emit
 __all__ = ["register", "run"]
 
 
-def register(sub) -> None:
-    p = sub.add_parser("diagnose", help="name straggling ranks from traces of a run",
-                       description="Read Chrome/Perfetto traces (clusterplan simulate --trace, or "
-                                   "torch.profiler traces of a real run, one file per rank), sum "
-                                   "each rank's compute time and name the ranks that stand out.")
+def register(p: argparse.ArgumentParser) -> None:
+    """Add this command's description and arguments to its parser ``p``."""
+    p.description = ("Read Chrome/Perfetto traces (clusterplan simulate --trace, or "
+                     "torch.profiler traces of a real run, one file per rank), sum "
+                     "each rank's compute time and name the ranks that stand out.")
     p.add_argument("traces", nargs="+", metavar="TRACE.json")
     p.add_argument("--min-excess", type=float, default=0.02,
                    help="flag ranks at least this much above the median (default 0.02 = 2%%)")

@@ -35,11 +35,11 @@ TORCHREC = "torchrec"
 TORCHREC_FILE = "torchrec_plan.json"
 
 
-def register(sub) -> None:
-    p = sub.add_parser("export", help="write a plan as trainer launch settings",
-                       description="Turn an LLM plan JSON (clusterplan plan MODEL --out plan.json) "
-                                   "into torchtitan, Megatron-LM or DeepSpeed settings, or a "
-                                   "host/rank file that places every rank where the plan put it.")
+def register(p: argparse.ArgumentParser) -> None:
+    """Add this command's description and arguments to its parser ``p``."""
+    p.description = ("Turn an LLM plan JSON (clusterplan plan MODEL --out plan.json) "
+                     "into torchtitan, Megatron-LM or DeepSpeed settings, or a "
+                     "host/rank file that places every rank where the plan put it.")
     add_arguments(p)
     p.set_defaults(func=run)
 

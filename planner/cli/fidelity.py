@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from planner.cli.llm import fidelity
@@ -10,12 +11,12 @@ from planner.cli.output import emit
 __all__ = ["register", "run"]
 
 
-def register(sub) -> None:
-    p = sub.add_parser("fidelity", help="iteration-time error against published LLM runs",
-                       description="Simulate the published configurations of Narayanan 2021 "
-                                   "Table 1, Korthikanti 2022 and the vTrain multi-node runs and "
-                                   "print the error per row and the MAPE per set (assumptions in "
-                                   "planner/llm/fidelity.py).")
+def register(p: argparse.ArgumentParser) -> None:
+    """Add this command's description and arguments to its parser ``p``."""
+    p.description = ("Simulate the published configurations of Narayanan 2021 "
+                     "Table 1, Korthikanti 2022 and the vTrain multi-node runs and "
+                     "print the error per row and the MAPE per set (assumptions in "
+                     "planner/llm/fidelity.py).")
     p.add_argument("--set", action="append",
                    choices=("narayanan", "korthikanti", "vtrain", "vtrain-single"),
                    help="default: narayanan, korthikanti, vtrain (vtrain-single: vTrain's 1,440 "

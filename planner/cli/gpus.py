@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from simulator.hardware import gpu_names, gpu_spec
 from simulator.units import format_bytes
 
@@ -10,8 +12,8 @@ from planner.cli.output import emit
 __all__ = ["register", "run"]
 
 
-def register(sub) -> None:
-    p = sub.add_parser("gpus", help="list the GPU catalog with sources")
+def register(p: argparse.ArgumentParser) -> None:
+    """Add this command's description and arguments to its parser ``p``."""
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 

@@ -1,5 +1,7 @@
-"""The ``clusterplan`` command: one module per subcommand, each with ``register(subparsers)``
-and ``run(args)``; :data:`COMMANDS` lists them in the order ``--help`` shows.
+"""The ``clusterplan`` command: one module per subcommand, ``planner.cli.<name>``, each with
+``register(parser)`` (its description and arguments) and ``run(args)``. :data:`COMMANDS` lists
+them in the order ``--help`` shows, with their one-line help; a command's module is imported
+only when that command runs, so ``clusterplan gpus`` does not pay for the planners' imports.
 
 Every subcommand prints a table for people and, with ``--json``, one JSON object for programs.
 Bad input (a missing file, an unknown name, a value out of range) ends with one line naming the
@@ -9,32 +11,31 @@ file, the field and the fix, and exit code 2; never a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from typing import Sequence
 
 from simulator.errors import ClusterplanError
 
-from planner.cli import (
-    calibrate,
-    collective,
-    costmodel,
-    diagnose,
-    export,
-    fidelity,
-    gpus,
-    measure,
-    plan,
-    probe,
-    reorder,
-    replay,
-    simulate,
-    sweep,
-    topology,
-    validate,
-)
-
-COMMANDS = (topology, gpus, collective, simulate, plan, measure, export, fidelity, calibrate,
-            diagnose, reorder, probe, costmodel, validate, sweep, replay)
+COMMANDS = {
+    "topology": "show or list topologies",
+    "gpus": "list the GPU catalog with sources",
+    "collective": "time one collective on a topology",
+    "simulate": "simulate a training step (model or op DAG) on a topology",
+    "plan": "plan LLM parallelism or embedding-table sharding",
+    "measure": "run a sharding plan for real on this machine",
+    "export": "write a plan as trainer launch settings",
+    "fidelity": "iteration-time error against published LLM runs",
+    "calibrate": "fit simulator parameters to measurements",
+    "diagnose": "name straggling ranks from traces of a run",
+    "reorder": "choose the rank order that makes a collective fastest on a network",
+    "probe": "measure pairwise latency and bandwidth between ranks (torch.distributed)",
+    "costmodel": "learned (NeuroShard) embedding cost model: collect data on this machine, "
+                 "train, ship weights",
+    "validate": "run a plan with torch.distributed (gloo) and compare with the simulator",
+    "sweep": "run a command over a grid of arguments (process pool or Ray)",
+    "replay": "replay real traces (torch.profiler or Chakra) on a simulated topology",
+}
 
 EXAMPLES = """\
 main commands (each has --help):
@@ -59,19 +60,30 @@ main commands (each has --help):
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser, with every command listed and the one ``argv`` names fully registered."""
     p = argparse.ArgumentParser(
         prog="clusterplan", description="Simulate and plan training on GPU clusters.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for command in COMMANDS:
-        command.register(sub)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, help_ in COMMANDS.items():
+        parser = sub.add_parser(name, help=help_)
+        if name == chosen:
+            command_module(name).register(parser)
     p.set_defaults(main=main)      # for commands that run other commands (sweep)
     return p
 
 
+def command_module(name: str):
+    """The module of command ``name`` (``planner.cli.<name>``)."""
+    return importlib.import_module(f"planner.cli.{name}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    """Run ``clusterplan argv`` (default: the process's arguments); returns the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -18,17 +18,17 @@ from planner.model.tables.task import ShardingTask, prepare
 __all__ = ["register", "run"]
 
 
-def register(sub) -> None:
+def register(p: argparse.ArgumentParser) -> None:
+    """Add this command's description and arguments to its parser ``p``."""
     """Register ``clusterplan measure TABLES PLAN.json`` on a subparsers object."""
-    p = sub.add_parser("measure", help="run a sharding plan for real on this machine",
-                       description="Measure a sharding plan (clusterplan plan TABLES --devices N "
-                                   "--out PLAN.json) on this machine: each rank's shards as one "
-                                   "fused embedding kernel (forward, backward, fused optimizer; "
-                                   "one thread; median of --repeats), and the ids and pooled-"
-                                   "embedding all-to-alls (and row-wise / data-parallel "
-                                   "collectives) with torch.distributed gloo across N processes. "
-                                   "Prints measured per-rank lookups, communication and total, "
-                                   "the maximum, and the analytic prediction beside them.")
+    p.description = ("Measure a sharding plan (clusterplan plan TABLES --devices N "
+                     "--out PLAN.json) on this machine: each rank's shards as one "
+                     "fused embedding kernel (forward, backward, fused optimizer; "
+                     "one thread; median of --repeats), and the ids and pooled-"
+                     "embedding all-to-alls (and row-wise / data-parallel "
+                     "collectives) with torch.distributed gloo across N processes. "
+                     "Prints measured per-rank lookups, communication and total, "
+                     "the maximum, and the analytic prediction beside them.")
     p.add_argument("tables", metavar="TABLES", help="the table spec the plan was made for")
     p.add_argument("plan", metavar="PLAN.json", help="a plan JSON written by clusterplan plan")
     p.add_argument("--repeats", type=int, default=5, metavar="K",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from simulator.errors import SpecError
 from simulator.topology import load_topology
 
@@ -14,13 +16,13 @@ from planner.model.llm.spec import load_llm_spec
 __all__ = ["register", "run"]
 
 
-def register(sub) -> None:
-    p = sub.add_parser("plan", help="plan LLM parallelism or embedding-table sharding",
-                       description="With a model spec (llama3-70b, MODEL.yaml): search TP/CP/PP/"
-                                   "DP/vpp/micro-batch/FSDP layouts on --topology and print the "
-                                   "best by simulated step time. With a table spec (YAML or CSV; "
-                                   "built-in criteo-dlrm, mlperf-dcnv2): shard the tables over "
-                                   "--devices N so the slowest device is as fast as possible.")
+def register(p: argparse.ArgumentParser) -> None:
+    """Add this command's description and arguments to its parser ``p``."""
+    p.description = ("With a model spec (llama3-70b, MODEL.yaml): search TP/CP/PP/"
+                     "DP/vpp/micro-batch/FSDP layouts on --topology and print the "
+                     "best by simulated step time. With a table spec (YAML or CSV; "
+                     "built-in criteo-dlrm, mlperf-dcnv2): shard the tables over "
+                     "--devices N so the slowest device is as fast as possible.")
     add_arguments(p, devices_required=False)
     p.add_argument("--top", type=int, default=5, metavar="K", help="model plans: layouts to show")
     p.add_argument("--gpus", type=int, default=None, metavar="N",

@@ -3,6 +3,8 @@ torch.distributed and write a cost matrix for ``clusterplan reorder``."""
 
 from __future__ import annotations
 
+import argparse
+
 from simulator.costmatrix import load_cost_matrix
 from simulator.errors import SpecError
 from simulator.fileio import atomic_write_text
@@ -13,13 +15,12 @@ from planner.measure.probe import ProbeSettings, run_probe
 __all__ = ["register", "run"]
 
 
-def register(sub) -> None:
-    p = sub.add_parser(
-        "probe", help="measure pairwise latency and bandwidth between ranks (torch.distributed)",
-        description="Spawn N processes, pair them up in a round-robin tournament and time "
-                    "point-to-point messages between every pair: small ping-pongs for latency, "
-                    "large one-way sends for bandwidth, median of repeats. Writes a cost matrix "
-                    "for `clusterplan reorder`.")
+def register(p: argparse.ArgumentParser) -> None:
+    """Add this command's description and arguments to its parser ``p``."""
+    p.description = ("Spawn N processes, pair them up in a round-robin tournament and time "
+                     "point-to-point messages between every pair: small ping-pongs for latency, "
+                     "large one-way sends for bandwidth, median of repeats. Writes a cost matrix "
+                     "for `clusterplan reorder`.")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     p.add_argument("--nproc", type=int, default=2, metavar="N", help="processes (default 2)")
     p.add_argument("--repeats", type=int, default=9, metavar="K",

@@ -3,6 +3,7 @@ measured or generated network."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections import Counter
 from pathlib import Path
@@ -24,15 +25,14 @@ __all__ = ["register", "run"]
 _KINDS = ("allreduce", "tree", "alltoall", "hierarchical")
 
 
-def register(sub) -> None:
-    p = sub.add_parser(
-        "reorder", help="choose the rank order that makes a collective fastest on a network",
-        description="Read pairwise latency/bandwidth (a matrix from `clusterplan probe`, or a "
-                    "topology such as cloud-64) and find the rank order minimising the model "
-                    "time of a ring all-reduce (TSP: exact MIP for small n, 2-opt/Or-opt above; "
-                    "bottleneck variant), a tree, an all-to-all, or the TP/CP/DP/PP groups of an "
-                    "LLM plan. Prints the order, model times before and after, and a rank map "
-                    "(host order, rank → host) for the launcher.")
+def register(p: argparse.ArgumentParser) -> None:
+    """Add this command's description and arguments to its parser ``p``."""
+    p.description = ("Read pairwise latency/bandwidth (a matrix from `clusterplan probe`, or a "
+                     "topology such as cloud-64) and find the rank order minimising the model "
+                     "time of a ring all-reduce (TSP: exact MIP for small n, 2-opt/Or-opt above; "
+                     "bottleneck variant), a tree, an all-to-all, or the TP/CP/DP/PP groups of an "
+                     "LLM plan. Prints the order, model times before and after, and a rank map "
+                     "(host order, rank → host) for the launcher.")
     p.add_argument("matrix", nargs="?", metavar="MATRIX.json", help="cost matrix file")
     p.add_argument("--topology", metavar="NAME|FILE", help="use a topology's costs instead")
     p.add_argument("--collective", default="allreduce", metavar="KIND|PLAN.json",

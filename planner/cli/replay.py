@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -16,15 +17,14 @@ from planner.workloads.replay import chakra_workload, kineto_workload, read_kine
 __all__ = ["register", "run"]
 
 
-def register(sub) -> None:
-    p = sub.add_parser(
-        "replay", help="replay real traces (torch.profiler or Chakra) on a simulated topology",
-        description="Read one trace per rank of a real run into the simulator's op graph: "
-                    "measured compute between communication calls stays as measured, every "
-                    "collective and message is simulated on the topology. Prints each rank's "
-                    "measured and replayed time and the communication time per kind, measured "
-                    "and simulated (torch.profiler traces; Chakra traces carry no measured "
-                    "communication). See planner/workloads/replay.py.")
+def register(p: argparse.ArgumentParser) -> None:
+    """Add this command's description and arguments to its parser ``p``."""
+    p.description = ("Read one trace per rank of a real run into the simulator's op graph: "
+                     "measured compute between communication calls stays as measured, every "
+                     "collective and message is simulated on the topology. Prints each rank's "
+                     "measured and replayed time and the communication time per kind, measured "
+                     "and simulated (torch.profiler traces; Chakra traces carry no measured "
+                     "communication). See planner/workloads/replay.py.")
     p.add_argument("traces", nargs="+", metavar="TRACE",
                    help="one file per rank: torch.profiler Chrome/Kineto JSON, or with --chakra "
                         "Chakra ET JSON views (chakra_jsonizer)")

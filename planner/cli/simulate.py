@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from simulator.engine import simulate
@@ -23,12 +24,12 @@ from planner.model.reliability import (
 __all__ = ["register", "run"]
 
 
-def register(sub) -> None:
-    p = sub.add_parser("simulate", help="simulate a training step (model or op DAG) on a topology",
-                       description="Simulate one training step: a transformer spec (model:, "
-                                   "training:, parallel:; see planner/model/llm/spec.py) or a workload "
-                                   "YAML (an op DAG; see simulator/workload_spec.py), by path or "
-                                   "built-in name (llama3-405b, gpt3-175b, dp-step ...).")
+def register(p: argparse.ArgumentParser) -> None:
+    """Add this command's description and arguments to its parser ``p``."""
+    p.description = ("Simulate one training step: a transformer spec (model:, "
+                     "training:, parallel:; see planner/model/llm/spec.py) or a workload "
+                     "YAML (an op DAG; see simulator/workload_spec.py), by path or "
+                     "built-in name (llama3-405b, gpt3-175b, dp-step ...).")
     p.add_argument("workload", metavar="MODEL|WORKLOAD", help="YAML file or built-in name")
     topology_arguments(p)
     p.add_argument("--parallel", metavar="SPEC", help="e.g. tp=8,cp=1,pp=16,dp=128,vpp=1")

@@ -14,17 +14,16 @@ from planner.sweep.run import bar_progress, plot_table, run_sweep, write_table
 __all__ = ["register", "run"]
 
 
-def register(sub) -> None:
-    p = sub.add_parser(
-        "sweep", help="run a command over a grid of arguments (process pool or Ray)",
-        description="Run one clusterplan command (simulate, plan, collective, ...) at every "
-                    "point of a grid and collect the JSON results into one table (CSV or "
-                    "parquet) and an optional plot. Resumable: finished points are kept in "
-                    "OUT.partial.jsonl and skipped when the same sweep is started again. "
-                    "Grid format: planner/sweep/grid.py.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="example:\n  clusterplan sweep grid.yaml --out results.csv --plot results.png\n"
-               "  clusterplan sweep grid.yaml --ray local       # or --ray HOST:6379")
+def register(p: argparse.ArgumentParser) -> None:
+    """Add this command's description and arguments to its parser ``p``."""
+    p.description = ("Run one clusterplan command (simulate, plan, collective, ...) at every "
+                     "point of a grid and collect the JSON results into one table (CSV or "
+                     "parquet) and an optional plot. Resumable: finished points are kept in "
+                     "OUT.partial.jsonl and skipped when the same sweep is started again. "
+                     "Grid format: planner/sweep/grid.py.")
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = ("example:\n  clusterplan sweep grid.yaml --out results.csv --plot results.png\n"
+                "  clusterplan sweep grid.yaml --ray local       # or --ray HOST:6379")
     p.add_argument("grid", metavar="GRID.yaml", help="the sweep file")
     p.add_argument("--out", metavar="FILE", default=None,
                    help="table to write (.csv or .parquet; default GRID.csv beside the grid)")

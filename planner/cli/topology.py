@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from simulator.topology import builtin_topology_names, load_topology
 
 from planner.cli.options import topology_from_args
@@ -11,9 +13,9 @@ from planner.cli.summary import format_topology_summary, topology_summary
 __all__ = ["register", "run"]
 
 
-def register(sub) -> None:
-    p = sub.add_parser("topology", help="show or list topologies",
-                       description="Show a topology's GPUs, nodes, tiers and bisection bandwidth.")
+def register(p: argparse.ArgumentParser) -> None:
+    """Add this command's description and arguments to its parser ``p``."""
+    p.description = "Show a topology's GPUs, nodes, tiers and bisection bandwidth."
     tsub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     s = tsub.add_parser("show", help="summarise a topology")
     s.add_argument("topology", metavar="NAME|FILE",

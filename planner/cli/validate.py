@@ -7,6 +7,7 @@ the rank); 2 for bad input (the message names the field and the fix).
 
 from __future__ import annotations
 
+import argparse
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -23,18 +24,17 @@ from planner.measure.validate.report import format_report, validate
 __all__ = ["register", "run", "load_calibration"]
 
 
-def register(sub) -> None:
-    p = sub.add_parser(
-        "validate", help="run a plan with torch.distributed (gloo) and compare with the simulator",
-        description="Run an LLM plan for real on this machine: a scaled-down transformer "
-                    "with the plan's tensor, pipeline and data parallelism, one spawned "
-                    "process per rank (gloo). Checks that every rank's collectives and "
-                    "pipeline messages (kind, count, bytes, group, order) equal the "
-                    "simulator's op graph for the same plan, and prints predicted vs "
-                    "measured step time. A sharding plan (clusterplan plan TABLES "
-                    "--devices N --out plan.json) runs in TorchRec's "
-                    "DistributedModelParallel instead, its collectives compared with the "
-                    "simulator's TorchRec step. See planner/measure/validate/README.md.")
+def register(p: argparse.ArgumentParser) -> None:
+    """Add this command's description and arguments to its parser ``p``."""
+    p.description = ("Run an LLM plan for real on this machine: a scaled-down transformer "
+                     "with the plan's tensor, pipeline and data parallelism, one spawned "
+                     "process per rank (gloo). Checks that every rank's collectives and "
+                     "pipeline messages (kind, count, bytes, group, order) equal the "
+                     "simulator's op graph for the same plan, and prints predicted vs "
+                     "measured step time. A sharding plan (clusterplan plan TABLES "
+                     "--devices N --out plan.json) runs in TorchRec's "
+                     "DistributedModelParallel instead, its collectives compared with the "
+                     "simulator's TorchRec step. See planner/measure/validate/README.md.")
     p.add_argument("source", metavar="MODEL|PLAN.json",
                    help="model spec (YAML path or built-in name) or a plan from clusterplan plan")
     p.add_argument("--parallel", metavar="SPEC",
