@@ -40,7 +40,6 @@ import csv
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +54,7 @@ from simulator.errors import SpecError
 
 from planner.costmodel.datafile import COLUMNS, meta_path, read_data
 from planner.machine import cpu_description, installed_description
+from planner.measure.runner import PythonRanks, end_processes, failed, free_port, wait
 
 __all__ = ["CollectConfig", "collect", "hardware_info", "hardware_id", "DIMS"]
 
@@ -303,8 +303,7 @@ def collect(out: str | Path, cfg: CollectConfig = CollectConfig(), *, mix_hardwa
 
 
 def _measure_comm(cfg: CollectConfig, sids: list[int]):
-    """Run ``comm_worker.py`` on ``comm_devices`` processes for samples ``sids``."""
-    from planner.measure.comm import free_port
+    """Run ``collect_comm_worker.py`` on ``comm_devices`` processes for samples ``sids``."""
     world = cfg.comm_devices
     local = [len(a) for a in np.array_split(np.arange(cfg.batch), world)]
     jobs = []
@@ -313,29 +312,10 @@ def _measure_comm(cfg: CollectConfig, sids: list[int]):
         jobs.append({"sample_id": sid, "dim_sums": sums, "sleeps_ms": sleeps,
                      "local_batch": local, "warmup": cfg.comm_warmup,
                      "repeats": cfg.comm_repeats})
-    root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with tempfile.TemporaryDirectory() as tmp:
         jp = Path(tmp) / "jobs.json"
         jp.write_text(json.dumps(jobs))
-        port = free_port()
-        procs = [subprocess.Popen([sys.executable, str(Path(__file__).with_name("collect_comm_worker.py")),
-                                   str(r), str(world), str(port), str(jp),
-                                   str(Path(tmp) / f"r{r}.jsonl")],
-                                  env=env, cwd=root, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True) for r in range(world)]
-        errs = []
-        for p in procs:
-            try:
-                _, err = p.communicate(timeout=600)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                _, err = p.communicate()
-            if p.returncode:
-                errs.append((err or "").strip().splitlines()[-1:] or ["?"])
-        if errs:
-            raise RuntimeError(f"communication workers failed: {errs[0][0]}")
+        _run_comm_workers(world, jp, Path(tmp))
         res: dict[int, dict[int, dict]] = {}
         for r in range(world):
             for line in (Path(tmp) / f"r{r}.jsonl").read_text().splitlines():
@@ -345,3 +325,20 @@ def _measure_comm(cfg: CollectConfig, sids: list[int]):
         per = res[job["sample_id"]]
         yield (job["sample_id"], job["dim_sums"], job["sleeps_ms"],
                [per[r]["fwd_ms"] for r in range(world)], [per[r]["bwd_ms"] for r in range(world)])
+
+
+def _run_comm_workers(world: int, jobs: Path, outdir: Path, timeout_s: float = 600.0) -> None:
+    """Run the ``world`` workers on ``jobs`` (each writes ``outdir/r{rank}.jsonl``); after
+    ``timeout_s`` seconds those still running are ended. RuntimeError with the first failed
+    rank's last stderr line if any rank did not exit with 0."""
+    port = free_port()
+    ranks = PythonRanks([(Path(__file__).with_name("collect_comm_worker.py"), r, world, port,
+                          jobs, outdir / f"r{r}.jsonl") for r in range(world)])
+    try:
+        wait(ranks.procs, timeout_s)
+        end_processes(ranks.procs)
+        bad = failed(ranks.procs)
+        if bad:
+            raise RuntimeError(f"communication workers failed: {ranks.tails()[min(bad)] or '?'}")
+    finally:
+        ranks.close()

@@ -11,19 +11,19 @@ backward all-to-all (the transpose) is timed alone. Medians go to OUT, one JSON 
 
 from __future__ import annotations
 
-import datetime
 import json
 import statistics
 import sys
 import time
+
+from planner.measure.runner import init_group
 
 
 def main(rank: int, world: int, port: int, jobs_path: str, out_path: str) -> None:
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=120))
+    init_group("gloo", rank, world, port, 120.0)
     jobs = json.load(open(jobs_path))
     with open(out_path, "a") as out:
         for job in jobs:

@@ -27,20 +27,15 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import statistics
 import time
 from typing import Any, Sequence
 
 from simulator.errors import SpecError
 
-__all__ = ["GlooGroup", "oversubscription", "free_port"]
+from planner.measure.runner import PythonRanks, free_port, init_group, running, wait
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["GlooGroup", "oversubscription"]
 
 
 def oversubscription(world: int) -> float:
@@ -50,7 +45,6 @@ def oversubscription(world: int) -> float:
 
 def _worker(rank: int, world: int, port: int, timeout_s: float) -> None:
     """Worker main: one JSON job per stdin line, one JSON result per stdout line."""
-    import datetime
     import json
     import sys
 
@@ -65,9 +59,7 @@ def _worker(rank: int, world: int, port: int, timeout_s: float) -> None:
         out.flush()
 
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        init_group("gloo", rank, world, port, timeout_s)
         send("ready", None)
     except Exception as exc:  # pragma: no cover - reported to the parent
         send("error", f"{type(exc).__name__}: {exc}")
@@ -163,19 +155,16 @@ def align(raw: list[dict]) -> list[dict]:
 class GlooGroup:
     """``world`` gloo processes kept alive to time collectives (see the module docstring).
 
-    The workers are ``python measure_comm.py RANK WORLD PORT TIMEOUT`` subprocesses (so a calling
-    script needs no ``if __name__ == "__main__"`` guard, and they import only torch); jobs and results travel as JSON lines over
-    their stdin/stdout. Use as a context manager; :meth:`run` returns, per rank,
+    The workers are ``python comm.py RANK WORLD PORT TIMEOUT`` subprocesses
+    (:class:`planner.measure.runner.PythonRanks`: a calling script needs no
+    ``if __name__ == "__main__"`` guard); jobs and results travel as JSON lines over their
+    stdin/stdout. Use as a context manager; :meth:`run` returns, per rank,
     ``{name: {"median_s", "samples_s"}}``.
     """
 
     def __init__(self, world: int, *, timeout_s: float = 300.0, start_timeout_s: float = 180.0
                  ) -> None:
-        import subprocess
-        import sys
-        import tempfile
         import threading
-        from pathlib import Path
         if world < 1:
             raise SpecError(f"world size must be ≥ 1, got {world}", source="--devices",
                             fix="pass the number of devices")
@@ -183,26 +172,15 @@ class GlooGroup:
         require_torch("timing collectives")
         self.world = world
         self.timeout_s = timeout_s
-        self._procs: list = []
         self._closed = False
         self._out: queue.Queue = queue.Queue()
-        if world == 1:
+        if world == 1:                   # one rank communicates with no one: no process
+            self._ranks = PythonRanks([])
             return
         port = free_port()
-        root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
-                                    else "")
-        env.setdefault("OMP_NUM_THREADS", "1")
-        self._logs = []
-        for r in range(world):
-            log = tempfile.TemporaryFile(mode="w+")
-            self._logs.append(log)
-            p = subprocess.Popen([sys.executable, str(Path(__file__).resolve()),
-                                  str(r), str(world), str(port), str(timeout_s)],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                 text=True, env=env, cwd=root)
-            self._procs.append(p)
+        self._ranks = PythonRanks([(__file__, r, world, port, timeout_s) for r in range(world)],
+                                  pipes=True)
+        for p in self._ranks.procs:
             threading.Thread(target=self._reader, args=(p,), daemon=True).start()
         self._collect("ready", start_timeout_s)
 
@@ -217,15 +195,8 @@ class GlooGroup:
         self._out.put((None, "eof", None))
 
     def _stderr_tail(self) -> str:
-        tails = []
-        for r, log in enumerate(self._logs):
-            try:
-                log.seek(0)
-                text = log.read().strip().splitlines()
-            except Exception:  # pragma: no cover
-                text = []
-            if text:
-                tails.append(f"rank {r}: {text[-1]}")
+        """The last stderr line of the first three ranks that wrote one."""
+        tails = [f"rank {r}: {t}" for r, t in enumerate(self._ranks.tails()) if t]
         return "; ".join(tails[:3])
 
     def _collect(self, expect: str, timeout_s: float) -> list:
@@ -242,7 +213,7 @@ class GlooGroup:
             try:
                 rank, status, payload = self._out.get(timeout=min(left, 2.0))
             except queue.Empty:
-                if any(p.poll() is not None for p in self._procs):
+                if len(running(self._ranks.procs)) < self.world:
                     tail = self._stderr_tail()
                     self.close()
                     raise RuntimeError(f"gloo group of {self.world}: a worker exited"
@@ -267,16 +238,18 @@ class GlooGroup:
                     for _ in range(self.world)]
         job = {"ops": [list(o) for o in ops], "repeats": int(repeats), "warmup": int(warmup)}
         line = json.dumps(job) + "\n"
-        for p in self._procs:
+        for p in self._ranks.procs:
             p.stdin.write(line)
             p.stdin.flush()
         return align(self._collect("ok", self.timeout_s))
 
     def close(self) -> None:
+        """Ask every worker to leave (a ``null`` job), give them 10 s in all, then end the rest
+        (:meth:`planner.measure.runner.PythonRanks.close`)."""
         if self._closed:
             return
         self._closed = True
-        for p in self._procs:
+        for p in self._ranks.procs:
             try:
                 if p.poll() is None:
                     p.stdin.write("null\n")
@@ -284,14 +257,8 @@ class GlooGroup:
                 p.stdin.close()
             except Exception:
                 pass
-        for p in self._procs:
-            try:
-                p.wait(timeout=10)
-            except Exception:  # pragma: no cover - a stuck worker of ours
-                p.kill()
-                p.wait(timeout=5)
-        for log in getattr(self, "_logs", []):
-            log.close()
+        wait(self._ranks.procs, 10.0)
+        self._ranks.close()
 
     def __enter__(self) -> "GlooGroup":
         return self

@@ -17,13 +17,12 @@ keeps its own ``B`` samples. Then:
 Each rank returns its ``B × D`` pooled embeddings from both routes (and, when a non-identity
 module is given, the flat result passed through the same per-tower modules locally — what the
 DMT model computes with the module applied on every rank), so the caller can compare them.
-Processes are spawned with a ``timeout`` on ``init_process_group`` and the whole run is bounded;
+Processes are spawned with a ``timeout`` on their process group and the whole run is bounded;
 leftover processes are terminated by their own handles.
 """
 
 from __future__ import annotations
 
-import datetime
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -31,6 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.measure.dmt_spawn import spawn_gloo
+from planner.measure.runner import init_group
 
 __all__ = ["SemanticCase", "run_semantic_check", "flat_and_sptt", "table_gradients"]
 
@@ -333,9 +333,7 @@ def _worker(rank: int, case: SemanticCase, port: int, outdir: str, timeout_s: fl
     import torch.distributed as dist
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=case.world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        init_group("gloo", rank, case.world, port, timeout_s)
         flat, results = flat_and_sptt(case, rank, dist, torch)
         arrays = {"flat": flat}
         for i, (sptt, ref) in enumerate(results):

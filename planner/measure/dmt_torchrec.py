@@ -16,13 +16,13 @@ concatenated by host, then tower index — TorchRec's output order).
 
 from __future__ import annotations
 
-import datetime
 import os
 from pathlib import Path
 
 import numpy as np
 
 from planner.measure.dmt_spawn import spawn_gloo
+from planner.measure.runner import init_group
 
 __all__ = ["run_torchrec_towers"]
 
@@ -34,8 +34,7 @@ def _worker(rank: int, payload, port: int, outdir: str, timeout_s: float) -> Non
     import torch.distributed as dist
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+        init_group("gloo", rank, world, port, timeout_s)
         out, ref = _forward(rank, doc, tables, batch, seed, torch, dist)
         np.savez(Path(outdir) / f"rank{rank}.npz", out=out, ref=ref)
         dist.barrier()

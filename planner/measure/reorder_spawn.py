@@ -1,22 +1,23 @@
 """Run a function in N spawned torch.distributed processes, with a hard overall timeout.
 
-Every worker joins one process group (``timeout=`` on ``init_process_group`` as well, so a lost peer
-fails instead of hanging for the default 30 minutes); rank 0's return value comes back through a
-queue. If the whole run takes longer than ``timeout_s`` the parent terminates the processes it
-started (by their handles), then kills those still alive, and raises a one-line error.
+Every worker joins one process group (:func:`planner.measure.runner.init_group`, whose timeout
+makes a lost peer fail instead of hanging for the default 30 minutes); rank 0's return value
+comes back through a queue. If the whole run takes longer than ``timeout_s`` the parent ends the
+processes it started (:func:`planner.measure.runner.end_processes`) and raises a one-line error.
 """
 
 from __future__ import annotations
 
 import os
 import queue as _queue
-import socket
 import time
 import traceback
-from datetime import timedelta
 from typing import Any, Callable
 
 from simulator.errors import ClusterplanError, SpecError
+
+from planner.measure.runner import (SPAWN, end_processes, free_port, init_group, running,
+                                    start_processes, wait)
 
 __all__ = ["run_distributed", "ProbeFailed"]
 
@@ -25,23 +26,16 @@ class ProbeFailed(ClusterplanError):
     """A spawned measurement failed or ran out of time (exit code 2, one line)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world: int, backend: str, port: int, timeout_s: float,
             fn: Callable, args: tuple, out) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    os.environ["OMP_NUM_THREADS"] = "1"
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(backend, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout_s))
+        init_group(backend, rank, world, port, timeout_s)
         try:
             result = fn(rank, world, *args)
         finally:
@@ -56,48 +50,40 @@ def _worker(rank: int, world: int, backend: str, port: int, timeout_s: float,
 def run_distributed(fn: Callable, nproc: int, *, args: tuple = (), backend: str = "gloo",
                     timeout_s: float = 120.0) -> Any:
     """Run ``fn(rank, world, *args)`` in ``nproc`` spawned processes; return rank 0's result."""
-    import torch.multiprocessing as mp
     if backend == "nccl":
         import torch
         if not torch.cuda.is_available():
             raise SpecError("backend nccl needs CUDA GPUs, and torch sees none",
                             field="--backend", fix="use --backend gloo on CPU machines")
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, nproc, backend, port, timeout_s, fn, args, out),
-                         daemon=True) for r in range(nproc)]
-    for p in procs:
-        p.start()
+    out = SPAWN.Queue()
+    port = free_port()
+    procs = start_processes(_worker, [(r, nproc, backend, port, timeout_s, fn, args, out)
+                                      for r in range(nproc)])
     deadline = time.monotonic() + timeout_s
-    result = None
     try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ProbeFailed(f"no result within {timeout_s:g} s from {nproc} {backend} "
-                                  "processes (fix: raise --timeout or lower --nproc/--repeats)")
-            try:
-                status, value = out.get(timeout=min(left, 0.5))
-            except _queue.Empty:
-                if all(not p.is_alive() for p in procs) and out.empty():
-                    codes = sorted({p.exitcode for p in procs})
-                    raise ProbeFailed(f"all {nproc} processes exited (codes {codes}) without a "
-                                      "result") from None
-                continue
-            if status == "error":
-                raise ProbeFailed(value)
-            result = value
-            break
-        for p in procs:
-            p.join(timeout=max(1.0, deadline - time.monotonic()))
+        result = _result(out, procs, deadline, timeout_s, backend)
+        wait(procs, max(1.0, deadline - time.monotonic()))
         return result
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
+        end_processes(procs)
+
+
+def _result(out, procs: list, deadline: float, timeout_s: float, backend: str) -> Any:
+    """Rank 0's result from ``out``, or ProbeFailed: a rank's error, every process gone without
+    a result, or no result by ``deadline`` (time.monotonic() seconds)."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ProbeFailed(f"no result within {timeout_s:g} s from {len(procs)} {backend} "
+                              "processes (fix: raise --timeout or lower --nproc/--repeats)")
+        try:
+            status, value = out.get(timeout=min(left, 0.5))
+        except _queue.Empty:
+            if not running(procs) and out.empty():
+                codes = sorted({p.exitcode for p in procs})
+                raise ProbeFailed(f"all {len(procs)} processes exited (codes {codes}) without a "
+                                  "result") from None
+            continue
+        if status == "error":
+            raise ProbeFailed(value)
+        return value

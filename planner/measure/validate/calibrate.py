@@ -48,6 +48,8 @@ from dataclasses import dataclass, field, replace
 
 from simulator.gloo_profile import CommTable, gloo_profile_from_dict
 
+from planner.measure.runner import init_group
+
 __all__ = ["GlooCalibration", "measure_gloo", "measure_gloo_raw", "profile_from_raw",
            "profile_document", "summary_lines", "SIZES"]
 
@@ -101,9 +103,7 @@ def _rank_main(cfg: GlooCalibration, rank: int, port: int, progress, report) -> 
     import torch.distributed as dist
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", category=FutureWarning)   # reduce_scatter_tensor's rename
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=cfg.world,
-                            timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    init_group("gloo", rank, cfg.world, port, cfg.timeout_s)
     report("ready", None)
     from planner.measure.validate.worker import pin_main_thread, unpin
     pin_main_thread(rank)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 
+from planner.measure.runner import init_group
 from planner.measure.validate.comm import Recorder
 from planner.measure.validate.worker import _inject, pin_main_thread, timed_steps, unpin
 
@@ -197,7 +198,6 @@ def _reset_torchrec_globals() -> None:
 
 
 def run_rank(rank: int, cfg, port: int, progress, report, state: dict) -> dict:
-    import datetime
     import warnings
     warnings.simplefilter("ignore")
     import logging
@@ -209,9 +209,7 @@ def run_rank(rank: int, cfg, port: int, progress, report, state: dict) -> dict:
     from torch import nn
     torch.set_num_threads(1)
     progress.begin(rank, "init_process_group", -1)
-    dist.init_process_group(cfg.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=cfg.world,
-                            timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    init_group(cfg.backend, rank, cfg.world, port, cfg.timeout_s)
     progress.end(rank)
     report("ready", None)
     progress.begin(rank, "import torchrec", -1)

@@ -1,36 +1,35 @@
 """Start the ranks of a validation run, watch them, and end every one of them.
 
-The ranks are spawned processes (``multiprocessing`` spawn, what ``torch.multiprocessing.spawn``
-uses; the parent itself never imports torch). Rank 0 hosts the TCP store on a free port found by
-binding port 0. The parent reads the ranks' reports from a queue and their progress from
-shared memory, and ends the run when
+The ranks are spawned processes (:func:`planner.measure.runner.start_processes`; the parent
+itself never imports torch). Rank 0 hosts the TCP store on a free port
+(:func:`planner.measure.runner.free_port`). The parent reads the ranks' reports from a queue and
+their progress from shared memory, and ends the run when
 
 - a rank reports an error: the error that is not a communication error (or else the earliest)
   is the cause; the others' errors are listed as consequences;
 - a rank exits without a report (a crash, ``os._exit``, a signal);
 - a rank stops making progress: its peers time out in their next call with it (the
-  ``timeout=`` of ``init_process_group``) and the silent rank is named as the one that hung;
+  timeout of their process group) and the silent rank is named as the one that hung;
   a watchdog ends the run if nothing at all moves for ``timeout + 15 s``.
 
 On any failure every rank still alive is terminated (SIGTERM, then SIGKILL after 3 s) and
-joined, and :class:`RunFailed` (exit code 1) says which rank and why. No process outlives
-:func:`run`.
+joined (:func:`planner.measure.runner.end_processes`), and :class:`RunFailed` (exit code 1) says
+which rank and why. No process outlives :func:`run`.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import queue as queue_mod
-import socket
 import time
 from dataclasses import dataclass, field
 
 from simulator.errors import ClusterplanError
 
+from planner.measure.runner import SPAWN, end_processes, free_port, start_processes, wait
 from planner.measure.validate.comm import Progress
 from planner.measure.validate.config import RunConfig
 
-__all__ = ["RunFailed", "RunResult", "Pool", "run", "run_many", "free_port"]
+__all__ = ["RunFailed", "RunResult", "Pool", "run", "run_many"]
 
 
 class RunFailed(ClusterplanError):
@@ -54,33 +53,24 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Pool:
     """``size`` spawned rank processes that run jobs one after the other (torch is imported
     once per process). After a failed job the pool is closed: every process is ended."""
 
     def __init__(self, size: int) -> None:
         from planner.measure.validate.worker import worker_main
-        ctx = mp.get_context("spawn")
         self.size = size
-        self.progress = Progress(ctx, size)
-        self.out = ctx.Queue()
-        self.inboxes = [ctx.Queue() for _ in range(size)]
-        self.procs = [ctx.Process(target=worker_main, args=(r, self.inboxes[r], self.progress,
-                                                            self.out),
-                                  name=f"clusterplan-validate-rank{r}", daemon=True)
-                      for r in range(size)]
+        self.progress = Progress(SPAWN, size)
+        self.out = SPAWN.Queue()
+        self.inboxes = [SPAWN.Queue() for _ in range(size)]
+        self.procs: list = []
         self.closed = False
         self.started = False
         self.jobs = 0
         try:
-            for p in self.procs:
-                p.start()
+            self.procs = start_processes(
+                worker_main, [(r, self.inboxes[r], self.progress, self.out) for r in range(size)],
+                name="clusterplan-validate-rank{rank}")
         except BaseException:
             self.close()
             raise
@@ -120,11 +110,8 @@ class Pool:
                     q.put(None)
                 except Exception:  # pragma: no cover
                     pass
-            deadline = time.monotonic() + 2.0
-            for p in self.procs:
-                if p.pid is not None:
-                    p.join(max(0.0, deadline - time.monotonic()))
-        _end_all(self.procs)
+            wait(self.procs, 2.0)
+        end_processes(self.procs)
         for q in (*self.inboxes, self.out):
             q.close()
             q.cancel_join_thread()
@@ -279,17 +266,3 @@ def _failure(cfg, errors, crashed, done, procs, progress, pids, ready) -> RunFai
     msg += f"; all {cfg.world} processes ended"
     return RunFailed(msg, rank=r, pids=pids,
                      details={"errors": errors, "crashed": crashed, "progress": snaps})
-
-
-def _end_all(procs) -> None:
-    for p in procs:
-        if p.pid is not None and p.exitcode is None:
-            p.terminate()
-    deadline = time.monotonic() + 3.0
-    for p in procs:
-        if p.pid is not None:
-            p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.pid is not None and p.exitcode is None:
-            p.kill()
-            p.join(5.0)
