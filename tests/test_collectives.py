@@ -8,7 +8,7 @@ from simulator.collectives.algorithms import _depth, dbt_parents
 from simulator.errors import SpecError
 from simulator.topology import build_topology, load_topology
 
-from planner.measure.fit_collectives import _predict, fit_collective_profile, read_nccl_table
+from planner.measure.network.fit import _predict, fit_collective_profile, read_nccl_table
 
 GiB = 2**30
 

@@ -9,7 +9,7 @@ from simulator.errors import SpecError
 from simulator.hardware import gpu_spec
 
 from planner.cli.main import main
-from planner.measure.fit_compute import profile_from_measurements, read_measurements
+from planner.measure.compute.fit import profile_from_measurements, read_measurements
 
 
 def _measurements(rng):

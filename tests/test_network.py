@@ -8,7 +8,7 @@ import simpy
 
 from simulator.collectives import simulate_collective
 from simulator.engine import simulate
-from simulator.network import FlowNetwork, maxmin_rates, route
+from simulator.network import FlowNetwork, route
 from simulator.network.maxmin import maxmin_rates as mm
 from simulator.topology import build_topology, load_topology
 from simulator.workload import Workload

@@ -202,7 +202,7 @@ def test_cli_reorder_bad_matrix_exits_2_with_one_line(tmp_path):
 
 
 def test_tournament_covers_every_pair_once():
-    from planner.measure.probe import tournament_rounds
+    from planner.measure.network.probe import tournament_rounds
     for n in (2, 5, 8):
         pairs = [p for r in tournament_rounds(n) for p in r]
         assert sorted(pairs) == [(i, j) for i in range(n) for j in range(i + 1, n)]

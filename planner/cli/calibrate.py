@@ -15,10 +15,10 @@ from simulator.units import format_time
 from planner.cli.options import topology_arguments, topology_from_args
 from planner.cli.output import atomic_write, emit
 from planner.cli.tables import add_calibrate_embedding, run_calibrate_embedding
-from planner.measure.cpu import measure_cpu_profile
-from planner.measure.fit_collectives import fit_collective_profile, read_nccl_table
-from planner.measure.fit_compute import profile_from_measurements, read_measurements
-from planner.measure.host import host_overhead_yaml, measure_host_overhead
+from planner.measure.compute.cpu import measure_cpu_profile
+from planner.measure.network.fit import fit_collective_profile, read_nccl_table
+from planner.measure.compute.fit import profile_from_measurements, read_measurements
+from planner.measure.compute.host import host_overhead_yaml, measure_host_overhead
 from planner.measure.validate.calibrate import GlooCalibration, measure_gloo, summary_lines
 
 __all__ = ["register", "run"]
@@ -49,7 +49,7 @@ def register(p: argparse.ArgumentParser) -> None:
     c = csub.add_parser("compute", help="efficiency curves from kernel timings, or measure this CPU",
                         description="Fit a compute-efficiency file (traces/efficiency/*.yaml) to "
                                     "measured kernel timings (CSV: kind,dtype,flops,bytes,seconds; "
-                                    "see planner/measure/fit_compute.py), or with --measure-cpu time "
+                                    "see planner/measure/compute/fit.py), or with --measure-cpu time "
                                     "numpy kernels on this machine.")
     c.add_argument("--gpu", help="catalog GPU kind the measurements were taken on")
     c.add_argument("--measurements", metavar="CSV", nargs="+",

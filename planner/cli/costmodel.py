@@ -11,7 +11,7 @@ from simulator.errors import SpecError
 
 from planner.costmodel.model import train
 from planner.costmodel.weights import save_weights
-from planner.measure.collect import CollectConfig, collect
+from planner.measure.tables.collect import CollectConfig, collect
 
 __all__ = ["register", "run"]
 

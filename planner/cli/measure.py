@@ -10,7 +10,7 @@ from simulator.errors import SpecError
 
 from planner.cli.output import write_json
 from planner.cli.tables import positive
-from planner.measure.embedding import cpu_topology_ref, format_measurement, measure_shardings
+from planner.measure.tables.plans import cpu_topology_ref, format_measurement, measure_shardings
 from planner.model.tables.plan import read_plan_json
 from planner.model.tables.spec import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare

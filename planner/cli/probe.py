@@ -10,7 +10,7 @@ from simulator.errors import SpecError
 from simulator.fileio import atomic_write_text
 from simulator.units import format_time, parse_bytes
 
-from planner.measure.probe import ProbeSettings, run_probe
+from planner.measure.network.probe import ProbeSettings, run_probe
 
 __all__ = ["register", "run"]
 

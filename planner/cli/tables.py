@@ -15,7 +15,7 @@ that cannot fit (one line naming the file, the field, the table, the numbers and
 
 Also here: ``clusterplan calibrate embedding``
 (:func:`run_calibrate_embedding`, the CPU profile of the cost model,
-:mod:`planner.measure.calibrate_embedding`).
+:mod:`planner.measure.tables.fit`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from simulator.units import format_bytes, format_time, parse_bytes
 
 from planner.cli.dmt import add_dmt_arguments, dmt_section, format_dmt
 from planner.cli.output import progress_line, write_json
-from planner.measure.calibrate_embedding import calibrate, write_profile
-from planner.measure.embedding import cpu_topology_ref, format_measurement, measure_plan
+from planner.measure.tables.fit import calibrate, write_profile
+from planner.measure.tables.plans import cpu_topology_ref, format_measurement, measure_plan
 from planner.model.tables.shards import parse_sharding_types
 from planner.model.tables.spec import OPTIMIZERS, load_model_spec
 from planner.model.tables.task import ShardingTask
@@ -162,7 +162,7 @@ def add_calibrate_embedding(csub) -> None:
                                     "collectives (2, 4, 8 processes) on this machine and fit the "
                                     "CPU profile of the sharding cost model; writes YAML with the "
                                     "numbers, fit errors, raw points and how they were measured "
-                                    "(see planner/measure/calibrate_embedding.py).")
+                                    "(see planner/measure/tables/fit.py).")
     c.add_argument("--out", required=True, metavar="FILE",
                    help="profile YAML to write (the committed one: "
                         "traces/calibration/cpu-embedding.yaml)")

@@ -1,6 +1,6 @@
 """The cost-model data file: one CSV row per measured sample (columns :data:`COLUMNS`) and its
 metadata beside it (``FILE.meta.json``). Written by ``clusterplan costmodel collect``
-(:mod:`planner.measure.collect`), read to train (:mod:`planner.costmodel.dataset`)."""
+(:mod:`planner.measure.tables.collect`), read to train (:mod:`planner.costmodel.dataset`)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 Modules, one job each:
 
-* measured in :mod:`planner.measure.probe` — pairwise latency/bandwidth with torch.distributed
-  send/recv (``clusterplan probe``); :mod:`planner.measure.reorder_emulate` a real ring
+* measured in :mod:`planner.measure.network.probe` — pairwise latency/bandwidth with torch.distributed
+  send/recv (``clusterplan probe``); :mod:`planner.measure.network.emulate` a real ring
   all-reduce over an emulated network.
 * :mod:`.model` — alpha-beta times of ring/tree/all-to-all on a cost matrix, with shared links.
 * :mod:`.tsp_exact` (brute force, DFJ MIP with CBC), :mod:`.tsp_local` (2-opt/Or-opt),

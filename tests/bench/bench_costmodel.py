@@ -63,7 +63,7 @@ def main() -> int:
         load_predictor()
         loads.append(time.perf_counter() - t)
     from planner.costmodel.planner import learned_plan_cost_ms
-    from planner.measure.embedding import cpu_topology_ref, measure_many, scale_model
+    from planner.measure.tables.plans import cpu_topology_ref, measure_many, scale_model
     from planner.model.tables.generate import neuroshard_tasks
     from planner.model.tables.task import prepare
     from planner.sharding.planners import get_planner

@@ -159,8 +159,8 @@ def heuristic_time() -> None:
 
 
 def real_run() -> None:
-    from planner.measure.probe import ProbeSettings, run_probe
-    from planner.measure.reorder_emulate import run_emulated_ring
+    from planner.measure.network.emulate import run_emulated_ring
+    from planner.measure.network.probe import ProbeSettings, run_probe
     print("5. real gloo ring all-reduce (isend/irecv), 8 processes, emulated cloud network")
     base = _cloud(8, 2)
     emu = CostMatrix(base.latency_s * 50, base.bandwidth_Bps / 100, base.hostnames,

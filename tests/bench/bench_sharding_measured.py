@@ -16,7 +16,7 @@ CPU profile and TorchRec plans for ``compute_device="cpu"`` with the same memory
 
 Planners: ``torchrec`` (TorchRec 1.8.0's EmbeddingShardingPlanner), ``size_lookup`` (NeuroShard's
 strongest greedy baseline), ``greedy``, ``local_search`` and ``mip`` (``--mip-limit`` seconds).
-Each valid plan of a task is MEASURED (``planner.measure.embedding``: fused FBGEMM TBE forward +
+Each valid plan of a task is MEASURED (``planner.measure.tables.plans``: fused FBGEMM TBE forward +
 backward per rank on one thread, median of ``--repeats``; the all-to-alls with gloo across N
 processes, median of ``--comm-repeats``; identical plans measured once); cost = max over ranks
 of lookups + communication. TorchRec's plan is measured a second time in the same paired run as
@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from planner.measure.embedding import cpu_topology_ref, measure_many, scale_model  # noqa: E402
+from planner.measure.tables.plans import cpu_topology_ref, measure_many, scale_model  # noqa: E402
 from planner.model.tables.generate import dreamshard_tasks, neuroshard_tasks  # noqa: E402
 from planner.model.tables.ids import model_ids  # noqa: E402
 from planner.model.tables.task import prepare  # noqa: E402
@@ -85,7 +85,7 @@ def make_tasks(n: int, seed: int, scale: float) -> list[dict]:
 
 
 def run(args) -> dict:
-    from planner.measure.comm import GlooGroup
+    from planner.measure.tables.comm import GlooGroup
     t_start = time.perf_counter()
     tasks = make_tasks(args.tasks, args.seed, args.scale)
     planners = [p.strip() for p in args.planners.split(",") if p.strip()]

@@ -17,7 +17,7 @@ from planner.costmodel.datafile import (
     meta_path,
     read_data,  # noqa: E402
 )
-from planner.measure.collect import CollectConfig, collect  # noqa: E402
+from planner.measure.tables.collect import CollectConfig, collect  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = dict(pool_size=12, max_tables=3, repeats=1, warmup=0, comm_devices=2, comm_repeats=1,
@@ -86,7 +86,7 @@ def test_refuses_mixed_hardware_and_other_config(tmp_path):
 def test_device_field_keeps_cpu_files_resumable_and_cuda_needs_a_gpu(tmp_path):
     import torch
 
-    from planner.measure.collect import hardware_id
+    from planner.measure.tables.collect import hardware_id
     # the device field is not part of a CPU file's configuration key or hardware id, so data
     # collected before it existed (the shipped cpu-epyc.csv) still resumes
     assert "device" not in CollectConfig().key()

@@ -25,7 +25,7 @@ def pred():
 
 
 def _scaled_task(seed: int):
-    from planner.measure.embedding import cpu_topology_ref, scale_model
+    from planner.measure.tables.plans import cpu_topology_ref, scale_model
     from planner.model.tables.generate import neuroshard_tasks
     bt = neuroshard_tasks(seed, 1)[0]
     return bt.task(model=scale_model(bt.model, 1 / 16), memory_bytes=bt.memory_bytes // 16,
@@ -35,7 +35,7 @@ def _scaled_task(seed: int):
 def _hot_task(types):
     """Twelve modest tables and one narrow (dim 4, no column split possible) hot one: 600
     lookups per sample, where the others have at most 8."""
-    from planner.measure.embedding import cpu_topology_ref
+    from planner.measure.tables.plans import cpu_topology_ref
     from planner.model.tables.generate import synthesize_tables
     from planner.model.tables.spec import ModelSpec
     from planner.model.tables.task import ShardingTask

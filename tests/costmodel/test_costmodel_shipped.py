@@ -33,7 +33,7 @@ def test_shipped_weights_load_and_predict():
 
 
 def test_planner_neuroshard_returns_a_valid_plan():
-    from planner.measure.embedding import cpu_topology_ref, scale_model
+    from planner.measure.tables.plans import cpu_topology_ref, scale_model
     from planner.model.tables.generate import neuroshard_tasks
     from planner.sharding.planners import PLANNER_NAMES, get_planner
     assert "neuroshard" in PLANNER_NAMES

@@ -19,7 +19,7 @@ from planner.costmodel.datafile import (
 )
 from planner.costmodel.model import kendall_tau, mape, train  # noqa: E402
 from planner.costmodel.weights import HardwareMismatchWarning, load_predictor, save_weights  # noqa: E402,E501
-from planner.measure.collect import CollectConfig, hardware_id, hardware_info  # noqa: E402
+from planner.measure.tables.collect import CollectConfig, hardware_id, hardware_info  # noqa: E402
 
 BATCH = 4096
 

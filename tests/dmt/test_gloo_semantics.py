@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from planner.measure.dmt_check import SemanticCase, run_semantic_check  # noqa: E402
+from planner.measure.dmt.check import SemanticCase, run_semantic_check  # noqa: E402
 
 # rows, dim, mean pooling
 TABLES = ((120, 8, 2.0), (64, 12, 1.0), (300, 16, 3.0), (50, 4, 1.5), (200, 8, 2.5),

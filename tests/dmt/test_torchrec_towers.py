@@ -13,7 +13,7 @@ pytest.importorskip("torchrec")
 from planner.dmt.partition import partition_layout  # noqa: E402
 from planner.dmt.towers import shard_hosts  # noqa: E402
 from planner.export.dmt import tower_sharding_plan  # noqa: E402
-from planner.measure.dmt_torchrec import run_torchrec_towers  # noqa: E402
+from planner.measure.dmt.torchrec import run_torchrec_towers  # noqa: E402
 from planner.model.dmt.layout import HostPlan
 from planner.model.tables.shards import row_wise  # noqa: E402
 from planner.model.tables.spec import ModelSpec, TableSpec  # noqa: E402

@@ -1,5 +1,5 @@
 """The LLM model against real H100 and H200 runs (``traces/measured/<gpu>/``, measured by
-``python -m planner.measure.gpu`` on lent GPU machines; method in their README).
+``python -m planner.measure.compute.gpu`` on lent GPU machines; method in their README).
 
 The shipped efficiency files were fitted to the *kernel* rows (GEMMs, copies, flash attention)
 of the same runs. The blocks and whole decoder steps below were never fitted: they check that

@@ -9,7 +9,7 @@ import pytest
 
 from simulator.errors import SpecError
 
-from planner.measure.embedding import cpu_topology_ref
+from planner.measure.tables.plans import cpu_topology_ref
 from planner.model.tables.shards import ShardingType, validate_sharding
 from planner.model.tables.task import prepare
 from planner.sharding.planners import PLANNER_NAMES, get_planner

@@ -103,7 +103,7 @@ def test_lookup_probe_is_recorded_and_scales_the_plans_lookups():
     embedding profile's prediction multiplies every lookup term of the cost model."""
     from dataclasses import replace as dc_replace
 
-    from planner.measure.embedding import cpu_topology_ref
+    from planner.measure.tables.plans import cpu_topology_ref
     from planner.measure.validate.dlrm_probes import (
         _probe_shardings,
         lookup_probe_model,

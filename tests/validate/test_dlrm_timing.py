@@ -54,7 +54,7 @@ def test_probe_host_costs_reproduce_the_probes():
     def run(cfg, host):
         from simulator.engine import simulate
 
-        from planner.measure.embedding import cpu_topology_ref
+        from planner.measure.tables.plans import cpu_topology_ref
         from planner.model.tables.task import ShardingTask, prepare
         from planner.workloads.dlrm.torchrec import build_torchrec_step_workload
         problem = prepare(ShardingTask(model=cfg.model, topology=cpu_topology_ref(2)), 2)

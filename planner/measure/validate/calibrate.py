@@ -304,10 +304,9 @@ def _time_host(dist, torch, world: int, rank: int, *, layers: int = 8) -> dict:
     for ``tp{world}``, on a real tensor-parallel group of every rank, minus the time inside
     its all-reduces (recorded per call): what a TP block's Python, autograd functions,
     copies and dispatch cost around its communication on this machine."""
-    from planner.model.llm.spec import ModelSpec
-
     from planner.measure.validate.comm import Recorder
     from planner.measure.validate.model import Block, TPGroup
+    from planner.model.llm.spec import ModelSpec
     res = {}
     rec = Recorder(rank)
     # written before every timed pass: the pass starts with its code and data evicted from

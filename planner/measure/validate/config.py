@@ -15,8 +15,14 @@ from pathlib import Path
 
 from simulator.errors import SpecError
 
-from planner.model.llm.spec import (LLMSpec, ModelSpec, ParallelSpec, TrainingSpec, load_llm_spec,
-                              parse_parallel)
+from planner.model.llm.spec import (
+    LLMSpec,
+    ModelSpec,
+    ParallelSpec,
+    TrainingSpec,
+    load_llm_spec,
+    parse_parallel,
+)
 
 __all__ = ["Scale", "Fault", "RunConfig", "load_source", "scaled_spec", "run_config",
            "parse_fault"]

@@ -6,7 +6,7 @@ with its table spec (``--tables``, default the plan's ``task.source``) becomes a
 shardings, the plan exported to TorchRec (:func:`planner.export.torchrec.
 export_torchrec_plan`) and the run's settings. Every rank and the simulator draw the same
 batches: :func:`step_batch` (seeded per step and table, from each table's access distribution,
-:func:`planner.measure.embedding.table_ids`).
+:func:`planner.measure.tables.plans.table_ids`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-
 
 from simulator.errors import SpecError
 
@@ -83,11 +82,11 @@ class DLRMRunConfig:
 def load_dlrm_config(plan_path: str, *, tables: str | None = None, nproc: int | None = None,
                      batch_size: int | None = None, **kw) -> DLRMRunConfig:
     """Read the plan and its tables, check what a CPU run supports, export to TorchRec."""
-    from planner.measure.embedding import cpu_topology_ref
+    from planner.export.torchrec import export_torchrec_plan
+    from planner.measure.tables.plans import cpu_topology_ref
     from planner.model.tables.plan import read_plan_json
     from planner.model.tables.spec import load_model_spec
     from planner.model.tables.task import ShardingTask, prepare
-    from planner.export.torchrec import export_torchrec_plan
     doc = json.loads(Path(plan_path).read_text())
     info = doc.get("task") or {}
     ref = tables or info.get("source")

@@ -7,7 +7,6 @@ measure of :func:`size_measure`) and a lookup time scale (:func:`lookup_scale`).
 
 from __future__ import annotations
 
-
 __all__ = ["PROBE_TYPES", "probe_config", "host_costs", "size_measure", "lookup_probe_model",
            "time_lookup_probe", "predicted_lookup_s", "lookup_scale"]
 
@@ -47,14 +46,13 @@ LOOKUP_BATCH = 2048
 def probe_config(kind: str, size: str, world: int, *, steps: int = 30, warmup: int = 5):
     """The probe's :class:`planner.measure.validate.dlrm.DLRMRunConfig` (deterministic: the prediction
     rebuilds it to simulate it)."""
+    from planner.export.torchrec import export_torchrec_plan
+    from planner.measure.tables.plans import cpu_topology_ref
+    from planner.measure.validate.dlrm import DLRMRunConfig
     from planner.model.tables import shards as sh
-    from planner.measure.embedding import cpu_topology_ref
     from planner.model.tables.plan import PlannerStats, make_plan
     from planner.model.tables.spec import ModelSpec, TableSpec
     from planner.model.tables.task import ShardingTask, prepare
-    from planner.export.torchrec import export_torchrec_plan
-
-    from planner.measure.validate.dlrm import DLRMRunConfig
     large = size == "large"
     rows = PROBE_DP_LARGE_ROWS if (large and kind == "data_parallel") else PROBE_ROWS
     rows -= rows % world
@@ -155,9 +153,9 @@ def _probe_shardings(model):
 def time_lookup_probe(dist, *, repeats: int = 9) -> float:
     """Seconds of the probe's fused forward + backward on this rank, every rank starting
     together after a barrier (median of ``repeats``, caches flushed before each)."""
-    from planner.measure.embedding import rank_work
+    from planner.measure.tables.kernels import time_shard_set
+    from planner.measure.tables.plans import rank_work
     from planner.model.tables.ids import model_ids
-    from planner.measure.kernels import time_shard_set
     model = lookup_probe_model()
     tables = rank_work(model, _probe_shardings(model), model_ids(model), 1)[0]
     dist.barrier()
@@ -166,7 +164,7 @@ def time_lookup_probe(dist, *, repeats: int = 9) -> float:
 
 def predicted_lookup_s() -> float:
     """The CPU embedding profile's forward + backward lookup seconds of the probe."""
-    from planner.measure.embedding import cpu_topology_ref
+    from planner.measure.tables.plans import cpu_topology_ref
     from planner.model.tables.plan import evaluate_shardings
     from planner.model.tables.task import ShardingTask, prepare
     model = lookup_probe_model()

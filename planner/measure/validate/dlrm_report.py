@@ -101,8 +101,9 @@ def predicted(cfg: DLRMRunConfig, step: int, calibration=None) -> dict:
     core's measured rates, the collectives take their measured per-size times and share the
     ranks' cores with compute, and each step pays TorchRec's measured fixed cost per
     sharding type (:mod:`planner.measure.validate.calibrate`)."""
-    from planner.workloads.dlrm.torchrec import build_torchrec_step_workload
     from simulator.engine import simulate
+
+    from planner.workloads.dlrm.torchrec import build_torchrec_step_workload
     problem = _problem(cfg, calibration)
     ops = expected_ops(cfg, step)
     host = None
@@ -142,8 +143,8 @@ _LOOKUP_SCALE: dict = {}
 def _problem(cfg: DLRMRunConfig, calibration):
     """The plan's problem on this machine's topology; with a calibration, its lookups scaled
     by the co-running lookup probe (:func:`planner.measure.validate.dlrm_probes.lookup_scale`)."""
+    from planner.measure.tables.plans import cpu_topology_ref
     from planner.model.tables.cost import CostConfig
-    from planner.measure.embedding import cpu_topology_ref
     from planner.model.tables.task import ShardingTask, prepare
     scale = 1.0
     if calibration is not None:
@@ -163,8 +164,9 @@ def _host_costs(calibration, world: int) -> dict:
         from planner.measure.validate.dlrm_probes import host_costs
 
         def sim(cfg, host) -> float:        # a probe simulated with host work per rank
-            from planner.workloads.dlrm.torchrec import build_torchrec_step_workload
             from simulator.engine import simulate
+
+            from planner.workloads.dlrm.torchrec import build_torchrec_step_workload
             problem = _problem(cfg, calibration)
             w = build_torchrec_step_workload(problem, cfg.shardings,
                                              expected_ops(cfg, cfg.warmup),

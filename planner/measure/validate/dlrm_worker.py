@@ -221,7 +221,6 @@ def run_rank(rank: int, cfg, port: int, progress, report, state: dict) -> dict:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     from planner.export.torchrec_load import load_sharding_plan
-
     from planner.measure.validate.dlrm_ops import step_batch
     _reset_torchrec_globals()
     progress.end(rank)

@@ -18,15 +18,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.model.llm.host import HostOverhead
-from planner.workloads.llm.step import StepPlan, build_step, resolve_parallel
-from planner.workloads.llm.comm_events import CommEvent, comm_events
 from simulator.compute import ComputeProfile, load_compute_profile
 from simulator.engine import SimResult, simulate
 from simulator.gloo_profile import GlooProfile
 from simulator.topology import Topology, load_topology
 
 from planner.measure.validate.config import RunConfig
+from planner.model.llm.host import HostOverhead
+from planner.workloads.llm.comm_events import CommEvent, comm_events
+from planner.workloads.llm.step import StepPlan, build_step, resolve_parallel
 
 __all__ = ["Expected", "expected_step", "predicted_by_kind", "KIND_OF_CATEGORY"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 
-from planner.measure.cpu import machine_busy_s
+from planner.measure.compute.cpu import machine_busy_s
 
 __all__ = ["LoadMeter", "OTHER_CORES_LIMIT"]
 

@@ -7,7 +7,7 @@ and a pass takes the host's time instead of the GPU's: ``max(gpu_s, host_s)`` pe
 vTrain's single-node Megatron-DeepSpeed runs show that floor (about 2–3 ms per block and
 micro-batch for forward + recompute + backward, independent of size at small work).
 
-The numbers here are *measured*, by :func:`planner.measure.host.measure_host_overhead`: a Megatron-style GPT block
+The numbers here are *measured*, by :func:`planner.measure.compute.host.measure_host_overhead`: a Megatron-style GPT block
 (pre-LN, fused QKV, baddbmm scores, masked softmax, dropout, bmm, output projection, GELU MLP,
 residuals; sequence-first layout) with tiny tensors, run eagerly on the CPU with one thread,
 forward, backward and full-recompute backward (``torch.utils.checkpoint``), median of repeats.

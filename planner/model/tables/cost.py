@@ -50,7 +50,7 @@ are ``alpha + size / bandwidth`` fitted to the simulator's own collectives on th
 gloo process per "device") the constants above are not priors but measurements:
 :func:`load_cpu_profile` reads ``traces/calibration/cpu-embedding.yaml`` (written by
 ``clusterplan calibrate embedding`` from kernel and collective microbenchmarks, see
-:mod:`.calibrate_embedding`) and the model takes from it the lookup bandwidth ``H`` (instead of
+:mod:`planner.measure.tables.fit`) and the model takes from it the lookup bandwidth ``H`` (instead of
 HBM × efficiency), ``lookup_overhead_bytes``, ``repeat_hit_ratio``, ``backward_multiplier``,
 ``shard_overhead_s``, the per-call ``kernel_launch_s`` and the cost of a half-precision element
 in byte-equivalents (``element_bytes``: a CPU converts fp16 rows, so they do not cost half of

@@ -1,7 +1,7 @@
 """The cost model's measured constants on a CPU target (``localhost-gloo``): lookup bandwidth
 and overheads from kernel microbenchmarks and the gloo collective fits per world size, read
 from ``traces/calibration/cpu-embedding.yaml`` (written by ``clusterplan calibrate embedding``,
-:mod:`.calibrate_embedding`). See the *CPU profile* part of :mod:`.cost`."""
+:mod:`planner.measure.tables.fit`). See the *CPU profile* part of :mod:`.cost`."""
 
 from __future__ import annotations
 

@@ -408,7 +408,7 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
 def torchrec_step_ops(problem, shardings: Sequence[TableSharding], *, seed: int = 0,
                       local_world: int | None = None) -> list[CommOp]:
     """:func:`torchrec_comm_ops` for one seeded global batch drawn from the tables' access
-    distributions (:func:`planner.measure.embedding.table_ids`), the problem's dense part and
+    distributions (:func:`planner.measure.tables.plans.table_ids`), the problem's dense part and
     its hosts (``local_world``: ranks per host, default the topology's)."""
     from planner.model.tables.ids import table_ids
     m = problem.model

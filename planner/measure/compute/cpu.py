@@ -23,7 +23,7 @@ one busy neighbour makes a 2-thread matmul up to 100x slower. Times are converte
 model ``launch + work / (peak · eff)`` reproduces each measurement), and the peak is the best
 rate achieved, so efficiencies are ≤ 1 by construction and the best size is exactly 1.
 
-Run ``python -m planner.measure.cpu`` to rewrite the shipped file, on an idle machine:
+Run ``python -m planner.measure.compute.cpu`` to rewrite the shipped file, on an idle machine:
 on the VMs this was written on, a process that has just freed a few GB slows every core for
 seconds afterwards (the guest returns the pages to the host), halving small-matmul rates.
 """
@@ -156,9 +156,9 @@ def _measure_matmul_threads(sizes: Sequence[int], repeats: int, min_sample_s: fl
     env = dict(os.environ)
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = str(threads)
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    code = ("import json; from planner.measure.cpu import _measure_matmul; "
+    code = ("import json; from planner.measure.compute.cpu import _measure_matmul; "
             f"print(json.dumps(_measure_matmul({list(sizes)!r}, {repeats}, {min_sample_s!r}, "
             f"{warm_up_s!r})))")
     try:
@@ -316,7 +316,7 @@ def measure_cpu_profile(*, sizes: Sequence[int] = DEFAULT_SIZES,
 
     measured: dict[str, Any] = {
         "date": date,
-        "tool": "planner/measure/cpu.py (measure_cpu_profile)",
+        "tool": "planner/measure/compute/cpu.py (measure_cpu_profile)",
         "machine": machine,
         "method": (f"numpy fp32 n x n matmul ({n_threads}) for n in {list(sizes)}; numpy fp32 "
                    f"add of 3 arrays of {array_bytes[0]}..{array_bytes[-1]} bytes (single "
@@ -357,7 +357,7 @@ def measure_cpu_profile(*, sizes: Sequence[int] = DEFAULT_SIZES,
                       RuntimeWarning, stacklevel=2)
 
     source = (f"Measured on this machine ({machine['cpu_model']}, {machine['cpu_count']} cores, "
-              f"{machine['platform']}) on {date} by planner/measure/cpu.py: numpy fp32 "
+              f"{machine['platform']}) on {date} by planner/measure/compute/cpu.py: numpy fp32 "
               f"matmul and add, {statistic} of {repeats} timings; peak fp32 "
               f"{peak_flops / 1e9:.1f} GFLOP/s "
               f"(best achieved, n={best_n}, {n_threads}), memory {peak_bw / 1e9:.1f} GB/s (best "
@@ -370,7 +370,7 @@ def measure_cpu_profile(*, sizes: Sequence[int] = DEFAULT_SIZES,
              "write-allocate traffic. Numpy elementwise ops use one core, BLAS matmul all of "
              f"them. Sample-to-sample spread (max-min)/median: median "
              f"{spread_median:.1%}, largest {spread_max:.1%}. "
-             "Re-run 'python -m planner.measure.cpu' to refresh.")
+             "Re-run 'python -m planner.measure.compute.cpu' to refresh.")
     return {
         "gpu": "cpu",
         "source": source,
@@ -397,7 +397,7 @@ _Dumper.add_representer(list, _represent_list)
 def write_profile(profile_dict: Mapping[str, Any], path: str | Path) -> Path:
     """Write a profile mapping (from :func:`measure_cpu_profile`) as an efficiency YAML file."""
     path = Path(path)
-    header = ("# Compute-efficiency profile MEASURED by planner/measure/cpu.py; "
+    header = ("# Compute-efficiency profile MEASURED by planner/measure/compute/cpu.py; "
               "see 'measured' for method and raw data.\n")
     text = yaml.dump(dict(profile_dict), Dumper=_Dumper, sort_keys=False, width=100,
                      allow_unicode=True)
@@ -407,7 +407,7 @@ def write_profile(profile_dict: Mapping[str, Any], path: str | Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m planner.measure.cpu [--out PATH] [--repeats N] [--threads N]``."""
+    """``python -m planner.measure.compute.cpu [--out PATH] [--repeats N] [--threads N]``."""
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -418,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     prof = measure_cpu_profile(repeats=args.repeats, threads=args.threads,
                                statistic=args.statistic)
-    out = args.out or Path(__file__).resolve().parents[2] / "traces" / "efficiency" / "cpu.yaml"
+    out = args.out or Path(__file__).resolve().parents[3] / "traces" / "efficiency" / "cpu.yaml"
     write_profile(prof, out)
     m = prof["measured"]
     print(f"wrote {out}: peak fp32 {m['peak_fp32_flops'] / 1e9:.1f} GFLOP/s, memory "

@@ -2,7 +2,7 @@
 
 Run on the GPU machine (needs only torch and the standard library, not the rest of clusterplan)::
 
-    python -m planner.measure.gpu --out DIR [--quick]
+    python -m planner.measure.compute.gpu --out DIR [--quick]
 
 It writes, in ``DIR``:
 
@@ -30,7 +30,7 @@ It writes, in ``DIR``:
     host dispatch (the compute profile's ``launch_overhead`` is the GPU-side cost; the host
     side is modelled apart, :mod:`planner.model.llm.host`).
 ``host.csv``
-    :func:`planner.measure.host.measure_host_overhead` on this device: the host seconds per tiny
+    :func:`planner.measure.compute.host.measure_host_overhead` on this device: the host seconds per tiny
     transformer block, forward, backward and full-recompute extra.
 ``embedding.csv``
     ``torch.nn.EmbeddingBag`` (sum pooling, sparse gradients) forward and backward per table
@@ -448,7 +448,7 @@ def measure_embedding(dev, *, quick: bool, samples: int) -> list[dict]:
 
 def measure_host(dev, *, quick: bool, samples: int) -> list[dict]:
     """The host-overhead microbenchmark of :mod:`planner.model.llm.host` on this device."""
-    from planner.measure.host import measure_host_overhead
+    from planner.measure.compute.host import measure_host_overhead
     doc = measure_host_overhead(device=dev.type, layers=4 if quick else 24,
                                 repeats=5 if quick else 40, warmup=2 if quick else 10)
     return [{"pass": k, "seconds_per_block": v,
@@ -462,7 +462,7 @@ def measure_host(dev, *, quick: bool, samples: int) -> list[dict]:
 def _meta(dev, args) -> dict:
     torch = _torch()
     meta = {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([os.path.basename(sys.executable), "-m", "planner.measure.gpu",
+            "command": " ".join([os.path.basename(sys.executable), "-m", "planner.measure.compute.gpu",
                                  *sys.argv[1:]]),
             "torch": torch.__version__, "python": platform.python_version(),
             "host": platform.node(), "cpu": platform.processor() or platform.machine(),
@@ -493,7 +493,7 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m planner.measure.gpu", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m planner.measure.compute.gpu", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path, help="directory to write the CSVs to")
     ap.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run, any device)")

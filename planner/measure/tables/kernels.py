@@ -51,7 +51,8 @@ def kernel_backend(backend: str = "auto") -> str:
     try:
         import fbgemm_gpu  # noqa: F401
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (  # noqa: F401
-            SplitTableBatchedEmbeddingBagsCodegen)
+            SplitTableBatchedEmbeddingBagsCodegen,
+        )
         return "fbgemm"
     except Exception:
         if backend == "fbgemm":
@@ -111,10 +112,14 @@ class _Fbgemm:
     def __init__(self, tables: Sequence[KernelTable], optimizer: str, device: str) -> None:
         import torch
         from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
-        from fbgemm_gpu.split_table_batched_embeddings_ops_common import (EmbeddingLocation,
-                                                                          PoolingMode)
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+            EmbeddingLocation,
+            PoolingMode,
+        )
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-            ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen)
+            ComputeDevice,
+            SplitTableBatchedEmbeddingBagsCodegen,
+        )
         self.torch = torch
         cuda = device == "cuda"
         loc = EmbeddingLocation.DEVICE if cuda else EmbeddingLocation.HOST

@@ -100,7 +100,7 @@ def hardware_info(threads: int = 1, *, light: bool = False, device: str = "cpu")
     on ``device="cuda"``. ``light`` reads the versions from the installed package metadata
     instead of importing fbgemm_gpu (the weights loader's check)."""
     if not light:
-        from planner.measure.kernels import kernel_backend
+        from planner.measure.tables.kernels import kernel_backend
         info = cpu_description()
         info["threads"] = int(threads)
         info["backend"] = kernel_backend("auto")
@@ -124,8 +124,9 @@ def hardware_id(info: dict) -> str:
 
 @lru_cache(maxsize=4)
 def _pool(seed: int, pool_size: int, row_scale: float):
-    from planner.model.tables.generate import synthesize_tables
     from dataclasses import replace
+
+    from planner.model.tables.generate import synthesize_tables
     tabs = synthesize_tables(pool_size, seed=seed, prefix="p")
     return tuple(replace(t, num_embeddings=max(100, int(round(t.num_embeddings * row_scale))))
                  for t in tabs)
@@ -175,8 +176,8 @@ class _Ids:
         self.cache: dict[int, object] = {}
 
     def kernel_table(self, pool_index: int, dim: int):
+        from planner.measure.tables.kernels import KernelTable
         from planner.model.tables.ids import table_ids
-        from planner.measure.kernels import KernelTable
         t = _pool(self.cfg.seed, self.cfg.pool_size, self.cfg.row_scale)[pool_index]
         if pool_index not in self.cache:
             self.cache[pool_index] = table_ids(t, self.cfg.batch, seed=self.cfg.seed,
@@ -229,7 +230,7 @@ def collect(out: str | Path, cfg: CollectConfig = CollectConfig(), *, mix_hardwa
     """Measure the samples of ``cfg`` not yet in ``out`` and append them; returns counts."""
     from tqdm import tqdm
 
-    from planner.measure.kernels import time_shard_set
+    from planner.measure.tables.kernels import time_shard_set
     out = Path(out)
     if cfg.device not in ("cpu", "cuda"):
         raise SpecError(f"--device must be cpu or cuda, got {cfg.device!r}", source="--device",
@@ -332,7 +333,7 @@ def _run_comm_workers(world: int, jobs: Path, outdir: Path, timeout_s: float = 6
     ``timeout_s`` seconds those still running are ended. RuntimeError with the first failed
     rank's last stderr line if any rank did not exit with 0."""
     port = free_port()
-    ranks = PythonRanks([(Path(__file__).with_name("collect_comm_worker.py"), r, world, port,
+    ranks = PythonRanks([(Path(__file__).with_name("collect_worker.py"), r, world, port,
                           jobs, outdir / f"r{r}.jsonl") for r in range(world)])
     try:
         wait(ranks.procs, timeout_s)

@@ -49,8 +49,8 @@ import numpy as np
 
 from simulator.errors import SpecError
 
-from planner.model.tables.access import default_reuse_bins, zipf_reuse, accesses_per_row
-from planner.measure.calibrate_comm import fit_comm_profile, measure_comm_points
+from planner.measure.tables.fit_comm import fit_comm_profile, measure_comm_points
+from planner.model.tables.access import accesses_per_row, default_reuse_bins, zipf_reuse
 from planner.model.tables.spec import ModelSpec, TableSpec
 
 __all__ = ["kernel_configs", "measure_kernel_points", "fit_kernel_profile", "calibrate",
@@ -154,8 +154,8 @@ def measure_kernel_points(configs: Sequence[ModelSpec], *, repeats: int = 7, war
 
 def _measure_kernel_points(configs, *, repeats, warmup, backend, chunk, progress=None,
                            reverse: bool = False) -> list[dict]:
+    from planner.measure.tables.kernels import KernelTable, time_ranks
     from planner.model.tables.ids import model_ids
-    from planner.measure.kernels import KernelTable, time_ranks
     points: list = [None] * len(configs)
     starts = list(range(0, len(configs), chunk))
     done = 0
@@ -313,10 +313,11 @@ def calibrate(*, kernel_points: int = 120, worlds: Sequence[int] = (2, 4, 8), re
               seed: int = 0, backend: str = "auto", rounds: int = 2, command: str | None = None,
               progress=None) -> dict:
     """Run both sweeps and return the profile document (see the module docstring)."""
-    from planner.measure.comm import oversubscription
-    from planner.measure.kernels import kernel_backend
-    from planner.machine import cpu_description
     import os
+
+    from planner.machine import cpu_description
+    from planner.measure.tables.comm import oversubscription
+    from planner.measure.tables.kernels import kernel_backend
     kind = kernel_backend(backend)
     load_before = [round(x, 2) for x in os.getloadavg()]
     t0 = time.perf_counter()
@@ -335,7 +336,7 @@ def calibrate(*, kernel_points: int = 120, worlds: Sequence[int] = (2, 4, 8), re
         "measured": {
             "date": datetime.date.today().isoformat(),
             "command": command or "clusterplan calibrate embedding",
-            "tool": "planner/measure/calibrate_embedding.py",
+            "tool": "planner/measure/tables/fit.py",
             "machine": info,
             "kernel": kind, "threads": 1, "optimizer": "sgd (EXACT_SGD, fused)",
             "caches_flushed_bytes": 2 * info.get("last_level_cache_bytes", 0),
@@ -358,9 +359,10 @@ def calibrate(*, kernel_points: int = 120, worlds: Sequence[int] = (2, 4, 8), re
 def write_profile(doc: dict, path: str) -> None:
     """Write the profile YAML atomically with a header saying what it is."""
     import yaml
+
     from simulator.fileio import atomic_write_text
     header = ("# CPU embedding profile MEASURED by `clusterplan calibrate embedding` "
-              "(planner/measure/calibrate_embedding.py);\n# see 'measured' for how, 'points' for "
+              "(planner/measure/tables/fit.py);\n# see 'measured' for how, 'points' for "
               "the raw timings. Read by planner/model/tables/cpu_profile.py (load_cpu_profile).\n")
     atomic_write_text(path, header + yaml.safe_dump(_plain(doc), sort_keys=False, width=100))
 

@@ -2,7 +2,7 @@
 
 Each process plays one VM of a cost matrix; every message from VM i to VM j costs the sender
 ``bytes / β(i, j)`` and reaches the receiver ``α(i, j)`` after it was sent (see
-:class:`~planner.measure.probe.EmulatedLinks`), on top of this machine's own cost, so one machine
+:class:`~planner.measure.network.probe.EmulatedLinks`), on top of this machine's own cost, so one machine
 can show whether a reordered ring is faster for real. The ring is the
 textbook one: reduce-scatter in n − 1 steps, then all-gather in n − 1 steps, chunk k of the
 buffer travelling round the ring; each step posts the receive from the previous rank, sleeps,
@@ -20,8 +20,8 @@ import numpy as np
 
 from simulator.costmatrix import CostMatrix
 
-from planner.measure.probe import EmulatedLinks
-from planner.measure.reorder_spawn import run_distributed
+from planner.measure.network.probe import EmulatedLinks
+from planner.measure.network.spawn import run_distributed
 
 __all__ = ["run_emulated_ring"]
 

@@ -84,7 +84,7 @@ def _row_block(ids: TableIds, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray]
 def rank_work(model: ModelSpec, shardings: Sequence[TableSharding], ids: Sequence[TableIds],
               devices: int) -> list[list]:
     """Per rank, the :class:`~.measure_kernels.KernelTable` list of its shards."""
-    from planner.measure.kernels import KernelTable
+    from planner.measure.tables.kernels import KernelTable
     bounds = local_batches(model.batch_size, devices)
     out: list[list] = [[] for _ in range(devices)]
     for ts in shardings:
@@ -334,9 +334,9 @@ def measure_shardings(problem, shardings: Sequence[TableSharding], *, repeats: i
     ``ids``: precomputed :func:`model_ids` (else drawn with ``seed``). The prediction is
     ``problem``'s cost model on the same layouts.
     """
-    from planner.measure.comm import GlooGroup, oversubscription
-    from planner.measure.kernels import time_ranks
     from planner.machine import cpu_description
+    from planner.measure.tables.comm import GlooGroup, oversubscription
+    from planner.measure.tables.kernels import time_ranks
     from planner.model.tables.plan import evaluate_shardings
     t0 = time.perf_counter()
     model = problem.model
@@ -416,9 +416,9 @@ def _measure_many(problem, plans: Sequence[Sequence[TableSharding]], *, repeats:
     plans are fair. When all plans together would not fit in memory, the plans are measured one
     after another twice, in forward then reverse order, and each rank's two medians averaged.
     """
-    from planner.measure.comm import GlooGroup, oversubscription
-    from planner.measure.kernels import time_ranks
     from planner.machine import cpu_description
+    from planner.measure.tables.comm import GlooGroup, oversubscription
+    from planner.measure.tables.kernels import time_ranks
     from planner.model.tables.plan import evaluate_shardings
     t0 = time.perf_counter()
     model = problem.model

@@ -28,7 +28,7 @@ import numpy as np
 
 from simulator.costmatrix import CostMatrix
 
-from planner.measure.reorder_spawn import run_distributed
+from planner.measure.network.spawn import run_distributed
 
 __all__ = ["ProbeSettings", "run_probe", "tournament_rounds", "EmulatedLinks"]
 

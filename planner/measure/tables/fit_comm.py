@@ -29,7 +29,7 @@ def _a2a_cases(world: int, rng: np.random.Generator) -> list[tuple[str, list[lis
 def measure_comm_points(worlds: Sequence[int], *, repeats: int = 9, warmup: int = 3,
                         seed: int = 0, progress=None) -> dict[int, list[dict]]:
     """Time all-to-alls and grouped collectives for each world size (gloo, spawned processes)."""
-    from planner.measure.comm import GlooGroup
+    from planner.measure.tables.comm import GlooGroup
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xC033]))
     out: dict[int, list[dict]] = {}
     for n in worlds:

@@ -118,7 +118,7 @@ def profile_from_measurements(gpu: str | GPUSpec, df: pd.DataFrame, *, source: s
                 g.flops.to_numpy(), g.seconds.to_numpy(), spec.peak(dtype), launch_overhead_s,
                 f"{kind} {dtype}")
     return {"gpu": spec.name,
-            "source": f"{source} (fitted by planner/measure/fit_compute.py on "
+            "source": f"{source} (fitted by planner/measure/compute/fit.py on "
                       f"{datetime.date.today().isoformat()}, {len(df)} measurements)",
             "launch_overhead": float(launch_overhead_s),
             "matmul": matmul, "memory": memory, **extra,

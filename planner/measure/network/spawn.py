@@ -16,8 +16,15 @@ from typing import Any, Callable
 
 from simulator.errors import ClusterplanError, SpecError
 
-from planner.measure.runner import (SPAWN, end_processes, free_port, init_group, running,
-                                    start_processes, wait)
+from planner.measure.runner import (
+    SPAWN,
+    end_processes,
+    free_port,
+    init_group,
+    running,
+    start_processes,
+    wait,
+)
 
 __all__ = ["run_distributed", "ProbeFailed"]
 

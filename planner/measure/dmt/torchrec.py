@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.measure.dmt_spawn import spawn_gloo
+from planner.measure.dmt.spawn import spawn_gloo
 from planner.measure.runner import init_group
 
 __all__ = ["run_torchrec_towers"]

@@ -1,0 +1,1 @@
+"""DMT for real: the SPTT exchange's semantics checked on gloo, and towers run under TorchRec."""
