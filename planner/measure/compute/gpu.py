@@ -46,6 +46,7 @@ is the mean over its calls; the reported time is the median of ``samples`` sampl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
 import json
@@ -56,6 +57,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from planner.measure.compute.host import measure_host_overhead
 
 __all__ = ["main"]
 
@@ -273,7 +276,6 @@ def _flash_ctx():
             return lambda: sdpa_kernel([backend])
     except ImportError:
         pass
-    import contextlib
     return contextlib.nullcontext
 
 
@@ -448,7 +450,6 @@ def measure_embedding(dev, *, quick: bool, samples: int) -> list[dict]:
 
 def measure_host(dev, *, quick: bool, samples: int) -> list[dict]:
     """The host-overhead microbenchmark of :mod:`planner.model.llm.host` on this device."""
-    from planner.measure.compute.host import measure_host_overhead
     doc = measure_host_overhead(device=dev.type, layers=4 if quick else 24,
                                 repeats=5 if quick else 40, warmup=2 if quick else 10)
     return [{"pass": k, "seconds_per_block": v,

@@ -29,8 +29,10 @@ from typing import Sequence
 
 import numpy as np
 
+from planner.measure.dmt.module import build_torch_module
 from planner.measure.dmt.spawn import spawn_gloo
 from planner.measure.runner import init_group
+from planner.model.dmt.module import TowerModuleSpec
 
 __all__ = ["SemanticCase", "run_semantic_check", "flat_and_sptt", "table_gradients"]
 
@@ -169,8 +171,6 @@ def _sharded_pooled(dist, torch, pg, members: Sequence[int], me: int, layout: di
 
 
 def _modules(case: SemanticCase, dims, kind: str, ratio: float):
-    from planner.measure.dmt.module import build_torch_module
-    from planner.model.dmt.module import TowerModuleSpec
     spec = TowerModuleSpec(kind=kind, ratio=ratio)
     return [build_torch_module(spec, [dims[t] for t in sorted(tabs)], seed=case.seed + 100 + k)
             for k, (tabs, _h) in enumerate(case.towers)]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from planner.export.dmt import to_parameter_shardings
 from planner.measure.dmt.spawn import spawn_gloo
 from planner.measure.runner import init_group
 
@@ -53,7 +54,6 @@ def _forward(rank, doc, tables, batch, seed, torch, dist):
     from torchrec.modules.embedding_tower import EmbeddingTower, EmbeddingTowerCollection
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from planner.export.dmt import to_parameter_shardings
 
     class _Identity(torch.nn.Module):
         """The tower's pooled embeddings by key in the tower's table order (the sharded

@@ -43,18 +43,22 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from simulator.errors import SpecError
 
 from planner.costmodel.datafile import COLUMNS, meta_path, read_data
 from planner.machine import cpu_description, installed_description
 from planner.measure.runner import PythonRanks, end_processes, failed, free_port, wait
+from planner.measure.tables.kernels import KernelTable, kernel_backend, time_shard_set
+from planner.model.tables.generate import synthesize_tables
+from planner.model.tables.ids import table_ids
 
 __all__ = ["CollectConfig", "collect", "hardware_info", "hardware_id", "DIMS"]
 
@@ -100,7 +104,6 @@ def hardware_info(threads: int = 1, *, light: bool = False, device: str = "cpu")
     on ``device="cuda"``. ``light`` reads the versions from the installed package metadata
     instead of importing fbgemm_gpu (the weights loader's check)."""
     if not light:
-        from planner.measure.tables.kernels import kernel_backend
         info = cpu_description()
         info["threads"] = int(threads)
         info["backend"] = kernel_backend("auto")
@@ -124,9 +127,7 @@ def hardware_id(info: dict) -> str:
 
 @lru_cache(maxsize=4)
 def _pool(seed: int, pool_size: int, row_scale: float):
-    from dataclasses import replace
 
-    from planner.model.tables.generate import synthesize_tables
     tabs = synthesize_tables(pool_size, seed=seed, prefix="p")
     return tuple(replace(t, num_embeddings=max(100, int(round(t.num_embeddings * row_scale))))
                  for t in tabs)
@@ -176,8 +177,6 @@ class _Ids:
         self.cache: dict[int, object] = {}
 
     def kernel_table(self, pool_index: int, dim: int):
-        from planner.measure.tables.kernels import KernelTable
-        from planner.model.tables.ids import table_ids
         t = _pool(self.cfg.seed, self.cfg.pool_size, self.cfg.row_scale)[pool_index]
         if pool_index not in self.cache:
             self.cache[pool_index] = table_ids(t, self.cfg.batch, seed=self.cfg.seed,
@@ -228,9 +227,7 @@ def _write_meta(out: Path, meta: dict) -> None:
 def collect(out: str | Path, cfg: CollectConfig = CollectConfig(), *, mix_hardware: bool = False,
             progress: bool = True, command: str = "", max_seconds: float | None = None) -> dict:
     """Measure the samples of ``cfg`` not yet in ``out`` and append them; returns counts."""
-    from tqdm import tqdm
 
-    from planner.measure.tables.kernels import time_shard_set
     out = Path(out)
     if cfg.device not in ("cpu", "cuda"):
         raise SpecError(f"--device must be cpu or cuda, got {cfg.device!r}", source="--device",

@@ -25,14 +25,18 @@ include scheduling; :func:`oversubscription` says by how much, and the measureme
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import statistics
+import sys
+import threading
 import time
 from typing import Any, Sequence
 
 from simulator.errors import SpecError
 
+from planner.machine import require_torch
 from planner.measure.runner import PythonRanks, free_port, init_group, running, wait
 
 __all__ = ["GlooGroup", "oversubscription"]
@@ -45,8 +49,6 @@ def oversubscription(world: int) -> float:
 
 def _worker(rank: int, world: int, port: int, timeout_s: float) -> None:
     """Worker main: one JSON job per stdin line, one JSON result per stdout line."""
-    import json
-    import sys
 
     import torch
     import torch.distributed as dist
@@ -164,11 +166,9 @@ class GlooGroup:
 
     def __init__(self, world: int, *, timeout_s: float = 300.0, start_timeout_s: float = 180.0
                  ) -> None:
-        import threading
         if world < 1:
             raise SpecError(f"world size must be ≥ 1, got {world}", source="--devices",
                             fix="pass the number of devices")
-        from planner.machine import require_torch
         require_torch("timing collectives")
         self.world = world
         self.timeout_s = timeout_s
@@ -185,7 +185,6 @@ class GlooGroup:
         self._collect("ready", start_timeout_s)
 
     def _reader(self, proc) -> None:
-        import json
         for line in proc.stdout:
             try:
                 msg = json.loads(line)
@@ -230,7 +229,6 @@ class GlooGroup:
     def run(self, ops: Sequence[tuple], *, repeats: int = 7, warmup: int = 2) -> list[dict]:
         """Time ``ops`` on every rank; per rank ``{name: {"median_s", "raw_median_s",
         "samples_s"}}`` (seconds, see :func:`align`)."""
-        import json
         if self._closed:
             raise RuntimeError("the gloo group is closed")
         if self.world == 1 or not ops:

@@ -40,17 +40,26 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
 import sys
 import time
 from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
+import yaml
+from scipy.optimize import nnls
 
 from simulator.errors import SpecError
+from simulator.fileio import atomic_write_text
 
+from planner.machine import cpu_description
+from planner.measure.tables.comm import oversubscription
 from planner.measure.tables.fit_comm import fit_comm_profile, measure_comm_points
+from planner.measure.tables.kernels import KernelTable, kernel_backend, time_ranks
 from planner.model.tables.access import accesses_per_row, default_reuse_bins, zipf_reuse
+from planner.model.tables.generate import synthesize_tables
+from planner.model.tables.ids import model_ids
 from planner.model.tables.spec import ModelSpec, TableSpec
 
 __all__ = ["kernel_configs", "measure_kernel_points", "fit_kernel_profile", "calibrate",
@@ -86,7 +95,6 @@ def kernel_configs(n: int, *, seed: int = 0, max_lookups: int = 1_500_000,
     to 1,024–8,192 samples, dims 4–128, a quarter of them fp16 — the kind of shard sets a
     planner builds.
     """
-    from planner.model.tables.generate import synthesize_tables
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xCA1B]))
     pool = synthesize_tables(512, seed=int(seed) + 0xCA1B0, prefix="k")
     dims = (4, 8, 16, 32, 64, 128)
@@ -154,8 +162,6 @@ def measure_kernel_points(configs: Sequence[ModelSpec], *, repeats: int = 7, war
 
 def _measure_kernel_points(configs, *, repeats, warmup, backend, chunk, progress=None,
                            reverse: bool = False) -> list[dict]:
-    from planner.measure.tables.kernels import KernelTable, time_ranks
-    from planner.model.tables.ids import model_ids
     points: list = [None] * len(configs)
     starts = list(range(0, len(configs), chunk))
     done = 0
@@ -257,7 +263,6 @@ def fit_kernel_profile(points: Sequence[dict]) -> dict:
     comes from the forward timings alone, which leaves the total unchanged. Half-precision rows
     cost ``c16 / c`` byte-equivalents per element (``element_bytes``).
     """
-    from scipy.optimize import nnls
     if len(points) < 6:
         raise SpecError(f"{len(points)} kernel points are too few to fit",
                         source="--kernel-points", fix="measure at least 6 (default 120)")
@@ -313,11 +318,7 @@ def calibrate(*, kernel_points: int = 120, worlds: Sequence[int] = (2, 4, 8), re
               seed: int = 0, backend: str = "auto", rounds: int = 2, command: str | None = None,
               progress=None) -> dict:
     """Run both sweeps and return the profile document (see the module docstring)."""
-    import os
 
-    from planner.machine import cpu_description
-    from planner.measure.tables.comm import oversubscription
-    from planner.measure.tables.kernels import kernel_backend
     kind = kernel_backend(backend)
     load_before = [round(x, 2) for x in os.getloadavg()]
     t0 = time.perf_counter()
@@ -358,9 +359,7 @@ def calibrate(*, kernel_points: int = 120, worlds: Sequence[int] = (2, 4, 8), re
 
 def write_profile(doc: dict, path: str) -> None:
     """Write the profile YAML atomically with a header saying what it is."""
-    import yaml
 
-    from simulator.fileio import atomic_write_text
     header = ("# CPU embedding profile MEASURED by `clusterplan calibrate embedding` "
               "(planner/measure/tables/fit.py);\n# see 'measured' for how, 'points' for "
               "the raw timings. Read by planner/model/tables/cpu_profile.py (load_cpu_profile).\n")

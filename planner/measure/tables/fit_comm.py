@@ -10,6 +10,9 @@ import math
 from typing import Sequence
 
 import numpy as np
+from scipy.optimize import nnls
+
+from planner.measure.tables.comm import GlooGroup
 
 __all__ = ["measure_comm_points", "fit_comm_profile"]
 
@@ -29,7 +32,6 @@ def _a2a_cases(world: int, rng: np.random.Generator) -> list[tuple[str, list[lis
 def measure_comm_points(worlds: Sequence[int], *, repeats: int = 9, warmup: int = 3,
                         seed: int = 0, progress=None) -> dict[int, list[dict]]:
     """Time all-to-alls and grouped collectives for each world size (gloo, spawned processes)."""
-    from planner.measure.tables.comm import GlooGroup
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xC033]))
     out: dict[int, list[dict]] = {}
     for n in worlds:
@@ -68,7 +70,6 @@ def measure_comm_points(worlds: Sequence[int], *, repeats: int = 9, warmup: int 
 
 def _fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     """alpha, Bps, mape of ``y = alpha + x / Bps`` (relative least squares, both ≥ 0)."""
-    from scipy.optimize import nnls
     X = np.stack([np.ones_like(x), x], axis=1)
     w = 1.0 / y
     coef, _ = nnls(X * w[:, None], y * w)

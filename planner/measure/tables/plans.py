@@ -42,11 +42,19 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from simulator.errors import SpecError
+from simulator.units import format_bytes, format_time
 
+from planner.machine import cpu_description
+from planner.measure.tables.comm import GlooGroup, oversubscription
+from planner.measure.tables.kernels import KernelTable, time_ranks
 from planner.model.tables.cost import BREAKDOWN_KEYS
 from planner.model.tables.ids import TableIds, local_batches, model_ids
+from planner.model.tables.memory import shard_memory_bytes
+from planner.model.tables.plan import evaluate_shardings
 from planner.model.tables.shards import ShardingType, TableSharding
 from planner.model.tables.spec import PRECISION_BYTES, ModelSpec
+from planner.model.tables.task import prepare
+from planner.progress import Bar
 
 __all__ = ["Measurement", "measure_shardings", "measure_many", "measure_plan", "scale_model",
            "cpu_topology_ref", "rank_work", "comm_ops", "LOOKUP_KEYS", "COMM_KEYS",
@@ -84,7 +92,6 @@ def _row_block(ids: TableIds, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray]
 def rank_work(model: ModelSpec, shardings: Sequence[TableSharding], ids: Sequence[TableIds],
               devices: int) -> list[list]:
     """Per rank, the :class:`~.measure_kernels.KernelTable` list of its shards."""
-    from planner.measure.tables.kernels import KernelTable
     bounds = local_batches(model.batch_size, devices)
     out: list[list] = [[] for _ in range(devices)]
     for ts in shardings:
@@ -247,7 +254,6 @@ class Measurement:
 
 def format_measurement(m: Measurement) -> str:
     """Per rank: measured lookups, communication, total, and the prediction beside them."""
-    from simulator.units import format_time
     s = m.settings
     lines = [f"measured on {s.get('machine', 'this machine')}: {s.get('kernel')} kernels, "
              f"{s.get('threads', 1)} thread, batch {s.get('batch_size'):,}, median of "
@@ -290,7 +296,6 @@ def scale_model(model: ModelSpec, factor: float, *, name: str | None = None) -> 
 
 def _check_fits(model: ModelSpec, shardings: Sequence[TableSharding], devices: int,
                 limit_bytes: float | None) -> float:
-    from planner.model.tables.memory import shard_memory_bytes
     per = np.zeros(devices)
     for ts in shardings:
         t = model.tables[ts.table]
@@ -301,7 +306,6 @@ def _check_fits(model: ModelSpec, shardings: Sequence[TableSharding], devices: i
     if limit_bytes is None:
         limit_bytes = 0.5 * _available_bytes()
     if float(per.max()) > limit_bytes:
-        from simulator.units import format_bytes
         r = int(per.argmax())
         raise SpecError(f"rank {r} holds {format_bytes(per[r])} of embeddings, more than "
                         f"{format_bytes(limit_bytes)} this machine can measure",
@@ -334,10 +338,6 @@ def measure_shardings(problem, shardings: Sequence[TableSharding], *, repeats: i
     ``ids``: precomputed :func:`model_ids` (else drawn with ``seed``). The prediction is
     ``problem``'s cost model on the same layouts.
     """
-    from planner.machine import cpu_description
-    from planner.measure.tables.comm import GlooGroup, oversubscription
-    from planner.measure.tables.kernels import time_ranks
-    from planner.model.tables.plan import evaluate_shardings
     t0 = time.perf_counter()
     model = problem.model
     n = problem.devices
@@ -395,7 +395,6 @@ def measure_shardings(problem, shardings: Sequence[TableSharding], *, repeats: i
 def measure_many(problem, plans: Sequence[Sequence[TableSharding]], **kw) -> list[Measurement]:
     """See :func:`_measure_many`; draws a progress bar (kernels, then collectives) on a
     terminal."""
-    from planner.progress import Bar
     bar = Bar(2, f"measuring {len(plans)} plan(s) on {problem.devices} ranks "
                  "(kernels, collectives)")
     try:
@@ -416,10 +415,6 @@ def _measure_many(problem, plans: Sequence[Sequence[TableSharding]], *, repeats:
     plans are fair. When all plans together would not fit in memory, the plans are measured one
     after another twice, in forward then reverse order, and each rank's two medians averaged.
     """
-    from planner.machine import cpu_description
-    from planner.measure.tables.comm import GlooGroup, oversubscription
-    from planner.measure.tables.kernels import time_ranks
-    from planner.model.tables.plan import evaluate_shardings
     t0 = time.perf_counter()
     model = problem.model
     n = problem.devices
@@ -494,5 +489,4 @@ def _measure_many(problem, plans: Sequence[Sequence[TableSharding]], *, repeats:
 
 def measure_plan(plan, task, **kw) -> Measurement:
     """Measure a :class:`~planner.model.tables.plan.Plan` of ``task`` (see :func:`measure_shardings`)."""
-    from planner.model.tables.task import prepare
     return measure_shardings(prepare(task, plan.devices), plan.shardings, **kw)

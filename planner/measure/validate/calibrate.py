@@ -44,11 +44,26 @@ import datetime
 import os
 import statistics
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 
 from simulator.gloo_profile import CommTable, gloo_profile_from_dict
+from simulator.units import format_time
 
+from planner.machine import platform_description
 from planner.measure.runner import init_group
+from planner.measure.validate.calibrate_dlrm import measure_torchrec, merge_torchrec
+from planner.measure.validate.comm import Recorder
+from planner.measure.validate.dlrm_probes import (
+    LOOKUP_BATCH,
+    LOOKUP_TABLES,
+    predicted_lookup_s,
+    time_lookup_probe,
+)
+from planner.measure.validate.load import LoadMeter
+from planner.measure.validate.runner import Pool
+from planner.measure.validate.worker import pin_main_thread, unpin
+from planner.model.llm.spec import ModelSpec
 
 __all__ = ["GlooCalibration", "measure_gloo", "measure_gloo_raw", "profile_from_raw",
            "profile_document", "summary_lines", "SIZES"]
@@ -97,7 +112,6 @@ class GlooCalibration:
 
 
 def _rank_main(cfg: GlooCalibration, rank: int, port: int, progress, report) -> dict:
-    import warnings
 
     import torch
     import torch.distributed as dist
@@ -105,7 +119,6 @@ def _rank_main(cfg: GlooCalibration, rank: int, port: int, progress, report) -> 
     warnings.filterwarnings("ignore", category=FutureWarning)   # reduce_scatter_tensor's rename
     init_group("gloo", rank, cfg.world, port, cfg.timeout_s)
     report("ready", None)
-    from planner.measure.validate.worker import pin_main_thread, unpin
     pin_main_thread(rank)
     out = {"rank": rank, "comm": {}, "compute": {}, "host": {}, "cpu": []}
     t_cpu0, w0 = _proc_cpu(), time.monotonic()
@@ -121,7 +134,6 @@ def _rank_main(cfg: GlooCalibration, rank: int, port: int, progress, report) -> 
         out["host"][rnd] = _time_host(dist, torch, cfg.world, rank)
         out.setdefault("wake", {})[rnd] = _time_wake(dist, torch)
         if cfg.lookup:
-            from planner.measure.validate.dlrm_probes import time_lookup_probe
             out.setdefault("lookup", {})[rnd] = time_lookup_probe(
                 dist, repeats=3 if cfg.quick else 9)
         progress.end(rank)
@@ -304,9 +316,7 @@ def _time_host(dist, torch, world: int, rank: int, *, layers: int = 8) -> dict:
     for ``tp{world}``, on a real tensor-parallel group of every rank, minus the time inside
     its all-reduces (recorded per call): what a TP block's Python, autograd functions,
     copies and dispatch cost around its communication on this machine."""
-    from planner.measure.validate.comm import Recorder
-    from planner.measure.validate.model import Block, TPGroup
-    from planner.model.llm.spec import ModelSpec
+    from planner.measure.validate.model import Block, TPGroup   # torch at import: ranks only
     res = {}
     rec = Recorder(rank)
     # written before every timed pass: the pass starts with its code and data evicted from
@@ -471,7 +481,6 @@ def profile_document(ranks: list[dict], cfg: GlooCalibration, *, load: dict | No
 
 def _lookup_section(ranks: list[dict], rounds: int) -> dict:
     """The co-running lookup probe: per round the slowest rank, and their median (seconds)."""
-    from planner.measure.validate.dlrm_probes import LOOKUP_BATCH, LOOKUP_TABLES
     per = [max(r["lookup"][rnd] for r in ranks) for rnd in range(rounds)]
     return {"what": "fused TBE forward+backward of the tables [rows, dim, pooling, zipf] at "
                     "the batch, on every rank at once (planner/measure/validate/calibrate_dlrm.py)",
@@ -507,7 +516,6 @@ def _machine() -> dict:
     """This machine as the other measurements describe it, plus the torch version."""
     import torch
 
-    from planner.machine import platform_description
     return {**platform_description(), "torch": str(torch.__version__)}
 
 
@@ -515,9 +523,6 @@ def measure_gloo_raw(cfg: GlooCalibration | None = None, *, pool=None) -> dict:
     """Run the calibration (on ``pool`` when given) and return its raw parts: the ranks' rows,
     the TorchRec probes section (or None) and the cores other processes used meanwhile.
     :func:`profile_from_raw` makes the profile of one or several such runs."""
-    from planner.measure.validate.calibrate_dlrm import measure_torchrec
-    from planner.measure.validate.load import LoadMeter
-    from planner.measure.validate.runner import Pool
     cfg = cfg or GlooCalibration()
     meter = LoadMeter()
 
@@ -555,7 +560,6 @@ def profile_from_raw(raws: list[dict]) -> dict:
     """The profile mapping of one or several :func:`measure_gloo_raw` runs of the same
     calibration (several: each run's rounds count as rounds of one calibration, so runs spread
     over a benchmark average the machine's slow and fast spells as its measurements do)."""
-    from planner.measure.validate.calibrate_dlrm import merge_torchrec
     if not raws:
         raise ValueError("profile_from_raw needs at least one run")
     rounds = [r["cfg"].rounds for r in raws]
@@ -580,7 +584,6 @@ def measure_gloo(cfg: GlooCalibration | None = None, *, pool=None) -> dict:
 
 def summary_lines(doc: dict) -> list[str]:
     """A few lines a person reads: latency and bandwidth per kind, compute, noise, load."""
-    from simulator.units import format_time
     m, c, n = doc["measured"], doc["compute"], doc["noise"]
     mach = m["machine"]
     lines = [f"gloo on {mach.get('cpu_model', mach['platform'])} ({mach['cpu_count']} cores), "
@@ -602,7 +605,6 @@ def summary_lines(doc: dict) -> list[str]:
     hb = doc["host_block_s"]
     lk = doc.get("lookup")
     if lk:
-        from planner.measure.validate.dlrm_probes import predicted_lookup_s
         lines.append(f"  lookups on every rank at once: {format_time(lk['measured_s'])} for the "
                      f"probe, {lk['measured_s'] / predicted_lookup_s():.2f}x the CPU embedding "
                      "profile's prediction")

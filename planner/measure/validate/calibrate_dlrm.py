@@ -40,9 +40,11 @@ below zero. Nothing is fitted to the plans being validated.
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
 
 from planner.measure.validate.dlrm_probes import PROBE_TYPES, probe_config
+from planner.measure.validate.dlrm_report import measure
 
 __all__ = ["measure_torchrec", "merge_torchrec"]
 
@@ -52,10 +54,8 @@ def measure_torchrec(pool, world: int, *, quick: bool = False, rounds: int | Non
     """Run every probe on ``pool`` and return the profile's ``torchrec`` section (None
     where TorchRec or FBGEMM is not installed); ``rounds`` overrides the runs per probe (1 in
     quick mode, else 2)."""
-    import importlib.util
     if not all(importlib.util.find_spec(m) for m in ("torchrec", "fbgemm_gpu")):
         return None
-    from planner.measure.validate.dlrm_report import measure
     steps, warmup, default_rounds = (4, 2, 1) if quick else (15, 3, 2)
     rounds = default_rounds if rounds is None else rounds
     got: dict[tuple[str, str], list] = {}

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from simulator.errors import SpecError
 
+from planner.export._plan import check_plan
+from planner.model.llm.layout import Layout
 from planner.model.llm.spec import (
     LLMSpec,
     ModelSpec,
@@ -111,7 +113,6 @@ def load_source(ref: str) -> tuple[LLMSpec, ParallelSpec | None, str, str]:
         except ValueError as exc:
             raise SpecError(f"not JSON: {exc}", source=ref,
                             fix="pass the file written by `clusterplan plan ... --out`") from None
-        from planner.export._plan import check_plan
         plan = check_plan(plan, source=ref)
         try:
             spec = load_llm_spec(plan.get("model", ""))
@@ -254,7 +255,6 @@ def run_config(spec: LLMSpec, parallel: ParallelSpec | None, *, parallel_text: s
                         fix="use 1f1b (interleaved with vpp > 1) or set vpp=1")
     if recompute is not None:
         spec = replace(spec, training=replace(spec.training, activation_recompute=recompute))
-    from planner.model.llm.layout import Layout
     Layout(p.tp, p.cp, p.dp, p.pp, order)      # checks the order
     scaled = scaled_spec(spec, p, scale)
     return RunConfig(spec=scaled, parallel=p, order=order, schedule=schedule, **kw)

@@ -12,12 +12,18 @@ batches: :func:`step_batch` (seeded per step and table, from each table's access
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from simulator.errors import SpecError
 
+from planner.export.torchrec import empty_row_shards, export_torchrec_plan
+from planner.measure.tables.plans import cpu_topology_ref
 from planner.measure.validate.config import MAX_PROCESSES, Fault
+from planner.measure.validate.dlrm_worker import run_rank
+from planner.model.tables.plan import read_plan_json
+from planner.model.tables.spec import load_model_spec
+from planner.model.tables.task import ShardingTask, prepare
 
 __all__ = ["DLRMRunConfig", "is_sharding_plan", "load_dlrm_config", "step_batch"]
 
@@ -75,18 +81,12 @@ class DLRMRunConfig:
 
     def rank_main(self, rank: int, port: int, progress, report, state: dict) -> dict:
         """The rank's run (called by :func:`planner.measure.validate.worker.worker_main`)."""
-        from planner.measure.validate.dlrm_worker import run_rank
         return run_rank(rank, self, port, progress, report, state)
 
 
 def load_dlrm_config(plan_path: str, *, tables: str | None = None, nproc: int | None = None,
                      batch_size: int | None = None, **kw) -> DLRMRunConfig:
     """Read the plan and its tables, check what a CPU run supports, export to TorchRec."""
-    from planner.export.torchrec import export_torchrec_plan
-    from planner.measure.tables.plans import cpu_topology_ref
-    from planner.model.tables.plan import read_plan_json
-    from planner.model.tables.spec import load_model_spec
-    from planner.model.tables.task import ShardingTask, prepare
     doc = json.loads(Path(plan_path).read_text())
     info = doc.get("task") or {}
     ref = tables or info.get("source")
@@ -117,7 +117,6 @@ def load_dlrm_config(plan_path: str, *, tables: str | None = None, nproc: int | 
         raise SpecError("the plan does not place every table exactly once", source=plan_path,
                         field="shards", fix="re-plan with clusterplan plan")
     tr = export_torchrec_plan(doc, device="cpu")
-    from planner.export.torchrec import empty_row_shards
     empty = empty_row_shards(tr)
     if empty:
         _fqn, name, k, rank = empty[0]
@@ -127,7 +126,6 @@ def load_dlrm_config(plan_path: str, *, tables: str | None = None, nproc: int | 
                         fix="give the table table_wise, column_wise or data_parallel, or plan "
                             "on fewer devices")
     # a validation run keeps the plan's tables but may use a smaller batch
-    from dataclasses import replace
     b = batch_size if batch_size is not None else model.batch_size
     if b < devices or b % devices:
         raise SpecError(f"batch {b} does not split evenly over {devices} ranks",

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.model.tables.ids import table_ids
+from planner.workloads.dlrm.torchrec import torchrec_comm_ops
+
 __all__ = ["step_batch", "dense_param_sizes", "expected_ops"]
 
 
 def step_batch(cfg, step: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The global batch of ``step`` of ``cfg`` (a DLRM run config): per table its bag lengths (``batch_size``) and ids."""
-    from planner.model.tables.ids import table_ids
     lengths, ids = [], []
     for i, t in enumerate(cfg.model.tables):
         x = table_ids(t, cfg.model.batch_size, seed=cfg.seed * 1009 + step, index=i)
@@ -42,7 +44,6 @@ def dense_param_sizes(model) -> list[int]:
 def expected_ops(cfg, step: int):
     """TorchRec's collectives for ``step``'s batch of ``cfg`` (a
     :class:`~planner.measure.validate.dlrm.DLRMRunConfig`), as the simulator models them."""
-    from planner.workloads.dlrm.torchrec import torchrec_comm_ops
     lengths, ids = step_batch(cfg, step)
     return torchrec_comm_ops(cfg.shardings, [t.embedding_dim for t in cfg.model.tables],
                              lengths, ids, world=cfg.world, local_world=cfg.local_world,

@@ -7,6 +7,18 @@ measure of :func:`size_measure`) and a lookup time scale (:func:`lookup_scale`).
 
 from __future__ import annotations
 
+from planner.export.torchrec import export_torchrec_plan
+from planner.measure.tables.kernels import time_shard_set
+from planner.measure.tables.plans import cpu_topology_ref, rank_work
+from planner.measure.validate.dlrm import DLRMRunConfig
+from planner.measure.validate.dlrm_ops import expected_ops
+from planner.model.tables import shards as sh
+from planner.model.tables.ids import model_ids
+from planner.model.tables.plan import PlannerStats, evaluate_shardings, make_plan
+from planner.model.tables.shards import table_wise
+from planner.model.tables.spec import ModelSpec, TableSpec
+from planner.model.tables.task import ShardingTask, prepare
+
 __all__ = ["PROBE_TYPES", "probe_config", "host_costs", "size_measure", "lookup_probe_model",
            "time_lookup_probe", "predicted_lookup_s", "lookup_scale"]
 
@@ -46,13 +58,6 @@ LOOKUP_BATCH = 2048
 def probe_config(kind: str, size: str, world: int, *, steps: int = 30, warmup: int = 5):
     """The probe's :class:`planner.measure.validate.dlrm.DLRMRunConfig` (deterministic: the prediction
     rebuilds it to simulate it)."""
-    from planner.export.torchrec import export_torchrec_plan
-    from planner.measure.tables.plans import cpu_topology_ref
-    from planner.measure.validate.dlrm import DLRMRunConfig
-    from planner.model.tables import shards as sh
-    from planner.model.tables.plan import PlannerStats, make_plan
-    from planner.model.tables.spec import ModelSpec, TableSpec
-    from planner.model.tables.task import ShardingTask, prepare
     large = size == "large"
     rows = PROBE_DP_LARGE_ROWS if (large and kind == "data_parallel") else PROBE_ROWS
     rows -= rows % world
@@ -109,7 +114,6 @@ def host_costs(calibration, world: int, simulate_probe, *, iterations: int = 4) 
     tr = getattr(calibration, "torchrec", None) or {}
     if int(tr.get("world", -1)) != world:
         return {}
-    from planner.measure.validate.dlrm_ops import expected_ops
     probes: dict[str, dict] = {}
     for p in tr.get("probes", []):
         cfg = probe_config(p["sharding_type"], p["size"], world)
@@ -137,7 +141,6 @@ def host_costs(calibration, world: int, simulate_probe, *, iterations: int = 4) 
 
 def lookup_probe_model():
     """The probe's tables (:data:`LOOKUP_TABLES`) as a model, all table-wise on one rank."""
-    from planner.model.tables.spec import ModelSpec, TableSpec
     tables = tuple(TableSpec(name=f"l{i}", num_embeddings=r, embedding_dim=d, pooling_factor=p,
                              zipf_exponent=z) for i, (r, d, p, z) in enumerate(LOOKUP_TABLES))
     return ModelSpec(name="lookup-probe", tables=tables, batch_size=LOOKUP_BATCH,
@@ -145,7 +148,6 @@ def lookup_probe_model():
 
 
 def _probe_shardings(model):
-    from planner.model.tables.shards import table_wise
     return [table_wise(i, t.name, t.num_embeddings, t.embedding_dim, 0)
             for i, t in enumerate(model.tables)]
 
@@ -153,9 +155,6 @@ def _probe_shardings(model):
 def time_lookup_probe(dist, *, repeats: int = 9) -> float:
     """Seconds of the probe's fused forward + backward on this rank, every rank starting
     together after a barrier (median of ``repeats``, caches flushed before each)."""
-    from planner.measure.tables.kernels import time_shard_set
-    from planner.measure.tables.plans import rank_work
-    from planner.model.tables.ids import model_ids
     model = lookup_probe_model()
     tables = rank_work(model, _probe_shardings(model), model_ids(model), 1)[0]
     dist.barrier()
@@ -164,9 +163,6 @@ def time_lookup_probe(dist, *, repeats: int = 9) -> float:
 
 def predicted_lookup_s() -> float:
     """The CPU embedding profile's forward + backward lookup seconds of the probe."""
-    from planner.measure.tables.plans import cpu_topology_ref
-    from planner.model.tables.plan import evaluate_shardings
-    from planner.model.tables.task import ShardingTask, prepare
     model = lookup_probe_model()
     problem = prepare(ShardingTask(model=model, topology=cpu_topology_ref(2)), 2)
     ev = evaluate_shardings(problem, _probe_shardings(model))

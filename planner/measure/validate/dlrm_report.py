@@ -13,13 +13,19 @@ from __future__ import annotations
 import os
 import statistics
 
+from simulator.engine import simulate
 from simulator.units import format_time
 
+from planner.measure.tables.plans import cpu_topology_ref
 from planner.measure.validate.compare import Mismatch
 from planner.measure.validate.dlrm import DLRMRunConfig
 from planner.measure.validate.dlrm_ops import expected_ops
+from planner.measure.validate.dlrm_probes import host_costs, lookup_scale, size_measure
 from planner.measure.validate.report import verdict_lines
 from planner.measure.validate.runner import RunResult, run
+from planner.model.tables.cost import CostConfig
+from planner.model.tables.task import ShardingTask, prepare
+from planner.workloads.dlrm.torchrec import build_torchrec_step_workload, rank_events
 
 __all__ = ["measured_channels", "compare_dlrm", "validate_dlrm", "format_dlrm_report"]
 
@@ -54,7 +60,6 @@ class DLRMMismatch(Mismatch):
 
 def compare_dlrm(cfg: DLRMRunConfig, ranks: list[dict], steps) -> dict:
     """Exact comparison of every rank's calls per step and channel (labels not compared)."""
-    from planner.workloads.dlrm.torchrec import rank_events
     first = None
     counts: dict[str, int] = {}
     mcounts: dict[str, int] = {}
@@ -101,9 +106,7 @@ def predicted(cfg: DLRMRunConfig, step: int, calibration=None) -> dict:
     core's measured rates, the collectives take their measured per-size times and share the
     ranks' cores with compute, and each step pays TorchRec's measured fixed cost per
     sharding type (:mod:`planner.measure.validate.calibrate`)."""
-    from simulator.engine import simulate
 
-    from planner.workloads.dlrm.torchrec import build_torchrec_step_workload
     problem = _problem(cfg, calibration)
     ops = expected_ops(cfg, step)
     host = None
@@ -113,7 +116,6 @@ def predicted(cfg: DLRMRunConfig, step: int, calibration=None) -> dict:
     else:
         hc = _host_costs(calibration, cfg.world)
         if hc:
-            from planner.measure.validate.dlrm_probes import size_measure
             types = [k for k in sorted({ts.sharding_type.value for ts in cfg.shardings})
                      if k in hc]
             # every probe's intercept holds the step's own fixed cost once (taken as the
@@ -143,14 +145,10 @@ _LOOKUP_SCALE: dict = {}
 def _problem(cfg: DLRMRunConfig, calibration):
     """The plan's problem on this machine's topology; with a calibration, its lookups scaled
     by the co-running lookup probe (:func:`planner.measure.validate.dlrm_probes.lookup_scale`)."""
-    from planner.measure.tables.plans import cpu_topology_ref
-    from planner.model.tables.cost import CostConfig
-    from planner.model.tables.task import ShardingTask, prepare
     scale = 1.0
     if calibration is not None:
         key = id(calibration)
         if key not in _LOOKUP_SCALE:
-            from planner.measure.validate.dlrm_probes import lookup_scale
             _LOOKUP_SCALE[key] = (calibration, lookup_scale(calibration))
         scale = _LOOKUP_SCALE[key][1]
     return prepare(ShardingTask(model=cfg.model, topology=cpu_topology_ref(cfg.world),
@@ -161,12 +159,9 @@ def _host_costs(calibration, world: int) -> dict:
     """TorchRec's host costs from the calibration's probe plans (cached per profile)."""
     key = (id(calibration), world)
     if key not in _HOST_COSTS:
-        from planner.measure.validate.dlrm_probes import host_costs
 
         def sim(cfg, host) -> float:        # a probe simulated with host work per rank
-            from simulator.engine import simulate
 
-            from planner.workloads.dlrm.torchrec import build_torchrec_step_workload
             problem = _problem(cfg, calibration)
             w = build_torchrec_step_workload(problem, cfg.shardings,
                                              expected_ops(cfg, cfg.warmup),

@@ -19,10 +19,15 @@ which reduce in C++ otherwise). Each record has its process group (``world``, ``
 
 from __future__ import annotations
 
+import inspect
+import logging
 import os
+import warnings
 
+from planner.export.torchrec_load import load_sharding_plan
 from planner.measure.runner import init_group
 from planner.measure.validate.comm import Recorder
+from planner.measure.validate.dlrm_ops import step_batch
 from planner.measure.validate.worker import _inject, pin_main_thread, timed_steps, unpin
 
 __all__ = ["run_rank"]
@@ -48,7 +53,6 @@ class _Tap:
         self.waits: list[float] = []           # likewise; 0 (async calls are not waited here)
         self.tag = ""
         self.saved = {}
-        import inspect
         for name in PATCHED:
             fn = getattr(dist, name, None)
             if fn is None:
@@ -198,9 +202,7 @@ def _reset_torchrec_globals() -> None:
 
 
 def run_rank(rank: int, cfg, port: int, progress, report, state: dict) -> dict:
-    import warnings
     warnings.simplefilter("ignore")
-    import logging
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     os.environ["LOCAL_WORLD_SIZE"] = str(cfg.local_world)
     os.environ["LOCAL_RANK"] = str(rank % cfg.local_world)
@@ -220,8 +222,6 @@ def run_rank(rank: int, cfg, port: int, progress, report, state: dict) -> dict:
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from planner.export.torchrec_load import load_sharding_plan
-    from planner.measure.validate.dlrm_ops import step_batch
     _reset_torchrec_globals()
     progress.end(rank)
     m = cfg.model

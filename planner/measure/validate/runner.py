@@ -28,6 +28,8 @@ from simulator.errors import ClusterplanError
 from planner.measure.runner import SPAWN, end_processes, free_port, start_processes, wait
 from planner.measure.validate.comm import Progress
 from planner.measure.validate.config import RunConfig
+from planner.measure.validate.worker import worker_main
+from planner.progress import Bar
 
 __all__ = ["RunFailed", "RunResult", "Pool", "run", "run_many"]
 
@@ -58,7 +60,6 @@ class Pool:
     once per process). After a failed job the pool is closed: every process is ended."""
 
     def __init__(self, size: int) -> None:
-        from planner.measure.validate.worker import worker_main
         self.size = size
         self.progress = Progress(SPAWN, size)
         self.out = SPAWN.Queue()
@@ -150,7 +151,6 @@ def run_many(cfgs: list[RunConfig], **kw) -> list:
 
 def _watch(cfg, job, procs, pids, progress, q, t0, start_limit, grace_s) -> RunResult:
     """Wait for the run, with a progress bar over its steps (slowest rank) on a terminal."""
-    from planner.progress import Bar
     bar = Bar(cfg.warmup + cfg.steps, f"validating on {cfg.world} processes (steps)")
     try:
         return _watch_run(cfg, job, procs, pids, progress, q, t0, start_limit, grace_s, bar)
