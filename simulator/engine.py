@@ -152,6 +152,33 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
     """
     t0 = time.perf_counter()
     ops = workload.ops
+    _check_ranks(topo, ops)
+    profile = compute or load_compute_profile(topo.gpu)
+    slow = _slowdown_factors(topo, slowdown)
+    env = simpy.Environment()
+    if link_faults:
+        mode = "explicit"       # a fault on one link breaks the symmetry classes rely on
+    net = FlowNetwork(env, topo, mode="explicit" if track_links else mode,
+                      track_links=track_links)
+    _schedule_link_faults(env, net, link_faults)
+
+    run = _OpRunner(env, net, topo, ops, profile, slow, measured_comm)
+    run.run()
+    _check_finished(ops, run.end)
+    df = _ops_frame(topo, ops, run.start, run.end, run.algo)
+    st = net.stats
+    events = run.events + st.flows_started + st.flows_finished
+    n = len(ops)
+    return SimResult(ops=df, step_time_s=float(np.nanmax(run.end)) if n else 0.0, events=events,
+                     wall_s=time.perf_counter() - t0, network=st, topology=topo.name,
+                     mode=net.mode, workload=workload, device_names=topo.gpus,
+                     slowdown={r: f for r, f in slow.items() if f != 1.0},
+                     link_faults=tuple(link_faults), link_bytes=net.link_bytes,
+                     link_busy_s=net.link_busy_s)
+
+
+def _check_ranks(topo: Topology, ops) -> None:
+    """Raise a :class:`SpecError` naming the first op that uses a rank ``topo`` lacks."""
     n_gpus = topo.num_gpus
     for op in ops:
         for r in op.ranks:
@@ -159,18 +186,22 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
                 raise SpecError(f"op {op.id} ({op.name}) uses rank {r}, but topology "
                                 f"{topo.name} has {n_gpus} GPUs", field=f"ops[{op.id}].ranks",
                                 fix="use ranks 0..N-1 or a bigger topology (--gpus)")
-    profile = compute or load_compute_profile(topo.gpu)
+
+
+def _slowdown_factors(topo: Topology, slowdown: Mapping[int, float] | None) -> dict[int, float]:
+    """The compute slowdown factor per rank (rank → factor > 0), checked against ``topo``."""
+    n_gpus = topo.num_gpus
     slow = {int(r): float(f) for r, f in (slowdown or {}).items()}
     for r, f in slow.items():
         if not 0 <= r < n_gpus or not (np.isfinite(f) and f > 0):
             raise SpecError(f"slowdown {f!r} for rank {r} is not a positive factor on a rank of "
                             f"{topo.name}", field="slowdown",
                             fix=f"give rank → factor with ranks 0..{n_gpus - 1}, e.g. {{17: 1.1}}")
-    env = simpy.Environment()
-    if link_faults:
-        mode = "explicit"       # a fault on one link breaks the symmetry classes rely on
-    net = FlowNetwork(env, topo, mode="explicit" if track_links else mode,
-                      track_links=track_links)
+    return slow
+
+
+def _schedule_link_faults(env: simpy.Environment, net: FlowNetwork, link_faults) -> None:
+    """Scale the faulty links' capacity now (``at_s`` ≤ 0) or at ``at_s`` seconds."""
     for fault in link_faults:
         if fault.at_s <= 0:
             net.scale_capacity(fault.links, fault.factor)
@@ -178,7 +209,10 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
             ev = env.timeout(fault.at_s)
             ev.callbacks.append(lambda _e, f=fault: net.scale_capacity(f.links, f.factor))
 
-    # dependencies: explicit ones plus the previous op on each (rank, stream)
+
+def _dependencies(ops) -> tuple[np.ndarray, list[list[int]]]:
+    """Per op: how many ops it waits for (its explicit dependencies plus the previous op on
+    each of its (rank, stream) pairs), and the ops that wait for it."""
     n = len(ops)
     waiting = np.zeros(n, dtype=np.int64)
     children: list[list[int]] = [[] for _ in range(n)]
@@ -193,100 +227,139 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
         waiting[op.id] = len(parents)
         for p in parents:
             children[p].append(op.id)
+    return waiting, children
 
-    start = np.full(n, np.nan)
-    end = np.full(n, np.nan)
-    algo = [""] * n
-    plan_cache: dict[tuple, CollectivePlan] = {}
-    counter = {"events": 0}
-    cores = ([simpy.Resource(env, capacity=1) for _ in range(n_gpus)]
-             if measured_comm is not None and measured_comm.shared_core else None)
-    last_comm = np.zeros(n_gpus)        # when each rank's last measured call ended, seconds
 
-    def on_cores(i: int, ranks, d):
+class _OpRunner:
+    """Runs the ops of one simulation as SimPy processes: each begins once every op it waits
+    for has finished. Records each op's start and end (seconds) and algorithm, and counts op
+    starts and ends in ``events``."""
+
+    def __init__(self, env: simpy.Environment, net: FlowNetwork, topo: Topology, ops,
+                 profile: ComputeProfile, slow: dict[int, float], measured_comm) -> None:
+        n, n_gpus = len(ops), topo.num_gpus
+        self.env, self.net, self.topo, self.ops = env, net, topo, ops
+        self.profile, self.slow, self.measured_comm = profile, slow, measured_comm
+        self.waiting, self.children = _dependencies(ops)
+        self.start = np.full(n, np.nan)
+        self.end = np.full(n, np.nan)
+        self.algo = [""] * n
+        self.plan_cache: dict[tuple, CollectivePlan] = {}
+        self.events = 0
+        self.cores = ([simpy.Resource(env, capacity=1) for _ in range(n_gpus)]
+                      if measured_comm is not None and measured_comm.shared_core else None)
+        self.last_comm = np.zeros(n_gpus)   # when each rank's last measured call ended, seconds
+
+    def run(self) -> None:
+        """Begin the ops that wait for none and run the simulation until nothing is left."""
+        roots = [i for i in range(len(self.ops)) if self.waiting[i] == 0]
+        for i in roots:
+            self.begin(i)
+        self.env.run()
+
+    def begin(self, i: int) -> None:
+        """Start op ``i`` now: a compute op for its time, a measured exchange for its measured
+        time, other communication as the flows of its collective plan."""
+        op = self.ops[i]
+        self.start[i] = self.env.now
+        self.events += 1
+        if op.kind == "compute":
+            d = self._compute_s(op)
+            self.algo[i] = ""
+            self._run_for(i, op.ranks[:1], d)
+            return
+        mc = self.measured_comm
+        if mc is not None:
+            kind = op.collective if op.kind == "collective" else "sendrecv"
+            if mc.comm_time_s(kind, len(op.ranks), op.bytes_moved) is not None:
+                self.algo[i] = "measured"
+                self._run_for(i, op.ranks, self._measured_time(op, kind))
+                return
+        plan = self._plan(op)
+        self.algo[i] = plan.algorithm
+        self.env.process(self._run_comm(i, plan))
+
+    def finish(self, i: int) -> None:
+        """Record op ``i``'s end and begin the ops that waited only for it."""
+        self.end[i] = self.env.now
+        self.events += 1
+        waiting = self.waiting
+        for c in self.children[i]:
+            waiting[c] -= 1
+            if waiting[c] == 0:
+                self.begin(c)
+
+    def _compute_s(self, op) -> float:
+        """Seconds compute op ``op`` takes (roofline or fixed), times its rank's slowdown."""
+        if op.duration_s is not None:
+            d = op.duration_s
+        else:
+            d = op_time(self.profile, flops=op.flops, bytes_moved=op.bytes_moved, dtype=op.dtype)
+        d *= self.slow.get(op.ranks[0], 1.0)
+        if not d < MAX_OP_S:
+            raise SimulationError(f"op {op.id} ({op.name}) would take {d:.3g} s, past the "
+                                  f"{MAX_OP_S:.0e} s this simulator resolves (fix: check "
+                                  "the op's flops, bytes or duration and their units)")
+        return d
+
+    def _plan(self, op) -> CollectivePlan:
+        """The flows of communication op ``op`` (a collective or a send/receive), cached."""
+        if op.kind == "collective":
+            key = (op.collective, op.ranks, op.bytes_moved, op.algo, op.splits)
+            plan = self.plan_cache.get(key)
+            if plan is None:
+                plan = self.plan_cache[key] = plan_collective(self.topo, op.collective, op.ranks,
+                                                              op.bytes_moved, algo=op.algo,
+                                                              splits=op.splits)
+        else:
+            key = ("p2p", op.ranks, op.bytes_moved)
+            plan = self.plan_cache.get(key)
+            if plan is None:
+                plan = self.plan_cache[key] = _sendrecv_plan(self.topo, op.ranks[0], op.ranks[1],
+                                                             op.bytes_moved)
+        return plan
+
+    def _run_for(self, i: int, ranks, d) -> None:
+        """Run op ``i`` for ``d`` seconds (or ``d()``, evaluated once its cores are free)."""
+        if self.cores is None:
+            ev = self.env.timeout(d() if callable(d) else d)
+            ev.callbacks.append(lambda _e, i=i: self.finish(i))
+        else:
+            self.env.process(self._on_cores(i, ranks, d))
+
+    def _on_cores(self, i: int, ranks, d):
+        """Process: hold the cores of ``ranks``, run op ``i`` for ``d`` seconds, release."""
+        env, cores = self.env, self.cores
         held = []
         for r in sorted(set(ranks)):     # one global order: no two ops wait for each other
             req = cores[r].request()
             yield req
             held.append((r, req))
-        start[i] = env.now               # the op runs from when it holds its cores
+        self.start[i] = env.now          # the op runs from when it holds its cores
         yield env.timeout(d() if callable(d) else d)
         for r, req in held:
             cores[r].release(req)
-        finish(i)
+        self.finish(i)
 
-    def run_for(i: int, ranks, d) -> None:
-        """Run op ``i`` for ``d`` seconds (or ``d()``, evaluated once its cores are free)."""
-        if cores is None:
-            ev = env.timeout(d() if callable(d) else d)
-            ev.callbacks.append(lambda _e, i=i: finish(i))
-        else:
-            env.process(on_cores(i, ranks, d))
-
-    def measured_time(op, kind: str):
+    def _measured_time(self, op, kind: str):
+        """A function giving the measured seconds of ``op`` when called at its start (the
+        gap since its ranks' last measured call is an input of the measurement's model)."""
         def seconds() -> float:
             idx = list(op.ranks)
-            gap = float(env.now - last_comm[idx].min())
-            d = measured_comm.comm_time_s(kind, len(idx), op.bytes_moved, gap)
-            last_comm[idx] = env.now + d
+            gap = float(self.env.now - self.last_comm[idx].min())
+            d = self.measured_comm.comm_time_s(kind, len(idx), op.bytes_moved, gap)
+            self.last_comm[idx] = self.env.now + d
             return d
         return seconds
 
-    def finish(i: int) -> None:
-        end[i] = env.now
-        counter["events"] += 1
-        for c in children[i]:
-            waiting[c] -= 1
-            if waiting[c] == 0:
-                begin(c)
+    def _run_comm(self, i: int, plan: CollectivePlan):
+        """Process: run ``plan``'s flows on the network, then finish op ``i``."""
+        yield from run_plan(self.env, self.net, plan)
+        self.finish(i)
 
-    def run_comm(i: int, plan: CollectivePlan):
-        yield from run_plan(env, net, plan)
-        finish(i)
 
-    def begin(i: int) -> None:
-        op = ops[i]
-        start[i] = env.now
-        counter["events"] += 1
-        if op.kind == "compute":
-            if op.duration_s is not None:
-                d = op.duration_s
-            else:
-                d = op_time(profile, flops=op.flops, bytes_moved=op.bytes_moved, dtype=op.dtype)
-            d *= slow.get(op.ranks[0], 1.0)
-            if not d < MAX_OP_S:
-                raise SimulationError(f"op {op.id} ({op.name}) would take {d:.3g} s, past the "
-                                      f"{MAX_OP_S:.0e} s this simulator resolves (fix: check "
-                                      "the op's flops, bytes or duration and their units)")
-            algo[i] = ""
-            run_for(i, op.ranks[:1], d)
-            return
-        if measured_comm is not None:
-            kind = op.collective if op.kind == "collective" else "sendrecv"
-            if measured_comm.comm_time_s(kind, len(op.ranks), op.bytes_moved) is not None:
-                algo[i] = "measured"
-                run_for(i, op.ranks, measured_time(op, kind))
-                return
-        if op.kind == "collective":
-            key = (op.collective, op.ranks, op.bytes_moved, op.algo, op.splits)
-            plan = plan_cache.get(key)
-            if plan is None:
-                plan = plan_cache[key] = plan_collective(topo, op.collective, op.ranks,
-                                                         op.bytes_moved, algo=op.algo,
-                                                         splits=op.splits)
-        else:
-            key = ("p2p", op.ranks, op.bytes_moved)
-            plan = plan_cache.get(key)
-            if plan is None:
-                plan = plan_cache[key] = _sendrecv_plan(topo, op.ranks[0], op.ranks[1],
-                                                        op.bytes_moved)
-        algo[i] = plan.algorithm
-        env.process(run_comm(i, plan))
-
-    roots = [i for i in range(n) if waiting[i] == 0]
-    for i in roots:
-        begin(i)
-    env.run()
+def _check_finished(ops, end: np.ndarray) -> None:
+    """Raise a :class:`SimulationError` naming the first ops that never finished (a deadlock)."""
     unfinished = np.isnan(end)
     if unfinished.any():
         stuck = [ops[i] for i in np.flatnonzero(unfinished)[:5]]
@@ -295,7 +368,13 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
         raise SimulationError(f"deadlock: {int(unfinished.sum())} ops never started or finished "
                               f"(first: {desc}); collectives must be issued in the same order "
                               "on every member's stream")
-    df = pd.DataFrame({
+
+
+def _ops_frame(topo: Topology, ops, start: np.ndarray, end: np.ndarray, algo: list[str]
+               ) -> pd.DataFrame:
+    """One row per op (the :attr:`SimResult.ops` table); times in seconds."""
+    n = len(ops)
+    return pd.DataFrame({
         "op": np.arange(n), "name": [o.name for o in ops], "kind": [o.kind for o in ops],
         "category": [o.category for o in ops], "stream": [o.stream for o in ops],
         "ranks": [len(o.ranks) for o in ops], "first_rank": [o.ranks[0] for o in ops],
@@ -303,11 +382,3 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
         "start_s": start, "end_s": end, "duration_s": end - start,
         "bytes": [o.bytes_moved for o in ops], "flops": [o.flops for o in ops],
         "algorithm": algo}, columns=_COLUMNS)
-    st = net.stats
-    events = counter["events"] + st.flows_started + st.flows_finished
-    return SimResult(ops=df, step_time_s=float(np.nanmax(end)) if n else 0.0, events=events,
-                     wall_s=time.perf_counter() - t0, network=st, topology=topo.name,
-                     mode=net.mode, workload=workload, device_names=topo.gpus,
-                     slowdown={r: f for r, f in slow.items() if f != 1.0},
-                     link_faults=tuple(link_faults), link_bytes=net.link_bytes,
-                     link_busy_s=net.link_busy_s)

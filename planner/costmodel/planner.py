@@ -69,6 +69,9 @@ class NeuroShardPlanner:
 
     def plan(self, task: ShardingTask, devices: int, *, seed: int = 0,
              time_limit_s: float | None = None) -> Plan:
+        """Plan ``task`` on ``devices`` ranks: grid search, column-wise beam search and local
+        search on the learned cost (module docstring); ``time_limit_s`` (default 8 s) is a
+        safety stop, noted in the plan when hit."""
         import warnings
 
         from planner.costmodel.weights import HardwareMismatchWarning, load_predictor
@@ -84,12 +87,7 @@ class NeuroShardPlanner:
         notes = [str(w.message) for w in caught]
         model = problem.model
         n = problem.devices
-        cap = np.array(problem.capacity_bytes, dtype=float)
-        full = [shard_memory_bytes(t, t.num_embeddings, t.embedding_dim,
-                                   ShardingType.TABLE_WISE, model.optimizer)
-                for t in model.tables]
-        rowwise = [i for i, m in enumerate(full) if m > cap.max()
-                   and problem.allowed(i, ShardingType.ROW_WISE)]
+        rowwise = _oversized_rowwise(problem)
         tw = [i for i in range(model.num_tables) if i not in rowwise]
         obj = Objective(problem, pred, forced_rowwise=rowwise)
         base_used = obj.memory([], [])
@@ -97,66 +95,12 @@ class NeuroShardPlanner:
         state0 = tuple((i, (model.tables[i].embedding_dim,)) for i in tw)
         # the beam stops at 75% of the time limit so that the local search has time left
         beam_deadline = t0 + (0.75 if self.refine else 1.0) * limit
-        stops = []
+        stops: list[str] = []
 
-        def grid(state):
-            units = obj.units(state)
-            order = sorted(range(len(units)), key=lambda k: (-obj.single(units[k]), k))
-            best = None
-            for s in self.grid:
-                ranks = _grid_point(obj, units, order, s * mean_dim, base_used)
-                if ranks is None:
-                    continue
-                score = obj.score(units, ranks)
-                if best is None or score < best[0] - 1e-12:
-                    best = (score, state, units, ranks, s)
-            return best
-
-        best = grid(state0)
-        if best is None:           # no grid point kept the dim cap: memory-only greedy
-            units = obj.units(state0)
-            order = sorted(range(len(units)), key=lambda k: (-obj.single(units[k]), k))
-            ranks = _grid_point(obj, units, order, float("inf"), base_used)
-            if ranks is None:
-                ranks = [k % n for k in range(len(units))]
-                notes.append("no device has room for every table; plan is over memory")
-            best = (obj.score(units, ranks), state0, units, ranks, None)
+        best = self._table_wise_plan(obj, state0, mean_dim, base_used, notes)
         tw_best = best
-        grids, depth_done = 1, 0
-        beams = [best]
-        seen = {state0}
-        if self.beam > 0 and n >= 2:
-            for depth in range(self.depth):
-                found = []
-                for b in beams:
-                    for cand in _candidates(obj, b[1], self.candidates):
-                        if grids >= self.max_grids:
-                            stops.append(f"beam search stopped at its {self.max_grids} grid "
-                                         "searches")
-                            break
-                        if time.perf_counter() > beam_deadline:
-                            stops.append(f"time limit {limit:g} s: beam search stopped at "
-                                         f"depth {depth + 1}")
-                            break
-                        new = _halve(b[1], cand)
-                        if new in seen:
-                            continue
-                        seen.add(new)
-                        grids += 1
-                        r = grid(new)
-                        if r is not None:
-                            found.append(r)
-                    if stops:
-                        break
-                if not found:
-                    break
-                depth_done = depth + 1
-                found.sort(key=lambda r: r[0])
-                beams = found[:self.beam]
-                if found[0][0] < best[0] - 1e-12:
-                    best = found[0]
-                if stops:
-                    break
+        best, grids, depth_done = self._beam_search(obj, best, state0, mean_dim, base_used,
+                                                    beam_deadline, limit, stops)
         score, state, units, ranks, s_best = best
         splits = sum(len(w) - 1 for _, w in state)
         notes.append(f"learned cost: predicted max {score:.3f} ms per step at batch "
@@ -164,24 +108,8 @@ class NeuroShardPlanner:
                      f"column halvings, {grids} grid searches, beam depth {depth_done})")
         rw_final = frozenset()
         if self.refine and n >= 2:
-            # from the beam's plan and from the table-wise one: the halvings the beam chose on
-            # the compute-only grid can be a worse start for the full objective
-            starts = [("beam", best), ("table-wise", tw_best)] if tw_best is not best \
-                else [("table-wise", tw_best)]
-            results = []
-            for label, (_, _, u0, r0, _) in starts:
-                res = local_search(obj, u0, r0, max_evals=self.refine_evals,
-                                   deadline=deadline)
-                results.append((res.score_ms, len(results), label, res))
-                done = ", ".join(f"{v} {k}" for k, v in sorted(res.moves.items())) \
-                    or "no move"
-                notes.append(f"local search from the {label} plan: {res.start_ms:.3f} → "
-                             f"{res.score_ms:.3f} ms predicted ({done}; {res.evals} "
-                             f"evaluations, stopped: {res.stopped_by})")
-                if res.stopped_by == "deadline":
-                    stops.append(f"time limit {limit:g} s: local search stopped early")
-            res = min(results)[3]
-            units, ranks, rw_final = res.units, res.ranks, res.rowwise
+            units, ranks, rw_final = self._local_search(obj, best, tw_best, deadline, limit,
+                                                        notes, stops)
         notes += stops
         shardings = obj.layouts(units, ranks, rw_final)
         if rowwise:
@@ -196,6 +124,111 @@ class NeuroShardPlanner:
         stats = PlannerStats(wall_s=time.perf_counter() - t0, status="heuristic", seed=seed,
                              time_limit_s=time_limit_s, notes=tuple(notes))
         return make_plan(problem, shardings, self.name, stats)
+
+    def _grid_search(self, obj: Objective, state, mean_dim: float, base_used):
+        """The best grid point of ``state`` (learned cost, ms) as ``(score, state, units,
+        ranks, s)``, over the dim caps ``s × mean_dim``; None when no cap admits a plan."""
+        units = obj.units(state)
+        order = sorted(range(len(units)), key=lambda k: (-obj.single(units[k]), k))
+        best = None
+        for s in self.grid:
+            ranks = _grid_point(obj, units, order, s * mean_dim, base_used)
+            if ranks is None:
+                continue
+            score = obj.score(units, ranks)
+            if best is None or score < best[0] - 1e-12:
+                best = (score, state, units, ranks, s)
+        return best
+
+    def _table_wise_plan(self, obj: Objective, state0, mean_dim: float, base_used,
+                         notes: list[str]):
+        """The grid search's plan of the whole tables ``state0``; when no grid point keeps the
+        dim cap, a memory-only greedy one (round robin, noted, when even that fails)."""
+        best = self._grid_search(obj, state0, mean_dim, base_used)
+        if best is None:           # no grid point kept the dim cap: memory-only greedy
+            units = obj.units(state0)
+            order = sorted(range(len(units)), key=lambda k: (-obj.single(units[k]), k))
+            ranks = _grid_point(obj, units, order, float("inf"), base_used)
+            if ranks is None:
+                ranks = [k % obj.n for k in range(len(units))]
+                notes.append("no device has room for every table; plan is over memory")
+            best = (obj.score(units, ranks), state0, units, ranks, None)
+        return best
+
+    def _beam_search(self, obj: Objective, best, state0, mean_dim: float, base_used,
+                     beam_deadline: float, limit: float, stops: list[str]):
+        """Column-wise beam search from ``best``: the best plan seen, the grid searches run
+        and the depth reached. Why it stopped early goes to ``stops``."""
+        grids, depth_done = 1, 0
+        beams = [best]
+        seen = {state0}
+        if not (self.beam > 0 and obj.n >= 2):
+            return best, grids, depth_done
+        for depth in range(self.depth):
+            found = []
+            for b in beams:
+                for cand in _candidates(obj, b[1], self.candidates):
+                    if grids >= self.max_grids:
+                        stops.append(f"beam search stopped at its {self.max_grids} grid "
+                                      "searches")
+                        break
+                    if time.perf_counter() > beam_deadline:
+                        stops.append(f"time limit {limit:g} s: beam search stopped at "
+                                     f"depth {depth + 1}")
+                        break
+                    new = _halve(b[1], cand)
+                    if new in seen:
+                        continue
+                    seen.add(new)
+                    grids += 1
+                    r = self._grid_search(obj, new, mean_dim, base_used)
+                    if r is not None:
+                        found.append(r)
+                if stops:
+                    break
+            if not found:
+                break
+            depth_done = depth + 1
+            found.sort(key=lambda r: r[0])
+            beams = found[:self.beam]
+            if found[0][0] < best[0] - 1e-12:
+                best = found[0]
+            if stops:
+                break
+        return best, grids, depth_done
+
+    def _local_search(self, obj: Objective, best, tw_best, deadline: float, limit: float,
+                      notes: list[str], stops: list[str]):
+        """Local search from the beam's plan and from the table-wise one (the halvings the
+        beam chose on the compute-only grid can be a worse start for the full objective);
+        the better result's units, ranks and row-wise tables."""
+        starts = [("beam", best), ("table-wise", tw_best)] if tw_best is not best \
+            else [("table-wise", tw_best)]
+        results = []
+        for label, (_, _, u0, r0, _) in starts:
+            res = local_search(obj, u0, r0, max_evals=self.refine_evals,
+                               deadline=deadline)
+            results.append((res.score_ms, len(results), label, res))
+            done = ", ".join(f"{v} {k}" for k, v in sorted(res.moves.items())) \
+                or "no move"
+            notes.append(f"local search from the {label} plan: {res.start_ms:.3f} → "
+                         f"{res.score_ms:.3f} ms predicted ({done}; {res.evals} "
+                         f"evaluations, stopped: {res.stopped_by})")
+            if res.stopped_by == "deadline":
+                stops.append(f"time limit {limit:g} s: local search stopped early")
+        res = min(results)[3]
+        return res.units, res.ranks, res.rowwise
+
+
+def _oversized_rowwise(problem) -> list[int]:
+    """Tables whose whole table-wise memory fits no device and that may go row-wise."""
+    model = problem.model
+    cap = np.array(problem.capacity_bytes, dtype=float)
+    full = [shard_memory_bytes(t, t.num_embeddings, t.embedding_dim,
+                               ShardingType.TABLE_WISE, model.optimizer)
+            for t in model.tables]
+    return [i for i, m in enumerate(full) if m > cap.max()
+            and problem.allowed(i, ShardingType.ROW_WISE)]
 
 
 def learned_plan_cost_ms(task: ShardingTask, devices: int, shardings, *, predictor=None

@@ -62,11 +62,8 @@ class MipModel:
 
     def __init__(self, cat: Catalog, parts=CW_PARTS, types=None) -> None:
         self.cat = cat
-        cm = cat.cost
         n = cat.n
-        T = cat.model.num_tables
         types = set(types or (_TW, _CW, _RW, _DP, _TWRW))
-        hosts = cat.problem.hosts
         self.lp = lp = pulp.LpProblem("sharding", pulp.LpMinimize)
         self.x: dict[tuple[int, int], pulp.LpVariable] = {}
         self.u: dict[tuple[int, int], pulp.LpVariable] = {}
@@ -77,63 +74,83 @@ class MipModel:
         self.z: dict[tuple[int, int], pulp.LpVariable] = {}
         # per-rank feature terms: feats[r][f] = list of (var, coef)
         feats = [[[] for _ in range(8)] for _ in range(n)]
-        for t in range(T):
-            one = []
-            if _TW in types and cat.problem.allowed(t, _TW):
-                f = cat.tw(t)
-                for d in range(n):
-                    var = self.x[t, d] = _new(lp, f"x_{t}_{d}", cat="Binary")
-                    one.append(var)
-                    for k in range(8):
-                        feats[d][k].append((var, f[k]))
-            if _CW in types:
-                for k in cat.cw_parts(t, parts):
-                    base, part = cat.cw(t, k)
-                    uu = self.u[t, k] = _new(lp, f"u_{t}_{k}", cat="Binary")
-                    one.append(uu)
-                    ms, ys = [], []
-                    for d in range(n):
-                        mm = self.m[t, k, d] = _new(lp, f"m_{t}_{k}_{d}", 0, k,
-                                                               cat="Integer")
-                        yy = self.y[t, k, d] = _new(lp, f"y_{t}_{k}_{d}", cat="Binary")
-                        ms.append(mm)
-                        ys.append(yy)
-                        lp += mm - k * yy <= 0
-                        lp += yy - mm <= 0
-                        for q in range(8):
-                            feats[d][q].append((yy, base[q]))
-                            feats[d][q].append((mm, part[q]))
-                    lp += _lin([(mm, 1) for mm in ms] + [(uu, -k)]) == 0
-                    lp += _lin([(yy, 1) for yy in ys] + [(uu, -2)]) >= 0
-            for kind, store, st in (("rw", self.v, _RW), ("dp", self.w, _DP)):
-                if st in types and cat.can(t, st):
-                    var = store[t] = _new(lp, f"{kind}_{t}", cat="Binary")
-                    one.append(var)
-                    G = cat.uniform(t, kind)
-                    for d in range(n):
-                        for q in range(8):
-                            feats[d][q].append((var, G[d, q]))
-            if _TWRW in types and cat.can(t, _TWRW):
-                for h in range(len(hosts)):
-                    var = self.z[t, h] = _new(lp, f"twrw_{t}_{h}", cat="Binary")
-                    one.append(var)
-                    G = cat.uniform(t, "twrw", h)
-                    for d in range(n):
-                        for q in range(8):
-                            feats[d][q].append((var, G[d, q]))
-            if not one:
-                from simulator.errors import SpecError
-                have = ", ".join(sorted(x.value for x in cat.problem.allowed_types(t)))
-                raise SpecError(f"table {cat.problem.model.tables[t].name!r} has no placement "
-                                f"the MIP can use on {n} device(s) (allowed: {have or 'none'}; "
-                                "table-row-wise needs more than one host)",
-                                field="--sharding-types",
-                                fix="allow another sharding type for it")
-            lp += _lin([(o, 1) for o in one]) == 1
+        for t in range(cat.model.num_tables):
+            self._add_table(t, types, parts, feats)
         # memory
         for d in range(n):
             lp += _lin(feats[d][F_MEM]) <= float(cat.cap[d])
-        # communication
+        a2a_terms, const = self._add_alltoalls(feats)
+        group_terms = self._add_group_collectives(feats)
+        self._add_objective(feats, a2a_terms, group_terms, const)
+
+    # -- building the model -------------------------------------------------------------------
+    def _add_table(self, t: int, types: set, parts, feats: list) -> None:
+        """Add table ``t``'s option variables, their feature terms to ``feats``, and the
+        constraint that exactly one option is chosen; an error when it has none."""
+        cat, lp, n = self.cat, self.lp, self.cat.n
+        one = []
+        if _TW in types and cat.problem.allowed(t, _TW):
+            f = cat.tw(t)
+            for d in range(n):
+                var = self.x[t, d] = _new(lp, f"x_{t}_{d}", cat="Binary")
+                one.append(var)
+                for k in range(8):
+                    feats[d][k].append((var, f[k]))
+        if _CW in types:
+            for k in cat.cw_parts(t, parts):
+                one.append(self._add_column_split(t, k, feats))
+        for kind, store, st in (("rw", self.v, _RW), ("dp", self.w, _DP)):
+            if st in types and cat.can(t, st):
+                var = store[t] = _new(lp, f"{kind}_{t}", cat="Binary")
+                one.append(var)
+                self._add_uniform_terms(feats, var, cat.uniform(t, kind))
+        if _TWRW in types and cat.can(t, _TWRW):
+            for h in range(len(cat.problem.hosts)):
+                var = self.z[t, h] = _new(lp, f"twrw_{t}_{h}", cat="Binary")
+                one.append(var)
+                self._add_uniform_terms(feats, var, cat.uniform(t, "twrw", h))
+        if not one:
+            from simulator.errors import SpecError
+            have = ", ".join(sorted(x.value for x in cat.problem.allowed_types(t)))
+            raise SpecError(f"table {cat.problem.model.tables[t].name!r} has no placement "
+                            f"the MIP can use on {n} device(s) (allowed: {have or 'none'}; "
+                            "table-row-wise needs more than one host)",
+                            field="--sharding-types",
+                            fix="allow another sharding type for it")
+        lp += _lin([(o, 1) for o in one]) == 1
+
+    def _add_column_split(self, t: int, k: int, feats: list) -> pulp.LpVariable:
+        """Add table ``t``'s split into ``k`` column parts (``u``, ``m``, ``y`` and their
+        constraints, see the module docstring) and its feature terms; the ``u`` variable."""
+        cat, lp = self.cat, self.lp
+        base, part = cat.cw(t, k)
+        uu = self.u[t, k] = _new(lp, f"u_{t}_{k}", cat="Binary")
+        ms, ys = [], []
+        for d in range(cat.n):
+            mm = self.m[t, k, d] = _new(lp, f"m_{t}_{k}_{d}", 0, k, cat="Integer")
+            yy = self.y[t, k, d] = _new(lp, f"y_{t}_{k}_{d}", cat="Binary")
+            ms.append(mm)
+            ys.append(yy)
+            lp += mm - k * yy <= 0
+            lp += yy - mm <= 0
+            for q in range(8):
+                feats[d][q].append((yy, base[q]))
+                feats[d][q].append((mm, part[q]))
+        lp += _lin([(mm, 1) for mm in ms] + [(uu, -k)]) == 0
+        lp += _lin([(yy, 1) for yy in ys] + [(uu, -2)]) >= 0
+        return uu
+
+    def _add_uniform_terms(self, feats: list, var: pulp.LpVariable, G) -> None:
+        """Add ``var`` × row ``d`` of the feature matrix ``G`` to every rank ``d``'s terms."""
+        for d in range(self.cat.n):
+            for q in range(8):
+                feats[d][q].append((var, G[d, q]))
+
+    def _add_alltoalls(self, feats: list) -> tuple[list[list[tuple]], list[float]]:
+        """The all-to-all maxima (ids and pooled outputs): per rank the terms (variables in
+        µs) and the constant latency (µs) they add to its cost."""
+        cat, lp = self.cat, self.lp
+        n, cm = cat.n, cat.cost
         comm = cm.comm
         b = cm.local_batch
         node_of = comm.node_of
@@ -141,7 +158,6 @@ class MipModel:
         multi = n > g.min()
         a2a_terms: list[list[tuple]] = [[] for _ in range(n)]
         const = [0.0] * n
-        launch = 3 * cm.launch_s * US
         if n > 1:
             for f_idx, mult, name in ((F_IDS, 1.0, "ids"), (F_OUT, 2.0, "out")):
                 P = [_new(lp, f"P{name}_{d}") for d in range(n)]
@@ -163,7 +179,13 @@ class MipModel:
                         lp += _lin([(E, 1.0), (P[r], -scale_e * (n - g[r]))]) >= 0
                         lp += _lin([(E, 1.0)] + [(P[q], -scale_e) for q in other]) >= 0
                         a2a_terms[r].append((E, mult))
-        # grouped collectives: indicator × alpha + bytes / bandwidth
+        return a2a_terms, const
+
+    def _add_group_collectives(self, feats: list) -> list[list[tuple]]:
+        """Row-wise, data-parallel and table-row-wise collectives: per rank the terms (µs) of
+        an indicator × alpha + bytes / bandwidth."""
+        cat, lp, n = self.cat, self.lp, self.cat.n
+        comm = cat.cost.comm
         group_terms: list[list[tuple]] = [[] for _ in range(n)]
 
         def group(kind_pairs, members, store, label):
@@ -183,11 +205,19 @@ class MipModel:
             group_terms[r] += [(v_, c * inv_bw) for v_, c in feats[r][F_RW]]
         for r, inv_bw in group(("allreduce",), range(n), list(self.w.values()), "dp"):
             group_terms[r] += [(v_, c * inv_bw) for v_, c in feats[r][F_DP]]
-        for h, members in enumerate(hosts):
+        for h, members in enumerate(cat.problem.hosts):
             store = [self.z[t, hh] for (t, hh) in self.z if hh == h]
             for r, inv_bw in group(("host_reducescatter", "host_allgather"), members, store,
                                    f"twrw{h}"):
                 group_terms[r] += [(v_, c * inv_bw) for v_, c in feats[r][F_HRS]]
+        return group_terms
+
+    def _add_objective(self, feats: list, a2a_terms: list, group_terms: list,
+                       const: list[float]) -> None:
+        """Each rank's cost ``C_r`` (µs), ``zmax`` ≥ every ``C_r``, and the objective
+        ``zmax + EPS · Σ_r C_r``."""
+        lp, n = self.lp, self.cat.n
+        launch = 3 * self.cat.cost.launch_s * US
         self.zmax = zmax = _new(lp, "zmax", 0)
         self.C = []
         for r in range(n):

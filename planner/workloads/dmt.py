@@ -129,34 +129,210 @@ def build_sptt_workload(task: ShardingTask, devices: int, layout: TowerLayout,
                         host_plans: Sequence[HostPlan]) -> tuple[Workload, dict]:
     """The SPTT step as a :class:`Workload` and its byte totals per exchange."""
     problem = prepare(task, devices)
-    model = task.model
     groups = host_groups(problem)
     H, G = len(groups), len(groups[0])
     if (H, G) != (layout.hosts, layout.gpus_per_host):
         raise ValueError(f"layout for {layout.hosts}×{layout.gpus_per_host}, problem {H}×{G}")
-    cfg = problem.cost.config
-    obytes = problem.cost.out_bytes
-    B = model.batch_size / devices
-    dense = model.dense
-    dtype = dense.dtype if dense is not None else "fp32"
-    fl = _mlp_flops(model, top_input_dims(model, layout), B)
-    tm = layout.module
-    w = Workload(name=f"dlrm-sptt:{model.name}")
-    totals = {"ids_cross": 0.0, "ids_intra": 0.0, "pooled_intra_fwd": 0.0,
-              "pooled_cross_fwd": 0.0, "pooled_cross_bwd": 0.0, "pooled_intra_bwd": 0.0,
-              "tm_params": 0.0}
+    sb = _SpttBuilder(problem, task.model, devices, layout, groups, host_plans)
+    # 1 cross-host ids (B samples × tower ids to each peer)
+    ids_x = sb.cross("ids_cross", sb.B * sb.ids_ps, lambda g: None)
+    bottom = sb.bottom_mlp_fwd()
+    tmf = sb.towers_fwd(ids_x)
+    # 6 cross-host return of module outputs (B samples × D'_t to each peer)
+    ret = sb.cross("pooled_cross_fwd", sb.B * sb.out_w * sb.obytes,
+                   lambda g: [tmf[groups[h][g]] for h in range(H)])
+    top_bwd = sb.top_mlp(tmf, ret, bottom)
+    bottom_bwd = sb.bottom_mlp_bwd(top_bwd)
+    grad_x = sb.cross("pooled_cross_bwd", sb.B * sb.out_w * sb.obytes,
+                      lambda g: [top_bwd[groups[h][g]] for h in range(H)], transpose=True)
+    sb.towers_bwd(top_bwd, bottom_bwd, grad_x)
+    return sb.w, sb.totals
 
-    # per host: ids bytes per sample, module output width, module flops and params
-    ids_ps = np.array([_id_bytes_per_sample(model, layout.host_tables(h), cfg) for h in range(H)])
-    out_w = np.array([sum(tw.out_width for tw in layout.host_towers(h)) for h in range(H)],
-                     dtype=float)
-    tm_flops = [sum(tm.flops_fwd(tw.dims, samples=H * B) for tw in layout.host_towers(h))
-                for h in range(H)]
-    tm_params = [sum(tm.param_count(tw.dims) for tw in layout.host_towers(h))
-                 for h in range(H)]
-    totals["tm_params"] = float(sum(tm_params))
-    off = 1.0 - np.eye(H)
-    # sub-plan features per host (local ranks 0..G-1)
+
+class _SpttBuilder:
+    """Adds the ops of one SPTT step to ``w`` (see the module docstring) and sums the bytes of
+    each exchange in ``totals``. ``B``: samples per rank; per host ``h``: ``ids_ps[h]`` id
+    bytes per sample, ``out_w[h]`` module output width, ``tm_flops[h]``, ``tm_params[h]``."""
+
+    def __init__(self, problem: Problem, model: ModelSpec, devices: int, layout: TowerLayout,
+                 groups, host_plans: Sequence[HostPlan]) -> None:
+        H, G = len(groups), len(groups[0])
+        self.groups, self.H, self.G, self.devices = groups, H, G, devices
+        cfg = problem.cost.config
+        self.obytes = problem.cost.out_bytes
+        B = self.B = model.batch_size / devices
+        dense = model.dense
+        self.dtype = dense.dtype if dense is not None else "fp32"
+        self.fl = _mlp_flops(model, top_input_dims(model, layout), B)
+        tm = layout.module
+        self.w = Workload(name=f"dlrm-sptt:{model.name}")
+        self.totals = {"ids_cross": 0.0, "ids_intra": 0.0, "pooled_intra_fwd": 0.0,
+                       "pooled_cross_fwd": 0.0, "pooled_cross_bwd": 0.0, "pooled_intra_bwd": 0.0,
+                       "tm_params": 0.0}
+        # per host: ids bytes per sample, module output width, module flops and params
+        self.ids_ps = np.array([_id_bytes_per_sample(model, layout.host_tables(h), cfg)
+                                for h in range(H)])
+        self.out_w = np.array([sum(tw.out_width for tw in layout.host_towers(h))
+                               for h in range(H)], dtype=float)
+        self.tm_flops = [sum(tm.flops_fwd(tw.dims, samples=H * B) for tw in layout.host_towers(h))
+                         for h in range(H)]
+        self.tm_params = [sum(tm.param_count(tw.dims) for tw in layout.host_towers(h))
+                          for h in range(H)]
+        self.totals["tm_params"] = float(sum(self.tm_params))
+        self.off = 1.0 - np.eye(H)
+        self.sub = _host_subplans(host_plans, G)
+        self.launch = problem.cost.launch_s
+        self.hbm = problem.cost.hbm_Bps
+
+    def cross(self, name: str, per_dest: np.ndarray, deps_of, *, transpose: bool = False):
+        """One all-to-all per local index g over the cross-host group; ``per_dest[h']`` is what
+        each rank sends to host h' (its peer there); ``transpose``: the reverse direction."""
+        H, G, groups = self.H, self.G, self.groups
+        ops = []
+        mat = per_dest[None, :] * self.off
+        if transpose:
+            mat = mat.T.copy()
+        if H < 2:
+            return [None] * G
+        for g in range(G):
+            ranks = [groups[h][g] for h in range(H)]
+            ops.append(self.w.collective("alltoall", ranks, float(mat.sum(axis=1).max()),
+                                         name=f"{name}_g{g}", splits=mat, deps=deps_of(g),
+                                         stream="comm", category="a2a_cross"))
+        totals_key = {"ids_cross": "ids_cross", "pooled_cross_fwd": "pooled_cross_fwd",
+                      "pooled_cross_bwd": "pooled_cross_bwd"}[name]
+        self.totals[totals_key] += float(mat.sum()) * G
+        return ops
+
+    def intra(self, name: str, key: str, h: int, deps, total_key: str):
+        """The all-to-all ``key`` of host ``h``'s sub-plan inside the host (None: nothing)."""
+        if self.sub[h] is None or self.G < 2:
+            return None
+        mat = self.sub[h][2][key]
+        self.totals[total_key] += float(mat.sum())
+        return self.w.collective("alltoall", self.groups[h], float(mat.sum(axis=1).max()),
+                                 name=f"{name}_h{h}", splits=mat, deps=deps, stream="comm",
+                                 category="a2a_intra")
+
+    def lookup_time(self, h: int, i: int, col: int) -> float:
+        """Seconds of feature ``col`` (lookups forward or backward) of local rank ``i`` of
+        host ``h`` in its sub-plan (0 without one)."""
+        if self.sub[h] is None:
+            return 0.0
+        sp, F, _ = self.sub[h]
+        return float(F[i, col])
+
+    def _row_wise_bytes(self, h: int) -> float:
+        """Bytes of host ``h``'s row-wise reduce-scatter (forward) and all-gather (backward);
+        0 when it has none."""
+        if self.sub[h] is not None and self.sub[h][1][0, F_RW] > 0 and self.G > 1:
+            return float(self.sub[h][1][0, F_RW])
+        return 0.0
+
+    def bottom_mlp_fwd(self) -> dict:
+        """The bottom MLP's forward on every rank (when it has any FLOPs): op id per rank."""
+        bottom = {}
+        for h in range(self.H):
+            for r in self.groups[h]:
+                if self.fl["bottom"]:
+                    bottom[r] = self.w.compute(r, "bottom_mlp_fwd", flops=self.fl["bottom"],
+                                               dtype=self.dtype, category="mlp_fwd")
+        return bottom
+
+    def towers_fwd(self, ids_x: list) -> dict:
+        """Steps 2-5 on every host: ids inside the host, lookups, pooled embeddings to the
+        tower owners (row-wise: reduce-scatter), the tower module; its op id per rank."""
+        w, fwd, tmf = self.w, {}, {}
+        for h in range(self.H):
+            mem = self.groups[h]
+            d1 = [x for x in ids_x if x is not None]
+            ids_i = self.intra("ids_intra", "input", h, d1, "ids_intra")
+            for i, r in enumerate(mem):
+                t = self.lookup_time(h, i, F_FWD)
+                deps = [ids_i] if ids_i is not None else d1
+                fwd[r] = w.compute(r, "lookups_fwd", duration_s=t + self.launch if t else 0.0,
+                                   bytes_moved=t * self.hbm, deps=deps, category="emb_fwd")
+            out_i = self.intra("pooled_intra_fwd", "output_fwd", h, [fwd[r] for r in mem],
+                               "pooled_intra_fwd")
+            rs_i, rw = None, self._row_wise_bytes(h)
+            if rw:
+                rs_i = w.collective("reducescatter", mem, rw,
+                                    name=f"rw_rs_h{h}", deps=[fwd[r] for r in mem],
+                                    stream="comm", category="rw_comm")
+            for r in mem:
+                deps = [fwd[r]] + [x for x in (out_i, rs_i) if x is not None]
+                tmf[r] = w.compute(r, "tower_module_fwd", flops=self.tm_flops[h],
+                                   dtype=self.dtype, deps=deps, category="tm_fwd") \
+                    if self.tm_flops[h] else \
+                    w.compute(r, "tower_gather", duration_s=0.0, deps=deps, category="tm_fwd")
+        return tmf
+
+    def top_mlp(self, tmf: dict, ret: list, bottom: dict) -> dict:
+        """Step 7 and its backward on every rank: the interaction and top MLP forward and
+        backward; the backward's op id per rank."""
+        top_fwd, top_bwd = {}, {}
+        fl, dtype = self.fl, self.dtype
+        for h in range(self.H):
+            for g, r in enumerate(self.groups[h]):
+                deps = [tmf[r]] + [x for x in (ret[g], bottom.get(r)) if x is not None]
+                top_fwd[r] = self.w.compute(r, "interaction_top_mlp_fwd", flops=fl["top"],
+                                            dtype=dtype, deps=deps, category="mlp_fwd")
+                top_bwd[r] = self.w.compute(r, "top_mlp_interaction_bwd", flops=2 * fl["top"],
+                                            dtype=dtype, deps=[top_fwd[r]], category="mlp_bwd")
+        return top_bwd
+
+    def bottom_mlp_bwd(self, top_bwd: dict) -> dict:
+        """The bottom MLP's backward on every rank and the dense all-reduce over all ranks;
+        the op each rank's tower backward waits for, per rank."""
+        bottom_bwd = {}
+        fl = self.fl
+        for h in range(self.H):
+            for r in self.groups[h]:
+                # issued before the tower backward so that, as in the flat step, the dense
+                # all-reduce can start while the tower gradients travel
+                bottom_bwd[r] = (self.w.compute(r, "bottom_mlp_bwd", flops=2 * fl["bottom"],
+                                                dtype=self.dtype, deps=[top_bwd[r]],
+                                                category="mlp_bwd")
+                                 if fl["bottom"] else top_bwd[r])
+        if fl["params"] > 0 and self.devices > 1:
+            self.w.collective("allreduce", list(range(self.devices)), fl["params"] * 4.0,
+                              name="dense_allreduce", deps=list(bottom_bwd.values()),
+                              stream="comm:dp", category="dense_allreduce")
+        return bottom_bwd
+
+    def towers_bwd(self, top_bwd: dict, bottom_bwd: dict, grad_x: list) -> None:
+        """Steps 5-3 backward on every host: the tower module (its weight gradient all-reduced
+        in the host), pooled gradients to the shard owners (row-wise: all-gather), lookups."""
+        w, dtype = self.w, self.dtype
+        for h in range(self.H):
+            mem = self.groups[h]
+            tmb = {}
+            for g, r in enumerate(mem):
+                deps = [top_bwd[r]] + ([grad_x[g]] if grad_x[g] is not None else [])
+                tmb[r] = w.compute(r, "tower_module_bwd", flops=2 * self.tm_flops[h],
+                                   dtype=dtype, deps=deps, category="tm_bwd") \
+                    if self.tm_flops[h] else \
+                    w.compute(r, "tower_scatter", duration_s=0.0, deps=deps, category="tm_bwd")
+            if self.tm_params[h] and self.G > 1:
+                w.collective("allreduce", mem, self.tm_params[h] * 4.0, name=f"tm_allreduce_h{h}",
+                             deps=[tmb[r] for r in mem], stream="comm:tm",
+                             category="tm_allreduce")
+            gi = self.intra("pooled_intra_bwd", "output_bwd", h, [tmb[r] for r in mem],
+                            "pooled_intra_bwd")
+            ag, rw = None, self._row_wise_bytes(h)
+            if rw:
+                ag = w.collective("allgather", mem, rw, name=f"rw_ag_h{h}",
+                                  deps=[tmb[r] for r in mem], stream="comm", category="rw_comm")
+            for i, r in enumerate(mem):
+                t = self.lookup_time(h, i, F_BWD)
+                deps = [bottom_bwd[r], tmb[r]] + [x for x in (gi, ag) if x is not None]
+                w.compute(r, "lookups_bwd", duration_s=t + 2 * self.launch if t else 0.0,
+                          bytes_moved=t * self.hbm, deps=deps, category="emb_bwd")
+
+
+def _host_subplans(host_plans: Sequence[HostPlan], G: int) -> list:
+    """Per host: None without a sub-plan, else its prepared problem on the ``G`` local ranks,
+    its per-rank features and its all-to-all byte matrices."""
     sub = []
     for hp in host_plans:
         if hp.plan is None:
@@ -165,122 +341,7 @@ def build_sptt_workload(task: ShardingTask, devices: int, layout: TowerLayout,
         sp = prepare(hp.task, G)
         F = sp.cost.plan_features(hp.plan.shardings)
         sub.append((sp, F, sp.cost.a2a_matrices(F)))
-
-    def cross(name: str, per_dest: np.ndarray, deps_of, *, transpose: bool = False):
-        """One all-to-all per local index g over the cross-host group; ``per_dest[h']`` is what
-        each rank sends to host h' (its peer there); ``transpose``: the reverse direction."""
-        ops = []
-        mat = per_dest[None, :] * off
-        if transpose:
-            mat = mat.T.copy()
-        if H < 2:
-            return [None] * G
-        for g in range(G):
-            ranks = [groups[h][g] for h in range(H)]
-            ops.append(w.collective("alltoall", ranks, float(mat.sum(axis=1).max()),
-                                    name=f"{name}_g{g}", splits=mat, deps=deps_of(g),
-                                    stream="comm", category="a2a_cross"))
-        totals_key = {"ids_cross": "ids_cross", "pooled_cross_fwd": "pooled_cross_fwd",
-                      "pooled_cross_bwd": "pooled_cross_bwd"}[name]
-        totals[totals_key] += float(mat.sum()) * G
-        return ops
-
-    def intra(name: str, key: str, h: int, deps, total_key: str):
-        if sub[h] is None or G < 2:
-            return None
-        mat = sub[h][2][key]
-        totals[total_key] += float(mat.sum())
-        return w.collective("alltoall", groups[h], float(mat.sum(axis=1).max()),
-                            name=f"{name}_h{h}", splits=mat, deps=deps, stream="comm",
-                            category="a2a_intra")
-
-    def lookup_time(h: int, i: int, col: int) -> float:
-        if sub[h] is None:
-            return 0.0
-        sp, F, _ = sub[h]
-        return float(F[i, col])
-
-    launch = problem.cost.launch_s
-    hbm = problem.cost.hbm_Bps
-    # 1 cross-host ids (B samples × tower ids to each peer)
-    ids_x = cross("ids_cross", B * ids_ps, lambda g: None)
-    bottom = {}
-    for h in range(H):
-        for r in groups[h]:
-            if fl["bottom"]:
-                bottom[r] = w.compute(r, "bottom_mlp_fwd", flops=fl["bottom"], dtype=dtype,
-                                      category="mlp_fwd")
-    fwd, ids_i, out_i, rs_i, tmf = {}, {}, {}, {}, {}
-    for h in range(H):
-        mem = groups[h]
-        d1 = [x for x in ids_x if x is not None]
-        ids_i[h] = intra("ids_intra", "input", h, d1, "ids_intra")
-        for i, r in enumerate(mem):
-            t = lookup_time(h, i, F_FWD)
-            deps = [ids_i[h]] if ids_i[h] is not None else d1
-            fwd[r] = w.compute(r, "lookups_fwd", duration_s=t + launch if t else 0.0,
-                               bytes_moved=t * hbm, deps=deps, category="emb_fwd")
-        out_i[h] = intra("pooled_intra_fwd", "output_fwd", h, [fwd[r] for r in mem],
-                         "pooled_intra_fwd")
-        rs_i[h] = None
-        if sub[h] is not None and sub[h][1][0, F_RW] > 0 and G > 1:
-            rs_i[h] = w.collective("reducescatter", mem, float(sub[h][1][0, F_RW]),
-                                   name=f"rw_rs_h{h}", deps=[fwd[r] for r in mem],
-                                   stream="comm", category="rw_comm")
-        for r in mem:
-            deps = [fwd[r]] + [x for x in (out_i[h], rs_i[h]) if x is not None]
-            tmf[r] = w.compute(r, "tower_module_fwd", flops=tm_flops[h], dtype=dtype,
-                               deps=deps, category="tm_fwd") if tm_flops[h] else \
-                w.compute(r, "tower_gather", duration_s=0.0, deps=deps, category="tm_fwd")
-    # 6 cross-host return of module outputs (B samples × D'_t to each peer)
-    ret = cross("pooled_cross_fwd", B * out_w * obytes,
-                lambda g: [tmf[groups[h][g]] for h in range(H)])
-    top_fwd, top_bwd = {}, {}
-    for h in range(H):
-        for g, r in enumerate(groups[h]):
-            deps = [tmf[r]] + [x for x in (ret[g], bottom.get(r)) if x is not None]
-            top_fwd[r] = w.compute(r, "interaction_top_mlp_fwd", flops=fl["top"], dtype=dtype,
-                                   deps=deps, category="mlp_fwd")
-            top_bwd[r] = w.compute(r, "top_mlp_interaction_bwd", flops=2 * fl["top"],
-                                   dtype=dtype, deps=[top_fwd[r]], category="mlp_bwd")
-    bottom_bwd = {}
-    for h in range(H):
-        for r in groups[h]:
-            # issued before the tower backward so that, as in the flat step, the dense
-            # all-reduce can start while the tower gradients travel
-            bottom_bwd[r] = (w.compute(r, "bottom_mlp_bwd", flops=2 * fl["bottom"], dtype=dtype,
-                                       deps=[top_bwd[r]], category="mlp_bwd")
-                             if fl["bottom"] else top_bwd[r])
-    if fl["params"] > 0 and devices > 1:
-        w.collective("allreduce", list(range(devices)), fl["params"] * 4.0,
-                     name="dense_allreduce", deps=list(bottom_bwd.values()), stream="comm:dp",
-                     category="dense_allreduce")
-    grad_x = cross("pooled_cross_bwd", B * out_w * obytes,
-                   lambda g: [top_bwd[groups[h][g]] for h in range(H)], transpose=True)
-    bwd = {}
-    for h in range(H):
-        mem = groups[h]
-        tmb = {}
-        for g, r in enumerate(mem):
-            deps = [top_bwd[r]] + ([grad_x[g]] if grad_x[g] is not None else [])
-            tmb[r] = w.compute(r, "tower_module_bwd", flops=2 * tm_flops[h], dtype=dtype,
-                               deps=deps, category="tm_bwd") if tm_flops[h] else \
-                w.compute(r, "tower_scatter", duration_s=0.0, deps=deps, category="tm_bwd")
-        if tm_params[h] and G > 1:
-            w.collective("allreduce", mem, tm_params[h] * 4.0, name=f"tm_allreduce_h{h}",
-                         deps=[tmb[r] for r in mem], stream="comm:tm", category="tm_allreduce")
-        gi = intra("pooled_intra_bwd", "output_bwd", h, [tmb[r] for r in mem],
-                   "pooled_intra_bwd")
-        ag = None
-        if sub[h] is not None and sub[h][1][0, F_RW] > 0 and G > 1:
-            ag = w.collective("allgather", mem, float(sub[h][1][0, F_RW]), name=f"rw_ag_h{h}",
-                              deps=[tmb[r] for r in mem], stream="comm", category="rw_comm")
-        for i, r in enumerate(mem):
-            t = lookup_time(h, i, F_BWD)
-            deps = [bottom_bwd[r], tmb[r]] + [x for x in (gi, ag) if x is not None]
-            bwd[r] = w.compute(r, "lookups_bwd", duration_s=t + 2 * launch if t else 0.0,
-                               bytes_moved=t * hbm, deps=deps, category="emb_bwd")
-    return w, totals
+    return sub
 
 
 def with_a2a_algo(w: Workload, algo: str) -> Workload:

@@ -163,232 +163,364 @@ MAX_GPUS = 262_144
 
 
 def _build_generated(f: Fields, *, gpu: GPUSpec, comm: CommProfile) -> Topology:
+    """Build a generated topology: ``nodes`` hosts per building from ``node:``, joined by the
+    switching tiers of ``fabric:``, and the buildings of ``buildings:`` by a wide-area level."""
     nodes = f.int("nodes", 1, minimum=1, maximum=MAX_GPUS)
-    nf = f.sub("node", required=True)
-    nf.check_keys({"gpus", "interconnect", "nvlink_bandwidth", "nvlink_latency", "pcie_bandwidth",
-                   "pcie_latency", "loopback_bandwidth", "loopback_latency", "nics", "nic_bandwidth", "nic_latency", "in_switch_reduction"})
-    G = nf.int("gpus", required=True, minimum=1, maximum=1024)
-    if nodes * G > MAX_GPUS:
-        raise f.err("nodes", f"{nodes:,} nodes × {G} GPUs = {nodes * G:,} GPUs in a building is "
-                    f"more than the {MAX_GPUS:,} a topology may hold",
-                    f"use at most {MAX_GPUS // G:,} nodes")
-    inter = nf.str("interconnect", "nvswitch", choices=("nvswitch", "pcie", "loopback"))
+    node = _NodeSpec(f, nodes, gpu)
+    rail_opt, tiers = _read_fabric(f, node, nodes)
+    bld = _Buildings(f, nodes * node.gpus, tiers)
+    if tiers:
+        _size_top_tier(f, nodes, tiers)
+
+    links = _Links()
+    devices: dict[str, dict] = {}
+    hosts = _add_hosts(links, devices, node, nodes, bld.count, gpu)
+    levels = _add_fabric(links, devices, node, nodes, bld, rail_opt, tiers)
+
+    hier = _hierarchy(node, nodes, bld.count, hosts, levels)
+    params = {"nodes": nodes, "gpus_per_node": node.gpus, "nics_per_node": node.nics,
+              "buildings": bld.count, "rail_optimized": rail_opt}
+    if bld.count > 1:
+        params.update(wan_link_Bps=bld.bandwidth_Bps, wan_goodput_Bps=bld.goodput_Bps,
+                      wan_loss_rate=bld.loss_rate)
+    return Topology(name=f.str("name", "unnamed"), source=f.source, gpu=gpu, devices=devices,
+                    gpus=tuple(hosts.gpus), links=links.table(), comm=comm,
+                    tiers=tuple(levels.tiers), hierarchy=hier, params=params,
+                    description=f.str("description", "") or "")
+
+
+class _NodeSpec:
+    """One host of a generated topology, read from ``node:``: GPUs, NICs, and the bandwidth
+    (bytes/s) and latency (seconds) of its GPU-switch, PCIe and NIC links."""
+
+    __slots__ = ("fields", "gpus", "interconnect", "intra_Bps", "intra_latency_s", "intra_kind",
+                 "pcie_Bps", "pcie_latency_s", "nics", "nic_Bps", "nic_latency_s", "reduces")
+
+    def __init__(self, f: Fields, nodes: int, gpu: GPUSpec) -> None:
+        """Read and check ``node:`` for ``nodes`` hosts per building (``f``: the whole mapping)."""
+        nf = self.fields = f.sub("node", required=True)
+        nf.check_keys({"gpus", "interconnect", "nvlink_bandwidth", "nvlink_latency",
+                       "pcie_bandwidth", "pcie_latency", "loopback_bandwidth", "loopback_latency",
+                       "nics", "nic_bandwidth", "nic_latency", "in_switch_reduction"})
+        G = self.gpus = nf.int("gpus", required=True, minimum=1, maximum=1024)
+        if nodes * G > MAX_GPUS:
+            raise f.err("nodes", f"{nodes:,} nodes × {G} GPUs = {nodes * G:,} GPUs in a building "
+                        f"is more than the {MAX_GPUS:,} a topology may hold",
+                        f"use at most {MAX_GPUS // G:,} nodes")
+        inter = self.interconnect = nf.str("interconnect", "nvswitch",
+                                           choices=("nvswitch", "pcie", "loopback"))
+        self.intra_Bps, self.intra_latency_s, self.intra_kind = _read_interconnect(nf, inter, gpu)
+        self.pcie_Bps = nf.bandwidth("pcie_bandwidth", "25 GB/s") if inter == "nvswitch" \
+            else self.intra_Bps
+        self.pcie_latency_s = nf.time("pcie_latency", "1 us")
+        R = self.nics = nf.int("nics", 0, minimum=0)
+        if R > G:
+            raise nf.err("nics", f"{R} NICs for {G} GPUs per node is not supported",
+                         "use at most one NIC per GPU (aggregate dual-port NICs into one)")
+        self.nic_Bps = nf.bandwidth("nic_bandwidth", required=R > 0) if R else 0.0
+        self.nic_latency_s = nf.time("nic_latency", "1 us")
+        self.reduces = nf.bool("in_switch_reduction", False)
+        if self.reduces and inter != "nvswitch":
+            raise nf.err("in_switch_reduction", "in-switch reduction needs an NVSwitch",
+                         "set interconnect: nvswitch or in_switch_reduction: false")
+
+
+def _read_interconnect(nf: Fields, inter: str, gpu: GPUSpec) -> tuple[float, float, str]:
+    """Bandwidth (bytes/s), latency (seconds) and link kind of one GPU's link to its node's
+    switch for the ``interconnect`` ``inter``."""
     if inter == "nvswitch":
         intra_bw = nf.bandwidth("nvlink_bandwidth", gpu.nvlink_bandwidth_Bps or None)
         if intra_bw is None:
             raise nf.err("nvlink_bandwidth", f"GPU {gpu.name} has no NVLink bandwidth",
                          "set node.nvlink_bandwidth or use interconnect: pcie")
-        intra_lat, intra_kind = nf.time("nvlink_latency", "0.7 us"), "nvlink"
-    elif inter == "pcie":
+        return intra_bw, nf.time("nvlink_latency", "0.7 us"), "nvlink"
+    if inter == "pcie":
         intra_bw = nf.bandwidth("pcie_bandwidth", required=True)
-        intra_lat, intra_kind = nf.time("pcie_latency", "1 us"), "pcie"
-    else:
-        intra_bw = nf.bandwidth("loopback_bandwidth", required=True)
-        intra_lat, intra_kind = nf.time("loopback_latency", "10 us"), "loopback"
-    pcie_bw = nf.bandwidth("pcie_bandwidth", "25 GB/s") if inter == "nvswitch" else intra_bw
-    pcie_lat = nf.time("pcie_latency", "1 us")
-    R = nf.int("nics", 0, minimum=0)
-    if R > G:
-        raise nf.err("nics", f"{R} NICs for {G} GPUs per node is not supported",
-                     "use at most one NIC per GPU (aggregate dual-port NICs into one)")
-    nic_bw = nf.bandwidth("nic_bandwidth", required=R > 0) if R else 0.0
-    nic_lat = nf.time("nic_latency", "1 us")
-    reduces = nf.bool("in_switch_reduction", False)
-    if reduces and inter != "nvswitch":
-        raise nf.err("in_switch_reduction", "in-switch reduction needs an NVSwitch",
-                     "set interconnect: nvswitch or in_switch_reduction: false")
+        return intra_bw, nf.time("pcie_latency", "1 us"), "pcie"
+    intra_bw = nf.bandwidth("loopback_bandwidth", required=True)
+    return intra_bw, nf.time("loopback_latency", "10 us"), "loopback"
 
+
+def _read_fabric(f: Fields, node: _NodeSpec, nodes: int) -> tuple[bool, list[dict]]:
+    """``fabric:``: whether it is rail-optimised, and its tiers from the leaves up, each a dict
+    ``name, size`` (units below one switch; None for a top tier to derive), ``over`` (uplink
+    oversubscription) and ``lat`` (seconds)."""
     ff = f.sub("fabric")
     ff.check_keys({"rail_optimized", "tiers"})
     rail_opt = ff.bool("rail_optimized", True)
     tiers_raw = ff.data.get("tiers") or []
     if not isinstance(tiers_raw, list):
         raise ff.err("tiers", "expected a list of tiers", "write '- {name: leaf, size: 32}' items")
-    if nodes > 1 and R == 0:
-        raise nf.err("nics", f"{nodes} nodes but no NICs to connect them",
-                     "set node.nics and node.nic_bandwidth")
+    if nodes > 1 and node.nics == 0:
+        raise node.fields.err("nics", f"{nodes} nodes but no NICs to connect them",
+                              "set node.nics and node.nic_bandwidth")
     if nodes > 1 and not tiers_raw:
         raise ff.err("tiers", f"{nodes} nodes but no switching tiers",
                      "add fabric.tiers, e.g. [{name: leaf}]")
-    tiers = []
-    for i, t in enumerate(tiers_raw):
-        if not isinstance(t, Mapping):
-            raise ff.err(f"tiers[{i}]", f"expected a mapping, got {t!r}", "write {name: leaf, size: 32}")
-        tf = Fields(t, f.source, ff.path(f"tiers[{i}]"))
-        tf.check_keys({"name", "size", "uplink_oversubscription", "latency"})
-        last = i == len(tiers_raw) - 1
-        size = tf.int("size", None, minimum=1)
-        if size is None and not last:
-            raise tf.err("size", "missing field (only the top tier may omit it)",
-                         "give the number of units below one switch unit")
-        tiers.append({"name": tf.str("name", f"tier{i}"), "size": size,
-                      "over": tf.float("uplink_oversubscription", 1.0, minimum=1e-9, exclusive=True),
-                      "lat": tf.time("latency", "0.6 us")})
-    bf = f.sub("buildings")
-    bf.check_keys({"count", "links", "link_bandwidth", "latency", "loss_rate", "flows_per_link",
-                   "segment_size"})
-    B = bf.int("count", 1, minimum=1, maximum=64)
-    if B * nodes * G > MAX_GPUS:
-        raise bf.err("count", f"{B} buildings × {nodes * G:,} GPUs = {B * nodes * G:,} GPUs is more "
-                     f"than the {MAX_GPUS:,} a topology may hold",
-                     f"use at most {max(1, MAX_GPUS // (nodes * G))} buildings or fewer nodes")
-    if B > 1:
-        if not tiers:
-            raise f.err("fabric.tiers", "several buildings need a fabric", "add fabric.tiers")
-        wan_links = bf.int("links", required=True, minimum=1)
-        wan_bw = bf.bandwidth("link_bandwidth", required=True)
-        wan_lat = bf.time("latency", required=True)
-        loss = bf.float("loss_rate", 0.0, minimum=0.0, maximum=0.5)
-        wan_goodput = wan_link_goodput(wan_bw, wan_lat, loss,
-                                       flows=bf.int("flows_per_link", 4, minimum=1),
-                                       segment_bytes=bf.bytes("segment_size", "4 KiB"))
+    return rail_opt, [_read_tier(f, ff, i, t, last=i == len(tiers_raw) - 1)
+                      for i, t in enumerate(tiers_raw)]
 
-    # capacity check: product of sizes below the top tier
-    if tiers:
-        cap = 1
-        for t in tiers[:-1]:
-            cap *= t["size"]
-        top_size = tiers[-1]["size"]
-        need_top = math.ceil(nodes / cap)
-        if top_size is not None and top_size < need_top:
-            raise f.err("nodes", f"{nodes} nodes per building exceed the fabric's "
-                        f"{cap * top_size} ({' × '.join(str(t['size']) for t in tiers)})",
-                        "raise the top tier's size or remove it so it is derived")
-        tiers[-1]["size"] = need_top
 
-    links = _Links()
-    devices: dict[str, dict] = {}
-    n_total = nodes * B
-    gpus: list[str] = []
-    node_of_gpu = np.repeat(np.arange(n_total), G)
-    local = np.tile(np.arange(G), n_total)
+def _read_tier(f: Fields, ff: Fields, i: int, t: Any, *, last: bool) -> dict:
+    """Tier ``i`` of ``fabric.tiers`` as a dict (see :func:`_read_fabric`)."""
+    if not isinstance(t, Mapping):
+        raise ff.err(f"tiers[{i}]", f"expected a mapping, got {t!r}",
+                     "write {name: leaf, size: 32}")
+    tf = Fields(t, f.source, ff.path(f"tiers[{i}]"))
+    tf.check_keys({"name", "size", "uplink_oversubscription", "latency"})
+    size = tf.int("size", None, minimum=1)
+    if size is None and not last:
+        raise tf.err("size", "missing field (only the top tier may omit it)",
+                     "give the number of units below one switch unit")
+    return {"name": tf.str("name", f"tier{i}"), "size": size,
+            "over": tf.float("uplink_oversubscription", 1.0, minimum=1e-9, exclusive=True),
+            "lat": tf.time("latency", "0.6 us")}
+
+
+class _Buildings:
+    """``buildings:``: how many, and (with more than one) the wide-area links joining them:
+    ``links`` per building, their line rate and loss-limited goodput (bytes/s), latency (s)."""
+
+    __slots__ = ("count", "links", "bandwidth_Bps", "latency_s", "loss_rate", "goodput_Bps")
+
+    def __init__(self, f: Fields, gpus_per_building: int, tiers: list[dict]) -> None:
+        """Read and check ``buildings:`` of ``f`` (the whole mapping)."""
+        bf = f.sub("buildings")
+        bf.check_keys({"count", "links", "link_bandwidth", "latency", "loss_rate",
+                       "flows_per_link", "segment_size"})
+        B = self.count = bf.int("count", 1, minimum=1, maximum=64)
+        if B * gpus_per_building > MAX_GPUS:
+            raise bf.err("count", f"{B} buildings × {gpus_per_building:,} GPUs = "
+                         f"{B * gpus_per_building:,} GPUs is more "
+                         f"than the {MAX_GPUS:,} a topology may hold",
+                         f"use at most {max(1, MAX_GPUS // gpus_per_building)} buildings or "
+                         "fewer nodes")
+        self.links = self.bandwidth_Bps = self.latency_s = None
+        self.loss_rate = self.goodput_Bps = None
+        if B > 1:
+            if not tiers:
+                raise f.err("fabric.tiers", "several buildings need a fabric", "add fabric.tiers")
+            self.links = bf.int("links", required=True, minimum=1)
+            self.bandwidth_Bps = bf.bandwidth("link_bandwidth", required=True)
+            self.latency_s = bf.time("latency", required=True)
+            self.loss_rate = bf.float("loss_rate", 0.0, minimum=0.0, maximum=0.5)
+            self.goodput_Bps = wan_link_goodput(
+                self.bandwidth_Bps, self.latency_s, self.loss_rate,
+                flows=bf.int("flows_per_link", 4, minimum=1),
+                segment_bytes=bf.bytes("segment_size", "4 KiB"))
+
+
+def _size_top_tier(f: Fields, nodes: int, tiers: list[dict]) -> None:
+    """Set the top tier's size to the units it needs for ``nodes`` per building; an error when
+    a given top size is too small (capacity: the product of the sizes below the top tier)."""
+    cap = 1
+    for t in tiers[:-1]:
+        cap *= t["size"]
+    top_size = tiers[-1]["size"]
+    need_top = math.ceil(nodes / cap)
+    if top_size is not None and top_size < need_top:
+        raise f.err("nodes", f"{nodes} nodes per building exceed the fabric's "
+                    f"{cap * top_size} ({' × '.join(str(t['size']) for t in tiers)})",
+                    "raise the top tier's size or remove it so it is derived")
+    tiers[-1]["size"] = need_top
+
+
+def _building_prefix(b: int, buildings: int) -> str:
+    """Device-name prefix of building ``b``: ``b3/`` when there are several, else empty."""
+    return f"b{b}/" if buildings > 1 else ""
+
+
+class _HostLinks:
+    """What :func:`_add_hosts` built: GPU names by rank, each node's switch, and per GPU the
+    link ids of its switch link and of its PCIe link to its NIC (-1: none), both directions."""
+
+    __slots__ = ("gpus", "node_switch", "gpu_up", "gpu_down", "gpu_nic_up", "gpu_nic_down",
+                 "rail_of_local")
+
+    def __init__(self, n_gpus: int, rail_of_local: np.ndarray) -> None:
+        self.gpus: list[str] = []
+        self.node_switch: list[str] = []
+        self.gpu_up = np.empty(n_gpus, dtype=np.int64)
+        self.gpu_down = np.empty_like(self.gpu_up)
+        self.gpu_nic_up = np.full_like(self.gpu_up, -1)
+        self.gpu_nic_down = np.full_like(self.gpu_up, -1)
+        self.rail_of_local = rail_of_local
+
+
+def _add_hosts(links: _Links, devices: dict, node: _NodeSpec, nodes: int, buildings: int,
+               gpu: GPUSpec) -> _HostLinks:
+    """Add every host's switch, GPUs and NICs to ``devices`` and their links to ``links``."""
+    G, R, inter = node.gpus, node.nics, node.interconnect
+    n_total = nodes * buildings
     rail_of_local = (np.arange(G) * R // G) if R else np.zeros(G, dtype=int)
-    gpu_up = np.empty(n_total * G, dtype=np.int64)
-    gpu_down = np.empty_like(gpu_up)
-    gpu_nic_up = np.full_like(gpu_up, -1)
-    gpu_nic_down = np.full_like(gpu_up, -1)
-    node_switch = []
-    nic_up = np.full(n_total * max(R, 1), -1, dtype=np.int64)
-    nic_down = np.full_like(nic_up, -1)
-    pre = (lambda b: f"b{b}/") if B > 1 else (lambda b: "")
+    out = _HostLinks(n_total * G, rail_of_local)
     sw_kind = {"nvswitch": "nvswitch", "pcie": "pcie_switch", "loopback": "cpu"}[inter]
     for n in range(n_total):
         b, nl = divmod(n, nodes)
-        host = f"{pre(b)}n{nl}"
+        host = f"{_building_prefix(b, buildings)}n{nl}"
         sw = f"{host}/{'nvswitch' if inter == 'nvswitch' else 'pcie' if inter == 'pcie' else 'cpu'}"
-        devices[sw] = {"kind": sw_kind, "node": n, "building": b, "reduces": reduces}
-        node_switch.append(sw)
+        devices[sw] = {"kind": sw_kind, "node": n, "building": b, "reduces": node.reduces}
+        out.node_switch.append(sw)
         for l in range(G):
             g = n * G + l
             gid = f"{host}/gpu{l}"
             devices[gid] = {"kind": "gpu" if gpu.name != "cpu" else "cpu", "node": n,
                             "building": b, "local": l, "rank": g}
-            gpus.append(gid)
-            gpu_up[g], gpu_down[g] = links.pair(gid, sw, intra_bw, intra_lat, intra_kind,
-                                                tier="node")
+            out.gpus.append(gid)
+            out.gpu_up[g], out.gpu_down[g] = links.pair(gid, sw, node.intra_Bps,
+                                                        node.intra_latency_s, node.intra_kind,
+                                                        tier="node")
         for r in range(R):
             nid = f"{host}/nic{r}"
             devices[nid] = {"kind": "nic", "node": n, "building": b, "rail": r}
         for l in range(G):
             if R:
                 g = n * G + l
-                gpu_nic_up[g], gpu_nic_down[g] = links.pair(
-                    gpus[g], f"{host}/nic{rail_of_local[l]}", pcie_bw, pcie_lat, "pcie", tier="node")
+                out.gpu_nic_up[g], out.gpu_nic_down[g] = links.pair(
+                    out.gpus[g], f"{host}/nic{rail_of_local[l]}", node.pcie_Bps,
+                    node.pcie_latency_s, "pcie", tier="node")
+    return out
 
-    # Switching levels: level 0 = NICs, level 1 = leaf switches (one per rail when rail-
-    # optimised), level k+1 = tier k, and a last "wan" level joining buildings.
-    node_unit: list[np.ndarray] = [np.arange(n_total)]
-    rail_mult: list[int] = [max(R, 1)]
-    up: list[np.ndarray] = [nic_up]
-    down: list[np.ndarray] = [nic_down]
-    names = ["nic"]
-    tier_summ: list[Tier] = []
-    if tiers and R:
-        bld = np.arange(n_total) // nodes
-        nib = np.arange(n_total) % nodes
-        div, ub, tier_unit = 1, [], []
-        for t in tiers:
-            div *= t["size"]
-            ub.append(math.ceil(nodes / div))
-            tier_unit.append(bld * ub[-1] + nib // div)
-        # leaf switches and NIC links
-        rails = range(R) if rail_opt else [None]
-        n_leaf = B * ub[0]
-        child_names = [f"{pre(u // ub[0])}{tiers[0]['name']}{u % ub[0]}"
-                       + (f"/rail{r}" if r is not None else "")
-                       for u in range(n_leaf) for r in rails]
-        for nm, u in zip(child_names, np.repeat(np.arange(n_leaf), len(rails))):
-            devices[nm] = {"kind": "switch", "tier": tiers[0]["name"], "building": int(u // ub[0])}
-        child_cap = np.zeros(len(child_names))
-        for n in range(n_total):
-            host = f"{pre(n // nodes)}n{n % nodes}"
-            for r in range(R):
-                sw_i = tier_unit[0][n] * R + r if rail_opt else tier_unit[0][n]
-                nic_up[n * R + r], nic_down[n * R + r] = links.pair(
-                    f"{host}/nic{r}", child_names[sw_i], nic_bw, nic_lat + tiers[0]["lat"], "nic",
-                    tier=tiers[0]["name"])
-                child_cap[sw_i] += nic_bw
-        node_unit.append(tier_unit[0])
-        rail_mult.append(R if rail_opt else 0)
-        names.append(tiers[0]["name"])
-        # the tier unit (per building numbering) of each child device
-        child_unit = np.repeat(np.arange(n_leaf), len(rails))
-        levels = len(tiers) + (1 if B > 1 else 0)
-        for k in range(1, levels):
-            below = tiers[k - 1]
-            if k < len(tiers):
-                t = tiers[k]
-                parent = (child_unit // ub[k - 1]) * ub[k] + (child_unit % ub[k - 1]) // t["size"]
-                n_par = B * ub[k]
-                parent_names = [f"{pre(u // ub[k])}{t['name']}{u % ub[k]}" for u in range(n_par)]
-                for u, nm in enumerate(parent_names):
-                    devices[nm] = {"kind": "switch", "tier": t["name"], "building": u // ub[k],
-                                   "aggregate": True}
-                caps = child_cap / below["over"]
-                lat, kind, cnt, tier_name = t["lat"], "fabric", 1, t["name"]
-                node_unit.append(tier_unit[k])
-                names.append(t["name"])
-            else:  # buildings joined through the wide-area level
-                parent = np.zeros(len(child_names), dtype=np.int64)
-                parent_names = ["wan"]
-                devices["wan"] = {"kind": "wan", "buildings": B}
-                caps = np.full(len(child_names), wan_links * wan_goodput)
-                lat, kind, cnt, tier_name = wan_lat, "wan", wan_links, "wan"
-                node_unit.append(np.zeros(n_total, dtype=np.int64))
-                names.append("wan")
-            up_k = np.empty(len(child_names), dtype=np.int64)
-            down_k = np.empty_like(up_k)
-            parent_cap = np.zeros(len(parent_names))
-            for c, cname in enumerate(child_names):
-                p = int(parent[c])
-                up_k[c], down_k[c] = links.pair(cname, parent_names[p], float(caps[c]), lat, kind,
-                                                count=cnt, tier=tier_name)
-                parent_cap[p] += caps[c]
-            tier_summ.append(Tier(name=below["name"], units=len(child_names),
-                                  down_Bps_per_unit=float(child_cap.mean()),
-                                  up_Bps_per_unit=float(caps.mean()), latency_s=below["lat"]))
-            up.append(up_k)
-            down.append(down_k)
-            rail_mult.append(0)
-            child_names, child_cap, child_unit = parent_names, parent_cap, np.arange(len(parent_names))
-        top_name = tiers[-1]["name"] if B == 1 else "wan"
-        tier_summ.append(Tier(name=top_name, units=len(child_names),
-                              down_Bps_per_unit=float(child_cap.mean()), up_Bps_per_unit=0.0,
-                              latency_s=tiers[-1]["lat"] if B == 1 else wan_lat))
-        up.append(np.full(len(child_names), -1, dtype=np.int64))
-        down.append(np.full(len(child_names), -1, dtype=np.int64))
 
-    hier = Hierarchy(
-        gpus_per_node=G, nics_per_node=R, node_of_gpu=node_of_gpu, local_of_gpu=local,
-        rail_of_gpu=np.tile(rail_of_local, n_total), gpu_up=gpu_up, gpu_down=gpu_down,
-        gpu_nic_up=gpu_nic_up, gpu_nic_down=gpu_nic_down, node_unit=tuple(node_unit),
-        rail_mult=tuple(rail_mult), up=tuple(up), down=tuple(down), level_names=tuple(names),
-        node_switch_reduces=reduces, node_switch=tuple(node_switch),
+class _Levels:
+    """Switching levels, level 0 = NICs, level 1 = leaf switches (one per rail when rail-
+    optimised), level k+1 = tier k, and a last "wan" level joining buildings. Per level: the
+    unit of each node, the rail multiplier, each unit's up and down link ids and the name; and
+    a :class:`Tier` summary per level above the NICs."""
+
+    __slots__ = ("node_unit", "rail_mult", "up", "down", "names", "tiers")
+
+    def __init__(self, n_total: int, nics: int, nic_up: np.ndarray, nic_down: np.ndarray) -> None:
+        self.node_unit: list[np.ndarray] = [np.arange(n_total)]
+        self.rail_mult: list[int] = [max(nics, 1)]
+        self.up: list[np.ndarray] = [nic_up]
+        self.down: list[np.ndarray] = [nic_down]
+        self.names = ["nic"]
+        self.tiers: list[Tier] = []
+
+
+def _add_fabric(links: _Links, devices: dict, node: _NodeSpec, nodes: int, bld: _Buildings,
+                rail_opt: bool, tiers: list[dict]) -> _Levels:
+    """Add the switches above the NICs and their links; the levels they form."""
+    R, B = node.nics, bld.count
+    n_total = nodes * B
+    nic_up = np.full(n_total * max(R, 1), -1, dtype=np.int64)
+    nic_down = np.full_like(nic_up, -1)
+    levels = _Levels(n_total, R, nic_up, nic_down)
+    if not (tiers and R):
+        return levels
+    bld_of = np.arange(n_total) // nodes
+    nib = np.arange(n_total) % nodes
+    div, ub, tier_unit = 1, [], []
+    for t in tiers:
+        div *= t["size"]
+        ub.append(math.ceil(nodes / div))
+        tier_unit.append(bld_of * ub[-1] + nib // div)
+    child_names, child_cap, rails = _add_leaves(links, devices, node, nodes, B, rail_opt,
+                                                tiers[0], ub[0], tier_unit[0], nic_up, nic_down)
+    levels.node_unit.append(tier_unit[0])
+    levels.rail_mult.append(R if rail_opt else 0)
+    levels.names.append(tiers[0]["name"])
+    # the tier unit (per building numbering) of each child device
+    child_unit = np.repeat(np.arange(B * ub[0]), rails)
+    for k in range(1, len(tiers) + (1 if B > 1 else 0)):
+        below = tiers[k - 1]
+        if k < len(tiers):
+            t = tiers[k]
+            parent = (child_unit // ub[k - 1]) * ub[k] + (child_unit % ub[k - 1]) // t["size"]
+            parent_names = _add_tier_switches(devices, t, ub[k], B)
+            caps = child_cap / below["over"]
+            lat, kind, cnt, tier_name = t["lat"], "fabric", 1, t["name"]
+            levels.node_unit.append(tier_unit[k])
+            levels.names.append(t["name"])
+        else:  # buildings joined through the wide-area level
+            parent = np.zeros(len(child_names), dtype=np.int64)
+            parent_names = ["wan"]
+            devices["wan"] = {"kind": "wan", "buildings": B}
+            caps = np.full(len(child_names), bld.links * bld.goodput_Bps)
+            lat, kind, cnt, tier_name = bld.latency_s, "wan", bld.links, "wan"
+            levels.node_unit.append(np.zeros(n_total, dtype=np.int64))
+            levels.names.append("wan")
+        up_k, down_k, parent_cap = _link_to_parents(links, child_names, parent, parent_names,
+                                                    caps, lat, kind, cnt, tier_name)
+        levels.tiers.append(Tier(name=below["name"], units=len(child_names),
+                                 down_Bps_per_unit=float(child_cap.mean()),
+                                 up_Bps_per_unit=float(caps.mean()), latency_s=below["lat"]))
+        levels.up.append(up_k)
+        levels.down.append(down_k)
+        levels.rail_mult.append(0)
+        child_names, child_cap, child_unit = parent_names, parent_cap, np.arange(len(parent_names))
+    top_name = tiers[-1]["name"] if B == 1 else "wan"
+    levels.tiers.append(Tier(name=top_name, units=len(child_names),
+                             down_Bps_per_unit=float(child_cap.mean()), up_Bps_per_unit=0.0,
+                             latency_s=tiers[-1]["lat"] if B == 1 else bld.latency_s))
+    levels.up.append(np.full(len(child_names), -1, dtype=np.int64))
+    levels.down.append(np.full(len(child_names), -1, dtype=np.int64))
+    return levels
+
+
+def _add_leaves(links: _Links, devices: dict, node: _NodeSpec, nodes: int, buildings: int,
+                rail_opt: bool, leaf: dict, units: int, leaf_of_node: np.ndarray,
+                nic_up: np.ndarray, nic_down: np.ndarray) -> tuple[list[str], np.ndarray, int]:
+    """Add the leaf switches (``units`` per building, one per rail when ``rail_opt``) and each
+    NIC's link to its leaf, filling ``nic_up``/``nic_down``; the leaves' names, their summed
+    NIC bandwidth (bytes/s) and the number of leaves per unit."""
+    R = node.nics
+    rails = range(R) if rail_opt else [None]
+    n_leaf = buildings * units
+    child_names = [f"{_building_prefix(u // units, buildings)}{leaf['name']}{u % units}"
+                   + (f"/rail{r}" if r is not None else "")
+                   for u in range(n_leaf) for r in rails]
+    for nm, u in zip(child_names, np.repeat(np.arange(n_leaf), len(rails))):
+        devices[nm] = {"kind": "switch", "tier": leaf["name"], "building": int(u // units)}
+    child_cap = np.zeros(len(child_names))
+    for n in range(nodes * buildings):
+        host = f"{_building_prefix(n // nodes, buildings)}n{n % nodes}"
+        for r in range(R):
+            sw_i = leaf_of_node[n] * R + r if rail_opt else leaf_of_node[n]
+            nic_up[n * R + r], nic_down[n * R + r] = links.pair(
+                f"{host}/nic{r}", child_names[sw_i], node.nic_Bps,
+                node.nic_latency_s + leaf["lat"], "nic", tier=leaf["name"])
+            child_cap[sw_i] += node.nic_Bps
+    return child_names, child_cap, len(rails)
+
+
+def _add_tier_switches(devices: dict, tier: dict, units: int, buildings: int) -> list[str]:
+    """Add the ``units`` switches per building of ``tier``; their names."""
+    names = [f"{_building_prefix(u // units, buildings)}{tier['name']}{u % units}"
+             for u in range(buildings * units)]
+    for u, nm in enumerate(names):
+        devices[nm] = {"kind": "switch", "tier": tier["name"], "building": u // units,
+                       "aggregate": True}
+    return names
+
+
+def _link_to_parents(links: _Links, child_names: list[str], parent: np.ndarray,
+                     parent_names: list[str], caps: np.ndarray, lat: float, kind: str, cnt: int,
+                     tier_name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Link each child to its parent (capacity ``caps[c]`` bytes/s, latency ``lat`` s); the
+    up and down link ids per child and the summed capacity per parent (bytes/s)."""
+    up_k = np.empty(len(child_names), dtype=np.int64)
+    down_k = np.empty_like(up_k)
+    parent_cap = np.zeros(len(parent_names))
+    for c, cname in enumerate(child_names):
+        p = int(parent[c])
+        up_k[c], down_k[c] = links.pair(cname, parent_names[p], float(caps[c]), lat, kind,
+                                        count=cnt, tier=tier_name)
+        parent_cap[p] += caps[c]
+    return up_k, down_k, parent_cap
+
+
+def _hierarchy(node: _NodeSpec, nodes: int, buildings: int, hosts: _HostLinks,
+               levels: _Levels) -> Hierarchy:
+    """The :class:`Hierarchy` routes are found in, from the hosts and levels built."""
+    G, n_total = node.gpus, nodes * buildings
+    return Hierarchy(
+        gpus_per_node=G, nics_per_node=node.nics, node_of_gpu=np.repeat(np.arange(n_total), G),
+        local_of_gpu=np.tile(np.arange(G), n_total),
+        rail_of_gpu=np.tile(hosts.rail_of_local, n_total), gpu_up=hosts.gpu_up,
+        gpu_down=hosts.gpu_down, gpu_nic_up=hosts.gpu_nic_up, gpu_nic_down=hosts.gpu_nic_down,
+        node_unit=tuple(levels.node_unit), rail_mult=tuple(levels.rail_mult),
+        up=tuple(levels.up), down=tuple(levels.down), level_names=tuple(levels.names),
+        node_switch_reduces=node.reduces, node_switch=tuple(hosts.node_switch),
         building_of_node=np.arange(n_total) // nodes)
-    params = {"nodes": nodes, "gpus_per_node": G, "nics_per_node": R, "buildings": B,
-              "rail_optimized": rail_opt}
-    if B > 1:
-        params.update(wan_link_Bps=wan_bw, wan_goodput_Bps=wan_goodput, wan_loss_rate=loss)
-    return Topology(name=f.str("name", "unnamed"), source=f.source, gpu=gpu, devices=devices,
-                    gpus=tuple(gpus), links=links.table(), comm=comm, tiers=tuple(tier_summ),
-                    hierarchy=hier, params=params, description=f.str("description", "") or "")

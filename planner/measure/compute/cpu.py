@@ -286,67 +286,21 @@ def measure_cpu_profile(*, sizes: Sequence[int] = DEFAULT_SIZES,
     date = date or datetime.date.today().isoformat()
     started = time.perf_counter()
 
-    if threads is None:
-        mm_run = _measure_matmul(sizes, repeats, min_sample_s, warm_up_s)
-    else:
-        mm_run = _measure_matmul_threads(sizes, repeats, min_sample_s, threads, warm_up_s)
-    mm = mm_run["rows"]
-    one_thread = None
-    if single_thread and threads != 1:
-        one_thread = _measure_matmul_threads([max(sizes)], repeats, min_sample_s, 1,
-                                             warm_up_s)["rows"][0]
+    mm_run, one_thread = _run_matmuls(sizes, repeats, min_sample_s, threads, single_thread,
+                                      warm_up_s)
     mem_run = _measure_memory(array_bytes, repeats, min_sample_s)
-    launch, add_rows, copy_rows = mem_run["launch"], mem_run["add"], mem_run["copy"]
-    launch_s = launch[key]
-
-    peak_flops, mm_points, mm_raw = _curve(mm, "flops", launch_s, key)
-    peak_bw, mem_points, mem_raw = _curve(add_rows, "bytes_moved", launch_s, key)
-    raised = [f"matmul fp32 at {s:g} FLOP: {r:g} -> {e:g}"
-              for (s, e), (_, r) in zip(mm_points, mm_raw) if e != r]
-    raised += [f"memory at {s:g} B: {r:g} -> {e:g}"
-               for (s, e), (_, r) in zip(mem_points, mem_raw) if e != r]
-    largest = add_rows[-1]
-    dram_bw = largest["bytes_moved"] / max(largest[key] - launch_s, 1e-12)
-    spreads = [r["spread"] for r in [*mm, *add_rows, launch]]
-    spread_max, spread_median = max(spreads), float(np.median(spreads))
+    fit = _CpuFit(mm_run["rows"], mem_run, key)
     machine = _machine()
     n_threads = "all cores" if threads is None else f"{threads} thread(s)"
-    best_n = mm[int(np.argmax([p[1] for p in mm_points]))]["n"]
-    best_mem = add_rows[int(np.argmax([p[1] for p in mem_points]))]["array_bytes"]
-
-    measured: dict[str, Any] = {
-        "date": date,
-        "tool": "planner/measure/compute/cpu.py (measure_cpu_profile)",
-        "machine": machine,
-        "method": (f"numpy fp32 n x n matmul ({n_threads}) for n in {list(sizes)}; numpy fp32 "
-                   f"add of 3 arrays of {array_bytes[0]}..{array_bytes[-1]} bytes (single "
-                   f"thread); launch = add on 1-element arrays; {statistic} of {repeats} "
-                   f"samples of >= {min_sample_s * 1e3:g} ms after a warm-up, taken in rounds "
-                   f"over all sizes, rounds where other processes used > {CONTENTION_LIMIT:.0%} "
-                   "of the CPUs retaken; rates net of launch; efficiency = rate / best rate"),
-        "peak_fp32_flops": _sig(peak_flops),
-        "peak_fp32_at_n": int(best_n),
-        "memory_bandwidth": _sig(peak_bw),
-        "memory_bandwidth_at_array_bytes": int(best_mem),
-        "memory_bandwidth_largest_array": _sig(dram_bw),
-        "launch_overhead_s": _sig(launch_s),
-        "raised_for_monotone_time": raised,
-        "spread_max": round(spread_max, 3),
-        "spread_median": round(spread_median, 3),
-        "contention_limit": CONTENTION_LIMIT,
-        "rounds_discarded": {"matmul": mm_run["rounds_discarded"],
-                             "memory": mem_run["rounds_discarded"]},
-        "contended_rounds_kept": {"matmul": mm_run["contended_rounds_kept"],
-                                  "memory": mem_run["contended_rounds_kept"]},
-        "matmul_fp32": [{k: (_sig(v) if isinstance(v, float) else v) for k, v in r.items()}
-                        for r in mm],
-        "add": [{k: (_sig(v) if isinstance(v, float) else v) for k, v in r.items()}
-                for r in add_rows],
-        "copy": [{k: (_sig(v) if isinstance(v, float) else v) for k, v in r.items()}
-                 for r in copy_rows],
-    }
+    method = (f"numpy fp32 n x n matmul ({n_threads}) for n in {list(sizes)}; numpy fp32 "
+              f"add of 3 arrays of {array_bytes[0]}..{array_bytes[-1]} bytes (single "
+              f"thread); launch = add on 1-element arrays; {statistic} of {repeats} "
+              f"samples of >= {min_sample_s * 1e3:g} ms after a warm-up, taken in rounds "
+              f"over all sizes, rounds where other processes used > {CONTENTION_LIMIT:.0%} "
+              "of the CPUs retaken; rates net of launch; efficiency = rate / best rate")
+    measured = _measured_record(fit, mm_run, mem_run, machine, date, method)
     if one_thread is not None:
-        net = max(one_thread[key] - launch_s, 1e-12)
+        net = max(one_thread[key] - fit.launch_s, 1e-12)
         measured["fp32_flops_1_thread"] = _sig(one_thread["flops"] / net)
         measured["fp32_flops_1_thread_at_n"] = one_thread["n"]
     measured["duration_s"] = round(time.perf_counter() - started, 2)
@@ -355,31 +309,115 @@ def measure_cpu_profile(*, sizes: Sequence[int] = DEFAULT_SIZES,
         warnings.warn(f"{kept} rounds were timed while other processes kept the CPUs busy; "
                       "the profile understates this machine. Re-run on an idle machine.",
                       RuntimeWarning, stacklevel=2)
-
-    source = (f"Measured on this machine ({machine['cpu_model']}, {machine['cpu_count']} cores, "
-              f"{machine['platform']}) on {date} by planner/measure/compute/cpu.py: numpy fp32 "
-              f"matmul and add, {statistic} of {repeats} timings; peak fp32 "
-              f"{peak_flops / 1e9:.1f} GFLOP/s "
-              f"(best achieved, n={best_n}, {n_threads}), memory {peak_bw / 1e9:.1f} GB/s (best "
-              f"achieved by a single-thread add, {best_mem} B per array; "
-              f"{dram_bw / 1e9:.1f} GB/s at {largest['array_bytes']} B per array)")
-    notes = ("Efficiencies are relative to the best rate achieved here, so they are <= 1 and the "
-             "best size is exactly 1; they are not fractions of a theoretical peak. The memory "
-             "peak is reached at in-cache sizes; DRAM-sized arrays get the lower efficiency "
-             "listed at the largest sizes. Bytes moved count reads and writes (3 per add), not "
-             "write-allocate traffic. Numpy elementwise ops use one core, BLAS matmul all of "
-             f"them. Sample-to-sample spread (max-min)/median: median "
-             f"{spread_median:.1%}, largest {spread_max:.1%}. "
-             "Re-run 'python -m planner.measure.compute.cpu' to refresh.")
     return {
         "gpu": "cpu",
-        "source": source,
-        "launch_overhead": f"{launch_s * 1e6:.3g} us",
-        "matmul": {"fp32": mm_points},
-        "memory": mem_points,
+        "source": _profile_source(fit, machine, date, statistic, repeats, n_threads),
+        "launch_overhead": f"{fit.launch_s * 1e6:.3g} us",
+        "matmul": {"fp32": fit.mm_points},
+        "memory": fit.mem_points,
         "measured": measured,
-        "notes": notes,
+        "notes": _profile_notes(fit),
     }
+
+
+def _run_matmuls(sizes: Sequence[int], repeats: int, min_sample_s: float, threads: int | None,
+                 single_thread: bool, warm_up_s: float) -> tuple[dict, dict | None]:
+    """The matmul timings (on ``threads`` BLAS threads, or the library default), and the
+    largest size's row on one thread when ``single_thread`` asks for it (else None)."""
+    if threads is None:
+        mm_run = _measure_matmul(sizes, repeats, min_sample_s, warm_up_s)
+    else:
+        mm_run = _measure_matmul_threads(sizes, repeats, min_sample_s, threads, warm_up_s)
+    one_thread = None
+    if single_thread and threads != 1:
+        one_thread = _measure_matmul_threads([max(sizes)], repeats, min_sample_s, 1,
+                                             warm_up_s)["rows"][0]
+    return mm_run, one_thread
+
+
+class _CpuFit:
+    """The measured rows (times under ``key``, seconds) turned into the profile's figures:
+    launch overhead (s), peak fp32 rate (FLOP/s) and memory bandwidth (bytes/s), both net of
+    the launch and the best achieved, their efficiency curves and the sizes reaching them,
+    the bandwidth at the largest array, and the samples' spreads ((max − min) / median)."""
+
+    __slots__ = ("mm", "add_rows", "copy_rows", "launch_s", "peak_flops", "mm_points", "peak_bw",
+                 "mem_points", "raised", "largest", "dram_bw", "spread_max", "spread_median",
+                 "best_n", "best_mem")
+
+    def __init__(self, mm: list[dict], mem_run: dict, key: str) -> None:
+        launch, add_rows, copy_rows = mem_run["launch"], mem_run["add"], mem_run["copy"]
+        self.mm, self.add_rows, self.copy_rows = mm, add_rows, copy_rows
+        launch_s = self.launch_s = launch[key]
+        self.peak_flops, self.mm_points, mm_raw = _curve(mm, "flops", launch_s, key)
+        self.peak_bw, self.mem_points, mem_raw = _curve(add_rows, "bytes_moved", launch_s, key)
+        self.raised = [f"matmul fp32 at {s:g} FLOP: {r:g} -> {e:g}"
+                       for (s, e), (_, r) in zip(self.mm_points, mm_raw) if e != r]
+        self.raised += [f"memory at {s:g} B: {r:g} -> {e:g}"
+                        for (s, e), (_, r) in zip(self.mem_points, mem_raw) if e != r]
+        largest = self.largest = add_rows[-1]
+        self.dram_bw = largest["bytes_moved"] / max(largest[key] - launch_s, 1e-12)
+        spreads = [r["spread"] for r in [*mm, *add_rows, launch]]
+        self.spread_max, self.spread_median = max(spreads), float(np.median(spreads))
+        self.best_n = mm[int(np.argmax([p[1] for p in self.mm_points]))]["n"]
+        self.best_mem = add_rows[int(np.argmax([p[1] for p in self.mem_points]))]["array_bytes"]
+
+
+def _measured_record(fit: _CpuFit, mm_run: dict, mem_run: dict, machine: dict, date: str,
+                     method: str) -> dict[str, Any]:
+    """The profile's ``measured`` section: how, where and what was measured (rates in FLOP/s
+    and bytes/s, times in seconds), rounded to 4 significant digits."""
+    return {
+        "date": date,
+        "tool": "planner/measure/compute/cpu.py (measure_cpu_profile)",
+        "machine": machine,
+        "method": method,
+        "peak_fp32_flops": _sig(fit.peak_flops),
+        "peak_fp32_at_n": int(fit.best_n),
+        "memory_bandwidth": _sig(fit.peak_bw),
+        "memory_bandwidth_at_array_bytes": int(fit.best_mem),
+        "memory_bandwidth_largest_array": _sig(fit.dram_bw),
+        "launch_overhead_s": _sig(fit.launch_s),
+        "raised_for_monotone_time": fit.raised,
+        "spread_max": round(fit.spread_max, 3),
+        "spread_median": round(fit.spread_median, 3),
+        "contention_limit": CONTENTION_LIMIT,
+        "rounds_discarded": {"matmul": mm_run["rounds_discarded"],
+                             "memory": mem_run["rounds_discarded"]},
+        "contended_rounds_kept": {"matmul": mm_run["contended_rounds_kept"],
+                                  "memory": mem_run["contended_rounds_kept"]},
+        "matmul_fp32": [{k: (_sig(v) if isinstance(v, float) else v) for k, v in r.items()}
+                        for r in fit.mm],
+        "add": [{k: (_sig(v) if isinstance(v, float) else v) for k, v in r.items()}
+                for r in fit.add_rows],
+        "copy": [{k: (_sig(v) if isinstance(v, float) else v) for k, v in r.items()}
+                 for r in fit.copy_rows],
+    }
+
+
+def _profile_source(fit: _CpuFit, machine: dict, date: str, statistic: str, repeats: int,
+                    n_threads: str) -> str:
+    """The profile's ``source`` line: where and how it was measured, peaks in GFLOP/s, GB/s."""
+    largest = fit.largest
+    return (f"Measured on this machine ({machine['cpu_model']}, {machine['cpu_count']} cores, "
+            f"{machine['platform']}) on {date} by planner/measure/compute/cpu.py: numpy fp32 "
+            f"matmul and add, {statistic} of {repeats} timings; peak fp32 "
+            f"{fit.peak_flops / 1e9:.1f} GFLOP/s "
+            f"(best achieved, n={fit.best_n}, {n_threads}), memory {fit.peak_bw / 1e9:.1f} GB/s "
+            f"(best achieved by a single-thread add, {fit.best_mem} B per array; "
+            f"{fit.dram_bw / 1e9:.1f} GB/s at {largest['array_bytes']} B per array)")
+
+
+def _profile_notes(fit: _CpuFit) -> str:
+    """The profile's ``notes``: what its efficiencies are relative to, and the spreads."""
+    return ("Efficiencies are relative to the best rate achieved here, so they are <= 1 and the "
+            "best size is exactly 1; they are not fractions of a theoretical peak. The memory "
+            "peak is reached at in-cache sizes; DRAM-sized arrays get the lower efficiency "
+            "listed at the largest sizes. Bytes moved count reads and writes (3 per add), not "
+            "write-allocate traffic. Numpy elementwise ops use one core, BLAS matmul all of "
+            f"them. Sample-to-sample spread (max-min)/median: median "
+            f"{fit.spread_median:.1%}, largest {fit.spread_max:.1%}. "
+            "Re-run 'python -m planner.measure.compute.cpu' to refresh.")
 
 
 class _Dumper(yaml.SafeDumper):

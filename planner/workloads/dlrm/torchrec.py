@@ -134,112 +134,134 @@ def torchrec_comm_ops(shardings: Sequence[TableSharding], dims: Sequence[int],
     world_g = tuple(range(n))
     offs = [np.concatenate([[0], np.cumsum(x)]).astype(np.int64) for x in lengths]
 
-    def rank_ids(t: int, r: int) -> np.ndarray:
-        return ids[t][offs[t][r * B]:offs[t][(r + 1) * B]]
-
     by_type: dict[ShardingType, list[TableSharding]] = {}
     for ts in sorted(shardings, key=lambda t: t.table):
         by_type.setdefault(ts.sharding_type, []).append(ts)
     types = [t for t in _types_in_order(shardings) if t != DP]
     ops: list[CommOp] = []
-
-    def a2a(name, group, channel, phase, mat):
-        if len(group) > 1:
-            ops.append(CommOp(name, "alltoall", tuple(group), channel, phase,
-                              matrix=np.asarray(mat, dtype=np.int64)))
-
     # 1. splits all-to-alls
     for st in types:
-        a2a(f"{st.value} kjt splits a2a", world_g, "world", "fwd",
-            np.full((n, n), KJT_SPLITS * ID_BYTES))
+        _add_alltoall(ops, f"{st.value} kjt splits a2a", world_g, "world", "fwd",
+                      np.full((n, n), KJT_SPLITS * ID_BYTES))
     # 2. lengths and values
     for st in types:
-        lm = np.zeros((n, n), dtype=np.int64)
-        vm = np.zeros((n, n), dtype=np.int64)
-        for ts in by_type[st]:
-            t = ts.table
-            for s in range(n):
-                mine = rank_ids(t, s)
-                for sh in ts.shards:
-                    lm[s, sh.rank] += B * ID_BYTES
-                    if st in (RW, TWRW):
-                        k = int(((mine >= sh.row_offset) & (mine < sh.row_offset + sh.rows)).sum())
-                    else:
-                        k = len(mine)
-                    vm[s, sh.rank] += k * ID_BYTES
-        a2a(f"{st.value} lengths a2a", world_g, "world", "fwd", lm)
-        a2a(f"{st.value} values a2a", world_g, "world", "fwd", vm)
+        lm, vm = _input_dist_bytes(by_type[st], st, ids, offs, n, B)
+        _add_alltoall(ops, f"{st.value} lengths a2a", world_g, "world", "fwd", lm)
+        _add_alltoall(ops, f"{st.value} values a2a", world_g, "world", "fwd", vm)
     # 3. pooled dists (forward), remembering each type's backward
     stage1, stage2 = [], []
     for st in types:
-        tables = by_type[st]
-        if st in (TW, CW):
-            per_rank = np.zeros(n, dtype=np.int64)
-            for ts in tables:
-                for sh in ts.shards:
-                    per_rank[sh.rank] += sh.cols
-            mat = np.repeat((per_rank * B * FLOAT_BYTES)[:, None], n, axis=1)
-            a2a(f"{st.value} pooled a2a", world_g, "world", "fwd", mat)
-            stage1.append(("alltoall", f"{st.value} pooled grad a2a", world_g, "world", mat.T))
-        elif st == RW:
-            d = sum(dims[ts.table] for ts in tables)
-            size = n * B * d * FLOAT_BYTES
-            if n > 1:
-                ops.append(CommOp(f"{st.value} pooled reduce-scatter", "reducescatter", world_g,
-                                  "world", "fwd", size=size))
-            stage1.append(("allgather", f"{st.value} pooled grad all-gather", world_g, "world",
-                           size))
-        elif st == TWRW:
-            dh = [sum(dims[ts.table] for ts in tables if ts.shards[0].rank in hg) for hg in hosts]
-            for h, hg in enumerate(hosts):
-                if len(hg) > 1:
-                    ops.append(CommOp(f"{st.value} pooled reduce-scatter host {h}",
-                                      "reducescatter", hg, "intra", "fwd",
-                                      size=n * B * dh[h] * FLOAT_BYTES))
-            cross = []
-            for loc in range(lws):
-                g = tuple(hg[loc] for hg in hosts)
-                mat = np.repeat(np.array([B * dh[h] * FLOAT_BYTES for h in range(len(hosts))],
-                                         dtype=np.int64)[:, None], len(hosts), axis=1)
-                a2a(f"{st.value} pooled cross-host a2a l{loc}", g, "cross", "fwd", mat)
-                cross.append(("alltoall", f"{st.value} pooled grad cross-host a2a l{loc}", g,
-                              "cross", mat.T))
-            stage1.append(cross)
-            stage2.append([("allgather", f"{st.value} pooled grad all-gather host {h}", hg,
-                            "intra", n * B * dh[h] * FLOAT_BYTES)
-                           for h, hg in enumerate(hosts)])
-
-    def emit(item):
-        for kind, name, g, ch, x in (item if isinstance(item, list) else [item]):
-            if len(g) < 2:
-                continue
-            if kind == "alltoall":
-                ops.append(CommOp(name, kind, g, ch, "bwd", matrix=np.asarray(x)))
-            else:
-                ops.append(CommOp(name, kind, g, ch, "bwd", size=x))
-
+        _pooled_dist(ops, st, by_type[st], dims, hosts, lws, n, B, stage1, stage2)
     # 4. pooled dists backward, reverse type order
     for item in reversed(stage1):
-        emit(item)
-    # 5. dense DDP
+        _add_backward(ops, item)
+    # 5. dense DDP, 6. data-parallel tables
     if n > 1:
-        for k, b in enumerate(ddp_buckets(dense_param_sizes, DENSE_BUCKET_BYTES,
-                                          DENSE_BUCKET_BYTES)):
-            ops.append(CommOp(f"dense ddp all-reduce b{k}", "allreduce", world_g, "world", "bwd",
-                              size=b))
-    # 6. data-parallel tables
-    dp = [ts for ts in by_type.get(DP, [])]
-    if n > 1 and dp:
+        _add_ddp_allreduces(ops, dense_param_sizes, by_type.get(DP, []), world_g, rebuilt)
+    # 7. table-row-wise in-host all-gather
+    for item in reversed(stage2):
+        _add_backward(ops, item)
+    return ops
+
+
+def _add_alltoall(ops: list[CommOp], name: str, group, channel: str, phase: str, mat) -> None:
+    """Append an all-to-all of byte matrix ``mat`` on ``group`` (none on a group of one)."""
+    if len(group) > 1:
+        ops.append(CommOp(name, "alltoall", tuple(group), channel, phase,
+                          matrix=np.asarray(mat, dtype=np.int64)))
+
+
+def _input_dist_bytes(tables: list[TableSharding], st: ShardingType, ids, offs, n: int,
+                      B: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes rank ``s`` sends rank ``d`` in sharding type ``st``'s lengths and values
+    all-to-alls (row-wise types send each shard only the ids in its rows)."""
+    lm = np.zeros((n, n), dtype=np.int64)
+    vm = np.zeros((n, n), dtype=np.int64)
+    for ts in tables:
+        t = ts.table
+        for s in range(n):
+            mine = ids[t][offs[t][s * B]:offs[t][(s + 1) * B]]
+            for sh in ts.shards:
+                lm[s, sh.rank] += B * ID_BYTES
+                if st in (RW, TWRW):
+                    k = int(((mine >= sh.row_offset) & (mine < sh.row_offset + sh.rows)).sum())
+                else:
+                    k = len(mine)
+                vm[s, sh.rank] += k * ID_BYTES
+    return lm, vm
+
+
+def _pooled_dist(ops: list[CommOp], st: ShardingType, tables: list[TableSharding],
+                 dims: Sequence[int], hosts: list[tuple[int, ...]], lws: int, n: int,
+                 B: int, stage1: list, stage2: list) -> None:
+    """Append sharding type ``st``'s pooled-embedding dist (forward) to ``ops``, and its
+    backward calls as ``(kind, name, group, channel, matrix or size)`` items to ``stage1``
+    (issued before the DDP all-reduces) and ``stage2`` (after them); ``lws`` ranks per host."""
+    world_g = tuple(range(n))
+    if st in (TW, CW):
+        per_rank = np.zeros(n, dtype=np.int64)
+        for ts in tables:
+            for sh in ts.shards:
+                per_rank[sh.rank] += sh.cols
+        mat = np.repeat((per_rank * B * FLOAT_BYTES)[:, None], n, axis=1)
+        _add_alltoall(ops, f"{st.value} pooled a2a", world_g, "world", "fwd", mat)
+        stage1.append(("alltoall", f"{st.value} pooled grad a2a", world_g, "world", mat.T))
+    elif st == RW:
+        d = sum(dims[ts.table] for ts in tables)
+        size = n * B * d * FLOAT_BYTES
+        if n > 1:
+            ops.append(CommOp(f"{st.value} pooled reduce-scatter", "reducescatter", world_g,
+                              "world", "fwd", size=size))
+        stage1.append(("allgather", f"{st.value} pooled grad all-gather", world_g, "world",
+                       size))
+    elif st == TWRW:
+        dh = [sum(dims[ts.table] for ts in tables if ts.shards[0].rank in hg) for hg in hosts]
+        for h, hg in enumerate(hosts):
+            if len(hg) > 1:
+                ops.append(CommOp(f"{st.value} pooled reduce-scatter host {h}",
+                                  "reducescatter", hg, "intra", "fwd",
+                                  size=n * B * dh[h] * FLOAT_BYTES))
+        cross = []
+        for loc in range(lws):
+            g = tuple(hg[loc] for hg in hosts)
+            mat = np.repeat(np.array([B * dh[h] * FLOAT_BYTES for h in range(len(hosts))],
+                                     dtype=np.int64)[:, None], len(hosts), axis=1)
+            _add_alltoall(ops, f"{st.value} pooled cross-host a2a l{loc}", g, "cross", "fwd", mat)
+            cross.append(("alltoall", f"{st.value} pooled grad cross-host a2a l{loc}", g,
+                          "cross", mat.T))
+        stage1.append(cross)
+        stage2.append([("allgather", f"{st.value} pooled grad all-gather host {h}", hg,
+                        "intra", n * B * dh[h] * FLOAT_BYTES)
+                       for h, hg in enumerate(hosts)])
+
+
+def _add_backward(ops: list[CommOp], item) -> None:
+    """Append the backward call(s) of one ``stage1``/``stage2`` item (a tuple or a list of
+    them; none on a group of one)."""
+    for kind, name, g, ch, x in (item if isinstance(item, list) else [item]):
+        if len(g) < 2:
+            continue
+        if kind == "alltoall":
+            ops.append(CommOp(name, kind, g, ch, "bwd", matrix=np.asarray(x)))
+        else:
+            ops.append(CommOp(name, kind, g, ch, "bwd", size=x))
+
+
+def _add_ddp_allreduces(ops: list[CommOp], dense_param_sizes: Sequence[int],
+                        dp: list[TableSharding], world_g: tuple[int, ...], rebuilt: bool) -> None:
+    """Append the DDP all-reduces over the world, one per gradient bucket (bytes): the dense
+    part's, then the data-parallel tables' (one of their total once DDP has ``rebuilt``)."""
+    for k, b in enumerate(ddp_buckets(dense_param_sizes, DENSE_BUCKET_BYTES,
+                                      DENSE_BUCKET_BYTES)):
+        ops.append(CommOp(f"dense ddp all-reduce b{k}", "allreduce", world_g, "world", "bwd",
+                          size=b))
+    if dp:
         sizes = [ts.shards[0].rows * ts.shards[0].cols * FLOAT_BYTES for ts in dp]
         buckets = [sum(sizes)] if rebuilt else ddp_buckets(sizes, DP_FIRST_BUCKET_BYTES,
                                                               DP_BUCKET_BYTES)
         for k, b in enumerate(buckets):
             ops.append(CommOp(f"data-parallel tables ddp all-reduce b{k}", "allreduce", world_g,
                               "world", "bwd", size=b))
-    # 7. table-row-wise in-host all-gather
-    for item in reversed(stage2):
-        emit(item)
-    return ops
 
 
 def rank_events(ops: Sequence[CommOp], rank: int) -> dict[str, list[tuple]]:

@@ -152,126 +152,191 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
                                                    host=host, host_serial=host_serial)
 
     w = Workload(name=f"{m.name} step")
-    # parameters held per rank in each (stage, chunk), for DP traffic and the optimizer
-    def chunk_params(s: int, c: int) -> float:
-        if expand_collectives:
-            return float(rank_params(spec, p, chunk_layers, s, c))
-        n = chunk_layers[s][c] * m.layer_params_per_rank(p.ep)
+    act, p2p_gather = p2p_activation_bytes(spec, p, sequence_parallel=sequence_parallel,
+                                           scatter_gather=p2p_scatter_gather,
+                                           expanded=expand_collectives)
+    emit = PassEmitter(w, spec, p, lay, reps, detail, chunk_layers,
+                       sequence_parallel=sequence_parallel) if expand_collectives else None
+    steps = _StepBuilder(w, spec, p, lay, reps, chunk_layers, fwd_s, bwd_s, micro=micro,
+                         weight_bytes=e_w, grad_bytes=grad_bytes, dp_buckets=dp_buckets,
+                         act_bytes=act, p2p_gather=p2p_gather, emit=emit,
+                         expanded=expand_collectives)
+    steps.fsdp_gathers()
+    steps.passes({s: schedule(schedule_name, p.pp, micro, s, p.vpp) for s in range(p.pp)})
+    steps.optimizer_steps()
+    return StepPlan(workload=w, layout=lay, parallel=p, microbatches=micro, fwd_s=fwd_s,
+                    bwd_s=bwd_s, tp_comm_s=tpc_s, representatives=reps,
+                    info={"chunk_layers": chunk_layers, **detail})
+
+
+class _StepBuilder:
+    """Adds one step's ops to a workload, stage by stage: FSDP weight gathers, the passes of
+    the pipeline schedule with their sends, the DP gradient reductions and the optimizer.
+    Sizes are bytes, times seconds; ``emit`` (expanded collectives) emits passes op by op."""
+
+    def __init__(self, w: Workload, spec: LLMSpec, p: ParallelSpec, lay: Layout,
+                 reps: list[int], chunk_layers: list, fwd_s: list, bwd_s: list, *, micro: int,
+                 weight_bytes: int, grad_bytes: int, dp_buckets: int, act_bytes: float,
+                 p2p_gather: bool, emit: PassEmitter | None, expanded: bool) -> None:
+        self.w, self.spec, self.p, self.reps = w, spec, p, reps
+        self.chunk_layers, self.fwd_s, self.bwd_s, self.micro = chunk_layers, fwd_s, bwd_s, micro
+        self.e_w, self.grad_bytes, self.dp_buckets = weight_bytes, grad_bytes, dp_buckets
+        self.act, self.p2p_gather, self.emit, self.expanded = act_bytes, p2p_gather, emit, expanded
+        self.nv = p.pp * p.vpp
+        self.zero3 = p.fsdp in ("zero3", "hsdp")
+        self.dp_reduce = "allreduce" if p.fsdp == "none" else "reducescatter"
+        self.dp_groups = {s: [lay.group("dp", lay.rank(tp=i, cp=j, pp=s))
+                              for i in range(p.tp) for j in range(p.cp)]
+                          for s in range(p.pp)}
+        self.gathered: dict[tuple[int, int, str], list[int]] = {}
+        self.done: dict[tuple[str, int, int], int] = {}     # (kind, vstage, mb) -> op id
+        self.first_b: dict[tuple[int, int], bool] = {}
+        self.last_ops: dict[int, list[int]] = {s: [] for s in range(p.pp)}
+        self.dp_ops: dict[int, list[int]] = {s: [] for s in range(p.pp)}
+
+    def chunk_params(self, s: int, c: int) -> float:
+        """Parameters held per rank in chunk ``c`` of stage ``s`` (DP traffic, optimizer)."""
+        p, m = self.p, self.spec.model
+        if self.expanded:
+            return float(rank_params(self.spec, p, self.chunk_layers, s, c))
+        n = self.chunk_layers[s][c] * m.layer_params_per_rank(p.ep)
         vs = c * p.pp + s
         if vs == 0 or vs == p.pp * p.vpp - 1:
             n += m.embedding_params
         return n / p.tp
 
-    zero3 = p.fsdp in ("zero3", "hsdp")
-    dp_reduce = "allreduce" if p.fsdp == "none" else "reducescatter"
-    dp_groups = {}
-    for s in range(p.pp):
-        dp_groups[s] = [lay.group("dp", lay.rank(tp=i, cp=j, pp=s))
-                        for i in range(p.tp) for j in range(p.cp)]
-
-    def dp_collectives(kind: str, s: int, size: float, deps: list[int], name: str) -> list[int]:
-        if p.dp == 1 or size <= 0:
+    def dp_collectives(self, kind: str, s: int, size: float, deps: list[int],
+                       name: str) -> list[int]:
+        """One ``kind`` of ``size`` bytes per DP group of stage ``s`` (none without DP)."""
+        if self.p.dp == 1 or size <= 0:
             return []
         # nccl-tests sizes: the full per-rank buffer (gradients in, parameters out)
-        return [w.collective(kind, g, size, name=name, stream="dp", deps=deps, category="dp")
-                for g in dp_groups[s]]
+        return [self.w.collective(kind, g, size, name=name, stream="dp", deps=deps,
+                                  category="dp")
+                for g in self.dp_groups[s]]
 
-    # FSDP (ZeRO-3): gather each chunk's weights before its first forward and first backward
-    gathered: dict[tuple[int, int, str], list[int]] = {}
-    if zero3:
+    def fsdp_gathers(self) -> None:
+        """FSDP (ZeRO-3): gather each chunk's weights before its first forward."""
+        if not self.zero3:
+            return
+        p = self.p
         for s in range(p.pp):
             for c in range(p.vpp):
-                gathered[(s, c, "F")] = dp_collectives("allgather", s, chunk_params(s, c) * e_w,
-                                                       [], f"fsdp gather s{s}c{c}")
-    items = {s: schedule(schedule_name, p.pp, micro, s, p.vpp) for s in range(p.pp)}
-    pos = {s: 0 for s in range(p.pp)}
-    done: dict[tuple[str, int, int], int] = {}     # (kind, vstage, mb) -> op id
-    first_b: dict[tuple[int, int], bool] = {}
-    last_ops: dict[int, list[int]] = {s: [] for s in range(p.pp)}
-    dp_ops: dict[int, list[int]] = {s: [] for s in range(p.pp)}
-    act, p2p_gather = p2p_activation_bytes(spec, p, sequence_parallel=sequence_parallel,
-                                           scatter_gather=p2p_scatter_gather,
-                                           expanded=expand_collectives)
-    nv = p.pp * p.vpp
-    emit = PassEmitter(w, spec, p, lay, reps, detail, chunk_layers,
-                        sequence_parallel=sequence_parallel) if expand_collectives else None
-    remaining = sum(len(v) for v in items.values())
-    while remaining:
-        progressed = False
-        for s in range(p.pp):
-            while pos[s] < len(items[s]):
-                kind, mb, c = items[s][pos[s]]
-                vs = c * p.pp + s
-                deps: list[int] = []
-                if kind == "F":
-                    if vs > 0:
-                        if ("F", vs - 1, mb) not in done:
-                            break
-                        deps.append(_p2p(w, p, reps, vs - 1, vs, act, done[("F", vs - 1, mb)],
-                                         f"act mb{mb}" + (f" v{vs}" if emit else "")))
-                    deps += gathered.get((s, c, "F"), [])
-                    if emit:
-                        oid = emit.forward(s, c, mb, deps, gather=p2p_gather and vs > 0)
-                    else:
-                        oid = w.compute(reps[s], f"F mb{mb} c{c}", duration_s=fwd_s[s][c],
-                                        deps=deps, category="fwd")
-                else:
-                    if vs < nv - 1:
-                        if ("B", vs + 1, mb) not in done:
-                            break
-                        deps.append(_p2p(w, p, reps, vs + 1, vs, act, done[("B", vs + 1, mb)],
-                                         f"grad mb{mb}" + (f" v{vs}" if emit else "")))
-                    deps.append(done[("F", vs, mb)])
-                    if zero3 and not first_b.get((s, c)):
-                        first_b[(s, c)] = True
-                        deps += dp_collectives("allgather", s, chunk_params(s, c) * e_w, [],
-                                               f"fsdp regather s{s}c{c}")
-                    last_mb = mb == micro - 1
-                    if emit:
-                        k = max(1, min(dp_buckets, chunk_layers[s][c])) \
-                            if last_mb and p.dp > 1 else 0
-                        sizes = dp_bucket_elements(round(chunk_params(s, c)), k)
+                self.gathered[(s, c, "F")] = self.dp_collectives(
+                    "allgather", s, self.chunk_params(s, c) * self.e_w, [],
+                    f"fsdp gather s{s}c{c}")
 
-                        def reduce(j: int, dep: int, s=s, c=c, sizes=sizes) -> list[int]:
-                            return dp_collectives(dp_reduce, s, sizes[j] * grad_bytes, [dep],
-                                                  f"grads s{s}c{c}b{j}")
-                        oid, reduced = emit.backward(s, c, mb, deps, buckets=k, reduce=reduce,
-                                                     gather=p2p_gather and vs < nv - 1)
-                        dp_ops[s] += reduced
-                    elif last_mb and p.dp > 1:
-                        # the last micro-batch's backward in buckets, each reduced as it lands
-                        k = max(1, min(dp_buckets, chunk_layers[s][c]))
-                        prev = None
-                        for j in range(k):
-                            oid = w.compute(reps[s], f"B mb{mb} c{c} bucket{j}",
-                                            duration_s=bwd_s[s][c] / k,
-                                            deps=deps if prev is None else [prev], category="bwd")
-                            prev = oid
-                            dp_ops[s] += dp_collectives(dp_reduce, s,
-                                                        chunk_params(s, c) * grad_bytes / k,
-                                                        [oid], f"grads s{s}c{c}b{j}")
-                    else:
-                        oid = w.compute(reps[s], f"B mb{mb} c{c}", duration_s=bwd_s[s][c],
-                                        deps=deps, category="bwd")
-                done[(kind, vs, mb)] = oid
-                last_ops[s].append(oid)
-                pos[s] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise SpecError("pipeline schedule cannot make progress", field="parallel",
-                            fix="report this configuration as a bug")
-    # optimizer step (and ZeRO-1/2 parameter all-gather) on each stage
-    for s in range(p.pp):
-        params = sum(chunk_params(s, c) for c in range(p.vpp))
-        shard = p.dp if p.fsdp != "none" else 1
-        opt = w.compute(reps[s], "optimizer", bytes_moved=30 * params / shard,
-                        deps=dp_ops[s] + last_ops[s][-1:], category="optimizer")
-        if p.fsdp in ("zero1", "zero2"):
-            dp_collectives("allgather", s, params * e_w, [opt], f"param gather s{s}")
-    return StepPlan(workload=w, layout=lay, parallel=p, microbatches=micro, fwd_s=fwd_s,
-                    bwd_s=bwd_s, tp_comm_s=tpc_s, representatives=reps,
-                    info={"chunk_layers": chunk_layers, **detail})
+    def passes(self, items: dict[int, list]) -> None:
+        """Emit every stage's schedule ``items`` (kind, micro-batch, chunk), each pass once
+        the pass it receives from on the neighbouring stage has been emitted."""
+        p = self.p
+        pos = {s: 0 for s in range(p.pp)}
+        remaining = sum(len(v) for v in items.values())
+        while remaining:
+            progressed = False
+            for s in range(p.pp):
+                while pos[s] < len(items[s]):
+                    kind, mb, c = items[s][pos[s]]
+                    vs = c * p.pp + s
+                    if not self._ready(kind, vs, mb):
+                        break
+                    oid = self._forward(s, c, mb) if kind == "F" else self._backward(s, c, mb)
+                    self.done[(kind, vs, mb)] = oid
+                    self.last_ops[s].append(oid)
+                    pos[s] += 1
+                    remaining -= 1
+                    progressed = True
+            if not progressed:
+                raise SpecError("pipeline schedule cannot make progress", field="parallel",
+                                fix="report this configuration as a bug")
+
+    def _ready(self, kind: str, vs: int, mb: int) -> bool:
+        """Whether the pass that feeds pass ``kind`` of micro-batch ``mb`` on virtual stage
+        ``vs`` (the previous stage's forward, the next stage's backward) has been emitted."""
+        if kind == "F":
+            return vs == 0 or ("F", vs - 1, mb) in self.done
+        return vs == self.nv - 1 or ("B", vs + 1, mb) in self.done
+
+    def _forward(self, s: int, c: int, mb: int) -> int:
+        """The forward of micro-batch ``mb`` on chunk ``c`` of stage ``s``; its op id."""
+        p, w, emit = self.p, self.w, self.emit
+        vs = c * p.pp + s
+        deps: list[int] = []
+        if vs > 0:
+            deps.append(_p2p(w, p, self.reps, vs - 1, vs, self.act, self.done[("F", vs - 1, mb)],
+                             f"act mb{mb}" + (f" v{vs}" if emit else "")))
+        deps += self.gathered.get((s, c, "F"), [])
+        if emit:
+            return emit.forward(s, c, mb, deps, gather=self.p2p_gather and vs > 0)
+        return w.compute(self.reps[s], f"F mb{mb} c{c}", duration_s=self.fwd_s[s][c],
+                         deps=deps, category="fwd")
+
+    def _backward(self, s: int, c: int, mb: int) -> int:
+        """The backward of micro-batch ``mb`` on chunk ``c`` of stage ``s`` (the last one's
+        with the DP gradient reductions); its op id."""
+        p, w, emit = self.p, self.w, self.emit
+        vs = c * p.pp + s
+        deps: list[int] = []
+        if vs < self.nv - 1:
+            deps.append(_p2p(w, p, self.reps, vs + 1, vs, self.act, self.done[("B", vs + 1, mb)],
+                             f"grad mb{mb}" + (f" v{vs}" if emit else "")))
+        deps.append(self.done[("F", vs, mb)])
+        if self.zero3 and not self.first_b.get((s, c)):
+            self.first_b[(s, c)] = True
+            deps += self.dp_collectives("allgather", s, self.chunk_params(s, c) * self.e_w, [],
+                                        f"fsdp regather s{s}c{c}")
+        last_mb = mb == self.micro - 1
+        if emit:
+            return self._expanded_backward(s, c, mb, deps, last_mb)
+        if last_mb and p.dp > 1:
+            return self._bucketed_backward(s, c, mb, deps)
+        return w.compute(self.reps[s], f"B mb{mb} c{c}", duration_s=self.bwd_s[s][c],
+                         deps=deps, category="bwd")
+
+    def _expanded_backward(self, s: int, c: int, mb: int, deps: list[int],
+                           last_mb: bool) -> int:
+        """A backward emitted op by op, its gradients reduced in buckets as they land."""
+        p = self.p
+        vs = c * p.pp + s
+        k = max(1, min(self.dp_buckets, self.chunk_layers[s][c])) \
+            if last_mb and p.dp > 1 else 0
+        sizes = dp_bucket_elements(round(self.chunk_params(s, c)), k)
+
+        def reduce(j: int, dep: int) -> list[int]:
+            return self.dp_collectives(self.dp_reduce, s, sizes[j] * self.grad_bytes, [dep],
+                                       f"grads s{s}c{c}b{j}")
+        oid, reduced = self.emit.backward(s, c, mb, deps, buckets=k, reduce=reduce,
+                                          gather=self.p2p_gather and vs < self.nv - 1)
+        self.dp_ops[s] += reduced
+        return oid
+
+    def _bucketed_backward(self, s: int, c: int, mb: int, deps: list[int]) -> int:
+        """The last micro-batch's backward in buckets, each reduced as it lands; the last
+        bucket's op id."""
+        k = max(1, min(self.dp_buckets, self.chunk_layers[s][c]))
+        prev = None
+        for j in range(k):
+            oid = self.w.compute(self.reps[s], f"B mb{mb} c{c} bucket{j}",
+                                 duration_s=self.bwd_s[s][c] / k,
+                                 deps=deps if prev is None else [prev], category="bwd")
+            prev = oid
+            self.dp_ops[s] += self.dp_collectives(self.dp_reduce, s,
+                                                  self.chunk_params(s, c) * self.grad_bytes / k,
+                                                  [oid], f"grads s{s}c{c}b{j}")
+        return oid
+
+    def optimizer_steps(self) -> None:
+        """The optimizer step (and ZeRO-1/2 parameter all-gather) on each stage."""
+        p = self.p
+        for s in range(p.pp):
+            params = sum(self.chunk_params(s, c) for c in range(p.vpp))
+            shard = p.dp if p.fsdp != "none" else 1
+            opt = self.w.compute(self.reps[s], "optimizer", bytes_moved=30 * params / shard,
+                                 deps=self.dp_ops[s] + self.last_ops[s][-1:],
+                                 category="optimizer")
+            if p.fsdp in ("zero1", "zero2"):
+                self.dp_collectives("allgather", s, params * self.e_w, [opt],
+                                    f"param gather s{s}")
 
 
 def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
