@@ -31,6 +31,7 @@ from simulator.compute import ComputeProfile, load_compute_profile, op_time
 from simulator.errors import SimulationError, SpecError
 from simulator.network import FlowNetwork, NetworkStats
 from simulator.topology import Topology
+from simulator.trace import chrome_trace, write_chrome_trace
 from simulator.workload import Workload
 
 __all__ = ["simulate", "SimResult"]
@@ -109,11 +110,9 @@ class SimResult:
 
     def chrome_trace(self, *, max_ranks: int = 64) -> dict:
         """The timeline as a Chrome/Perfetto trace dict (see :mod:`simulator.trace`)."""
-        from simulator.trace import chrome_trace
         return chrome_trace(self, max_ranks=max_ranks)
 
     def write_chrome_trace(self, path, *, max_ranks: int = 64) -> None:
-        from simulator.trace import write_chrome_trace
         write_chrome_trace(self, path, max_ranks=max_ranks)
 
 

@@ -30,11 +30,13 @@ depends only on the inputs; ``time_limit_s`` (default 8 s) is a safety stop, not
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 
 from planner.costmodel.objective import Objective
 from planner.costmodel.refine import refine as local_search
+from planner.costmodel.weights import HardwareMismatchWarning, load_predictor
 from planner.model.tables.feasible import check_feasible
 from planner.model.tables.memory import shard_memory_bytes
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
@@ -72,9 +74,7 @@ class NeuroShardPlanner:
         """Plan ``task`` on ``devices`` ranks: grid search, column-wise beam search and local
         search on the learned cost (module docstring); ``time_limit_s`` (default 8 s) is a
         safety stop, noted in the plan when hit."""
-        import warnings
 
-        from planner.costmodel.weights import HardwareMismatchWarning, load_predictor
         t0 = time.perf_counter()
         limit = 8.0 if time_limit_s is None else float(time_limit_s)
         deadline = t0 + limit
@@ -236,7 +236,6 @@ def learned_plan_cost_ms(task: ShardingTask, devices: int, shardings, *, predict
     """The learned cost (ms per step, max over devices, as the search scores its states) of any
     plan whose tables are all table-, column- or row-wise; None when another type occurs (the
     learned model times fused lookups of those only). Used to rank other planners' plans."""
-    from planner.costmodel.weights import load_predictor
     kinds = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE)
     if any(ts.sharding_type not in kinds for ts in shardings):
         return None

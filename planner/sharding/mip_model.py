@@ -28,6 +28,8 @@ import math
 
 import pulp
 
+from simulator.errors import SpecError
+
 from planner.model.tables.cost import F_BWD, F_DP, F_FWD, F_HRS, F_IDS, F_MEM, F_OUT, F_RW
 from planner.model.tables.shards import ShardingType
 from planner.sharding.common import CW_PARTS, Catalog
@@ -110,7 +112,6 @@ class MipModel:
                 one.append(var)
                 self._add_uniform_terms(feats, var, cat.uniform(t, "twrw", h))
         if not one:
-            from simulator.errors import SpecError
             have = ", ".join(sorted(x.value for x in cat.problem.allowed_types(t)))
             raise SpecError(f"table {cat.problem.model.tables[t].name!r} has no placement "
                             f"the MIP can use on {n} device(s) (allowed: {have or 'none'}; "

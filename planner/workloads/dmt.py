@@ -36,11 +36,12 @@ import numpy as np
 from simulator.engine import SimResult, simulate
 from simulator.workload import Workload
 
+from planner.model.dmt.layout import HostPlan, TowerLayout, host_groups
 from planner.model.tables.cost import F_BWD, F_FWD, F_RW
-from planner.workloads.dlrm.step import StepSimulation, simulate_step
 from planner.model.tables.spec import ModelSpec
 from planner.model.tables.task import Problem, ShardingTask, prepare
-from planner.model.dmt.layout import HostPlan, TowerLayout, host_groups
+from planner.workloads.dlrm.step import CATEGORIES as FLAT_CATEGORIES
+from planner.workloads.dlrm.step import StepSimulation, build_step_workload, simulate_step
 
 __all__ = ["DmtStep", "Comparison", "build_sptt_workload", "simulate_sptt", "compare_flat_dmt",
            "top_input_dims", "cross_host_bytes", "simulate_flat", "with_a2a_algo"]
@@ -384,7 +385,6 @@ def simulate_flat(problem: Problem, shardings, *, mode: str = "explicit",
     all-to-all algorithm (:func:`with_a2a_algo`)."""
     if a2a_algo in ("auto", "direct"):
         return simulate_step(problem, shardings, mode=mode)
-    from planner.workloads.dlrm.step import CATEGORIES as FLAT_CATEGORIES, build_step_workload
     w, mats = build_step_workload(problem, shardings)
     res = simulate(problem.topology, with_a2a_algo(w, a2a_algo), mode=mode)
     return StepSimulation(step_time_s=res.step_time_s,

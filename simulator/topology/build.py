@@ -18,6 +18,7 @@ import numpy as np
 
 from simulator.errors import SpecError
 from simulator.hardware import GPUSpec, gpu_spec, gpu_spec_from_dict
+from simulator.topology.explicit import build_explicit
 from simulator.topology.model import LINK_KINDS, CommProfile, Hierarchy, LinkTable, Tier, Topology
 from simulator.topology.spec import read_topology_mapping
 from simulator.validation import Fields
@@ -72,7 +73,6 @@ def build_topology(doc: Mapping[str, Any], *, source: str = "<mapping>") -> Topo
     gpu = _gpu(f)
     comm = _comm(f.sub("collectives"))
     if f.has("devices") or f.has("links"):
-        from simulator.topology.explicit import build_explicit
         return build_explicit(f, gpu=gpu, comm=comm)
     return _build_generated(f, gpu=gpu, comm=comm)
 

@@ -30,6 +30,7 @@ seconds afterwards (the guest returns the pages to the host), halving small-matm
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -446,7 +447,6 @@ def write_profile(profile_dict: Mapping[str, Any], path: str | Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m planner.measure.compute.cpu [--out PATH] [--repeats N] [--threads N]``."""
-    import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="output file (default traces/efficiency/cpu.yaml)")

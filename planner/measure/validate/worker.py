@@ -19,17 +19,22 @@ without touching its groups again.
 
 from __future__ import annotations
 
+import datetime
 import os
+import sys
 import time
 import traceback
 
-from planner.model.llm.layout import Layout
-from planner.workloads.llm.partition import chunk_layer_counts, dp_bucket_elements, vstage_layer_offsets
-from planner.workloads.llm.schedule import schedule
-
-from planner.measure.validate.comm import CommError, GroupBroken, Progress, Recorder
 from planner.measure.runner import init_group
+from planner.measure.validate.comm import CommError, GroupBroken, Progress, Recorder
 from planner.measure.validate.config import RunConfig
+from planner.model.llm.layout import Layout
+from planner.workloads.llm.partition import (
+    chunk_layer_counts,
+    dp_bucket_elements,
+    vstage_layer_offsets,
+)
+from planner.workloads.llm.schedule import schedule
 
 __all__ = ["worker_main"]
 
@@ -112,7 +117,6 @@ def _is_comm(exc: BaseException) -> bool:
 def _run(rank: int, cfg: RunConfig, port: int, progress: Progress, report, state: dict) -> dict:
     """Run job ``cfg`` as ``rank``: join its process groups, build this rank's chunks, time
     ``warmup + steps`` training steps (and a profiled one), then leave; the rank's record."""
-    import datetime
 
     import torch
     import torch.distributed as dist
@@ -383,7 +387,6 @@ class _quiet_stderr:
     """Silence file descriptor 2 (Kineto prints a line per profiler start and stop)."""
 
     def __enter__(self):
-        import sys
         sys.stderr.flush()
         self.saved = os.dup(2)
         null = os.open(os.devnull, os.O_WRONLY)

@@ -39,8 +39,11 @@ from typing import Sequence
 
 import numpy as np
 
+from simulator.compute import op_time
 from simulator.workload import Workload
 
+from planner.model.tables.cost import F_BWD, F_FWD
+from planner.model.tables.ids import table_ids
 from planner.model.tables.shards import ShardingType, TableSharding
 from planner.workloads.dlrm.dense import mlp_flops
 
@@ -344,7 +347,6 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     elementwise ops on the memory curve, each op's dispatch, plus ``dense_op_s`` of eager host
     time per op); ``host_s`` (seconds per rank): TorchRec's host work per step, run before the
     input dist (:mod:`planner.measure.validate.calibrate_dlrm`)."""
-    from planner.model.tables.cost import F_BWD, F_FWD
     cm = problem.cost
     n = problem.devices
     F = cm.plan_features(shardings)
@@ -356,7 +358,6 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     launch, hbm = cm.launch_s, cm.hbm_Bps
     dur: dict[tuple[str, str], float] = {}
     if compute is not None and d is not None:
-        from simulator.compute import op_time
         for block, phase, flops, nbytes in dense_op_list(
                 d, [t.embedding_dim for t in problem.model.tables], cm.local_batch):
             dur[(block, phase)] = dur.get((block, phase), 0.0) + dense_op_s + op_time(
@@ -432,7 +433,6 @@ def torchrec_step_ops(problem, shardings: Sequence[TableSharding], *, seed: int 
     """:func:`torchrec_comm_ops` for one seeded global batch drawn from the tables' access
     distributions (:func:`planner.measure.tables.plans.table_ids`), the problem's dense part and
     its hosts (``local_world``: ranks per host, default the topology's)."""
-    from planner.model.tables.ids import table_ids
     m = problem.model
     n = problem.devices
     batch = int(m.batch_size)

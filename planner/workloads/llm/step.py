@@ -30,13 +30,18 @@ from simulator.errors import SpecError
 from simulator.topology import Topology
 from simulator.workload import Workload
 
-from planner.workloads.llm.emit import PassEmitter
-from planner.model.llm.kernels import block_kernels, bytes_per_element, kernels_time, logits_kernels
 from planner.model.llm.host import HostOverhead, load_host_overhead
+from planner.model.llm.kernels import block_kernels, bytes_per_element, kernels_time, logits_kernels
 from planner.model.llm.layout import Layout
-from planner.workloads.llm.partition import (chunk_layer_counts, dp_bucket_elements, p2p_activation_bytes, rank_params)
-from planner.workloads.llm.schedule import schedule
 from planner.model.llm.spec import LLMSpec, ParallelSpec
+from planner.workloads.llm.emit import PassEmitter
+from planner.workloads.llm.partition import (
+    chunk_layer_counts,
+    dp_bucket_elements,
+    p2p_activation_bytes,
+    rank_params,
+)
+from planner.workloads.llm.schedule import schedule
 
 __all__ = ["StepPlan", "build_step", "resolve_parallel", "pass_times"]
 
