@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -165,7 +165,6 @@ def gloo_profile_from_dict(doc: Mapping[str, Any], *, source: str = "<dict>") ->
                                 fix=exc.fix) from None
         c = doc["compute"]
         base = gpu_spec("cpu")
-        from dataclasses import replace
         gpu = replace(base, vendor_name=f"{base.vendor_name} (one core, measured)",
                       peak_flops={"fp32": float(c["peak_fp32_flops"])},
                       hbm_bandwidth_Bps=float(c["memory_bandwidth_Bps"]))

@@ -26,6 +26,7 @@ from planner.cli.output import atomic_write
 from planner.export import TARGETS, export_plan
 from planner.export._plan import check_plan
 from planner.export.torchrec import export_torchrec_plan, is_sharding_plan, torchrec_plan_json
+from planner.model.llm.spec import builtin_model_names, load_llm_spec
 
 __all__ = ["register", "add_arguments", "run", "main", "load_plan", "read_plan_file", "write_files",
            "TORCHREC", "TORCHREC_FILE"]
@@ -90,7 +91,6 @@ def _fill_from_model(plan: dict, args) -> dict:
     opts = {"num_layers": args.num_layers, "seq_len": args.seq_len, "precision": args.precision,
             "hsdp_shard": args.hsdp_shard}
     try:
-        from planner.model.llm.spec import builtin_model_names, load_llm_spec
         if plan.get("model") in builtin_model_names():
             spec = load_llm_spec(plan["model"])
             if opts["num_layers"] is None and "num_layers" not in plan:

@@ -7,6 +7,7 @@ import argparse
 from simulator.errors import SpecError
 from simulator.topology import load_topology
 
+from planner.cli import tables
 from planner.cli.llm import plan_model
 from planner.cli.options import is_model
 from planner.cli.output import emit
@@ -50,5 +51,4 @@ def run(args) -> int:
                         "this planner handles", field="--devices",
                         fix=f"plan for at most {MAX_SHARDING_DEVICES:,} devices (shard per "
                             "embedding-parallel group and replicate)")
-    from planner.cli.tables import run
-    return run(args)
+    return tables.run(args)

@@ -43,6 +43,7 @@ import re
 from typing import Any, Mapping
 
 from simulator.errors import SpecError
+from simulator.topology import load_topology
 
 from planner.model.tables.shards import (
     Shard,
@@ -192,7 +193,6 @@ def _local_world_size(doc: Mapping[str, Any], world: int, given: int | None,
     topo = doc.get("topology")
     if isinstance(topo, str) and topo:
         try:
-            from simulator.topology import load_topology
             t = load_topology(topo)
             per: dict[int, int] = {}
             for r in range(min(world, t.num_gpus)):

@@ -19,8 +19,10 @@ without touching its groups again.
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
+import signal
 import sys
 import time
 import traceback
@@ -101,8 +103,6 @@ def unpin() -> None:
 def _die_with_parent() -> None:
     """Linux: have the kernel kill this process if the parent dies (no orphans left)."""
     try:
-        import ctypes
-        import signal
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # pragma: no cover - not Linux
         pass
