@@ -16,9 +16,9 @@ from planner.cli.options import topology_arguments, topology_from_args
 from planner.cli.output import atomic_write, emit
 from planner.cli.tables import add_calibrate_embedding, run_calibrate_embedding
 from planner.measure.compute.cpu import measure_cpu_profile
-from planner.measure.network.fit import fit_collective_profile, read_nccl_table
 from planner.measure.compute.fit import profile_from_measurements, read_measurements
 from planner.measure.compute.host import host_overhead_yaml, measure_host_overhead
+from planner.measure.network.fit import fit_collective_profile, read_nccl_table
 from planner.measure.validate.calibrate import GlooCalibration, measure_gloo, summary_lines
 
 __all__ = ["register", "run"]

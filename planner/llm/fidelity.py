@@ -96,6 +96,7 @@ from simulator.topology import load_topology
 
 from planner.llm.metrics import simulate_llm
 from planner.model.llm.spec import LLMSpec, ModelSpec, ParallelSpec, TrainingSpec
+from planner.model.llm.trainer import override, preset
 
 __all__ = ["NARAYANAN", "KORTHIKANTI", "narayanan_rows", "korthikanti_rows", "vtrain_rows",
            "vtrain_single_rows",
@@ -142,7 +143,8 @@ def narayanan_rows() -> list[dict]:
         spec = LLMSpec(model=_gpt(f"gpt-{params}B", h, heads, l),
                        training=TrainingSpec(global_batch_size=B, micro_batch_size=1,
                                              precision="fp16", activation_recompute="full"),
-                       parallel=None, source="Narayanan 2021 Table 1")
+                       parallel=None, source="Narayanan 2021 Table 1",
+                       trainer=preset("megatron-lm-2021"))
         rows.append({"set": "narayanan", "group": "all", "row": f"{params}B", "spec": spec,
                      "parallel": ParallelSpec(tp=tp, pp=pp, dp=gpus // (tp * pp)),
                      "topology": f"selene-a100:nodes={gpus // 8}", "measured_s": measured,
@@ -157,7 +159,9 @@ def korthikanti_rows() -> list[dict]:
             spec = LLMSpec(model=_gpt(f"gpt-{name}", h, heads, l),
                            training=TrainingSpec(global_batch_size=B, micro_batch_size=1,
                                                  precision="fp16", activation_recompute=mode),
-                           parallel=None, source="Korthikanti 2022")
+                           parallel=None, source="Korthikanti 2022",
+                           trainer=override(preset("megatron-lm-2022"),
+                                            [f"sequence_parallel={mode == 'selective'}"]))
             rows.append({"set": "korthikanti", "group": "all", "row": f"{name} {mode}",
                          "spec": spec, "parallel": ParallelSpec(tp=tp, pp=pp, dp=1, vpp=vpp),
                          "topology": f"selene-a100:nodes={gpus // 8}", "measured_s": measured,
@@ -179,7 +183,8 @@ def vtrain_rows(path: str | Path) -> list[dict]:
                        training=TrainingSpec(global_batch_size=int(r["global batch"]),
                                              micro_batch_size=int(r["micro batch"]),
                                              precision="fp16", activation_recompute="full"),
-                       parallel=None, source="vTrain ground_truth_multi.csv")
+                       parallel=None, source="vTrain ground_truth_multi.csv",
+                       trainer=preset("megatron-deepspeed"))
         gpus = int(r["# GPUs"])
         rows.append({"set": "vtrain", "group": f"{r['Parameters (billion)']}B",
                      "row": f"tp{int(r['tensor parallelism'])} dp{int(r['data parallelism'])} "
@@ -216,7 +221,8 @@ def vtrain_single_rows(path: str | Path, *, every: int = 1) -> list[dict]:
                        training=TrainingSpec(global_batch_size=int(r["global batch"]),
                                              micro_batch_size=int(r["micro batch"]),
                                              precision="fp16", activation_recompute="full"),
-                       parallel=None, source="vTrain ground_truth_single.csv")
+                       parallel=None, source="vTrain ground_truth_single.csv",
+                       trainer=preset("megatron-deepspeed"))
         rows.append({"set": "vtrain-single", "group": f"{g} GPUs",
                      "row": f"h{int(r['hidden size'])} l{int(r['# layers'])} tp{tp} dp{dp} pp{pp} "
                             f"mbs{int(r['micro batch'])} gb{int(r['global batch'])}",
@@ -235,10 +241,7 @@ def run_set(rows: list[dict], *, progress=None) -> pd.DataFrame:
     for k, r in enumerate(rows):
         topo = topo_cache.setdefault(r["topology"], load_topology(r["topology"]))
         res = simulate_llm(r["spec"], r["parallel"], topo,
-                           schedule_name="interleaved" if r["parallel"].vpp > 1 else "1f1b",
-                           attention=r.get("attention", "flash"),
-                           sequence_parallel=r.get("sequence_parallel", True),
-                           **r.get("trainer", {}))
+                           schedule_name="interleaved" if r["parallel"].vpp > 1 else "1f1b")
         pred = res.step_time_s
         out.append({"set": r["set"], "group": r["group"], "row": r["row"],
                     "measured_s": r["measured_s"], "predicted_s": pred,

@@ -64,6 +64,7 @@ class LLMResult:
                                                                 "fsdp", "ep")},
             "micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
             "microbatches": self.plan.microbatches,
+            "trainer": self.spec.trainer.to_dict(),
             "step_time_s": st, "tokens_per_s": tokens / st,
             "tflops_per_gpu": self.flops["megatron"] / st / n / 1e12,
             "hardware_tflops_per_gpu": self.flops["hardware"] / st / n / 1e12,
@@ -116,24 +117,18 @@ class LLMResult:
 
 def simulate_llm(spec: LLMSpec, parallel: ParallelSpec, topo: Topology, *, mode: str = "auto",
                  order: str = "tp-cp-dp-pp", schedule_name: str = "1f1b",
-                 attention: str = "flash", sequence_parallel: bool = True,
                  slowdown: Mapping[int, float] | None = None,
-                 link_faults=(), track_links: bool = False, dp_buckets: int = 4,
-                 grad_bytes: int = 4) -> LLMResult:
-    """Simulate one step. ``attention`` and ``sequence_parallel`` describe the trainer's
-    kernels (flash attention and Megatron sequence parallelism are today's defaults).
+                 link_faults=(), track_links: bool = False) -> LLMResult:
+    """Simulate one step under the trainer ``spec.trainer`` describes (its kernels, gradient
+    reduction, pipeline sends and stage split: planner/model/llm/trainer.py).
 
     ``slowdown`` (rank → compute factor ≥ 1) models stragglers. A slow rank holds up its
     TP/CP group at every block and so its whole pipeline stage in its replica; the step waits
     for that replica at the gradient reduction. Replicas being alike, the stage's representative
     runs at the slowest factor among the stage's ranks, which is exact for that critical path.
-
-    ``dp_buckets`` and ``grad_bytes`` describe the trainer's gradient reduction (overlapped
-    buckets of fp32 gradients by default; see :func:`~planner.workloads.llm.step.build_step`)."""
+"""
     p = resolve_parallel(spec, parallel, topo.num_gpus)
-    plan = build_step(spec, p, topo, order=order, schedule_name=schedule_name,
-                      attention=attention, sequence_parallel=sequence_parallel,
-                      dp_buckets=dp_buckets, grad_bytes=grad_bytes)
+    plan = build_step(spec, p, topo, order=order, schedule_name=schedule_name)
     if mode == "auto":
         mode = "symmetric" if topo.num_gpus > 8192 else "explicit"
     rep_slow: dict[int, float] = {}
@@ -152,7 +147,8 @@ def simulate_llm(spec: LLMSpec, parallel: ParallelSpec, topo: Topology, *, mode:
     sim = simulate(topo, plan.workload, mode=mode, slowdown=rep_slow, link_faults=link_faults,
                    track_links=track_links)
     plan.info["stragglers"] = {int(r): float(f) for r, f in (slowdown or {}).items()}
-    mem = memory_per_gpu(spec.model, spec.training, p, capacity_bytes=topo.gpu.hbm_bytes)
+    mem = memory_per_gpu(spec.model, spec.training, p, capacity_bytes=topo.gpu.hbm_bytes,
+                         trainer=spec.trainer, schedule_name=schedule_name)
     res = LLMResult(spec=spec, parallel=p, plan=plan, sim=sim, memory=mem,
                     flops=model_flops(spec))
     res.sim_peak = topo.gpu.peak(spec.training.precision)

@@ -123,7 +123,9 @@ def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8
         except SpecError:
             stats["invalid"] += 1
             continue
-        mem = memory_per_gpu(s.model, s.training, p, capacity_bytes=topo.gpu.hbm_bytes)
+        mem = memory_per_gpu(s.model, s.training, p, capacity_bytes=topo.gpu.hbm_bytes,
+                             trainer=s.trainer,
+                             schedule_name="interleaved" if p.vpp > 1 else "1f1b")
         if not mem.fits:
             stats["out_of_memory"] += 1
             continue
@@ -186,7 +188,8 @@ def _estimate(spec: LLMSpec, p: ParallelSpec, topo: Topology, prof, cache: dict,
     if p.dp > 1:
         group = lay.group("dp", 0)
         kind = "allreduce" if p.fsdp == "none" else "reducescatter"
-        size = 4 * params / max(1, min(4, max(sum(c) for c in chunks)))
+        buckets = spec.trainer.dp_buckets
+        size = spec.trainer.grad_bytes * params / max(1, min(buckets, max(sum(c) for c in chunks)))
         key = (kind, tuple(group), size)
         if key not in cache:
             cache[key] = simulate_collective(topo, kind, group, size).time_s

@@ -43,7 +43,7 @@ from planner.model.tables.task import Problem, ShardingTask, prepare
 from planner.workloads.dlrm.step import CATEGORIES as FLAT_CATEGORIES
 from planner.workloads.dlrm.step import StepSimulation, build_step_workload, simulate_step
 
-__all__ = ["DmtStep", "Comparison", "build_sptt_workload", "simulate_sptt", "compare_flat_dmt",
+__all__ = ["DmtStep", "Comparison", "build_sptt_workload", "simulate_sptt",
            "top_input_dims", "cross_host_bytes", "simulate_flat", "with_a2a_algo"]
 
 CATEGORIES = ("a2a_cross", "a2a_intra", "emb_fwd", "emb_bwd", "tm_fwd", "tm_bwd", "mlp_fwd",

@@ -1,6 +1,7 @@
 """LLM slice: specs, layout, schedules, FLOP conventions, memory, the step workload, the CLI."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -20,6 +21,7 @@ from planner.model.llm.spec import (
     load_llm_spec,
     parse_parallel,
 )
+from planner.model.llm.trainer import preset
 from planner.workloads.llm.schedule import interleaved, one_f_one_b
 
 
@@ -93,7 +95,6 @@ def test_pipeline_bubble_shrinks_with_more_microbatches():
     spec = _small()
     p = ParallelSpec(tp=2, pp=4, dp=2)
     few = simulate_llm(spec, p, topo)
-    from dataclasses import replace
     more = simulate_llm(replace(spec, training=replace(spec.training, global_batch_size=256)), p, topo)
     # ideal 1F1B: (m + pp − 1) × (f + b); per-micro-batch time must fall toward f + b
     assert more.step_time_s / 128 < few.step_time_s / 32
@@ -116,7 +117,8 @@ def test_deepspeed_gradient_reduction_after_backward_in_fp16():
     topo = load_topology("h100-ib:nodes=4")
     spec = _small()
     base = simulate_llm(spec, ParallelSpec(tp=1, pp=1, dp=32), topo)
-    ds = simulate_llm(spec, ParallelSpec(tp=1, pp=1, dp=32), topo, dp_buckets=1, grad_bytes=2)
+    ds_spec = replace(spec, trainer=preset("megatron-deepspeed"))
+    ds = simulate_llm(ds_spec, ParallelSpec(tp=1, pp=1, dp=32), topo)
     df = ds.sim.ops
     dp = df[df.category == "dp"]
     assert len(dp) == 1 and dp.start_s.min() >= df[df.category == "bwd"].end_s.max()

@@ -23,9 +23,9 @@ from planner.measure.validate.compare import compare_rank, compare_structure, ev
 from planner.measure.validate.config import Scale, load_source, run_config
 from planner.model.llm.layout import Layout
 from planner.model.llm.spec import LLMSpec, ModelSpec, TrainingSpec, load_llm_spec, parse_parallel
+from planner.model.llm.stages import chunk_layer_counts
 from planner.workloads.llm.comm_events import CommEvent, comm_events
 from planner.workloads.llm.partition import (
-    chunk_layer_counts,
     dp_bucket_elements,
     p2p_activation_bytes,
     rank_params,

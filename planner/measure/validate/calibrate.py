@@ -316,7 +316,7 @@ def _time_host(dist, torch, world: int, rank: int, *, layers: int = 8) -> dict:
     for ``tp{world}``, on a real tensor-parallel group of every rank, minus the time inside
     its all-reduces (recorded per call): what a TP block's Python, autograd functions,
     copies and dispatch cost around its communication on this machine."""
-    from planner.measure.validate.model import Block, TPGroup   # torch at import: ranks only
+    from planner.measure.validate.model import Block, TPGroup  # torch at import: ranks only
     res = {}
     rec = Recorder(rank)
     # written before every timed pass: the pass starts with its code and data evicted from

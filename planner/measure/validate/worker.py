@@ -31,8 +31,8 @@ from planner.measure.runner import init_group
 from planner.measure.validate.comm import CommError, GroupBroken, Progress, Recorder
 from planner.measure.validate.config import RunConfig
 from planner.model.llm.layout import Layout
+from planner.model.llm.stages import chunk_layer_counts
 from planner.workloads.llm.partition import (
-    chunk_layer_counts,
     dp_bucket_elements,
     vstage_layer_offsets,
 )

@@ -25,7 +25,6 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-
 from simulator.errors import SpecError
 from simulator.fileio import parse_yaml
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from planner.model.llm.spec import ModelSpec, ParallelSpec, TrainingSpec
+from planner.model.llm.stages import stage_layers
+from planner.model.llm.trainer import TrainerSpec
 
 __all__ = ["MemoryEstimate", "memory_per_gpu"]
 
@@ -40,17 +42,9 @@ class MemoryEstimate:
         return asdict(self) | {"fits": self.fits}
 
 
-def stage_layers(layers: int, pp: int) -> list[int]:
-    """Blocks per pipeline stage, the remainder going to the middle stages."""
-    base, extra = divmod(layers, pp)
-    out = [base] * pp
-    for i in range(extra):
-        out[(pp // 2 + i) % pp] += 1
-    return out
-
-
 def memory_per_gpu(m: ModelSpec, t: TrainingSpec, p: ParallelSpec, *, capacity_bytes: float,
-                   reserve_fraction: float = 0.05) -> MemoryEstimate:
+                   reserve_fraction: float = 0.05, trainer: TrainerSpec | None = None,
+                   schedule_name: str = "1f1b") -> MemoryEstimate:
     """Peak memory estimate of the most loaded stage; ``capacity`` minus a runtime reserve."""
     e = 1 if t.precision == "fp8" else (4 if t.precision == "fp32" else 2)
     e_w = 2 if t.precision == "fp8" else e
@@ -67,7 +61,8 @@ def memory_per_gpu(m: ModelSpec, t: TrainingSpec, p: ParallelSpec, *, capacity_b
         per_block_act *= 1 + (m.top_k - 1) * 19 / 34
     ep = max(1, p.ep)
     worst = None
-    for i, n_layers in enumerate(stage_layers(m.layers, p.pp)):
+    trim = trainer.trim_first_last_stage if trainer else 0
+    for i, n_layers in enumerate(stage_layers(m.layers, p.pp, trim)):
         params = n_layers * m.dense_params_per_layer / p.tp
         if i == 0:
             params += m.embedding_params / p.tp

@@ -7,6 +7,7 @@ Exactly these fields (MoE fields are an extension)::
     training: {global_batch_size (sequences), micro_batch_size, precision: bf16|fp16|fp8|fp32,
                activation_recompute: none|selective|full}
     parallel: {tp, cp, pp, dp, vpp, fsdp: none|zero1|zero2|zero3|hsdp}
+    trainer: {preset, attention, sequence_parallel, ...}   (planner/model/llm/trainer.py)
 
 Mixture of experts (extension): ``model.num_experts`` (E > 1 makes every block's MLP E experts
 of width ``ffn_hidden_size``) and ``model.top_k`` (experts per token); ``parallel.ep`` splits
@@ -18,13 +19,15 @@ Built-in specs (``planner/models/``) load by name: ``llama3-405b``, ``gpt3-175b`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from simulator.errors import SpecError
 from simulator.fileio import builtin_names, read_spec_mapping
 from simulator.validation import Fields
+
+from planner.model.llm.trainer import TrainerSpec, trainer_from_mapping
 
 __all__ = ["ModelSpec", "TrainingSpec", "ParallelSpec", "LLMSpec", "load_llm_spec",
            "builtin_model_names", "parse_parallel"]
@@ -140,6 +143,7 @@ class LLMSpec:
     training: TrainingSpec
     parallel: ParallelSpec | None
     source: str
+    trainer: TrainerSpec = field(default_factory=TrainerSpec)
 
 
 def builtin_model_names() -> list[str]:
@@ -155,7 +159,7 @@ def load_llm_spec(ref: str | Path) -> LLMSpec:
 
 def parse_llm_spec(doc: Mapping[str, Any], *, source: str) -> LLMSpec:
     f = Fields(doc, source)
-    f.check_keys({"model", "training", "parallel", "description", "notes"})
+    f.check_keys({"model", "training", "parallel", "trainer", "description", "notes"})
     m = f.sub("model", required=True)
     m.check_keys({"kind", "name", "layers", "hidden_size", "ffn_hidden_size", "num_heads",
                   "num_kv_heads", "vocab_size", "seq_len", "ffn", "num_experts", "top_k"})
@@ -192,7 +196,9 @@ def parse_llm_spec(doc: Mapping[str, Any], *, source: str) -> LLMSpec:
     if f.has("parallel"):
         pf = f.sub("parallel")
         parallel = _parallel_fields(pf)
-    return LLMSpec(model=model, training=training, parallel=parallel, source=source)
+    trainer = trainer_from_mapping(f.sub("trainer").data, source=source)
+    return LLMSpec(model=model, training=training, parallel=parallel, source=source,
+                   trainer=trainer)
 
 
 def _parallel_fields(pf: Fields) -> ParallelSpec:

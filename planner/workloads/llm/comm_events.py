@@ -38,8 +38,9 @@ def comm_events(workload: Workload, layout: Layout, rank: int, *,
     ``explicit_categories`` (DP traffic) are issued for every rank. A representative's op is
     moved to ``rank`` by shifting each member's coordinates along the axes the op's group does
     not span by ``rank``'s offset from its stage representative. A send is issued right after
-    the op it depends on (the sender's pass), a receive where the workload lists it (before
-    the receiver's pass). Pass markers (compute ops of category ``pass``) are included.
+    the op it depends on (the sender's pass), a receive right before the first op of the
+    receiver that waits for it (the receiver's pass). Pass markers (compute ops of category
+    ``pass``) are included.
 
     >>> from simulator.workload import Workload
     >>> w = Workload()
@@ -67,6 +68,7 @@ def comm_events(workload: Workload, layout: Layout, rank: int, *,
             out.append(layout.rank(**new))
         return tuple(out)
 
+    consumer = _receivers(workload)
     keyed: list[tuple[tuple[int, int, int], CommEvent]] = []
     for op in workload.ops:
         if op.kind == "compute" and op.category != "pass":
@@ -87,8 +89,21 @@ def comm_events(workload: Workload, layout: Layout, rank: int, *,
                            op.name, op.category)
             if sending and op.deps:
                 key = (max(op.deps), 1, op.id)
+            elif not sending:
+                key = (consumer.get(op.id, op.id), -1, op.id)
         else:
             ev = CommEvent("pass", 0, ranks, op.name, op.category)
         keyed.append((key, ev))
     keyed.sort(key=lambda kv: kv[0])
     return [ev for _, ev in keyed]
+
+
+def _receivers(workload: Workload) -> dict[int, int]:
+    """Send/recv op id -> id of the first op on its receiving rank that depends on it."""
+    dst = {op.id: op.ranks[1] for op in workload.ops if op.kind == "sendrecv"}
+    first: dict[int, int] = {}
+    for op in workload.ops:
+        for d in op.deps:
+            if d in dst and dst[d] in op.ranks and op.id < first.get(d, op.id + 1):
+                first[d] = op.id
+    return first

@@ -5,10 +5,9 @@ over the ranks of a TP/CP/PP/DP layout: exact counts per rank, shared by the sim
 from __future__ import annotations
 
 from planner.model.llm.kernels import bytes_per_element
-from planner.model.llm.memory import stage_layers
 from planner.model.llm.spec import LLMSpec, ParallelSpec
 
-__all__ = ["dp_bucket_elements", "rank_params", "chunk_layer_counts", "vstage_layer_offsets",
+__all__ = ["dp_bucket_elements", "rank_params", "vstage_layer_offsets",
            "p2p_activation_bytes"]
 
 
@@ -45,20 +44,6 @@ def rank_params(spec: LLMSpec, p: ParallelSpec, chunk_layers: list[list[int]], s
     if vs == nv - 1:
         n += vocab_local * h + h
     return n
-
-
-def chunk_layer_counts(layers: int, pp: int, vpp: int) -> list[list[int]]:
-    """Blocks of each (stage, chunk): :func:`~planner.model.llm.memory.stage_layers` per stage, split
-    over its ``vpp`` chunks with the remainder on the first ones.
-
-    >>> chunk_layer_counts(10, pp=2, vpp=2)
-    [[3, 2], [3, 2]]
-    """
-    out = []
-    for n in stage_layers(layers, pp):
-        base, extra = divmod(n, vpp)
-        out.append([base + (1 if c < extra else 0) for c in range(vpp)])
-    return out
 
 
 def vstage_layer_offsets(chunk_layers: list[list[int]], pp: int, vpp: int) -> list[int]:

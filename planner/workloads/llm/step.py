@@ -34,9 +34,9 @@ from planner.model.llm.host import HostOverhead, load_host_overhead
 from planner.model.llm.kernels import block_kernels, bytes_per_element, kernels_time, logits_kernels
 from planner.model.llm.layout import Layout
 from planner.model.llm.spec import LLMSpec, ParallelSpec
+from planner.model.llm.stages import chunk_layer_counts
 from planner.workloads.llm.emit import PassEmitter
 from planner.workloads.llm.partition import (
-    chunk_layer_counts,
     dp_bucket_elements,
     p2p_activation_bytes,
     rank_params,
@@ -107,11 +107,11 @@ def resolve_parallel(spec: LLMSpec, p: ParallelSpec, num_gpus: int) -> ParallelS
 
 def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "tp-cp-dp-pp",
                profile: ComputeProfile | None = None, schedule_name: str = "1f1b",
-               dp_buckets: int = 4, attention: str = "flash",
-               sequence_parallel: bool = True, expand_collectives: bool = False,
+               dp_buckets: int | None = None, attention: str | None = None,
+               sequence_parallel: bool | None = None, expand_collectives: bool = False,
                p2p_scatter_gather: bool | None = None,
                host: "HostOverhead | None | str" = "measured",
-               host_serial: bool = False, grad_bytes: int = 4) -> StepPlan:
+               host_serial: bool = False, grad_bytes: int | None = None) -> StepPlan:
     """Build the workload of one step; ``p`` must be resolved (see :func:`resolve_parallel`).
 
     ``expand_collectives``: every TP/CP collective becomes an op on its real group (see the
@@ -128,6 +128,10 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
 
     ``host`` and ``host_serial``: see :func:`pass_times`.
 
+    The trainer's settings come from ``spec.trainer`` (planner/model/llm/trainer.py);
+    ``attention``, ``sequence_parallel``, ``dp_buckets`` and ``grad_bytes`` override them
+    (the validation harness describes its own small trainer this way).
+
     ``dp_buckets`` and ``grad_bytes``: the data-parallel gradient reduction. The last
     micro-batch's backward is cut into ``dp_buckets`` parts, each bucket reduced as soon as its
     part lands (Megatron-core's overlapped DDP); ``dp_buckets=1`` reduces all gradients after the
@@ -136,7 +140,12 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
     wire: 4 for fp32 main-gradient buffers (Megatron-core), 2 where fp16/bf16 gradients are
     reduced in their own type (DeepSpeed without ``fp32_allreduce``).
     """
-    m, t = spec.model, spec.training
+    m, t, tr = spec.model, spec.training, spec.trainer
+    attention = tr.attention if attention is None else attention
+    sequence_parallel = tr.sequence_parallel if sequence_parallel is None else sequence_parallel
+    grad_bytes = tr.grad_bytes if grad_bytes is None else grad_bytes
+    if dp_buckets is None:
+        dp_buckets = tr.dp_buckets
     if expand_collectives and (m.is_moe or p.ep > 1):
         raise SpecError("expand_collectives does not list mixture-of-experts all-to-alls yet",
                         source=spec.source, field="model.num_experts",
@@ -154,7 +163,9 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
                                                    attention=attention,
                                                    sequence_parallel=sequence_parallel,
                                                    include_comm=not expand_collectives,
-                                                   host=host, host_serial=host_serial)
+                                                   host=host, host_serial=host_serial,
+                                                   tp_comm_overlap=tr.tp_comm_overlap
+                                                   and sequence_parallel)
 
     w = Workload(name=f"{m.name} step")
     act, p2p_gather = p2p_activation_bytes(spec, p, sequence_parallel=sequence_parallel,
@@ -165,7 +176,8 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
     steps = _StepBuilder(w, spec, p, lay, reps, chunk_layers, fwd_s, bwd_s, micro=micro,
                          weight_bytes=e_w, grad_bytes=grad_bytes, dp_buckets=dp_buckets,
                          act_bytes=act, p2p_gather=p2p_gather, emit=emit,
-                         expanded=expand_collectives)
+                         expanded=expand_collectives, pp_blocking=not tr.pp_comm_overlap,
+                         reduce_after=tr.grad_reduce == "after_backward" and dp_buckets == 1)
     steps.fsdp_gathers()
     steps.passes({s: schedule(schedule_name, p.pp, micro, s, p.vpp) for s in range(p.pp)})
     steps.optimizer_steps()
@@ -182,7 +194,8 @@ class _StepBuilder:
     def __init__(self, w: Workload, spec: LLMSpec, p: ParallelSpec, lay: Layout,
                  reps: list[int], chunk_layers: list, fwd_s: list, bwd_s: list, *, micro: int,
                  weight_bytes: int, grad_bytes: int, dp_buckets: int, act_bytes: float,
-                 p2p_gather: bool, emit: PassEmitter | None, expanded: bool) -> None:
+                 p2p_gather: bool, emit: PassEmitter | None, expanded: bool,
+                 pp_blocking: bool = False, reduce_after: bool = False) -> None:
         self.w, self.spec, self.p, self.reps = w, spec, p, reps
         self.chunk_layers, self.fwd_s, self.bwd_s, self.micro = chunk_layers, fwd_s, bwd_s, micro
         self.e_w, self.grad_bytes, self.dp_buckets = weight_bytes, grad_bytes, dp_buckets
@@ -198,6 +211,12 @@ class _StepBuilder:
         self.first_b: dict[tuple[int, int], bool] = {}
         self.last_ops: dict[int, list[int]] = {s: [] for s in range(p.pp)}
         self.dp_ops: dict[int, list[int]] = {s: [] for s in range(p.pp)}
+        # pipeline sends, issued by the sender as its pass ends: (kind, sender vstage, mb) -> op;
+        # ``pp_blocking``: a rank's next pass waits for its send (synchronous p2p)
+        self.reduce_after = reduce_after and not expanded
+        self.sent: dict[tuple[str, int, int], int] = {}
+        self.pp_blocking = pp_blocking
+        self.blocked: dict[int, int] = {}
 
     def chunk_params(self, s: int, c: int) -> float:
         """Parameters held per rank in chunk ``c`` of stage ``s`` (DP traffic, optimizer)."""
@@ -247,6 +266,7 @@ class _StepBuilder:
                         break
                     oid = self._forward(s, c, mb) if kind == "F" else self._backward(s, c, mb)
                     self.done[(kind, vs, mb)] = oid
+                    self._send(kind, s, vs, mb, oid)
                     self.last_ops[s].append(oid)
                     pos[s] += 1
                     remaining -= 1
@@ -262,14 +282,31 @@ class _StepBuilder:
             return vs == 0 or ("F", vs - 1, mb) in self.done
         return vs == self.nv - 1 or ("B", vs + 1, mb) in self.done
 
+    def _send(self, kind: str, s: int, vs: int, mb: int, oid: int) -> None:
+        """The pipeline send of pass ``kind`` (activation forward, gradient backward) that ends
+        with op ``oid`` on virtual stage ``vs`` of stage ``s``; none at the pipeline's ends."""
+        dst = vs + 1 if kind == "F" else vs - 1
+        if not 0 <= dst < self.nv:
+            return
+        what = "act" if kind == "F" else "grad"
+        sid = _p2p(self.w, self.p, self.reps, vs, dst, self.act, oid,
+                   f"{what} mb{mb}" + (f" v{dst}" if self.emit else ""))
+        self.sent[(kind, vs, mb)] = sid
+        if self.pp_blocking and sid != oid:
+            self.blocked[s] = sid
+
+    def _stage_deps(self, s: int) -> list[int]:
+        """What stage ``s``'s next pass waits for besides its data: its last blocking send."""
+        sid = self.blocked.pop(s, None)
+        return [] if sid is None else [sid]
+
     def _forward(self, s: int, c: int, mb: int) -> int:
         """The forward of micro-batch ``mb`` on chunk ``c`` of stage ``s``; its op id."""
         p, w, emit = self.p, self.w, self.emit
         vs = c * p.pp + s
-        deps: list[int] = []
+        deps: list[int] = self._stage_deps(s)
         if vs > 0:
-            deps.append(_p2p(w, p, self.reps, vs - 1, vs, self.act, self.done[("F", vs - 1, mb)],
-                             f"act mb{mb}" + (f" v{vs}" if emit else "")))
+            deps.append(self.sent[("F", vs - 1, mb)])
         deps += self.gathered.get((s, c, "F"), [])
         if emit:
             return emit.forward(s, c, mb, deps, gather=self.p2p_gather and vs > 0)
@@ -281,10 +318,9 @@ class _StepBuilder:
         with the DP gradient reductions); its op id."""
         p, w, emit = self.p, self.w, self.emit
         vs = c * p.pp + s
-        deps: list[int] = []
+        deps: list[int] = self._stage_deps(s)
         if vs < self.nv - 1:
-            deps.append(_p2p(w, p, self.reps, vs + 1, vs, self.act, self.done[("B", vs + 1, mb)],
-                             f"grad mb{mb}" + (f" v{vs}" if emit else "")))
+            deps.append(self.sent[("B", vs + 1, mb)])
         deps.append(self.done[("F", vs, mb)])
         if self.zero3 and not self.first_b.get((s, c)):
             self.first_b[(s, c)] = True
@@ -293,7 +329,7 @@ class _StepBuilder:
         last_mb = mb == self.micro - 1
         if emit:
             return self._expanded_backward(s, c, mb, deps, last_mb)
-        if last_mb and p.dp > 1:
+        if last_mb and p.dp > 1 and not self.reduce_after:
             return self._bucketed_backward(s, c, mb, deps)
         return w.compute(self.reps[s], f"B mb{mb} c{c}", duration_s=self.bwd_s[s][c],
                          deps=deps, category="bwd")
@@ -335,10 +371,14 @@ class _StepBuilder:
         p = self.p
         for s in range(p.pp):
             params = sum(self.chunk_params(s, c) for c in range(p.vpp))
+            last = self.last_ops[s][-1:] + self._stage_deps(s)
+            if self.reduce_after:    # one reduction of the whole gradient buffer
+                self.dp_ops[s] += self.dp_collectives(self.dp_reduce, s,
+                                                      params * self.grad_bytes, last,
+                                                      f"grads s{s}")
             shard = p.dp if p.fsdp != "none" else 1
             opt = self.w.compute(self.reps[s], "optimizer", bytes_moved=30 * params / shard,
-                                 deps=self.dp_ops[s] + self.last_ops[s][-1:],
-                                 category="optimizer")
+                                 deps=self.dp_ops[s] + last, category="optimizer")
             if p.fsdp in ("zero1", "zero2"):
                 self.dp_collectives("allgather", s, params * self.e_w, [opt],
                                     f"param gather s{s}")
@@ -346,9 +386,10 @@ class _StepBuilder:
 
 def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
                prof: ComputeProfile, comm_cache: dict | None = None, *,
-               attention: str = "flash", sequence_parallel: bool = True,
+               attention: str | None = None, sequence_parallel: bool | None = None,
                detail: dict | None = None, host: HostOverhead | None | str = "measured",
-               include_comm: bool = True, host_serial: bool = False):
+               include_comm: bool = True, host_serial: bool = False,
+               tp_comm_overlap: bool | None = None):
     """Per (stage, chunk): forward and backward seconds of one micro-batch on the stage's
     representative (TP/CP collectives included, timed on their actual groups), the TP/CP part
     of it, and the blocks per chunk. ``comm_cache`` may be shared across calls.
@@ -362,10 +403,18 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
     measures it for :mod:`planner.measure.validate`.
 
     ``include_comm=False`` leaves the TP/CP/EP collectives out of the pass times (the expanded
-    step issues them as ops). ``detail`` receives, per stage, the seconds of one block's
+    step issues them as ops). ``attention``, ``sequence_parallel`` and ``tp_comm_overlap``
+    default to ``spec.trainer``'s; with ``tp_comm_overlap`` each of a block's four TP
+    all-gathers and reduce-scatters runs in chunks under the GEMM beside it (Transformer
+    Engine's userbuffers), exposing ``max(c/tp, c − gemm)`` of its time ``c`` (the first chunk
+    cannot overlap). ``detail`` receives, per stage, the seconds of one block's
     forward (``layer_fwd_s``), of its recompute (``layer_recompute_s``) and the rest of its
     backward (``layer_bwd_s``), and the embedding and logits parts (``embed_*``, ``logits_*``)."""
-    m, t = spec.model, spec.training
+    m, t, tr = spec.model, spec.training, spec.trainer
+    attention = tr.attention if attention is None else attention
+    sequence_parallel = tr.sequence_parallel if sequence_parallel is None else sequence_parallel
+    if tp_comm_overlap is None:
+        tp_comm_overlap = tr.tp_comm_overlap and sequence_parallel
     b = t.micro_batch_size
     e = bytes_per_element("bf16" if t.precision == "fp8" else t.precision)
     T = b * m.seq_len / p.cp
@@ -400,29 +449,22 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
 
     def floor(kernel_s: float, host_s: float) -> float:
         return kernel_s + host_s if host_serial else max(kernel_s, host_s)
-    layers_per_chunk = chunk_layer_counts(m.layers, p.pp, p.vpp)
+    # GEMMs a TP all-gather / reduce-scatter hides under with tp_comm_overlap (s each)
+    beside = [kernels_time(kprof, [k]) for k in blk
+              if k.name in ("qkv", "attn_out", "mlp_up", "mlp_down")] if tp_comm_overlap else []
+    layers_per_chunk = chunk_layer_counts(m.layers, p.pp, p.vpp, tr.trim_first_last_stage)
     fwd_s, bwd_s, tpc_s = [], [], []
     chunk_layers = []
     for s in range(p.pp):
-        tp_group = lay.group("tp", reps[s])
-        cp_group = lay.group("cp", reps[s])
-        kv = m.num_kv_heads * m.head_dim
-        if include_comm:
-            tp_ar = coll("allreduce", tp_group, T * m.hidden_size * e)
-            cp_ag = coll("allgather", cp_group,
-                         p.cp * 2 * T * kv * e / min(p.tp, m.num_kv_heads))
-            # MoE: token dispatch and combine all-to-alls over the EP group (each rank sends
-            # its top_k copies of its 1/tp token slice), forward and again in backward
-            ep_a2a = coll("alltoall", lay.ep_group(reps[s], p.ep),
-                          m.top_k * T * m.hidden_size * e / p.tp) if m.is_moe else 0.0
-        else:
-            tp_ar = cp_ag = ep_a2a = 0.0
+        tp_ar, cp_ag, ep_a2a = _stage_collectives(spec, p, lay, reps[s], coll) \
+            if include_comm else (0.0, 0.0, 0.0)
         if detail is not None:   # EP all-to-all seconds per micro-batch and layer, per stage
             detail.setdefault("ep_a2a_s", []).append(ep_a2a)
             detail.setdefault("layer_attn_frac_f", []).append(frac_f)
             detail.setdefault("layer_attn_frac_b", []).append(frac_b)
-        comm_f = 2 * tp_ar + cp_ag + 2 * ep_a2a
-        comm_b = 2 * tp_ar + 2 * cp_ag + 2 * ep_a2a
+        tp_x = _tp_exposed(tp_ar, beside, p.tp)
+        comm_f = tp_x + cp_ag + 2 * ep_a2a
+        comm_b = tp_x + 2 * cp_ag + 2 * ep_a2a
         recompute = {"none": 0.0, "selective": attn_f, "full": blk_f + comm_f}[
             t.activation_recompute]
         if detail is not None:
@@ -459,6 +501,33 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
         tpc_s.append(c_row)
 
     return fwd_s, bwd_s, tpc_s, chunk_layers
+
+
+def _stage_collectives(spec: LLMSpec, p: ParallelSpec, lay: Layout, rep: int,
+                       coll) -> tuple[float, float, float]:
+    """Seconds of one block's TP all-reduce, CP K/V all-gather and MoE all-to-all (each one
+    call, one micro-batch) on the groups of stage representative ``rep``."""
+    m, t = spec.model, spec.training
+    e = bytes_per_element("bf16" if t.precision == "fp8" else t.precision)
+    T = t.micro_batch_size * m.seq_len / p.cp
+    kv = m.num_kv_heads * m.head_dim
+    tp_ar = coll("allreduce", lay.group("tp", rep), T * m.hidden_size * e)
+    cp_ag = coll("allgather", lay.group("cp", rep),
+                 p.cp * 2 * T * kv * e / min(p.tp, m.num_kv_heads))
+    # MoE: token dispatch and combine all-to-alls over the EP group (each rank sends its
+    # top_k copies of its 1/tp token slice), forward and again in backward
+    ep_a2a = coll("alltoall", lay.ep_group(rep, p.ep),
+                  m.top_k * T * m.hidden_size * e / p.tp) if m.is_moe else 0.0
+    return tp_ar, cp_ag, ep_a2a
+
+
+def _tp_exposed(tp_ar: float, beside: list[float], tp: int) -> float:
+    """Exposed TP communication of one block pass: two all-reduces of ``tp_ar`` seconds, or,
+    overlapped (``beside``: the GEMMs' seconds), four halves each under its GEMM."""
+    if not beside or tp_ar <= 0:
+        return 2 * tp_ar
+    half = tp_ar / 2
+    return sum(max(half / tp, half - g) for g in beside) + half * (4 - len(beside))
 
 
 def _p2p(w: Workload, p: ParallelSpec, reps: list[int], src_vs: int, dst_vs: int, nbytes: float,
