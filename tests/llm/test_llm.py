@@ -12,6 +12,7 @@ from planner.cli.main import main
 from planner.llm.fidelity import KORTHIKANTI, korthikanti_rows, narayanan_flops
 from planner.llm.metrics import model_flops, simulate_llm
 from planner.model.llm.layout import Layout
+from planner.model.llm.schedule import interleaved, one_f_one_b
 from planner.model.llm.spec import (
     LLMSpec,
     ModelSpec,
@@ -22,7 +23,6 @@ from planner.model.llm.spec import (
     parse_parallel,
 )
 from planner.model.llm.trainer import preset
-from planner.workloads.llm.schedule import interleaved, one_f_one_b
 
 
 def test_builtins_load():

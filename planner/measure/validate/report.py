@@ -82,7 +82,7 @@ def validate(cfg: RunConfig, *, expected: Expected | None = None,
         "topology": exp.topology.name, "compute_profile": f"traces/efficiency/{exp.profile.gpu.name}.yaml",
         "traces": sorted(r["trace"] for r in res.ranks if r.get("trace")),
         "real": {"tensor_parallel": "manual Megatron-style (autograd functions), gloo",
-                 "pipeline": f"hand-written {cfg.schedule} from planner.workloads.llm.schedule, "
+                 "pipeline": f"hand-written {cfg.schedule} from planner.model.llm.schedule, "
                              "blocking recv + isend",
                  "data_parallel": f"flat fp32 gradient buffer, {cfg.dp_buckets} buckets max, "
                                   "all-reduced after each chunk's last backward (no overlap)"},

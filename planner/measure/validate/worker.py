@@ -3,7 +3,7 @@
 The rank takes its coordinates from the plan's layout (:class:`planner.model.llm.layout.Layout`,
 Megatron order by default), builds the chunks of its pipeline stage with its 1/tp of every
 block, and runs ``warmup + steps`` training steps, each executing the stage's schedule from
-:func:`planner.workloads.llm.schedule.schedule` (the simulator's own): receive (blocking), pass, send
+:func:`planner.model.llm.schedule.schedule` (the simulator's own): receive (blocking), pass, send
 (``isend``, completed at the end of the step); after the last micro-batch's backward of each
 chunk, its gradients (fp32, a flat buffer in backward order) are all-reduced over the DP group
 in :func:`planner.workloads.llm.partition.dp_bucket_elements` buckets; then AdamW (foreach ops). A barrier separates steps
@@ -31,12 +31,12 @@ from planner.measure.runner import init_group
 from planner.measure.validate.comm import CommError, GroupBroken, Progress, Recorder
 from planner.measure.validate.config import RunConfig
 from planner.model.llm.layout import Layout
+from planner.model.llm.schedule import schedule
 from planner.model.llm.stages import chunk_layer_counts
 from planner.workloads.llm.partition import (
     dp_bucket_elements,
     vstage_layer_offsets,
 )
-from planner.workloads.llm.schedule import schedule
 
 __all__ = ["worker_main"]
 

@@ -33,6 +33,7 @@ from simulator.workload import Workload
 from planner.model.llm.host import HostOverhead, load_host_overhead
 from planner.model.llm.kernels import block_kernels, bytes_per_element, kernels_time, logits_kernels
 from planner.model.llm.layout import Layout
+from planner.model.llm.schedule import schedule
 from planner.model.llm.spec import LLMSpec, ParallelSpec
 from planner.model.llm.stages import chunk_layer_counts
 from planner.workloads.llm.emit import PassEmitter
@@ -41,7 +42,6 @@ from planner.workloads.llm.partition import (
     p2p_activation_bytes,
     rank_params,
 )
-from planner.workloads.llm.schedule import schedule
 
 __all__ = ["StepPlan", "build_step", "resolve_parallel", "pass_times"]
 
