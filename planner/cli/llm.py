@@ -24,6 +24,7 @@ from planner.llm.fidelity import (
 from planner.llm.metrics import simulate_llm
 from planner.llm.search import search
 from planner.model.llm.spec import LLMSpec, ParallelSpec, parse_parallel
+from planner.model.llm.trainer import TrainerSpec
 from planner.model.reliability import (
     link_faults_from_args,
     reliability_report,
@@ -79,9 +80,10 @@ def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
         d["trace"] = args.trace
     mem = res.memory
     if not mem.fits:
-        print(f"clusterplan: warning: out of memory on stage {mem.stage}: "
-              f"{format_bytes(mem.total_bytes)} needed, {format_bytes(mem.capacity_bytes)} "
-              "usable", file=sys.stderr)
+        print(f"clusterplan: warning: does not fit in memory: stage {mem.stage} needs "
+              f"{format_bytes(mem.total_bytes)}, {format_bytes(mem.capacity_bytes)} usable "
+              f"(over by {format_bytes(mem.total_bytes - mem.capacity_bytes)}); the step time "
+              "assumes it would fit", file=sys.stderr)
     p = d["parallel"]
     bd = d["breakdown"]
     lines = [
@@ -89,6 +91,7 @@ def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
         f"pp={p['pp']} dp={p['dp']} vpp={p['vpp']} fsdp={p['fsdp']}"
         + (f" ep={p['ep']}" if p['ep'] > 1 else "") + ", "
         f"{d['microbatches']} micro-batches of {d['micro_batch_size']}",
+        "  " + trainer_line(spec.trainer),
         f"  step time {format_time(d['step_time_s'])}   {d['tokens_per_s']:,.0f} tokens/s   "
         f"{d['tflops_per_gpu']:.1f} TFLOP/s per GPU",
         f"  MFU {d['mfu']:.1%} (PaLM 6N+attention)   {d['mfu_megatron']:.1%} (Megatron model "
@@ -106,7 +109,18 @@ def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
         f"{format_time(bd['optimizer_s'])}",
     ] + extra_lines
     emit(args, d, "\n".join(lines))
-    return 0 if mem.fits else 2
+    return 0
+
+
+def trainer_line(t: TrainerSpec) -> str:
+    """One line of the trainer settings a result was simulated with."""
+    return (f"trainer {t.preset}: {t.attention} attention, sequence parallel "
+            f"{'on' if t.sequence_parallel else 'off'}, TP comm overlap "
+            f"{'on' if t.tp_comm_overlap else 'off'}, gradients reduced {t.grad_reduce.replace('_', ' ')}"
+            f" in {t.grad_reduce_dtype}, pipeline sends "
+            f"{'overlapped' if t.pp_comm_overlap else 'blocking'}"
+            + (f", {t.trim_first_last_stage} block(s) off the first and last stage"
+               if t.trim_first_last_stage else ""))
 
 
 def fidelity(args, emit) -> int:
@@ -163,6 +177,7 @@ def plan_model(args, spec: LLMSpec, topo, emit) -> int:
              f"{stats['enumerated']} layouts, {stats['out_of_memory']} out of memory, "
              f"{stats['estimated']} estimated, {stats['simulated']} simulated in "
              f"{stats['wall_s']:.1f} s",
+             "  " + trainer_line(spec.trainer),
              f"  {'#':>2} {'tp':>3}{'cp':>3}{'pp':>4}{'dp':>5}{'ep':>4}{'vpp':>4}{'mbs':>4} {'fsdp':<6}"
              f"{'step':>11}{'MFU':>7}{'memory':>12}{'bubble':>12}{'exposed DP':>12}  order"]
     for i, r in enumerate(results, 1):

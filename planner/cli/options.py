@@ -4,15 +4,18 @@ a table spec or an op graph."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
 from simulator.topology import Topology, load_topology
 
-from planner.model.llm.spec import builtin_model_names
+from planner.model.llm.spec import LLMSpec, builtin_model_names
+from planner.model.llm.trainer import PRESETS, TRAINER_KEYS, trainer_from_args
 
-__all__ = ["topology_arguments", "topology_from_args", "is_model"]
+__all__ = ["topology_arguments", "topology_from_args", "is_model", "trainer_arguments",
+           "with_trainer"]
 
 
 def topology_arguments(p: argparse.ArgumentParser, *, default: str | None = None) -> None:
@@ -27,6 +30,24 @@ def topology_arguments(p: argparse.ArgumentParser, *, default: str | None = None
 def topology_from_args(args: argparse.Namespace) -> Topology:
     """The topology ``--topology`` names, resized to ``--gpus`` when given."""
     return load_topology(args.topology, gpus=args.gpus)
+
+
+def trainer_arguments(p: argparse.ArgumentParser) -> None:
+    """Add ``--trainer NAME`` and ``--trainer-set KEY=VALUE`` (model specs' ``trainer:``)."""
+    p.add_argument("--trainer", metavar="NAME", default=None,
+                   help="model specs: the trainer preset, replacing the spec's trainer: section "
+                        f"({', '.join(PRESETS)})")
+    p.add_argument("--trainer-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="model specs: override one trainer setting (repeatable; keys: "
+                        f"{', '.join(k for k in TRAINER_KEYS if k != 'preset')})")
+
+
+def with_trainer(spec: LLMSpec, args: argparse.Namespace) -> LLMSpec:
+    """``spec`` with ``--trainer`` and ``--trainer-set`` applied to its ``trainer:``."""
+    name, sets = getattr(args, "trainer", None), getattr(args, "trainer_set", None)
+    if not name and not sets:
+        return spec
+    return replace(spec, trainer=trainer_from_args(spec.trainer, name, sets))
 
 
 def is_model(ref: str) -> bool:

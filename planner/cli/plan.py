@@ -9,7 +9,7 @@ from simulator.topology import load_topology
 
 from planner.cli import tables
 from planner.cli.llm import plan_model
-from planner.cli.options import is_model
+from planner.cli.options import is_model, trainer_arguments, with_trainer
 from planner.cli.output import emit
 from planner.cli.tables import add_arguments
 from planner.model.llm.spec import load_llm_spec
@@ -28,6 +28,7 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top", type=int, default=5, metavar="K", help="model plans: layouts to show")
     p.add_argument("--gpus", type=int, default=None, metavar="N",
                    help="model plans: resize the topology to N GPUs")
+    trainer_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -42,7 +43,11 @@ def run(args) -> int:
             raise SpecError("a model plan needs --topology", field="--topology",
                             fix="pass e.g. --topology h100-ib --gpus 1024")
         topo = load_topology(args.topology, gpus=args.gpus)
-        return plan_model(args, load_llm_spec(args.tables), topo, emit)
+        return plan_model(args, with_trainer(load_llm_spec(args.tables), args), topo, emit)
+    if args.trainer or args.trainer_set:
+        raise SpecError("--trainer and --trainer-set apply to model specs, not table specs",
+                        source=args.tables, field="--trainer",
+                        fix="drop the flag, or plan a model spec (model: section)")
     if args.devices is None:
         raise SpecError("a sharding plan needs --devices", field="--devices",
                         fix="pass --devices N")

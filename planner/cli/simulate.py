@@ -11,7 +11,13 @@ from simulator.units import format_bytes, format_time
 from simulator.workload_spec import load_workload
 
 from planner.cli.llm import simulate_model
-from planner.cli.options import is_model, topology_arguments, topology_from_args
+from planner.cli.options import (
+    is_model,
+    topology_arguments,
+    topology_from_args,
+    trainer_arguments,
+    with_trainer,
+)
 from planner.cli.output import emit
 from planner.model.llm.spec import load_llm_spec
 from planner.model.reliability import add_arguments as _reliability_arguments
@@ -38,6 +44,7 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--order", default="tp-cp-dp-pp",
                    help="placement of parallel axes, innermost first (default tp-cp-dp-pp)")
     p.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe", "interleaved"))
+    trainer_arguments(p)
     p.add_argument("--mode", default="auto", choices=("auto", "explicit", "symmetric"))
     p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace JSON")
     p.add_argument("--trace-ranks", type=int, default=64, metavar="N",
@@ -53,7 +60,11 @@ def run(args) -> int:
                         fix="create the directory or write the trace elsewhere")
     topo = topology_from_args(args)
     if is_model(args.workload):
-        return simulate_model(args, load_llm_spec(args.workload), topo, emit)
+        return simulate_model(args, with_trainer(load_llm_spec(args.workload), args), topo, emit)
+    if args.trainer or args.trainer_set:
+        raise SpecError("--trainer and --trainer-set apply to model specs, not op graphs",
+                        source=args.workload, field="--trainer",
+                        fix="drop the flag, or simulate a model spec (model: section)")
     w = load_workload(args.workload, num_gpus=topo.num_gpus)
     res = simulate(topo, w, mode="explicit" if args.mode == "auto" else args.mode,
                    slowdown=stragglers_from_args(args, topo.num_gpus),

@@ -137,11 +137,14 @@ def test_parallel_errors_exit_2(capsys):
         parse_parallel("tp=x")
 
 
-def test_out_of_memory_exits_2_with_numbers(capsys):
+def test_out_of_memory_still_reports_the_time(capsys):
     code = main(["simulate", "llama3-70b", "--topology", "h100-ib:nodes=1", "--parallel",
-                 "tp=1,pp=1,dp=8"])
-    err = capsys.readouterr().err
-    assert code == 2 and "out of memory" in err and "GiB" in err
+                 "tp=1,pp=1,dp=8", "--json"])
+    out, err = capsys.readouterr()
+    d = json.loads(out)
+    assert code == 0 and "does not fit in memory" in err and "GiB" in err and "stage 0" in err
+    assert d["memory"]["fits"] is False and d["step_time_s"] > 0
+    assert d["memory"]["total_bytes"] > d["memory"]["capacity_bytes"]
 
 
 def test_simulate_json_keys(capsys):

@@ -3,7 +3,8 @@
 Blocks divide evenly, the remainder going to the middle stages (the first stage also holds the
 embedding, the last the logits and loss). ``trim`` takes that many blocks off the first and the
 last stage (Llama 3's balance, Megatron-Core's ``--decoder-first/last-pipeline-num-layers``):
-the split is that of ``layers + 2·trim`` blocks minus ``trim`` at both ends; with interleaving
+the end stages get ``⌊(layers + 2·trim)/pp⌋ − trim`` blocks each and the middle stages share
+the rest evenly (with two stages there is no middle, and trimming changes nothing); with interleaving
 the trimmed blocks come off the first chunk of the first stage and the last chunk of the last.
 
 >>> stage_layers(126, 16, trim=1)[:3], stage_layers(126, 16, trim=1)[-1]
@@ -33,10 +34,11 @@ def stage_layers(layers: int, pp: int, trim: int = 0) -> list[int]:
     """Blocks per pipeline stage."""
     if trim == 0 or pp == 1:
         return _even(layers, pp)
-    out = _even(layers + 2 * trim, pp)
-    out[0] -= trim
-    out[-1] -= trim
-    if min(out) < 0:
+    end = (layers + 2 * trim) // pp - trim
+    out = [end] + (_even(layers - 2 * end, pp - 2) if pp > 2 else []) + [end]
+    if pp == 2:
+        out = _even(layers, 2)
+    if min(out) < 0 or sum(out) != layers:
         raise SpecError(f"trimming {trim} blocks off the first and last of {pp} stages leaves "
                         f"a stage with {min(out)} of the {layers} blocks",
                         field="trainer.trim_first_last_stage",
