@@ -14,9 +14,10 @@ __all__ = ["register", "run"]
 def register(p: argparse.ArgumentParser) -> None:
     """Add this command's description and arguments to its parser ``p``."""
     p.description = ("Simulate the published configurations of Narayanan 2021 "
-                     "Table 1, Korthikanti 2022 and the vTrain multi-node runs and "
-                     "print the error per row and the MAPE per set (assumptions in "
-                     "planner/llm/fidelity.py).")
+                     "Table 1, Korthikanti 2022 and the vTrain multi-node runs, each row "
+                     "through the same spec path as 'clusterplan simulate', and print the "
+                     "error per row and the MAPE per set. The sets, their trainer presets "
+                     "and assumptions are data: traces/published/*.yaml.")
     p.add_argument("--set", action="append",
                    choices=("narayanan", "korthikanti", "vtrain", "vtrain-single"),
                    help="default: narayanan, korthikanti, vtrain (vtrain-single: vTrain's 1,440 "
@@ -25,6 +26,9 @@ def register(p: argparse.ArgumentParser) -> None:
                                                / "data" / "vtrain"),
                    help="folder with ground_truth_multi.csv (default ../shared/data/vtrain)")
     p.add_argument("--limit", type=int, default=None, help="first N rows of each set")
+    p.add_argument("--emit-specs", metavar="DIR", default=None,
+                   help="also write each row as a model spec file and its simulate command "
+                        "line (DIR/commands.sh)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from simulator.errors import SpecError
 from simulator.fileio import atomic_write_text
@@ -15,11 +16,11 @@ from simulator.units import format_bytes, format_time
 
 from planner.llm.fidelity import (
     kendall_tau_by_group,
-    korthikanti_rows,
-    narayanan_rows,
+    load_set,
+    row_command,
+    row_spec_document,
     run_set,
-    vtrain_rows,
-    vtrain_single_rows,
+    set_info,
 )
 from planner.llm.metrics import simulate_llm
 from planner.llm.search import search
@@ -124,22 +125,20 @@ def trainer_line(t: TrainerSpec) -> str:
 
 
 def fidelity(args, emit) -> int:
+    """Simulate the published sets' rows through the public spec path; print errors per row."""
     sets = args.set or ["narayanan", "korthikanti", "vtrain"]
-    frames = []
+    frames, info = [], {}
     for name in sets:
-        if name == "narayanan":
-            rows = narayanan_rows()
-        elif name == "korthikanti":
-            rows = korthikanti_rows()
-        elif name == "vtrain-single":
-            rows = vtrain_single_rows(Path(args.vtrain_dir) / "ground_truth_single.csv")
-        else:
-            rows = vtrain_rows(Path(args.vtrain_dir) / "ground_truth_multi.csv")
+        rows = load_set(name, vtrain_dir=args.vtrain_dir)
         if args.limit:
             rows = rows[: args.limit]
+        if args.emit_specs:
+            _write_row_specs(rows, Path(args.emit_specs))
+        info[rows[0]["set"] if rows else name] = set_info(name)
         frames.append(run_set(rows))
     df = pd.concat(frames, ignore_index=True)
-    summary = {s: {"mape": float(g.error.abs().mean()), "rows": len(g)}
+    summary = {s: {"mape": float(g.error.abs().mean()), "mean_error": float(g.error.mean()),
+                   "rows": len(g), **info.get(s, {})}
                for s, g in df.groupby("set", sort=False)}
     if "vtrain" in summary:
         summary["vtrain"]["kendall_tau_by_group"] = kendall_tau_by_group(df[df.set == "vtrain"])
@@ -152,9 +151,27 @@ def fidelity(args, emit) -> int:
         if "kendall_tau_by_group" in v:
             extra = "  Kendall tau " + ", ".join(f"{g} {t:.2f}" for g, t in
                                                   v["kendall_tau_by_group"].items())
-        lines.append(f"{s}: MAPE {v['mape'] * 100:.1f}% over {v['rows']} rows{extra}")
+        lines.append(f"{s}: MAPE {v['mape'] * 100:.1f}% (mean {v['mean_error'] * 100:+.1f}%) "
+                     f"over {v['rows']} rows, trainer "
+                     f"{v.get('trainer', {}).get('preset', '?')} ({v.get('source', '')}){extra}")
+    if args.emit_specs:
+        lines.append(f"specs and commands: {args.emit_specs}/")
     emit(args, {"rows": df.to_dict(orient="records"), "summary": summary}, "\n".join(lines))
     return 0
+
+
+def _write_row_specs(rows: list[dict], folder: Path) -> None:
+    """Each row as a spec file plus its line in ``commands.sh``: the public path, by hand."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for r in rows:
+        name = f"{r['set']}-{r['row']}".replace(" ", "-").replace("/", "-") + ".yaml"
+        atomic_write_text(folder / name, yaml.safe_dump(row_spec_document(r), sort_keys=False),
+                          field="--emit-specs")
+        lines.append(row_command(r, str(folder / name)))
+    cmds = folder / "commands.sh"
+    old = cmds.read_text().splitlines() if cmds.exists() else []
+    atomic_write_text(cmds, "\n".join(dict.fromkeys(old + lines)) + "\n", field="--emit-specs")
 
 
 def plan_model(args, spec: LLMSpec, topo, emit) -> int:

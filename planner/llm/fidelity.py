@@ -1,23 +1,13 @@
 """Fidelity against published measurements: Narayanan 2021 Table 1, Korthikanti 2022, vTrain.
 
-Every row is simulated as published (model, GPUs, TP/PP/DP, batch) on a Selene-like topology;
-what a paper does not state is an assumption named here and applied to every row of its set
-alike, never fitted per row:
-
-All three sets predate flash attention, so their rows use standard attention (s×s scores in
-memory); sequence parallelism only where the source says so (Korthikanti's selective rows).
-
-* Narayanan 2021 Table 1 (GPT, V = 51,200, s = 2,048, fp16, ``selene-a100``): full activation
-  recompute (the paper's setting), micro-batch 1, non-interleaved 1F1B, no ZeRO. Measured
-  iteration time derived as ``F / (GPUs × TFLOP/s)`` with Narayanan's FLOP formula.
-* Korthikanti 2022 (same GPT family, DP = 1): the table's two modes, full recompute and
-  selective recompute with sequence parallelism; micro-batch 1; 175B and 530B interleaved with 3
-  virtual stages as in Calculon's execution files.
-* vTrain multi-node (Megatron-DeepSpeed, A100 nodes with 800 Gb/s each: ``dgx-a100`` with
-  8 × 100 Gb/s NICs): V = 51,200 (not recorded), fp16, full activation recompute (its best
-  3.6B/18.4B/39.1B times match Narayanan's recompute-inclusive throughput within 4%), 1F1B;
-  the DeepSpeed engine's gradient reduction (``MEGATRON_DEEPSPEED``: once after the last
-  backward, fp16 on the wire).
+Every set is data, ``traces/published/*.yaml``: a spec shared by its rows (model, training and
+``trainer:`` sections, the fields a user writes), the topology, and per row the published model
+sizes, parallel degrees, batch and time. The trainer preset of each set is named there with the
+sentence of its source that justifies it, and what a source does not state is listed under
+``assumptions:`` and applied to every row of the set alike, never fitted per row. Each row is
+parsed by :func:`~planner.model.llm.spec.parse_llm_spec` and simulated by
+:func:`~planner.llm.metrics.simulate_llm` exactly as ``clusterplan simulate`` does
+(:func:`row_spec_document` and :func:`row_command` give the spec file and the command line).
 
 Cross-node TP (TP16 over 2 nodes) runs NCCL's ring: its tuner rates tree's bandwidth below
 ring's, so it does not take the 2-node tree whose flows would beat the NIC line rate
@@ -92,146 +82,158 @@ import pandas as pd
 from scipy.stats import kendalltau
 
 from simulator.errors import SpecError
+from simulator.fileio import read_spec_mapping
 from simulator.topology import load_topology
 
 from planner.llm.metrics import simulate_llm
-from planner.model.llm.spec import LLMSpec, ModelSpec, ParallelSpec, TrainingSpec
-from planner.model.llm.trainer import override, preset
+from planner.model.llm.spec import parse_llm_spec
 
-__all__ = ["NARAYANAN", "KORTHIKANTI", "narayanan_rows", "korthikanti_rows", "vtrain_rows",
-           "vtrain_single_rows",
+__all__ = ["PUBLISHED", "load_set", "narayanan_rows", "korthikanti_rows", "vtrain_rows",
+           "vtrain_single_rows", "narayanan_flops", "row_spec_document", "row_command", "set_info",
            "run_set", "kendall_tau_by_group"]
 
-# params(B), heads, hidden, layers, TP, PP, GPUs, batch, TFLOP/s per GPU (recompute-inclusive)
-NARAYANAN = [
-    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137), (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
-    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142), (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
-    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138), (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
-    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148), (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
-    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163), (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
-]
-# model, h, heads, layers, TP, PP, GPUs, batch, full recompute s, seq-parallel + selective s, vpp
-KORTHIKANTI = [
-    ("22B", 6144, 64, 48, 8, 1, 8, 4, 1.42, 1.10, 1),
-    ("175B", 12288, 96, 96, 8, 8, 64, 64, 18.13, 13.75, 3),
-    ("530B", 20480, 128, 105, 8, 35, 280, 280, 49.05, 37.83, 3),
-    ("1T", 25600, 160, 128, 8, 64, 512, 512, 94.42, 71.49, 1),
-]
-
-
-# vTrain's runs use microsoft/Megatron-DeepSpeed (its data README): the DeepSpeed engine reduces
-# gradients once, after the last micro-batch's backward (the pipeline schedule's ReduceGrads
-# instruction follows the last BackwardPass; ZeRO stages 0/1 do not overlap it), in the fp16
-# type of the gradients (fp32_allreduce is off by default). Megatron-core (Narayanan,
-# Korthikanti) keeps fp32 gradient buffers reduced in buckets that overlap the backward.
-MEGATRON_DEEPSPEED = {"dp_buckets": 1, "grad_bytes": 2}
-
-
-def _gpt(name: str, h: int, heads: int, layers: int, *, s: int = 2048, V: int = 51200) -> ModelSpec:
-    return ModelSpec(name=name, layers=layers, hidden_size=h, ffn_hidden_size=4 * h,
-                     num_heads=heads, num_kv_heads=heads, vocab_size=V, seq_len=s, ffn="gelu")
+#: the published sets, one YAML file each
+PUBLISHED = Path(__file__).resolve().parents[2] / "traces" / "published"
+SETS = {"narayanan": "narayanan-2021.yaml", "korthikanti": "korthikanti-2022.yaml",
+        "vtrain": "vtrain-multi.yaml", "vtrain-single": "vtrain-single.yaml"}
 
 
 def narayanan_flops(B: int, s: int, l: int, h: int, V: int) -> float:
+    """Narayanan's FLOPs of one iteration (recompute-inclusive), his Table 1 convention."""
     return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
 
 
-def narayanan_rows() -> list[dict]:
+def _merge(a: dict, b: dict) -> dict:
+    """``b`` laid over ``a``, section by section."""
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _row(meta: dict, base: dict, fields: dict, *, name: str, group: str, measured_s: float,
+         source: str, extra: dict | None = None) -> dict:
+    """One row: its spec document (``base`` + the row's sizes, degrees and batch), parsed as a
+    user's spec is, and its topology from the set's template."""
+    gpus = int(fields["gpus"])
+    doc = _merge(base, {
+        "model": {"name": f"{meta['set']}-{name}".replace(" ", "-"),
+                  "layers": fields["layers"], "hidden_size": fields["hidden_size"],
+                  "num_heads": fields["num_heads"],
+                  "ffn_hidden_size": fields.get("ffn_hidden_size",
+                                                meta.get("ffn_multiple", 4) * fields["hidden_size"]),
+                  **({"seq_len": fields["seq_len"]} if "seq_len" in fields else {})},
+        "training": {"global_batch_size": fields["global_batch_size"],
+                     **({"micro_batch_size": fields["micro_batch_size"]}
+                        if "micro_batch_size" in fields else {})},
+        "parallel": {"tp": fields["tp"], "pp": fields["pp"], "vpp": fields.get("vpp", 1),
+                     "dp": gpus // (fields["tp"] * fields["pp"])}})
+    doc = _merge(doc, extra or {})
+    spec = parse_llm_spec(doc, source=source)
+    return {"set": meta["set"], "group": group, "row": name, "spec": spec,
+            "parallel": spec.parallel, "document": doc,
+            "topology": meta["topology"].format(nodes=max(1, gpus // 8), gpus=gpus),
+            "measured_s": measured_s}
+
+
+def _read(name_or_path: str | Path) -> tuple[dict, str]:
+    path = Path(name_or_path)
+    if not path.suffix:
+        if name_or_path not in SETS:
+            raise SpecError(f"unknown published set {name_or_path!r}", field="--set",
+                            fix=f"use one of: {', '.join(SETS)}")
+        path = PUBLISHED / SETS[str(name_or_path)]
+    doc, source = read_spec_mapping(path, package="traces", what="published set",
+                                    fix="see traces/published/README.md")
+    if Path(source).resolve().parent == PUBLISHED:
+        source = f"traces/published/{Path(source).name}"
+    return doc, source
+
+
+def set_info(name_or_path: str | Path) -> dict:
+    """A set's title, trainer preset with its justification, and assumptions (for reports)."""
+    meta, source = _read(name_or_path)
+    return {"source": source, "title": meta.get("title", ""), "trainer": meta.get("trainer", {}),
+            "assumptions": meta.get("assumptions", []), "measured": meta.get("measured", "")}
+
+
+def load_set(name_or_path: str | Path, *, vtrain_dir: str | Path | None = None,
+             every: int = 1) -> list[dict]:
+    """The rows of a published set (a name in :data:`SETS` or a YAML path); CSV-backed sets
+    read their CSV from ``vtrain_dir``, every ``every``-th row."""
+    meta, source = _read(name_or_path)
+    base = meta["spec"]
+    if "csv" in meta:
+        return _csv_rows(meta, base, source, vtrain_dir, every)
     rows = []
-    for params, heads, h, l, tp, pp, gpus, B, tflops in NARAYANAN:
-        measured = narayanan_flops(B, 2048, l, h, 51200) / (gpus * tflops * 1e12)
-        spec = LLMSpec(model=_gpt(f"gpt-{params}B", h, heads, l),
-                       training=TrainingSpec(global_batch_size=B, micro_batch_size=1,
-                                             precision="fp16", activation_recompute="full"),
-                       parallel=None, source="Narayanan 2021 Table 1",
-                       trainer=preset("megatron-lm-2021"))
-        rows.append({"set": "narayanan", "group": "all", "row": f"{params}B", "spec": spec,
-                     "parallel": ParallelSpec(tp=tp, pp=pp, dp=gpus // (tp * pp)),
-                     "topology": f"selene-a100:nodes={gpus // 8}", "measured_s": measured,
-                     "attention": "standard", "sequence_parallel": False})
+    for i, f in enumerate(meta["rows"]):
+        src = f"{source} rows[{i}]"
+        if "tflops_per_gpu" in f:       # Narayanan: time from his FLOP count and TFLOP/s
+            flops = narayanan_flops(f["global_batch_size"], base["model"]["seq_len"],
+                                    f["layers"], f["hidden_size"], base["model"]["vocab_size"])
+            rows.append(_row(meta, base, f, name=f["row"], group="all", source=src,
+                             measured_s=flops / (f["gpus"] * f["tflops_per_gpu"] * 1e12)))
+            continue
+        for mode, seconds in f["seconds"].items():
+            rows.append(_row(meta, base, f, name=f"{f['row']} {mode}", group="all", source=src,
+                             measured_s=float(seconds), extra=meta["modes"][mode]))
     return rows
 
 
-def korthikanti_rows() -> list[dict]:
-    rows = []
-    for name, h, heads, l, tp, pp, gpus, B, full, sel, vpp in KORTHIKANTI:
-        for mode, measured in (("full", full), ("selective", sel)):
-            spec = LLMSpec(model=_gpt(f"gpt-{name}", h, heads, l),
-                           training=TrainingSpec(global_batch_size=B, micro_batch_size=1,
-                                                 precision="fp16", activation_recompute=mode),
-                           parallel=None, source="Korthikanti 2022",
-                           trainer=override(preset("megatron-lm-2022"),
-                                            [f"sequence_parallel={mode == 'selective'}"]))
-            rows.append({"set": "korthikanti", "group": "all", "row": f"{name} {mode}",
-                         "spec": spec, "parallel": ParallelSpec(tp=tp, pp=pp, dp=1, vpp=vpp),
-                         "topology": f"selene-a100:nodes={gpus // 8}", "measured_s": measured,
-                         "attention": "standard", "sequence_parallel": mode == "selective"})
-    return rows
-
-
-def vtrain_rows(path: str | Path) -> list[dict]:
-    path = Path(path)
-    if not path.exists():
-        raise SpecError("vTrain data not found", source=str(path),
-                        fix="pass --vtrain-dir pointing at shared/data/vtrain")
-    df = pd.read_csv(path, encoding="utf-8-sig")
-    rows = []
-    for i, r in df.iterrows():
-        h, heads, l = int(r["hidden size"]), int(r["attention heads"]), int(r["# layers"])
-        spec = LLMSpec(model=_gpt(f"gpt-{r['Parameters (billion)']}B", h, heads, l,
-                                  s=int(r["sequence length"])),
-                       training=TrainingSpec(global_batch_size=int(r["global batch"]),
-                                             micro_batch_size=int(r["micro batch"]),
-                                             precision="fp16", activation_recompute="full"),
-                       parallel=None, source="vTrain ground_truth_multi.csv",
-                       trainer=preset("megatron-deepspeed"))
-        gpus = int(r["# GPUs"])
-        rows.append({"set": "vtrain", "group": f"{r['Parameters (billion)']}B",
-                     "row": f"tp{int(r['tensor parallelism'])} dp{int(r['data parallelism'])} "
-                            f"pp{int(r['pipeline parallelism'])} mbs{int(r['micro batch'])}",
-                     "spec": spec,
-                     "parallel": ParallelSpec(tp=int(r["tensor parallelism"]),
-                                              pp=int(r["pipeline parallelism"]),
-                                              dp=int(r["data parallelism"])),
-                     "topology": f"dgx-a100:nodes={gpus // 8},node.nic_bandwidth=100Gb/s",
-                     "measured_s": float(r["iteration time (ms)"]) / 1e3,
-                     "attention": "standard", "sequence_parallel": False,
-                     "trainer": MEGATRON_DEEPSPEED})
-    return rows
-
-
-def vtrain_single_rows(path: str | Path, *, every: int = 1) -> list[dict]:
-    """vTrain's single-node runs (2, 4 or 8 A100s; hidden 1,024/2,048, 12–24 layers, s = 1,024):
-    every ``every``-th of the 1,440 rows (all by default, about 25 s), same
-    assumptions as the multi-node set. Small blocks: the set that exercises the host floor
-    (planner/model/llm/host.py)."""
-    path = Path(path)
+def _csv_rows(meta: dict, base: dict, source: str, vtrain_dir, every: int) -> list[dict]:
+    """Rows of a vTrain CSV (columns: shared/reference/validation-data.md §4)."""
+    path = Path(vtrain_dir or PUBLISHED) / meta["csv"]
     if not path.exists():
         raise SpecError("vTrain data not found", source=str(path),
                         fix="pass --vtrain-dir pointing at shared/data/vtrain")
     df = pd.read_csv(path, encoding="utf-8-sig").iloc[::every]
     rows = []
-    for _, r in df.iterrows():
-        g = int(r["# GPUs"])
-        tp, dp, pp = (int(r["tensor parallelism"]), int(r["data parallelism"]),
-                      int(r["pipeline parallelism"]))
-        spec = LLMSpec(model=_gpt(f"gpt-h{int(r['hidden size'])}-l{int(r['# layers'])}",
-                                  int(r["hidden size"]), int(r["attention heads"]),
-                                  int(r["# layers"]), s=int(r["sequence length"])),
-                       training=TrainingSpec(global_batch_size=int(r["global batch"]),
-                                             micro_batch_size=int(r["micro batch"]),
-                                             precision="fp16", activation_recompute="full"),
-                       parallel=None, source="vTrain ground_truth_single.csv",
-                       trainer=preset("megatron-deepspeed"))
-        rows.append({"set": "vtrain-single", "group": f"{g} GPUs",
-                     "row": f"h{int(r['hidden size'])} l{int(r['# layers'])} tp{tp} dp{dp} pp{pp} "
-                            f"mbs{int(r['micro batch'])} gb{int(r['global batch'])}",
-                     "spec": spec, "parallel": ParallelSpec(tp=tp, pp=pp, dp=dp),
-                     "topology": f"dgx-a100:node.gpus={g},node.nics={g}",
-                     "measured_s": float(r["iteration time (ms)"]) / 1e3,
-                     "attention": "standard", "sequence_parallel": False,
-                     "trainer": MEGATRON_DEEPSPEED})
+    for i, r in df.iterrows():
+        f = {"layers": int(r["# layers"]), "hidden_size": int(r["hidden size"]),
+             "num_heads": int(r["attention heads"]), "seq_len": int(r["sequence length"]),
+             "tp": int(r["tensor parallelism"]), "pp": int(r["pipeline parallelism"]),
+             "gpus": int(r["# GPUs"]), "global_batch_size": int(r["global batch"]),
+             "micro_batch_size": int(r["micro batch"])}
+        dp = f["gpus"] // (f["tp"] * f["pp"])
+        params = r.get("Parameters (billion)")
+        name = (f"tp{f['tp']} dp{dp} pp{f['pp']} mbs{f['micro_batch_size']}" if params is not None
+                else f"h{f['hidden_size']} l{f['layers']} tp{f['tp']} dp{dp} pp{f['pp']} "
+                     f"mbs{f['micro_batch_size']} gb{f['global_batch_size']}")
+        group = meta["group"].format(params=params, gpus=f["gpus"])
+        rows.append(_row(meta, base, f, name=name, group=group, source=f"{path} row {i}",
+                         measured_s=float(r["iteration time (ms)"]) / 1e3))
     return rows
+
+
+def narayanan_rows() -> list[dict]:
+    return load_set("narayanan")
+
+
+def korthikanti_rows() -> list[dict]:
+    return load_set("korthikanti")
+
+
+def vtrain_rows(path: str | Path) -> list[dict]:
+    """vTrain's multi-node rows from ``path`` (its ground_truth_multi.csv)."""
+    return load_set("vtrain", vtrain_dir=Path(path).parent)
+
+
+def vtrain_single_rows(path: str | Path, *, every: int = 1) -> list[dict]:
+    """vTrain's single-node runs (2, 4 or 8 A100s; hidden 1,024/2,048, 12–24 layers, s = 1,024):
+    every ``every``-th of the 1,440 rows (all by default, about 25 s). Small blocks: the set
+    that exercises the host floor (planner/model/llm/host.py)."""
+    return load_set("vtrain-single", vtrain_dir=Path(path).parent, every=every)
+
+
+def row_spec_document(row: dict) -> dict:
+    """The spec file of a row (YAML-ready), with ``description`` naming its source."""
+    return {"description": f"{row['set']} {row['row']} ({row['spec'].source})",
+            **row["document"]}
+
+
+def row_command(row: dict, spec_path: str) -> str:
+    """The ``clusterplan simulate`` command line that reproduces a row from its spec file."""
+    return f"clusterplan simulate {spec_path} --topology {row['topology']}"
 
 
 def run_set(rows: list[dict], *, progress=None) -> pd.DataFrame:
