@@ -14,6 +14,7 @@ from planner.llm.metrics import simulate_llm
 from planner.model.llm.spec import ParallelSpec, load_llm_spec, parse_llm_spec
 from planner.model.llm.stages import chunk_layer_counts, stage_layers
 from planner.model.llm.trainer import PRESETS, TrainerSpec, override, preset
+from planner.sweep import parse_sweep, run_sweep
 
 SMALL = {"model": {"name": "small", "layers": 8, "hidden_size": 2048, "ffn_hidden_size": 8192,
                    "num_heads": 16, "vocab_size": 32000, "seq_len": 2048, "ffn": "gelu"},
@@ -128,3 +129,20 @@ def test_builtin_specs_keep_the_default_trainer():
     spec = load_llm_spec("llama3-70b")
     assert spec.trainer == TrainerSpec()
     assert replace(spec, trainer=preset("torchtitan")).trainer.grad_reduce == "overlapped"
+
+
+def test_a_sweep_varies_the_trainer():
+    spec = parse_sweep({"command": ["simulate", "llama3-8b"],
+                        "args": {"--topology": "h100-ib:nodes=2", "--parallel": "tp=2,pp=2,dp=4",
+                                 "--global-batch": 32},
+                        "grid": {"--trainer": ["megatron-core", "megatron-deepspeed"],
+                                 "--trainer-set": ["attention=flash", "attention=standard"]},
+                        "keep": ["step_time_s", "trainer.preset", "trainer.attention",
+                                 "trainer.grad_reduce"]}, source="t")
+    table, stats = run_sweep(spec, command=main, workers=1)
+    assert table.ok.all() and len(table) == 4
+    assert set(table["trainer.preset"]) == {"megatron-core", "megatron-deepspeed"}
+    ds = table[table["trainer.preset"] == "megatron-deepspeed"]
+    assert set(ds["trainer.grad_reduce"]) == {"after_backward"}
+    std = table.set_index(["trainer", "trainer.attention"]).step_time_s
+    assert std[("megatron-core", "standard")] > std[("megatron-core", "flash")]
