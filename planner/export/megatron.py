@@ -33,26 +33,43 @@ def export_megatron(plan: dict, *, num_layers: int | None = None,
     seq = _plan.seq_len(plan, seq_len)
     prec = _plan.precision(plan, precision)
     mode = p.get("fsdp", "none")
+    tr = plan.get("trainer") or {}
+    trim = int(tr.get("trim_first_last_stage", 0))
     a: list[list[str]] = []
     if layers is not None:
-        if layers % p["pp"]:
-            raise SpecError(f"{layers} layers do not split over pp={p['pp']}", field="num_layers",
-                            fix="choose pp dividing the layer count")
+        if (layers + 2 * trim) % p["pp"]:
+            raise SpecError(f"{layers} layers do not split over pp={p['pp']}"
+                            + (f" with {trim} off the first and last stage" if trim else ""),
+                            field="num_layers", fix="choose pp dividing the layer count")
         a.append(["--num-layers", str(layers)])
+        if trim and p["pp"] > 2:
+            end = str((layers + 2 * trim) // p["pp"] - trim)
+            a += [["--decoder-first-pipeline-num-layers", end],
+                  ["--decoder-last-pipeline-num-layers", end]]
     a.append(["--tensor-model-parallel-size", str(p["tp"])])
-    if p["tp"] > 1:
+    if p["tp"] > 1 and tr.get("sequence_parallel", True):
         a.append(["--sequence-parallel"])
+        if tr.get("tp_comm_overlap", False):
+            a.append(["--tp-comm-overlap"])
+    if tr.get("attention") == "standard":
+        a.append(["--attention-backend", "unfused"])
+    elif tr:
+        a.append(["--attention-backend", "flash"])
     a.append(["--pipeline-model-parallel-size", str(p["pp"])])
     if p["vpp"] > 1:
         if layers is None:
             raise SpecError("vpp > 1 needs the model's layer count for "
                             "--num-layers-per-virtual-pipeline-stage", field="num_layers",
                             fix="pass --num-layers N (or a plan that records num_layers)")
-        if layers % (p["pp"] * p["vpp"]):
+        if (layers + 2 * trim) % (p["pp"] * p["vpp"]):
             raise SpecError(f"{layers} layers do not split into pp*vpp = {p['pp'] * p['vpp']} "
                             "virtual stages", field="parallel.vpp",
                             fix="choose vpp so that layers divide by pp*vpp")
-        a.append(["--num-layers-per-virtual-pipeline-stage", str(layers // (p["pp"] * p["vpp"]))])
+        if trim:     # uneven end stages: Megatron-Core counts chunks, not layers per chunk
+            a.append(["--num-virtual-stages-per-pipeline-rank", str(p["vpp"])])
+        else:
+            a.append(["--num-layers-per-virtual-pipeline-stage",
+                      str(layers // (p["pp"] * p["vpp"]))])
     a.append(["--context-parallel-size", str(p["cp"])])
     if plan.get("num_experts", 0) > 1:
         a.append(["--num-experts", str(plan["num_experts"])])
@@ -78,7 +95,10 @@ def export_megatron(plan: dict, *, num_layers: int | None = None,
         a += [["--use-megatron-fsdp"],
               ["--data-parallel-sharding-strategy", "optim_grads_params"]]
     if p["dp"] > 1:
-        a.append(["--overlap-grad-reduce"])
+        if tr.get("grad_reduce", "overlapped") == "overlapped":
+            a.append(["--overlap-grad-reduce"])
+        if tr.get("grad_reduce_dtype") == "bf16":
+            a.append(["--grad-reduce-in-bf16"])
         if mode != "none":
             a.append(["--overlap-param-gather"])
     header = (f"# clusterplan export: Megatron-LM pretrain_gpt.py arguments for "
@@ -125,6 +145,8 @@ def validate_megatron(files: Mapping[str, str], plan: Mapping | None = None) -> 
         vpp = 1
         if "num-layers-per-virtual-pipeline-stage" in args:
             vpp = int(args["num-layers"]) // pp // int(args["num-layers-per-virtual-pipeline-stage"])
+        elif "num-virtual-stages-per-pipeline-rank" in args:
+            vpp = int(args["num-virtual-stages-per-pipeline-rank"])
         got = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "vpp": vpp}
         want = {k: p[k] for k in got}
         if rem or got != want or ("microbatches" in plan and mb != plan["microbatches"]):

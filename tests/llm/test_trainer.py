@@ -146,3 +146,23 @@ def test_a_sweep_varies_the_trainer():
     assert set(ds["trainer.grad_reduce"]) == {"after_backward"}
     std = table.set_index(["trainer", "trainer.attention"]).step_time_s
     assert std[("megatron-core", "standard")] > std[("megatron-core", "flash")]
+
+
+def test_megatron_export_carries_the_trainer_settings():
+    from planner.cli.llm import plan_document
+    from planner.export.megatron import export_megatron, parse_megatron_args
+    topo = load_topology("h100-ib:nodes=4")
+    spec = _spec(trim_first_last_stage=1, tp_comm_overlap=True, grad_reduce_dtype="bf16")
+    spec = replace(spec, model=replace(spec.model, layers=14))
+    doc = plan_document(simulate_llm(spec, ParallelSpec(tp=2, pp=4, dp=4, vpp=2), topo,
+                                     schedule_name="interleaved"), topo)
+    args = parse_megatron_args(export_megatron(doc)["megatron.args"])
+    assert args["decoder-first-pipeline-num-layers"] == args["decoder-last-pipeline-num-layers"] \
+        == "3" and args["num-virtual-stages-per-pipeline-rank"] == "2"
+    assert args["tp-comm-overlap"] and args["sequence-parallel"] and args["grad-reduce-in-bf16"]
+    assert args["attention-backend"] == "flash" and args["overlap-grad-reduce"]
+    ds = replace(spec, trainer=preset("megatron-deepspeed"))
+    doc = plan_document(simulate_llm(ds, ParallelSpec(tp=2, pp=2, dp=8), topo), topo)
+    args = parse_megatron_args(export_megatron(doc)["megatron.args"])
+    assert "overlap-grad-reduce" not in args and "sequence-parallel" not in args
+    assert args["attention-backend"] == "unfused"
