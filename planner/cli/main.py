@@ -26,6 +26,7 @@ COMMANDS = {
     "measure": "run a sharding plan for real on this machine",
     "export": "write a plan as trainer launch settings",
     "fidelity": "iteration-time error against published LLM runs",
+    "scaling": "MFU against GPU count, with the share of each mechanism that lowers it",
     "calibrate": "fit simulator parameters to measurements",
     "diagnose": "name straggling ranks from traces of a run",
     "reorder": "choose the rank order that makes a collective fastest on a network",

@@ -13,6 +13,13 @@ Two modes:
   spread evenly over the links of that class the batch touches. Exact when traffic is spread
   evenly over those links (rings, all-to-alls and regular groups on homogeneous fabrics), and
   orders of magnitude cheaper at 16k+ GPUs. Hand-written topologies always run explicit.
+
+Topologies with ``routing: ecmp`` always run explicit too: hashing pins flows to single ports,
+so the ports of a tier carry uneven loads that differ from batch to batch, and concurrent
+batches that share some ports but not others are exactly what a class row cannot see (it
+would drop the collisions ECMP is there to show). Explicit mode stays affordable where
+symmetric mode would be chosen (a GPT-3 175B step on 16,384 GPUs, 64 DP rings of 256 ranks:
+about a second).
 """
 
 from __future__ import annotations
@@ -160,7 +167,9 @@ class FlowNetwork:
             raise ValueError(f"mode must be explicit or symmetric, got {mode!r}")
         self.env = env
         self.topo = topo
-        self.mode = mode if topo.hierarchy is not None else "explicit"
+        # hand-written graphs and hashed (ECMP) routes break the symmetry classes rely on
+        self.mode = mode if topo.hierarchy is not None and not topo.routing.ecmp \
+            else "explicit"
         if self.mode == "symmetric":
             self._space = _ClassSpace(topo)
             self.capacity = np.asarray(self._space.capacity)

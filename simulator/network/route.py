@@ -8,6 +8,18 @@ CPUs carry no transit traffic unless a device says ``transit: true``.
 A flow may name a ``rail``: it then leaves and enters its hosts through the NICs of that rail
 (NCCL keeps a channel on one rail; the hop from the GPU to a NIC of another rail goes over
 NVLink, PXN-style, and is not modelled). A flow without a rail uses each GPU's own NIC.
+
+Under ``routing: ecmp`` (:class:`~simulator.topology.model.Routing`) a flow is cut into
+``qps`` sub-flows and each is pinned to one equal-cost path chosen by a hash of (seed, source,
+destination, rail, sub-flow, level), as a switch hashes a queue pair's 5-tuple. On a generated
+fabric the hash picks port ``j`` of the bundle at each level the flow climbs, and the flow comes
+down the same level on port ``j`` of the destination's unit (in a folded Clos the ``j``-th
+uplink of every unit of a tier reaches the same parent switch). This is a simplification where
+a level's ports hang off several parent switches: each level's choice is drawn independently.
+On a hand-written graph the hash picks one successor at every branching of the shortest-path
+DAG. Each sub-flow carries ``1/qps`` of its flow's bytes; the flow moves at one rate, that of
+its slowest sub-flow (NCCL deals a connection's chunks round-robin over its queue pairs).
+With one path everywhere this is the ideal route.
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ from functools import lru_cache
 import numpy as np
 
 from simulator.errors import SimulationError
+from simulator.hashing import hash64
 from simulator.topology import Topology
 
 __all__ = ["Routes", "route", "route_to_node_switch"]
@@ -66,6 +79,8 @@ def route(topo: Topology, src, dst, rail=None) -> Routes:
     if topo.hierarchy is not None:
         r = None if rail is None else np.broadcast_to(np.asarray(rail, dtype=np.int64), src.shape)
         return _route_tree(topo, src, dst, r)
+    if topo.routing.ecmp:
+        return _route_graph_ecmp(topo, src, dst)
     return _route_graph(topo, src, dst)
 
 
@@ -84,7 +99,7 @@ def _route_tree(topo: Topology, src, dst, rail) -> Routes:
     lat = topo.links.latency_s
     ns, nd = h.node_of_gpu[src], h.node_of_gpu[dst]
     fid = np.arange(src.size)
-    flows, links = [], []
+    flows, links, hashed = [], [], []
     same = (ns == nd) & (src != dst)
     flows += [fid[same], fid[same]]
     links += [h.gpu_up[src[same]], h.gpu_down[dst[same]]]
@@ -116,14 +131,49 @@ def _route_tree(topo: Topology, src, dst, rail) -> Routes:
             raise SimulationError(f"topology {topo.name}: no route between some nodes")
         for k in range(levels - 1):
             use = lca > k
+            ua, ub = unit(k, a[use], rs[use]), unit(k, b[use], rd[use])
             flows += [c[use], c[use]]
-            links += [h.up[k][unit(k, a[use], rs[use])], h.down[k][unit(k, b[use], rd[use])]]
+            links += [h.up[k][ua], h.down[k][ub]]
+            if k >= 1 and topo.routing.ecmp:
+                hashed.append((k, c[use], s[use], d[use], rs[use], ua, ub))
     flow = np.concatenate(flows) if flows else np.zeros(0, np.int64)
     link = np.concatenate(links) if links else np.zeros(0, np.int64)
     if (link < 0).any():
         raise SimulationError(f"topology {topo.name}: a route climbs past the top tier")
     latency = np.bincount(flow, weights=lat[link], minlength=src.size)
+    if hashed:
+        return _ecmp_ports(topo, flow, link, latency, hashed)
     return Routes(int(src.size), flow, link, np.ones(link.size), latency)
+
+
+def _ecmp_ports(topo: Topology, flow: np.ndarray, link: np.ndarray, latency: np.ndarray,
+                hashed: list) -> Routes:
+    """Replace the bundle legs of a tree route by hashed ports (``routing: ecmp``).
+
+    ``hashed`` lists per level ``k`` the flows that climb it with their source, destination,
+    rail, and source and destination units; each flow becomes ``qps`` sub-flows of ``1/qps``
+    of its bytes, sub-flow ``q`` going up port ``j`` of the source unit and down port ``j`` of
+    the destination unit, ``j`` a hash of (seed, source, destination, rail, q, k). Latencies
+    stay those of the bundles (a port has its bundle's latency)."""
+    h, rt = topo.hierarchy, topo.routing
+    bundle = np.zeros(topo.links.latency_s.size, dtype=bool)
+    flows, links, fracs = [], [], []
+    q = np.arange(rt.qps)
+    for k, f, s, d, r, ua, ub in hashed:
+        bundle[h.up[k][ua]] = True
+        bundle[h.down[k][ub]] = True
+        j = hash64(rt.seed, s[:, None], d[:, None], r[:, None], q[None, :], k)
+        na, nb = h.port_count[k][ua][:, None], h.port_count[k][ub][:, None]
+        up = h.port_first[k][ua][:, None] + 2 * (j % na.astype(np.uint64)).astype(np.int64)
+        down = h.port_first[k][ub][:, None] + 2 * (j % nb.astype(np.uint64)).astype(np.int64) + 1
+        ff = np.repeat(f, rt.qps)
+        flows += [ff, ff]
+        links += [up.ravel(), down.ravel()]
+        fracs.append(np.full(2 * ff.size, 1.0 / rt.qps))
+    keep = ~bundle[link]
+    return Routes(latency.size, np.concatenate([flow[keep]] + flows),
+                  np.concatenate([link[keep]] + links),
+                  np.concatenate([np.ones(int(keep.sum()))] + fracs), latency)
 
 
 def _route_graph(topo: Topology, src, dst) -> Routes:
@@ -142,6 +192,28 @@ def _route_graph(topo: Topology, src, dst) -> Routes:
         return Routes(int(src.size), z, z, np.zeros(0), lats)
     return Routes(int(src.size), np.concatenate(flows), np.concatenate(links),
                   np.concatenate(fracs), lats)
+
+
+def _route_graph_ecmp(topo: Topology, src, dst) -> Routes:
+    """Hand-written graph under ``routing: ecmp``: each of a flow's ``qps`` sub-flows follows
+    one shortest path, a hashed successor at every branching (see the module docstring)."""
+    rt = topo.routing
+    table = _pair_table(topo)
+    flows, links, lats = [], [], np.zeros(src.size)
+    for i, (s, d) in enumerate(zip(src.tolist(), dst.tolist())):
+        if s == d:
+            continue
+        for q in range(rt.qps):
+            ids, lt = table.path(s, d, q)
+            flows.append(np.full(len(ids), i))
+            links.append(ids)
+            lats[i] = max(lats[i], lt)
+    if not flows:
+        z = np.zeros(0, np.int64)
+        return Routes(int(src.size), z, z, np.zeros(0), lats)
+    flow = np.concatenate(flows)
+    return Routes(int(src.size), flow, np.concatenate(links), np.full(flow.size, 1.0 / rt.qps),
+                  lats)
 
 
 _PAIR_CACHE: dict[int, object] = {}
@@ -203,5 +275,26 @@ def _pair_table(topo: Topology):
         fr = np.fromiter(frac_on.values(), dtype=float, count=len(frac_on))
         return ids, fr, reach[d]
 
+    index = {n: i for i, n in enumerate(g.nodes)}
+
+    @lru_cache(maxsize=None)
+    def path(s_rank: int, d_rank: int, q: int) -> tuple[np.ndarray, float]:
+        """Link ids and latency (s) of sub-flow ``q``'s hashed shortest path."""
+        s, d = topo.gpus[s_rank], topo.gpus[d_rank]
+        dist = dist_to(d)
+        if s not in dist:
+            raise SimulationError(f"topology {topo.name}: no route from {s} to {d}")
+        ids, lat, v = [], 0.0, s
+        while v != d:
+            nxt = [w for w in g.successors(v) if dist.get(w) == dist[v] - 1
+                   and (w == d or transit[w])]
+            w = nxt[int(hash64(topo.routing.seed, s_rank, d_rank, q, index[v]) % len(nxt))]
+            e = g.edges[v, w]
+            ids.append(e["id"])
+            lat += e["latency"]
+            v = w
+        return np.asarray(ids, dtype=np.int64), lat
+
+    pair.path = path
     _PAIR_CACHE[key] = (topo, pair)
     return pair

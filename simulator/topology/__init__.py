@@ -6,8 +6,8 @@
 """
 
 from simulator.topology.build import DEFAULT_COMM, build_topology, load_topology
-from simulator.topology.model import CommProfile, Hierarchy, LinkTable, Tier, Topology
+from simulator.topology.model import CommProfile, Hierarchy, LinkTable, Routing, Tier, Topology
 from simulator.topology.spec import builtin_topology_names, parse_topology_ref
 
 __all__ = ["load_topology", "build_topology", "builtin_topology_names", "parse_topology_ref",
-           "Topology", "LinkTable", "Hierarchy", "Tier", "CommProfile", "DEFAULT_COMM"]
+           "Topology", "LinkTable", "Hierarchy", "Tier", "CommProfile", "Routing", "DEFAULT_COMM"]

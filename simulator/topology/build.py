@@ -6,11 +6,16 @@ Two forms share one loader:
   or not, a list of switching tiers with sizes and uplink oversubscription) and ``buildings:``
   (count, inter-building links, latency). Nothing lists 100k links by hand.
 * **explicit**: ``devices:`` and ``links:`` lists, for odd boxes and hand-made test cases.
+
+Either may have a ``network:`` section saying how flows use equal-cost paths
+(:class:`~simulator.topology.model.Routing`): ``routing: ideal`` (the default) or ``ecmp``,
+with ``qps``, ``hash_seed`` and ``port_bandwidth``.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -19,7 +24,16 @@ import numpy as np
 from simulator.errors import SpecError
 from simulator.hardware import GPUSpec, gpu_spec, gpu_spec_from_dict
 from simulator.topology.explicit import build_explicit
-from simulator.topology.model import LINK_KINDS, CommProfile, Hierarchy, LinkTable, Tier, Topology
+from simulator.topology.model import (
+    LINK_KINDS,
+    ROUTING_MODES,
+    CommProfile,
+    Hierarchy,
+    LinkTable,
+    Routing,
+    Tier,
+    Topology,
+)
 from simulator.topology.spec import read_topology_mapping
 from simulator.validation import Fields
 
@@ -35,7 +49,7 @@ DEFAULT_COMM = CommProfile(
 )
 
 _TOP_KEYS = {"name", "description", "source", "gpu", "nodes", "node", "fabric", "buildings",
-             "collectives", "devices", "links", "params", "notes"}
+             "collectives", "devices", "links", "params", "notes", "network"}
 
 
 def load_topology(ref: str | Path, *, overrides: Mapping[str, Any] | None = None,
@@ -72,9 +86,28 @@ def build_topology(doc: Mapping[str, Any], *, source: str = "<mapping>") -> Topo
     f.check_keys(_TOP_KEYS)
     gpu = _gpu(f)
     comm = _comm(f.sub("collectives"))
+    routing = _routing(f.sub("network"))
     if f.has("devices") or f.has("links"):
-        return build_explicit(f, gpu=gpu, comm=comm)
-    return _build_generated(f, gpu=gpu, comm=comm)
+        if routing.port_Bps is not None:
+            raise f.err("network.port_bandwidth", "a hand-written graph lists its links itself",
+                        "remove port_bandwidth (explicit graphs hash over their own paths)")
+        return replace(build_explicit(f, gpu=gpu, comm=comm), routing=routing)
+    return _build_generated(f, gpu=gpu, comm=comm, routing=routing)
+
+
+def _routing(f: Fields) -> Routing:
+    """The ``network:`` section: how flows use equal-cost paths (default: ideal spreading)."""
+    f.check_keys({"routing", "qps", "hash_seed", "port_bandwidth", "source", "notes"})
+    mode = f.str("routing", "ideal", choices=ROUTING_MODES)
+    r = Routing(mode=mode, qps=f.int("qps", 1, minimum=1, maximum=1024),
+                seed=f.int("hash_seed", 0, minimum=0),
+                port_Bps=f.bandwidth("port_bandwidth", None))
+    if mode == "ideal" and (r.qps != 1 or r.port_Bps is not None):
+        raise f.err("routing", "qps and port_bandwidth only matter under routing: ecmp",
+                    "set routing: ecmp or remove them")
+    if r.port_Bps is not None and r.port_Bps <= 0:
+        raise f.err("port_bandwidth", "must be positive", "write e.g. 400 Gb/s")
+    return r
 
 
 def _gpu(f: Fields) -> GPUSpec:
@@ -162,9 +195,12 @@ def wan_link_goodput(bandwidth_Bps: float, latency_s: float, loss_rate: float, *
 MAX_GPUS = 262_144
 
 
-def _build_generated(f: Fields, *, gpu: GPUSpec, comm: CommProfile) -> Topology:
+def _build_generated(f: Fields, *, gpu: GPUSpec, comm: CommProfile,
+                     routing: Routing | None = None) -> Topology:
     """Build a generated topology: ``nodes`` hosts per building from ``node:``, joined by the
-    switching tiers of ``fabric:``, and the buildings of ``buildings:`` by a wide-area level."""
+    switching tiers of ``fabric:``, and the buildings of ``buildings:`` by a wide-area level;
+    under ECMP routing each bundle above the NICs also as its separate ports."""
+    routing = routing or Routing()
     nodes = f.int("nodes", 1, minimum=1, maximum=MAX_GPUS)
     node = _NodeSpec(f, nodes, gpu)
     rail_opt, tiers = _read_fabric(f, node, nodes)
@@ -176,17 +212,21 @@ def _build_generated(f: Fields, *, gpu: GPUSpec, comm: CommProfile) -> Topology:
     devices: dict[str, dict] = {}
     hosts = _add_hosts(links, devices, node, nodes, bld.count, gpu)
     levels = _add_fabric(links, devices, node, nodes, bld, rail_opt, tiers)
+    ports = _add_ports(links, levels, routing.port_Bps or node.nic_Bps) if routing.ecmp \
+        else None
 
-    hier = _hierarchy(node, nodes, bld.count, hosts, levels)
+    hier = _hierarchy(node, nodes, bld.count, hosts, levels, ports)
     params = {"nodes": nodes, "gpus_per_node": node.gpus, "nics_per_node": node.nics,
               "buildings": bld.count, "rail_optimized": rail_opt}
+    if routing.ecmp:
+        params["routing"] = routing.to_dict()
     if bld.count > 1:
         params.update(wan_link_Bps=bld.bandwidth_Bps, wan_goodput_Bps=bld.goodput_Bps,
                       wan_loss_rate=bld.loss_rate)
     return Topology(name=f.str("name", "unnamed"), source=f.source, gpu=gpu, devices=devices,
                     gpus=tuple(hosts.gpus), links=links.table(), comm=comm,
                     tiers=tuple(levels.tiers), hierarchy=hier, params=params,
-                    description=f.str("description", "") or "")
+                    description=f.str("description", "") or "", routing=routing)
 
 
 class _NodeSpec:
@@ -511,10 +551,43 @@ def _link_to_parents(links: _Links, child_names: list[str], parent: np.ndarray,
     return up_k, down_k, parent_cap
 
 
+def _add_ports(links: _Links, levels: _Levels, port_Bps: float
+               ) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...], int]:
+    """Append every bundle above the NICs again as its separate ports (ECMP routing).
+
+    A bundle of capacity C (bytes/s) stands for ``n = round(C / port_Bps)`` uplinks (at least
+    one; a wide-area bundle for its ``count`` links), each C / n, so the ports add up to the
+    bundle. They are appended after all other links so no other id moves. Returns the first
+    port id and port count per unit of every level (-1 and 0 where none), and the number of
+    links before the ports (the ones the graph shows)."""
+    n_before = len(links.src)
+    first, count = [np.full(len(levels.up[0]), -1, np.int64)], [np.zeros(len(levels.up[0]),
+                                                                          np.int64)]
+    for k in range(1, len(levels.up)):
+        up = levels.up[k]
+        f_k, c_k = np.full(len(up), -1, np.int64), np.zeros(len(up), np.int64)
+        for u, b in enumerate(up.tolist()):
+            if b < 0:
+                continue
+            cap = links.bw[b]
+            n = int(links.count[b]) if links.count[b] > 1 else max(1, round(cap / port_Bps))
+            for j in range(n):
+                i, _ = links.pair(links.src[b], links.dst[b], cap / n, links.lat[b],
+                                  links.kind[b], tier=links.tier[b])
+                if j == 0:
+                    f_k[u] = i
+            c_k[u] = n
+        first.append(f_k)
+        count.append(c_k)
+    return tuple(first), tuple(count), n_before
+
+
 def _hierarchy(node: _NodeSpec, nodes: int, buildings: int, hosts: _HostLinks,
-               levels: _Levels) -> Hierarchy:
-    """The :class:`Hierarchy` routes are found in, from the hosts and levels built."""
+               levels: _Levels, ports=None) -> Hierarchy:
+    """The :class:`Hierarchy` routes are found in, from the hosts and levels built (and the
+    ECMP ports of :func:`_add_ports`, when routing hashes)."""
     G, n_total = node.gpus, nodes * buildings
+    port_first, port_count, graph_links = ports if ports is not None else (None, None, None)
     return Hierarchy(
         gpus_per_node=G, nics_per_node=node.nics, node_of_gpu=np.repeat(np.arange(n_total), G),
         local_of_gpu=np.tile(np.arange(G), n_total),
@@ -523,4 +596,5 @@ def _hierarchy(node: _NodeSpec, nodes: int, buildings: int, hosts: _HostLinks,
         node_unit=tuple(levels.node_unit), rail_mult=tuple(levels.rail_mult),
         up=tuple(levels.up), down=tuple(levels.down), level_names=tuple(levels.names),
         node_switch_reduces=node.reduces, node_switch=tuple(hosts.node_switch),
-        building_of_node=np.arange(n_total) // nodes)
+        building_of_node=np.arange(n_total) // nodes, port_first=port_first,
+        port_count=port_count, graph_links=graph_links)

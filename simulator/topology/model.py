@@ -7,6 +7,8 @@ are directed edges, one per direction, with ``bandwidth`` (bytes/s), ``latency``
 
 Generated hierarchical fabrics also carry a :class:`Hierarchy` that routes flows arithmetically
 (vectorised numpy) instead of by graph search; hand-written graphs are routed on the graph.
+:class:`Routing` says how a flow uses equal-cost paths: spread ideally over all of them, or
+pinned to one hashed path (ECMP as switches do it).
 """
 
 from __future__ import annotations
@@ -20,11 +22,54 @@ import numpy as np
 
 from simulator.hardware import GPUSpec
 
-__all__ = ["LINK_KINDS", "DEVICE_KINDS", "LinkTable", "Hierarchy", "Tier", "CommProfile",
-           "Topology"]
+__all__ = ["LINK_KINDS", "DEVICE_KINDS", "ROUTING_MODES", "LinkTable", "Hierarchy", "Tier",
+           "CommProfile", "Routing", "Topology"]
 
 LINK_KINDS = ("nvlink", "pcie", "nic", "fabric", "wan", "loopback")
 DEVICE_KINDS = ("gpu", "cpu", "nvswitch", "pcie_switch", "nic", "switch", "wan")
+ROUTING_MODES = ("ideal", "ecmp")
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """How flows use equal-cost paths (the ``network:`` section of a topology file).
+
+    Attributes
+    ----------
+    mode : str
+        ``ideal``: every flow is split evenly over all equal-cost paths (a bundle of uplinks is
+        one link of their summed capacity), the behaviour before this option existed and the
+        default. ``ecmp``: a switch hashes each flow's header onto *one* of its equal-cost
+        uplinks, so several flows can share an uplink while others idle (RoCE and IP fabrics;
+        Llama 3 §3.3.1 runs 16 flows per GPU pair and Enhanced-ECMP against exactly this).
+    qps : int
+        Sub-flows each simulated flow is cut into, each hashed on its own: NCCL spreads a
+        connection's data round-robin over ``NCCL_IB_QPS_PER_CONNECTION`` queue pairs (default
+        1 in the NCCL documentation), each a separate 5-tuple. Since the chunks go round-robin,
+        a flow moves at the pace of its slowest sub-flow; that is how it is simulated (one flow
+        with a ``1/qps`` share on each hashed path). For channels × QPs per connection give the
+        product.
+    seed : int
+        Hash seed: the same topology, flows and seed give the same paths (a different seed is
+        another draw of the switches' hash functions).
+    port_Bps : float or None
+        Line rate of one uplink port, bytes/s, which sets how many equal-cost ports a bundle
+        stands for (bundle capacity / port rate); None: the node NIC's rate.
+    """
+
+    mode: str = "ideal"
+    qps: int = 1
+    seed: int = 0
+    port_Bps: float | None = None
+
+    @property
+    def ecmp(self) -> bool:
+        """True when flows are hashed onto single paths."""
+        return self.mode == "ecmp"
+
+    def to_dict(self) -> dict:
+        """The settings as plain JSON values (bandwidth in bytes/s)."""
+        return {"mode": self.mode, "qps": self.qps, "seed": self.seed, "port_Bps": self.port_Bps}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +113,13 @@ class Hierarchy:
     are kept apart at that level) and ``node_unit[k][n]`` otherwise. ``up[k][u]`` / ``down[k][u]``
     are the link ids from unit ``u`` of level ``k`` to its parent and back (-1 at the top).
     Equal-cost multipath inside a tier is folded into bundles (ideal ECMP), so routes are unique.
+
+    Under ``ecmp`` routing each bundle above the NICs also exists as its separate ports (links
+    appended after every other link, so the ids of the others do not change, and left out of
+    :attr:`Topology.graph`): ``port_first[k][u]`` is the id of unit ``u``'s first upward port
+    at level ``k`` (-1: none), ``port_count[k][u]`` how many; port ``j`` goes up on id
+    ``port_first + 2j`` and comes down on ``port_first + 2j + 1``. ``graph_links``: how many
+    links (from id 0) the graph shows; None: all.
     """
 
     gpus_per_node: int
@@ -87,6 +139,9 @@ class Hierarchy:
     node_switch_reduces: bool  # NVLink SHARP (NVLS)-style in-switch reduction inside a node
     node_switch: tuple[str, ...]  # per node: the id of the intra-node switch device
     building_of_node: np.ndarray
+    port_first: tuple[np.ndarray, ...] | None = None
+    port_count: tuple[np.ndarray, ...] | None = None
+    graph_links: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +216,7 @@ class Topology:
     hierarchy: Hierarchy | None
     params: Mapping[str, object] = field(default_factory=dict)
     description: str = ""
+    routing: Routing = field(default_factory=Routing)
 
     @cached_property
     def graph(self) -> nx.DiGraph:
@@ -168,11 +224,14 @@ class Topology:
         g = nx.DiGraph(name=self.name)
         g.add_nodes_from(self.devices.items())
         lt = self.links
+        h = self.hierarchy
+        # ECMP ports run parallel to their bundle: the graph keeps one edge per device pair
+        shown = h.graph_links if h is not None and h.graph_links is not None else len(lt)
         g.add_edges_from(
             (lt.src[i], lt.dst[i], {"id": i, "bandwidth": float(lt.bandwidth_Bps[i]),
                                     "latency": float(lt.latency_s[i]), "kind": lt.kind[i],
                                     "count": int(lt.count[i]), "tier": lt.tier[i]})
-            for i in range(len(lt)))
+            for i in range(shown))
         return g
 
     @property
