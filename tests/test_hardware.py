@@ -39,7 +39,7 @@ def test_published_values_and_ratios():
     assert h200.peak("bf16") == h100.peak("bf16")
     assert h100.nvlink_bandwidth_Bps == 450e9 and a100.nvlink_bandwidth_Bps == 300e9
     b200 = gpu_spec("b200")
-    assert b200.peak("bf16") == 2.25e15 and b200.hbm_bytes == 180e9
+    assert b200.peak("bf16") == 2.25e15 and b200.hbm_bytes == 183359 * 1024**2
     assert b200.nvlink_bandwidth_Bps == 900e9 and b200.tdp_watts == 1000
     assert gpu_spec("cpu").nvlink_bandwidth_Bps == 0
     assert gpu_spec("cpu").hbm_bytes == 24 * 1024**3
