@@ -185,8 +185,8 @@ def _estimate(spec: LLMSpec, p: ParallelSpec, topo: Topology, prof, cache: dict,
     m = spec.model
     params = (max(sum(c) for c in chunks) * m.layer_params_per_rank(p.ep) / p.tp
               + m.embedding_params / p.tp)
-    if p.dp > 1:
-        group = lay.group("dp", 0)
+    if p.dp * p.cp > 1:    # gradients are reduced over the dp·cp ranks of a TP position
+        group = sorted(lay.rank(cp=j, dp=d) for j in range(p.cp) for d in range(p.dp))
         kind = "allreduce" if p.fsdp == "none" else "reducescatter"
         buckets = spec.trainer.dp_buckets
         size = spec.trainer.grad_bytes * params / max(1, min(buckets, max(sum(c) for c in chunks)))
@@ -194,5 +194,6 @@ def _estimate(spec: LLMSpec, p: ParallelSpec, topo: Topology, prof, cache: dict,
         if key not in cache:
             cache[key] = simulate_collective(topo, kind, group, size).time_s
         est += cache[key]
-    est += op_time(prof, flops=0, bytes_moved=30 * params / (p.dp if p.fsdp != "none" else 1))
+    est += op_time(prof, flops=0,
+                   bytes_moved=30 * params / (p.dp * p.cp if p.fsdp != "none" else 1))
     return est

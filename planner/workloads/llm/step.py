@@ -203,8 +203,11 @@ class _StepBuilder:
         self.nv = p.pp * p.vpp
         self.zero3 = p.fsdp in ("zero3", "hsdp")
         self.dp_reduce = "allreduce" if p.fsdp == "none" else "reducescatter"
-        self.dp_groups = {s: [lay.group("dp", lay.rank(tp=i, cp=j, pp=s))
-                              for i in range(p.tp) for j in range(p.cp)]
+        # context-parallel ranks hold the same weights: gradients are reduced (and FSDP
+        # shards kept) over the dp·cp ranks of a TP position, as Megatron-Core and torchtitan do
+        self.dp_groups = {s: [sorted(lay.rank(tp=i, cp=j, dp=d, pp=s)
+                                     for j in range(p.cp) for d in range(p.dp))
+                              for i in range(p.tp)]
                           for s in range(p.pp)}
         self.gathered: dict[tuple[int, int, str], list[int]] = {}
         self.done: dict[tuple[str, int, int], int] = {}     # (kind, vstage, mb) -> op id
@@ -231,8 +234,8 @@ class _StepBuilder:
 
     def dp_collectives(self, kind: str, s: int, size: float, deps: list[int],
                        name: str) -> list[int]:
-        """One ``kind`` of ``size`` bytes per DP group of stage ``s`` (none without DP)."""
-        if self.p.dp == 1 or size <= 0:
+        """One ``kind`` of ``size`` bytes per DP·CP group of stage ``s`` (none without)."""
+        if self.p.dp * self.p.cp == 1 or size <= 0:
             return []
         # nccl-tests sizes: the full per-rank buffer (gradients in, parameters out)
         return [self.w.collective(kind, g, size, name=name, stream="dp", deps=deps,
@@ -329,7 +332,7 @@ class _StepBuilder:
         last_mb = mb == self.micro - 1
         if emit:
             return self._expanded_backward(s, c, mb, deps, last_mb)
-        if last_mb and p.dp > 1 and not self.reduce_after:
+        if last_mb and p.dp * p.cp > 1 and not self.reduce_after:
             return self._bucketed_backward(s, c, mb, deps)
         return w.compute(self.reps[s], f"B mb{mb} c{c}", duration_s=self.bwd_s[s][c],
                          deps=deps, category="bwd")
@@ -340,7 +343,7 @@ class _StepBuilder:
         p = self.p
         vs = c * p.pp + s
         k = max(1, min(self.dp_buckets, self.chunk_layers[s][c])) \
-            if last_mb and p.dp > 1 else 0
+            if last_mb and p.dp * p.cp > 1 else 0
         sizes = dp_bucket_elements(round(self.chunk_params(s, c)), k)
 
         def reduce(j: int, dep: int) -> list[int]:
@@ -376,7 +379,7 @@ class _StepBuilder:
                 self.dp_ops[s] += self.dp_collectives(self.dp_reduce, s,
                                                       params * self.grad_bytes, last,
                                                       f"grads s{s}")
-            shard = p.dp if p.fsdp != "none" else 1
+            shard = p.dp * p.cp if p.fsdp != "none" else 1
             opt = self.w.compute(self.reps[s], "optimizer", bytes_moved=30 * params / shard,
                                  deps=self.dp_ops[s] + last, category="optimizer")
             if p.fsdp in ("zero1", "zero2"):
