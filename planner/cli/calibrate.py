@@ -12,6 +12,7 @@ from simulator.compute import load_compute_profile
 from simulator.errors import SpecError
 from simulator.units import format_time
 
+from planner.cli.calibrate_steps import add_parser as add_calibrate_steps, run_steps
 from planner.cli.options import topology_arguments, topology_from_args
 from planner.cli.output import atomic_write, emit
 from planner.cli.tables import add_calibrate_embedding, run_calibrate_embedding
@@ -65,6 +66,7 @@ def register(p: argparse.ArgumentParser) -> None:
     c.set_defaults(func=run)
     add_calibrate_embedding(csub)
     csub.choices["embedding"].set_defaults(func=run)
+    add_calibrate_steps(csub).set_defaults(func=run)
     h = csub.add_parser("host", help="measure eager PyTorch's host time per transformer block",
                         description="Time a Megatron-style block with tiny tensors on this CPU "
                                     "(forward, backward, full recompute): the host floor a GPU "
@@ -95,7 +97,7 @@ def register(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     """Run the calibration ``args.what`` names (none: ``--backend``'s measurement)."""
     actions = {"nccl": _calibrate_nccl, "compute": _calibrate_compute,
-               "embedding": run_calibrate_embedding, "host": _calibrate_host,
+               "embedding": run_calibrate_embedding, "host": _calibrate_host, "steps": run_steps,
                "gloo": _calibrate_gloo}
     return actions.get(args.what, _calibrate_backend)(args)
 

@@ -14,8 +14,13 @@ ring's, so it does not take the 2-node tree whose flows would beat the NIC line 
 (simulator/collectives ``_tuner_tree_time``); this took the TP16 rows from −26..−32% to
 −2..−15%.
 
+The A100 compute profile and host floor are fitted to vTrain's *single-node* runs only
+(planner/measure/compute/fit_steps.py; held-out MAPE 7.3%); with them (2026-11-26) the MAPE is
+5.2% (Narayanan), 4.2% (Korthikanti) and 7.2% (vTrain multi-node), from 7.3 / 5.5 / 9.4% with
+the earlier published-shape prior.
+
 Known gaps (vTrain; tests/llm/test_fidelity.py marks them as strict expected failures):
-Kendall's tau is 0.89 (3.6B) and 0.74 (175B) but 0.62 (18.4B) and 0.53 (39.1B). The rows
+Kendall's tau is 0.88 (3.6B) and 0.77 (175B) but 0.64 (18.4B) and 0.52 (39.1B). The rows
 predicted too fast are TP2/TP4 with PP (39.1B: TP2 −19 to −41%, TP4 up to −23%, while TP1 and
 TP8 rows are within ~8%). Ruled out as causes, by the numbers: GEMM size (TP2 and TP8 GEMMs
 are both past the efficiency knee, and TP1 rows are accurate), DP volume and placement (the

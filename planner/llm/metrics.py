@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from simulator.compute import ComputeProfile
 from simulator.engine import SimResult, simulate
 from simulator.errors import SpecError
 from simulator.topology import Topology
 
+from planner.model.llm.host import HostOverhead
 from planner.model.llm.kernels import block_model_flops, logits_model_flops
 from planner.model.llm.memory import MemoryEstimate, memory_per_gpu
 from planner.model.llm.spec import LLMSpec, ParallelSpec
@@ -118,7 +120,9 @@ class LLMResult:
 def simulate_llm(spec: LLMSpec, parallel: ParallelSpec, topo: Topology, *, mode: str = "auto",
                  order: str = "tp-cp-dp-pp", schedule_name: str = "1f1b",
                  slowdown: Mapping[int, float] | None = None,
-                 link_faults=(), track_links: bool = False) -> LLMResult:
+                 link_faults=(), track_links: bool = False,
+                 profile: ComputeProfile | None = None,
+                 host: HostOverhead | None | str = "measured") -> LLMResult:
     """Simulate one step under the trainer ``spec.trainer`` describes (its kernels, gradient
     reduction, pipeline sends and stage split: planner/model/llm/trainer.py).
 
@@ -126,9 +130,13 @@ def simulate_llm(spec: LLMSpec, parallel: ParallelSpec, topo: Topology, *, mode:
     TP/CP group at every block and so its whole pipeline stage in its replica; the step waits
     for that replica at the gradient reduction. Replicas being alike, the stage's representative
     runs at the slowest factor among the stage's ranks, which is exact for that critical path.
+
+    ``profile`` and ``host``: the GPU's compute profile and the trainer host's floor (default:
+    the files shipped for the topology's GPU kind); a calibration passes candidates here.
 """
     p = resolve_parallel(spec, parallel, topo.num_gpus)
-    plan = build_step(spec, p, topo, order=order, schedule_name=schedule_name)
+    plan = build_step(spec, p, topo, order=order, schedule_name=schedule_name, profile=profile,
+                      host=host)
     if mode == "auto":
         mode = "symmetric" if topo.num_gpus > 8192 else "explicit"
     rep_slow: dict[int, float] = {}
@@ -145,7 +153,7 @@ def simulate_llm(spec: LLMSpec, parallel: ParallelSpec, topo: Topology, *, mode:
     # link faults re-rate the flows the step issues (DP buckets, pipeline sends); the TP/CP
     # collectives folded into block times were timed on the healthy fabric
     sim = simulate(topo, plan.workload, mode=mode, slowdown=rep_slow, link_faults=link_faults,
-                   track_links=track_links)
+                   track_links=track_links, compute=profile)
     plan.info["stragglers"] = {int(r): float(f) for r, f in (slowdown or {}).items()}
     mem = memory_per_gpu(spec.model, spec.training, p, capacity_bytes=topo.gpu.hbm_bytes,
                          trainer=spec.trainer, schedule_name=schedule_name)

@@ -7,7 +7,12 @@ and a pass takes the host's time instead of the GPU's: ``max(gpu_s, host_s)`` pe
 vTrain's single-node Megatron-DeepSpeed runs show that floor (about 2–3 ms per block and
 micro-batch for forward + recompute + backward, independent of size at small work).
 
-The numbers here are *measured*, by :func:`planner.measure.compute.host.measure_host_overhead`: a Megatron-style GPT block
+Which file: machines of a GPU kind with a fitted or measured host of their own read
+``traces/calibration/host-overhead-<gpu>.yaml`` (:func:`host_file_for`): the A100's is fitted by
+``clusterplan calibrate steps`` to vTrain's single-node Megatron-DeepSpeed runs (15.5 µs per
+aten op). Every other kind reads the CPU stand-in below.
+
+The stand-in is *measured*, by :func:`planner.measure.compute.host.measure_host_overhead`: a Megatron-style GPT block
 (pre-LN, fused QKV, baddbmm scores, masked softmax, dropout, bmm, output projection, GELU MLP,
 residuals; sequence-first layout) with tiny tensors, run eagerly on the CPU with one thread,
 forward, backward and full-recompute backward (``torch.utils.checkpoint``), median of repeats.
@@ -28,7 +33,7 @@ from pathlib import Path
 from simulator.errors import SpecError
 from simulator.fileio import parse_yaml
 
-__all__ = ["HostOverhead", "load_host_overhead"]
+__all__ = ["HostOverhead", "load_host_overhead", "host_overhead_for", "host_file_for"]
 
 DEFAULT = "host-overhead-torch-eager.yaml"
 
@@ -77,3 +82,14 @@ def load_host_overhead(name: str = DEFAULT) -> HostOverhead:
                         fix="regenerate it with `clusterplan calibrate host --out FILE`") from None
 
 
+def host_file_for(gpu: str) -> str:
+    """The host-overhead file for machines of GPU kind ``gpu``: ``host-overhead-<gpu>.yaml`` in
+    ``traces/calibration/`` where one was fitted or measured on such machines, else the CPU
+    stand-in :data:`DEFAULT`."""
+    own = f"host-overhead-{gpu}.yaml"
+    return own if (resources.files("traces") / "calibration" / own).is_file() else DEFAULT
+
+
+def host_overhead_for(gpu: str) -> HostOverhead:
+    """The host floor of eager PyTorch on machines of GPU kind ``gpu`` (see :func:`host_file_for`)."""
+    return load_host_overhead(host_file_for(gpu))

@@ -30,7 +30,7 @@ from simulator.errors import SpecError
 from simulator.topology import Topology
 from simulator.workload import Workload
 
-from planner.model.llm.host import HostOverhead, load_host_overhead
+from planner.model.llm.host import HostOverhead, host_overhead_for
 from planner.model.llm.kernels import block_kernels, bytes_per_element, kernels_time, logits_kernels
 from planner.model.llm.layout import Layout
 from planner.model.llm.schedule import schedule
@@ -398,8 +398,8 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
     of it, and the blocks per chunk. ``comm_cache`` may be shared across calls.
 
     Each block pass takes at least the trainer's host time (``host``, planner/model/llm/host.py:
-    eager PyTorch measured by ``clusterplan calibrate host``; ``None`` for a trainer without
-    that floor, e.g. CUDA graphs). CPU devices run ops synchronously and get no floor, unless
+    ``"measured"`` reads the file for the topology's GPU kind, :func:`host_overhead_for`;
+    ``None`` for a trainer without that floor, e.g. CUDA graphs). CPU devices run ops synchronously and get no floor, unless
     ``host_serial``: then the host time is *added* to the kernels' (a CPU thread dispatches
     and computes in turn), and the kernels are charged no launch overhead of their own (the
     measured host time already holds every op's dispatch), as ``clusterplan calibrate gloo``
@@ -446,7 +446,7 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
     logit_f, logit_b = kernels_time(prof, logit), kernels_time(prof, logit, backward=True)
 
     if isinstance(host, str):
-        host = load_host_overhead() if topo.gpu.name != "cpu" else None
+        host = host_overhead_for(topo.gpu.name) if topo.gpu.name != "cpu" else None
     host_f = host.forward_s if host else 0.0
     host_b = host.backward_pass_s(t.activation_recompute) if host else 0.0
 
