@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from typing import Sequence
 
 from simulator.errors import ClusterplanError
@@ -81,6 +82,11 @@ def command_module(name: str):
     return importlib.import_module(f"planner.cli.{name}")
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one line on stderr, like the errors (no source line, no traceback)."""
+    print(f"clusterplan: warning: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``clusterplan argv`` (default: the process's arguments); returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -90,7 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return int(args.func(args) or 0)
     except ClusterplanError as exc:
         print(f"clusterplan: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -31,12 +31,22 @@ from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
+from simulator.errors import SpecError
+
 from planner.costmodel.objective import Objective
 from planner.costmodel.refine import refine as local_search
-from planner.costmodel.weights import HardwareMismatchWarning, load_predictor
+from planner.costmodel.weights import (
+    WEIGHTS_DIR,
+    HardwareMismatchWarning,
+    load_predictor,
+    weights_device,
+    weights_for,
+)
 from planner.model.tables.feasible import check_feasible
 from planner.model.tables.memory import shard_memory_bytes
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
@@ -56,14 +66,22 @@ class NeuroShardPlanner:
     sequences, ``candidates`` shards per ranking, ``depth`` halvings and ``max_grids`` grid
     searches at most. ``refine``: the local search, with at most ``refine_evals`` objective
     evaluations.
+
+    The learned model times one kind of device: the weights (``weights``, default the shipped
+    ones) must have been trained on the task's device kind (``cpu`` or a catalog GPU, from the
+    weights' hardware record). Where none were, ``fallback`` (a
+    :class:`~planner.sharding.protocols.Planner` on the analytic cost model; ``get_planner``
+    passes ``local_search``) plans instead, with a :class:`HardwareMismatchWarning` and a note
+    that say so; without a fallback that is a SpecError.
     """
 
     name = "neuroshard"
 
     def __init__(self, weights=None, grid=GRID, beam: int = 3, candidates: int = 10,
                  depth: int = 10, max_grids: int = 601, refine: bool = True,
-                 refine_evals: int = 20000) -> None:
+                 refine_evals: int = 20000, fallback=None) -> None:
         self.weights = weights
+        self.fallback = fallback
         self.grid = tuple(grid)
         self.beam, self.candidates, self.depth = int(beam), int(candidates), int(depth)
         self.max_grids = int(max_grids)
@@ -81,9 +99,13 @@ class NeuroShardPlanner:
         problem = prepare(task, devices)
         check_feasible(problem, (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
                                  ShardingType.ROW_WISE))
+        kind = problem.topology.gpu.name
+        weights = self._weights_for(kind)
+        if weights is None:
+            return self._fallback_plan(task, devices, kind, seed=seed, time_limit_s=time_limit_s)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", HardwareMismatchWarning)
-            pred = load_predictor(self.weights)
+            pred = load_predictor(weights)
         notes = [str(w.message) for w in caught]
         model = problem.model
         n = problem.devices
@@ -114,16 +136,45 @@ class NeuroShardPlanner:
         shardings = obj.layouts(units, ranks, rw_final)
         if rowwise:
             notes.append(f"{len(rowwise)} tables row-wise (fit no single device)")
-        if not problem.topology_ref.startswith("localhost"):
-            notes.append(f"the learned model times this machine's CPU kernels, not "
-                         f"{problem.topology.gpu.name}: collect and train on the target to plan "
-                         "for it")
         if pred.batch != model.batch_size:
             notes.append(f"model trained at batch {pred.batch}: rows scaled by "
                          f"{obj.factor:.4g}")
         stats = PlannerStats(wall_s=time.perf_counter() - t0, status="heuristic", seed=seed,
                              time_limit_s=time_limit_s, notes=tuple(notes))
         return make_plan(problem, shardings, self.name, stats)
+
+    def _weights_for(self, kind: str) -> Path | None:
+        """The weights to plan ``kind`` devices with: the given ones if trained on ``kind``
+        (or without metadata: :func:`load_predictor` then says what is missing), else the
+        shipped ones trained on ``kind``; None when there are none."""
+        if self.weights is None:
+            return weights_for(kind)
+        path = Path(self.weights)
+        if not path.with_suffix(".json").exists():
+            return path
+        return path if weights_device(path) == kind else None
+
+    def _fallback_plan(self, task: ShardingTask, devices: int, kind: str, *, seed: int,
+                       time_limit_s: float | None) -> Plan:
+        """No weights for ``kind``: the fallback planner on the analytic cost model, with a
+        warning and a note that say so."""
+        given = (f"the given weights {Path(self.weights).name} were trained on "
+                 f"{weights_device(self.weights)}" if self.weights is not None else
+                 "none shipped were trained on it (shipped: "
+                 + ", ".join(f"{p.stem}, trained on {weights_device(p)}"
+                             for p in sorted(WEIGHTS_DIR.glob("*.pt"))) + ")")
+        if self.fallback is None:
+            raise SpecError(f"no cost-model weights for {kind}: {given}",
+                            source="--planner neuroshard",
+                            fix="collect and train on the target (`clusterplan costmodel "
+                                "collect --device cuda`), or use --planner local_search")
+        msg = (f"neuroshard: no learned cost model for {kind}: {given}. Planned with the "
+               f"analytic cost model instead ({self.fallback.name}); collect and train on the "
+               "target to use the learned one")
+        warnings.warn(msg, HardwareMismatchWarning, stacklevel=3)
+        plan = self.fallback.plan(task, devices, seed=seed, time_limit_s=time_limit_s)
+        stats = replace(plan.stats, notes=(msg,) + tuple(plan.stats.notes))
+        return replace(plan, planner=self.name, stats=stats)
 
     def _grid_search(self, obj: Objective, state, mean_dim: float, base_used):
         """The best grid point of ``state`` (learned cost, ms) as ``(score, state, units,

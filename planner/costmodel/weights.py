@@ -33,7 +33,8 @@ from planner.costmodel.model import (
 from planner.machine import installed_description, require_torch
 
 __all__ = ["save_weights", "load_predictor", "Predictor", "HardwareMismatchWarning",
-           "shipped_weights_path", "FORMAT"]
+           "shipped_weights_path", "FORMAT", "weights_device", "device_kind", "weights_for",
+           "WEIGHTS_DIR"]
 
 FORMAT = "clusterplan.costmodel-weights"
 CHECKED = ("cpu_model", "cpu_count", "torch", "fbgemm_gpu", "backend")
@@ -43,9 +44,45 @@ class HardwareMismatchWarning(UserWarning):
     """The weights were trained on data from other hardware than this machine."""
 
 
+#: the shipped weights, one ``NAME.pt`` + ``NAME.json`` pair per hardware they were trained on
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+
+#: CUDA device-name fragments (lower case) and the catalog kind they are
+_CUDA_KINDS = (("h200", "h200"), ("h100", "h100-sxm"), ("b200", "b200"),
+               ("a100-sxm4-80gb", "a100-80gb"), ("a100 80gb", "a100-80gb"),
+               ("a100-sxm4-40gb", "a100-40gb"), ("a100", "a100-40gb"))
+
+
 def shipped_weights_path() -> Path:
     """The weights shipped for this CPU class (see weights/README in the package)."""
-    return Path(__file__).resolve().parent / "weights" / "cpu-epyc-2core.pt"
+    return WEIGHTS_DIR / "cpu-epyc-2core.pt"
+
+
+def device_kind(hardware: dict) -> str:
+    """The catalog device kind a data collection's kernels ran on: ``cpu``, or the catalog
+    kind of its CUDA device name (``NVIDIA H100 80GB HBM3`` → ``h100-sxm``; the name itself
+    where the catalog has none)."""
+    gpu = str(hardware.get("gpu") or "")
+    if not gpu:
+        return "cpu"
+    low = gpu.lower()
+    return next((kind for frag, kind in _CUDA_KINDS if frag in low), gpu)
+
+
+def weights_device(path: str | Path) -> str:
+    """The device kind the weights at ``path`` were trained on (from their ``.json``)."""
+    meta = json.loads(Path(path).with_suffix(".json").read_text())
+    hardware = (meta.get("collection", {}).get("hardware") or [{}])[0]
+    return device_kind(hardware)
+
+
+def weights_for(kind: str, directory: Path = WEIGHTS_DIR) -> Path | None:
+    """Shipped weights trained on device ``kind`` (a catalog GPU kind or ``cpu``); None when
+    none were. Several: the first by file name."""
+    for path in sorted(directory.glob("*.pt")):
+        if path.with_suffix(".json").exists() and weights_device(path) == kind:
+            return path
+    return None
 
 
 def _sha256(path) -> str:

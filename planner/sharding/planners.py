@@ -20,7 +20,9 @@ name               what it does
 ``neuroshard``     NeuroShard's grid search (table-wise) and column-halving beam search over
                    the learned cost model shipped in ``planner/costmodel``, then a local
                    search on the full learned objective (moves, swaps, non-halving column
-                   splits, row-wise for hot tables; ``planner/costmodel/README.md``)
+                   splits, row-wise for hot tables; ``planner/costmodel/README.md``);
+                   on a device kind no weights were trained on, ``local_search`` on the
+                   analytic model, with a warning
 =================  ==========================================================================
 
 Every planner falls back to row-wise for a table that fits no single device, when row-wise is
@@ -62,6 +64,7 @@ def get_planner(name: str, **options) -> Planner:
     if name == "torchrec":
         return TorchRecPlanner(**options)
     if name == "neuroshard":
+        options.setdefault("fallback", LocalSearchPlanner())
         return NeuroShardPlanner(**options)
     raise SpecError(f"unknown planner {name!r}", source="--planner",
                     fix=f"use one of: {', '.join(PLANNER_NAMES)}")

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import itertools
 import time
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
 
+from planner.costmodel.weights import HardwareMismatchWarning
 from planner.model.tables.cost import F_MEM
 from planner.model.tables.generate import neuroshard_tasks
 from planner.model.tables.shards import ShardingType
@@ -25,7 +27,9 @@ def test_every_planner_returns_a_valid_plan(name, make_task):
     task = make_task(12, seed=3, memory_fraction=0.4)
     p = get_planner(name)
     assert isinstance(p, Planner)
-    plan = p.plan(task, 4, seed=1, time_limit_s=2.0)
+    # no learned cost model for this GPU: neuroshard plans on the analytic model and warns
+    with (pytest.warns(HardwareMismatchWarning) if name == "neuroshard" else nullcontext()):
+        plan = p.plan(task, 4, seed=1, time_limit_s=2.0)
     assert plan.valid, plan.problems
     assert plan.planner == name and len(plan.shardings) == 12
     assert sorted(ts.table for ts in plan.shardings) == list(range(12))
