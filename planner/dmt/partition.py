@@ -39,6 +39,7 @@ import pulp
 
 from simulator.errors import SpecError
 
+from planner.lp import cbc, variable
 from planner.model.dmt.layout import TowerLayout, host_groups, make_layout
 from planner.model.dmt.module import TowerModuleSpec
 from planner.model.tables.cost import F_BWD, F_FWD, F_MEM
@@ -190,7 +191,7 @@ def _mip(s: np.ndarray, w: np.ndarray, mem: np.ndarray, cap: float, mem_cap: flo
          width_cap: float = math.inf) -> tuple[np.ndarray | None, str]:
     F, T = s.shape
     prob = pulp.LpProblem("towers", pulp.LpMaximize)
-    x = {(f, t): pulp.LpVariable(f"x_{f}_{t}", cat="Binary") for f in range(F) for t in range(T)}
+    x = {(f, t): variable(prob, f"x_{f}_{t}", cat="Binary") for f in range(F) for t in range(T)}
     scale = 1.0 / max(w.max(), 1e-30)
     prob += pulp.lpSum(float(s[f, t]) * x[f, t] for f in range(F) for t in range(T))
     for f in range(F):
@@ -204,9 +205,8 @@ def _mip(s: np.ndarray, w: np.ndarray, mem: np.ndarray, cap: float, mem_cap: flo
             prob += pulp.lpSum(float(width[f]) * x[f, t] for f in range(F)) <= width_cap
     for (f, t), v in x.items():
         v.setInitialValue(1 if start[f] == t else 0)
-    solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(0.5, time_limit_s), threads=1,
-                               warmStart=True, options=[f"randomSeed {int(seed) + 1}",
-                                                        "timeMode elapsed"])
+    solver = cbc(timeLimit=max(0.5, time_limit_s), threads=1, warmStart=True,
+                 options=[f"randomSeed {int(seed) + 1}", "timeMode elapsed"])
     try:
         prob.solve(solver)
     except pulp.PulpSolverError:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import pulp
 
+from planner.lp import cbc, variable
+
 __all__ = ["ExactRing", "ring_cost", "brute_force_ring", "mip_ring"]
 
 
@@ -110,7 +112,7 @@ def mip_ring(c: np.ndarray, *, time_limit_s: float = 20.0, start=None) -> ExactR
         return ExactRing(o, ring_cost(c, o), True)
     prob = pulp.LpProblem("ring", pulp.LpMinimize)
     pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
-    x = {p: pulp.LpVariable(f"x_{p[0]}_{p[1]}", cat="Binary") for p in pairs}
+    x = {p: variable(prob, f"x_{p[0]}_{p[1]}", cat="Binary") for p in pairs}
     prob += pulp.lpSum(float(c[i, j]) * x[i, j] for i, j in pairs)
     for k in range(n):
         prob += pulp.lpSum(x[min(k, m), max(k, m)] for m in range(n) if m != k) == 2
@@ -121,7 +123,7 @@ def mip_ring(c: np.ndarray, *, time_limit_s: float = 20.0, start=None) -> ExactR
         left = time_limit_s - (time.perf_counter() - t0)
         if left <= 0:
             break
-        status = prob.solve(pulp.PULP_CBC_CMD(msg=False, threads=1, timeLimit=max(1, int(left + 0.999))))
+        status = prob.solve(cbc(threads=1, timeLimit=max(1, int(left + 0.999))))
         if pulp.LpStatus[status] != "Optimal":
             break
         edges = [p for p in pairs if x[p].value() is not None and x[p].value() > 0.5]

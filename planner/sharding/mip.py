@@ -18,13 +18,13 @@ import re
 import subprocess
 import tempfile
 import time
-import warnings
 from dataclasses import dataclass
 
 import pulp
 
 from simulator.errors import SpecError
 
+from planner.lp import cbc
 from planner.model.tables.cost import F_MEM
 from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
@@ -52,19 +52,6 @@ class MipResult:
     note: str = ""
 
 
-def _cbc() -> pulp.LpSolver:
-    """PuLP's bundled CBC (or a ``cbc`` on PATH when the bundled one is gone, PuLP ≥ 4)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            solver = pulp.PULP_CBC_CMD(msg=False)
-            if solver.available():
-                return solver
-        except Exception:  # noqa: BLE001
-            pass
-        return pulp.COIN_CMD(msg=False)
-
-
 _NUM = r"([-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)"
 
 
@@ -86,7 +73,7 @@ def _parse_cbc_log(text: str) -> dict:
 
 def _solve_cbc(model: MipModel, *, seconds: float, hard_deadline: float, seed: int,
                warm: bool) -> tuple[list | None, dict]:
-    solver = _cbc()
+    solver = cbc()
     path = solver.path
     if not path or not solver.available():
         raise SpecError("no CBC solver found (PuLP's bundled CBC or cbc on PATH)",

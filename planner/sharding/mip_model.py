@@ -30,6 +30,7 @@ import pulp
 
 from simulator.errors import SpecError
 
+from planner.lp import variable
 from planner.model.tables.cost import F_BWD, F_DP, F_FWD, F_HRS, F_IDS, F_MEM, F_OUT, F_RW
 from planner.model.tables.shards import ShardingType
 from planner.sharding.common import CW_PARTS, Catalog
@@ -41,13 +42,6 @@ _TW, _CW, _RW, _DP, _TWRW = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
                              ShardingType.TABLE_ROW_WISE)
 US = 1e6          # the model works in microseconds
 EPS = 1e-6        # weight of the total-cost tie-breaker
-
-
-def _new(lp: pulp.LpProblem, name: str, low=None, up=None, cat: str = "Continuous"):
-    """A variable of ``lp`` (PuLP ≥ 3.3 attaches it to the problem; older PuLP does not need to)."""
-    if hasattr(lp, "add_variable"):
-        return lp.add_variable(name, low, up, cat=cat)
-    return pulp.LpVariable(name, low, up, cat=cat)
 
 
 def _lin(pairs) -> pulp.LpAffineExpression:
@@ -94,7 +88,7 @@ class MipModel:
         if _TW in types and cat.problem.allowed(t, _TW):
             f = cat.tw(t)
             for d in range(n):
-                var = self.x[t, d] = _new(lp, f"x_{t}_{d}", cat="Binary")
+                var = self.x[t, d] = variable(lp, f"x_{t}_{d}", cat="Binary")
                 one.append(var)
                 for k in range(8):
                     feats[d][k].append((var, f[k]))
@@ -103,12 +97,12 @@ class MipModel:
                 one.append(self._add_column_split(t, k, feats))
         for kind, store, st in (("rw", self.v, _RW), ("dp", self.w, _DP)):
             if st in types and cat.can(t, st):
-                var = store[t] = _new(lp, f"{kind}_{t}", cat="Binary")
+                var = store[t] = variable(lp, f"{kind}_{t}", cat="Binary")
                 one.append(var)
                 self._add_uniform_terms(feats, var, cat.uniform(t, kind))
         if _TWRW in types and cat.can(t, _TWRW):
             for h in range(len(cat.problem.hosts)):
-                var = self.z[t, h] = _new(lp, f"twrw_{t}_{h}", cat="Binary")
+                var = self.z[t, h] = variable(lp, f"twrw_{t}_{h}", cat="Binary")
                 one.append(var)
                 self._add_uniform_terms(feats, var, cat.uniform(t, "twrw", h))
         if not one:
@@ -125,11 +119,11 @@ class MipModel:
         constraints, see the module docstring) and its feature terms; the ``u`` variable."""
         cat, lp = self.cat, self.lp
         base, part = cat.cw(t, k)
-        uu = self.u[t, k] = _new(lp, f"u_{t}_{k}", cat="Binary")
+        uu = self.u[t, k] = variable(lp, f"u_{t}_{k}", cat="Binary")
         ms, ys = [], []
         for d in range(cat.n):
-            mm = self.m[t, k, d] = _new(lp, f"m_{t}_{k}_{d}", 0, k, cat="Integer")
-            yy = self.y[t, k, d] = _new(lp, f"y_{t}_{k}_{d}", cat="Binary")
+            mm = self.m[t, k, d] = variable(lp, f"m_{t}_{k}_{d}", 0, k, cat="Integer")
+            yy = self.y[t, k, d] = variable(lp, f"y_{t}_{k}_{d}", cat="Binary")
             ms.append(mm)
             ys.append(yy)
             lp += mm - k * yy <= 0
@@ -161,12 +155,12 @@ class MipModel:
         const = [0.0] * n
         if n > 1:
             for f_idx, mult, name in ((F_IDS, 1.0, "ids"), (F_OUT, 2.0, "out")):
-                P = [_new(lp, f"P{name}_{d}") for d in range(n)]
+                P = [variable(lp, f"P{name}_{d}") for d in range(n)]
                 for d in range(n):
                     lp += _lin(feats[d][f_idx] + [(P[d], -1.0)]) == 0
                 scale_i = b * US / comm.intra_Bps
                 for r in range(n):
-                    I = _new(lp, f"I{name}_{r}", 0)
+                    I = variable(lp, f"I{name}_{r}", 0)
                     same = [q for q in range(n) if node_of[q] == node_of[r] and q != r]
                     lp += _lin([(I, 1.0), (P[r], -scale_i * (g[r] - 1))]) >= 0
                     if same:
@@ -176,7 +170,7 @@ class MipModel:
                     if multi:
                         scale_e = b * US / comm.inter_Bps
                         other = [q for q in range(n) if node_of[q] != node_of[r]]
-                        E = _new(lp, f"E{name}_{r}", 0)
+                        E = variable(lp, f"E{name}_{r}", 0)
                         lp += _lin([(E, 1.0), (P[r], -scale_e * (n - g[r]))]) >= 0
                         lp += _lin([(E, 1.0)] + [(P[q], -scale_e) for q in other]) >= 0
                         a2a_terms[r].append((E, mult))
@@ -192,7 +186,7 @@ class MipModel:
         def group(kind_pairs, members, store, label):
             if not store:
                 return
-            ind = _new(lp, f"g_{label}", cat="Binary")
+            ind = variable(lp, f"g_{label}", cat="Binary")
             for var in store:
                 lp.addConstraint(ind - var >= 0)
             alpha = sum(comm.fits.get(k, (0.0, math.inf))[0] for k in kind_pairs) * US
@@ -219,10 +213,10 @@ class MipModel:
         ``zmax + EPS · Σ_r C_r``."""
         lp, n = self.lp, self.cat.n
         launch = 3 * self.cat.cost.launch_s * US
-        self.zmax = zmax = _new(lp, "zmax", 0)
+        self.zmax = zmax = variable(lp, "zmax", 0)
         self.C = []
         for r in range(n):
-            C = _new(lp, f"C_{r}", 0)
+            C = variable(lp, f"C_{r}", 0)
             self.C.append(C)
             terms = ([(v_, c * US) for v_, c in feats[r][F_FWD]]
                      + [(v_, c * US) for v_, c in feats[r][F_BWD]]
