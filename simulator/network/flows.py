@@ -25,6 +25,7 @@ about a second).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 import simpy
@@ -108,37 +109,35 @@ def symmetric_reduce(routes: Routes, nbytes: np.ndarray, space: _ClassSpace
     """
     n = routes.n_flows
     cls = space.base
-    nl = cls.size
-    load = np.bincount(routes.link, weights=routes.frac * nbytes[routes.flow], minlength=nl)
-    cnt = np.bincount(routes.link, weights=routes.frac, minlength=nl)
-    touched_links = np.flatnonzero(cnt > 0)
-    link_cls = cls.copy()
-    tc = cls[touched_links]
+    # everything below is per link the batch touches, never per link of the fabric
+    touched_links, at = np.unique(routes.link, return_inverse=True)
+    load = np.bincount(at, weights=routes.frac * nbytes[routes.flow], minlength=touched_links.size)
+    cnt = np.bincount(at, weights=routes.frac, minlength=touched_links.size)
+    tcls = cls[touched_links]                 # class of each touched link, refined below
+    tc = tcls.copy()
     order = np.argsort(tc, kind="stable")
-    tl, tc = touched_links[order], tc[order]
+    tc = tc[order]
     bounds = np.flatnonzero(np.diff(tc)) + 1
     cap = np.asarray(space.capacity)
     space.batches += 1
-    for grp in np.split(np.arange(tl.size), bounds):
-        links = tl[grp]
-        ld, ct = load[links], cnt[links]
+    for grp in np.split(order, bounds):
+        links = touched_links[grp]
+        ld, ct = load[grp], cnt[grp]
         c = int(cls[links[0]])
         # a class row stands for load spread over exactly these links: batches touching the
         # same link set share it, batches on other links of the same kind do not
         where = hash(links.tobytes())
         if np.ptp(ld) <= 1e-9 * ld.max() and np.ptp(ct) <= 1e-9 * ct.max():
-            link_cls[links] = space.refine(("set", c, where), float(cap[c]))
+            tcls[grp] = space.refine(("set", c, where), float(cap[c]))
             continue
         key_l = np.round(ld / max(ld.max(), 1e-300), 9)
         key_c = np.round(ct, 9)
         for kl, kc in sorted(set(zip(key_l.tolist(), key_c.tolist()))):
-            sel = links[(key_l == kl) & (key_c == kc)]
-            link_cls[sel] = space.refine((space.batches, c, kl, kc), float(cap[c]))
-    lc = link_cls[routes.link]
+            sel = grp[(key_l == kl) & (key_c == kc)]
+            tcls[sel] = space.refine((space.batches, c, kl, kc), float(cap[c]))
+    lc = tcls[at]
     n_cls = len(space.capacity)
-    rng = np.random.default_rng(12345)
-    h1 = rng.integers(1, 2**31, size=n_cls + 1, dtype=np.int64)
-    h2 = rng.integers(1, 2**31, size=n_cls + 1, dtype=np.int64)
+    h1, h2 = _class_hashes(n_cls)
     q = np.round(routes.frac * 1e6).astype(np.int64) % (2**31)
     s1 = np.bincount(routes.flow, weights=(h1[lc] * q % (2**31)).astype(float), minlength=n)
     s2 = np.bincount(routes.flow, weights=(h2[lc] * ((q + 7) % (2**31)) % (2**31)).astype(float),
@@ -147,7 +146,7 @@ def symmetric_reduce(routes: Routes, nbytes: np.ndarray, space: _ClassSpace
     _, rep, inv, mult = np.unique(sig, axis=0, return_index=True, return_inverse=True,
                                   return_counts=True)
     inv = inv.ravel()
-    touched = np.bincount(link_cls[touched_links], minlength=n_cls).astype(float)
+    touched = np.bincount(tcls, minlength=n_cls).astype(float)
     is_rep = np.zeros(n, dtype=bool)
     is_rep[rep] = True
     keep = is_rep[routes.flow]
@@ -156,6 +155,14 @@ def symmetric_reduce(routes: Routes, nbytes: np.ndarray, space: _ClassSpace
     coef = mult[cflow] * routes.frac[keep] / touched[clink]
     return (Routes(len(rep), cflow, clink, coef, routes.latency_s[rep]),
             nbytes[rep].astype(float), mult)
+
+
+@lru_cache(maxsize=64)
+def _class_hashes(n_cls: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two seeded random weights per link class (the flow signatures of :func:`symmetric_reduce`)."""
+    rng = np.random.default_rng(12345)
+    return (rng.integers(1, 2**31, size=n_cls + 1, dtype=np.int64),
+            rng.integers(1, 2**31, size=n_cls + 1, dtype=np.int64))
 
 
 class FlowNetwork:
@@ -228,6 +235,7 @@ class FlowNetwork:
             self._usage[routes.link] += 1
             self._schedule()
         else:
+            np.add.at(self._usage, routes.link, 1)
             self._resolve(force=True)
         return ev
 
@@ -298,9 +306,6 @@ class FlowNetwork:
         self.stats.solves += 1
         for b, o in zip(still, offs):
             b.rate = rates[o:o + len(b.remaining)]
-        if force:
-            self._usage[:] = np.bincount(np.concatenate([b.link for b in still]),
-                                         minlength=self._usage.size)
         self._schedule()
 
     def _schedule(self) -> None:

@@ -39,10 +39,8 @@ def maxmin_rates(flow: np.ndarray, link: np.ndarray, coef: np.ndarray, capacity:
     rates = np.full(n_flows, np.inf)
     if flow.size == 0:
         return rates
-    mark = np.zeros(capacity.size, dtype=bool)
-    mark[link] = True
-    used = np.flatnonzero(mark)
-    lidx = (np.cumsum(mark) - 1)[link]
+    used, lidx = np.unique(link, return_inverse=True)     # the links in use, not the fabric's
+    lidx = lidx.ravel()
     cap = capacity[used].astype(float)
     coef = coef.astype(float)
     nl = used.size

@@ -55,7 +55,10 @@ def _yaml_value(text: str) -> Any:
 
 
 def apply_overrides(doc: dict, overrides: Mapping[str, Any], *, source: str) -> dict:
-    """Return a copy of ``doc`` with each dotted key set to its value (strings parsed as YAML)."""
+    """Return a copy of ``doc`` with each dotted key set to its value (strings parsed as YAML);
+    ``doc`` itself when there is nothing to override."""
+    if not overrides:
+        return doc
     doc = copy.deepcopy(doc)
     for key, raw in overrides.items():
         value = _yaml_value(raw) if isinstance(raw, str) else raw
