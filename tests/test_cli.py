@@ -98,3 +98,17 @@ def test_bad_topology_files_exit_2(tmp_path):
         code, _, err = run("topology", "show", name, cwd=tmp_path)
         assert code == 2, (name, err)
         assert "Traceback" not in err and name in err and "fix:" in err, (name, err)
+
+
+def test_plan_devices_and_gpus_name_one_count(capsys):
+    """`plan MODEL --devices N` plans N GPUs (it used to plan the whole topology), `plan TABLES
+    --gpus N` shards over N devices, and two different counts are refused."""
+    assert main(["plan", "llama3-8b", "--topology", "h100-ib", "--devices", "16", "--top", "1",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    par = out["parallel"]
+    assert out["gpus"] == 16 and par["tp"] * par["cp"] * par["pp"] * par["dp"] == 16
+    assert main(["plan", "criteo-dlrm", "--gpus", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["devices"] == 8
+    assert main(["plan", "criteo-dlrm", "--gpus", "8", "--devices", "4"]) == 2
+    assert "disagree" in capsys.readouterr().err

@@ -27,7 +27,8 @@ def register(p: argparse.ArgumentParser) -> None:
     add_arguments(p, devices_required=False)
     p.add_argument("--top", type=int, default=5, metavar="K", help="model plans: layouts to show")
     p.add_argument("--gpus", type=int, default=None, metavar="N",
-                   help="model plans: resize the topology to N GPUs")
+                   help="model plans: resize the topology to N GPUs (--devices N says the "
+                        "same; for table plans --gpus N is --devices N)")
     trainer_arguments(p)
     p.set_defaults(func=run)
 
@@ -36,8 +37,17 @@ def register(p: argparse.ArgumentParser) -> None:
 MAX_SHARDING_DEVICES = 4_096
 
 
+def _gpu_count(args) -> int | None:
+    """``--devices`` and ``--gpus`` name one count for either kind of plan; both given must agree."""
+    if args.devices is not None and args.gpus is not None and args.devices != args.gpus:
+        raise SpecError(f"--devices {args.devices} and --gpus {args.gpus} disagree",
+                        field="--gpus", fix="give one of them")
+    return args.gpus if args.gpus is not None else args.devices
+
+
 def run(args) -> int:
     """Plan a model spec's parallelism or a table spec's sharding, whichever ``TABLES`` is."""
+    args.gpus = args.devices = _gpu_count(args)
     if is_model(args.tables):
         if not args.topology:
             raise SpecError("a model plan needs --topology", field="--topology",
