@@ -112,3 +112,30 @@ def test_plan_devices_and_gpus_name_one_count(capsys):
     assert json.loads(capsys.readouterr().out)["devices"] == 8
     assert main(["plan", "criteo-dlrm", "--gpus", "8", "--devices", "4"]) == 2
     assert "disagree" in capsys.readouterr().err
+
+
+def test_plan_round_trips_through_simulate(tmp_path, capsys):
+    """`simulate plan.json` re-simulates the plan (its spec, layout, micro-batch, order and
+    GPU count) to the same step time, and its spec saved as JSON is read as a model spec."""
+    plan_path = tmp_path / "plan.json"
+    assert main(["plan", "llama3-8b", "--topology", "h100-ib", "--gpus", "16", "--top", "1",
+                 "--out", str(plan_path), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert main(["simulate", str(plan_path), "--topology", "h100-ib", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["step_time_s"] == pytest.approx(plan["step_time_s"], rel=1e-12)
+    assert again["parallel"] == plan["parallel"]
+    assert again["memory_per_gpu_bytes"] == plan["memory_per_gpu_bytes"]
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(plan["spec"]))
+    assert main(["simulate", str(spec_path), "--topology", "h100-ib", "--gpus", "16",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] == pytest.approx(
+        plan["step_time_s"], rel=1e-12)
+
+
+def test_a_plan_without_its_spec_says_to_replan(tmp_path, capsys):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"format_version": 1, "kind": "llm-plan", "model": "llama3-8b"}))
+    assert main(["simulate", str(old), "--topology", "h100-ib"]) == 2
+    assert "re-run `clusterplan plan" in capsys.readouterr().err

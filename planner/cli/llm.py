@@ -11,7 +11,7 @@ import pandas as pd
 import yaml
 
 from simulator.errors import SpecError
-from simulator.fileio import atomic_write_text
+from simulator.fileio import atomic_write_text, read_spec_mapping
 from simulator.units import format_bytes, format_time
 
 from planner.llm.fidelity import (
@@ -24,7 +24,13 @@ from planner.llm.fidelity import (
 )
 from planner.llm.metrics import simulate_llm
 from planner.llm.search import search
-from planner.model.llm.spec import LLMSpec, ParallelSpec, parse_parallel
+from planner.model.llm.spec import (
+    LLMSpec,
+    ParallelSpec,
+    parse_llm_spec,
+    parse_parallel,
+    spec_document,
+)
 from planner.model.llm.trainer import TrainerSpec
 from planner.model.reliability import (
     link_faults_from_args,
@@ -218,6 +224,18 @@ def plan_model(args, spec: LLMSpec, topo, emit) -> int:
     return 0
 
 
+def load_plan_spec(path: str) -> tuple[LLMSpec, dict]:
+    """The model spec a plan from ``clusterplan plan MODEL`` carries (its chosen layout and
+    micro-batch in it), and the plan document."""
+    doc, source = read_spec_mapping(path, package="planner.models", what="plan",
+                                    fix="pass a plan written by `clusterplan plan MODEL --out`")
+    if not isinstance(doc.get("spec"), dict):
+        raise SpecError("this plan carries no model spec (written before plans did)",
+                        source=source, field="spec",
+                        fix="re-run `clusterplan plan MODEL ... --out FILE` and simulate that")
+    return parse_llm_spec(doc["spec"], source=f"{source} (spec)"), doc
+
+
 def plan_document(res, topo) -> dict:
     """Versioned plan JSON: layout, rank order and rank → (building, host, GPU)."""
     d = res.to_dict()
@@ -231,6 +249,7 @@ def plan_document(res, topo) -> dict:
     m, t = res.spec.model, res.spec.training
     return {"format_version": 1, "kind": "llm-plan", "order": lay.order,
             "model": m.name, "topology": topo.name, **d,
+            "spec": spec_document(res.spec, res.parallel),
             "num_layers": m.layers, "seq_len": m.seq_len, "precision": t.precision,
             **({"num_experts": m.num_experts, "moe_top_k": m.top_k} if m.is_moe else {}),
             "activation_recompute": t.activation_recompute, "ranks": ranks}

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import yaml
 
+from simulator.fileio import SAFE_LOADER
 from simulator.topology import Topology, load_topology
 
 from planner.model.llm.spec import LLMSpec, builtin_model_names
 from planner.model.llm.trainer import PRESETS, TRAINER_KEYS, trainer_from_args
 
-__all__ = ["topology_arguments", "topology_from_args", "is_model", "trainer_arguments",
-           "with_trainer"]
+__all__ = ["topology_arguments", "topology_from_args", "is_model", "is_llm_plan",
+           "trainer_arguments", "with_trainer"]
 
 
 def topology_arguments(p: argparse.ArgumentParser, *, default: str | None = None) -> None:
@@ -50,15 +51,28 @@ def with_trainer(spec: LLMSpec, args: argparse.Namespace) -> LLMSpec:
     return replace(spec, trainer=trainer_from_args(spec.trainer, name, sets))
 
 
+def _peek(ref: str):
+    """The parsed document of a YAML or JSON file ``ref`` (None if it is none, or unreadable:
+    the loader that follows says why)."""
+    p = Path(ref)
+    if p.suffix not in (".yaml", ".yml", ".json") or not p.is_file():
+        return None
+    try:
+        return yaml.load(p.read_text(), Loader=SAFE_LOADER)  # noqa: S506 - a safe loader
+    except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        return None
+
+
 def is_model(ref: str) -> bool:
-    """True when ``ref`` is a built-in LLM name or a YAML file with a ``model:`` section."""
+    """True when ``ref`` is a built-in LLM name or a YAML or JSON file with a ``model:``
+    section (a plan written by ``plan`` is not one: see :func:`is_llm_plan`)."""
     if ref in builtin_model_names():
         return True
-    p = Path(ref)
-    if p.suffix in (".yaml", ".yml") and p.exists():
-        try:
-            doc = yaml.safe_load(p.read_text())
-        except yaml.YAMLError:
-            return False
-        return isinstance(doc, dict) and "model" in doc
-    return False
+    doc = _peek(ref)
+    return isinstance(doc, dict) and "model" in doc and doc.get("kind") != "llm-plan"
+
+
+def is_llm_plan(ref: str) -> bool:
+    """True when ``ref`` is a plan written by ``clusterplan plan MODEL`` (``kind: llm-plan``)."""
+    doc = _peek(ref)
+    return isinstance(doc, dict) and doc.get("kind") == "llm-plan"

@@ -10,8 +10,9 @@ from simulator.errors import SpecError
 from simulator.units import format_bytes, format_time
 from simulator.workload_spec import load_workload
 
-from planner.cli.llm import simulate_model
+from planner.cli.llm import load_plan_spec, simulate_model
 from planner.cli.options import (
+    is_llm_plan,
     is_model,
     topology_arguments,
     topology_from_args,
@@ -29,6 +30,9 @@ from planner.model.reliability import (
 
 __all__ = ["register", "run"]
 
+ORDER_DEFAULT = "tp-cp-dp-pp"
+SCHEDULE_DEFAULT = "1f1b"
+
 
 def register(p: argparse.ArgumentParser) -> None:
     """Add this command's description and arguments to its parser ``p``."""
@@ -36,14 +40,16 @@ def register(p: argparse.ArgumentParser) -> None:
                      "training:, parallel:; see planner/model/llm/spec.py) or a workload "
                      "YAML (an op DAG; see simulator/workload_spec.py), by path or "
                      "built-in name (llama3-405b, gpt3-175b, dp-step ...).")
-    p.add_argument("workload", metavar="MODEL|WORKLOAD", help="YAML file or built-in name")
+    p.add_argument("workload", metavar="MODEL|WORKLOAD|PLAN",
+                   help="YAML or JSON file, a built-in name, or a plan.json from `plan MODEL`")
     topology_arguments(p)
     p.add_argument("--parallel", metavar="SPEC", help="e.g. tp=8,cp=1,pp=16,dp=128,vpp=1")
     p.add_argument("--global-batch", type=int, metavar="N", help="sequences per step")
     p.add_argument("--micro-batch", type=int, metavar="N", help="sequences per micro-batch")
-    p.add_argument("--order", default="tp-cp-dp-pp",
+    p.add_argument("--order", default=ORDER_DEFAULT,
                    help="placement of parallel axes, innermost first (default tp-cp-dp-pp)")
-    p.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe", "interleaved"))
+    p.add_argument("--schedule", default=SCHEDULE_DEFAULT,
+                   choices=("1f1b", "gpipe", "interleaved"))
     trainer_arguments(p)
     p.add_argument("--mode", default="auto", choices=("auto", "explicit", "symmetric"))
     p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace JSON")
@@ -54,10 +60,26 @@ def register(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=run)
 
 
+def _simulate_plan(args) -> int:
+    """Re-simulate a plan written by ``clusterplan plan MODEL``: its model spec, layout,
+    micro-batch, placement order and schedule, on ``--topology`` resized to the plan's GPUs
+    (``--gpus`` and the other flags override)."""
+    spec, plan = load_plan_spec(args.workload)
+    if args.gpus is None:
+        args.gpus = int(plan.get("gpus") or 0) or None
+    if args.order == ORDER_DEFAULT and plan.get("order"):
+        args.order = plan["order"]
+    if args.schedule == SCHEDULE_DEFAULT and spec.parallel and spec.parallel.vpp > 1:
+        args.schedule = "interleaved"
+    return simulate_model(args, with_trainer(spec, args), topology_from_args(args), emit)
+
+
 def run(args) -> int:
     if args.trace and not Path(args.trace).resolve().parent.is_dir():
         raise SpecError(f"directory of {args.trace} does not exist", field="--trace",
                         fix="create the directory or write the trace elsewhere")
+    if is_llm_plan(args.workload):
+        return _simulate_plan(args)
     topo = topology_from_args(args)
     if is_model(args.workload):
         return simulate_model(args, with_trainer(load_llm_spec(args.workload), args), topo, emit)

@@ -19,7 +19,7 @@ Built-in specs (``planner/models/``) load by name: ``llama3-405b``, ``gpt3-175b`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -30,7 +30,7 @@ from simulator.validation import Fields
 from planner.model.llm.trainer import TrainerSpec, trainer_from_mapping
 
 __all__ = ["ModelSpec", "TrainingSpec", "ParallelSpec", "LLMSpec", "load_llm_spec",
-           "builtin_model_names", "parse_parallel"]
+           "builtin_model_names", "parse_parallel", "spec_document"]
 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 RECOMPUTE = ("none", "selective", "full")
@@ -144,6 +144,19 @@ class LLMSpec:
     parallel: ParallelSpec | None
     source: str
     trainer: TrainerSpec = field(default_factory=TrainerSpec)
+
+
+def spec_document(spec: LLMSpec, parallel: ParallelSpec | None = None) -> dict[str, Any]:
+    """The spec as the document a user writes (``model:``, ``training:``, ``parallel:``,
+    ``trainer:``): :func:`parse_llm_spec` reads it back to an equal spec. ``parallel``
+    replaces the spec's own layout (a plan's chosen one)."""
+    par = parallel if parallel is not None else spec.parallel
+    doc: dict[str, Any] = {"model": {"kind": "transformer", **asdict(spec.model)},
+                           "training": asdict(spec.training)}
+    if par is not None:
+        doc["parallel"] = asdict(par)
+    doc["trainer"] = spec.trainer.to_dict()
+    return doc
 
 
 def builtin_model_names() -> list[str]:
