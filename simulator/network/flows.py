@@ -137,6 +137,10 @@ def symmetric_reduce(routes: Routes, nbytes: np.ndarray, space: _ClassSpace
             tcls[sel] = space.refine((space.batches, c, kl, kc), float(cap[c]))
     lc = tcls[at]
     n_cls = len(space.capacity)
+    touched = np.bincount(tcls, minlength=n_cls).astype(float)
+    if n == 1:                              # one flow (a pipeline send): its own class row
+        return (Routes(1, routes.flow, lc, routes.frac / touched[lc], routes.latency_s),
+                nbytes.astype(float), np.ones(1, dtype=np.int64))
     h1, h2 = _class_hashes(n_cls)
     q = np.round(routes.frac * 1e6).astype(np.int64) % (2**31)
     s1 = np.bincount(routes.flow, weights=(h1[lc] * q % (2**31)).astype(float), minlength=n)
@@ -146,7 +150,6 @@ def symmetric_reduce(routes: Routes, nbytes: np.ndarray, space: _ClassSpace
     _, rep, inv, mult = np.unique(sig, axis=0, return_index=True, return_inverse=True,
                                   return_counts=True)
     inv = inv.ravel()
-    touched = np.bincount(tcls, minlength=n_cls).astype(float)
     is_rep = np.zeros(n, dtype=bool)
     is_rep[rep] = True
     keep = is_rep[routes.flow]
