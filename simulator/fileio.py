@@ -26,11 +26,50 @@ __all__ = ["parse_yaml", "atomic_write_text", "builtin_names", "read_spec_mappin
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+#: values a document may expand to, aliases counted at every use: a 16,384-link topology has
+#: about 150,000; an alias bomb of 1 KB has billions, which any walk over it (validation, an
+#: error message) would never finish
+MAX_EXPANDED_VALUES = 5_000_000
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """Values in the document under ``root`` with every alias expanded (shared nodes counted
+    at each use), computed over the distinct nodes only."""
+    size: dict[int, int] = {}
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in size:
+            continue
+        kids = []
+        if isinstance(node, yaml.SequenceNode):
+            kids = node.value
+        elif isinstance(node, yaml.MappingNode):
+            kids = [n for pair in node.value for n in pair]
+        if done or not kids:
+            size[id(node)] = 1 + sum(size[id(k)] for k in kids)
+            continue
+        stack.append((node, True))
+        stack.extend((k, False) for k in kids if id(k) not in size)
+    return size[id(root)]
+
+
 def parse_yaml(text: str, *, source: str) -> Any:
     """``yaml.safe_load`` (through :data:`SAFE_LOADER`) with a located :class:`SpecError` on a
-    syntax error."""
+    syntax error, and on a document that expands to more than :data:`MAX_EXPANDED_VALUES`."""
     try:
-        return yaml.load(text, Loader=SAFE_LOADER)  # noqa: S506 - a safe loader
+        loader = SAFE_LOADER(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            if _expanded_size(node) > MAX_EXPANDED_VALUES:
+                raise SpecError(f"the document expands to more than {MAX_EXPANDED_VALUES:,} "
+                                "values (YAML aliases used over and over)", source=source,
+                                fix="write the values out, or use fewer nested aliases")
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"

@@ -139,3 +139,13 @@ def test_a_plan_without_its_spec_says_to_replan(tmp_path, capsys):
     old.write_text(json.dumps({"format_version": 1, "kind": "llm-plan", "model": "llama3-8b"}))
     assert main(["simulate", str(old), "--topology", "h100-ib"]) == 2
     assert "re-run `clusterplan plan" in capsys.readouterr().err
+
+
+def test_yaml_alias_bomb_is_refused_at_once(tmp_path, capsys):
+    """A 1 KB file whose aliases expand to 9⁹ values: exit 2 naming it, not a hang."""
+    lines = ['notes: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]', "description:"]
+    lines += [f"  - &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\nname: bomb\ngpu: *a8\n")
+    assert main(["topology", "show", str(bomb)]) == 2
+    assert "expands to more than" in capsys.readouterr().err
