@@ -69,12 +69,17 @@ class LinkFault:
     label: str = ""
 
 
+#: the least capacity a faulty link keeps: one cable of a 10,000-cable bundle (below it a step
+#: would be quoted in centuries)
+MIN_LINK_FACTOR = 1e-4
+
+
 def parse_link_faults(items: Iterable[str], topo, *, source: str = "--link-fault"
                       ) -> list[LinkFault]:
     """``['leaf0/rail0->spine0=0.5@2ms', 'n3/nic*<->*=0.25']`` → :class:`LinkFault` s.
 
     ``SRC->DST`` names links by their end nodes (shell-style wildcards allowed), ``<->`` both
-    directions; ``=FACTOR`` the capacity kept, in (0, 1]; ``@TIME`` when it happens (default 0).
+    directions; ``=FACTOR`` the capacity kept, in [:data:`MIN_LINK_FACTOR`, 1]; ``@TIME`` when it happens (default 0).
     ``clusterplan topology show NAME --json`` lists the node names.
     """
     lt = topo.links
@@ -91,9 +96,9 @@ def parse_link_faults(items: Iterable[str], topo, *, source: str = "--link-fault
         except ValueError:
             raise SpecError(f"factor {factor_s!r} in {item!r} is not a number", source=source,
                             field="factor", fix="0.5 keeps half the capacity") from None
-        if not (0 < factor <= 1):
-            raise SpecError(f"factor {factor} in {item!r} must be in (0, 1]", source=source,
-                            field="factor",
+        if not (MIN_LINK_FACTOR <= factor <= 1):
+            raise SpecError(f"factor {factor} in {item!r} must be in [{MIN_LINK_FACTOR:g}, 1]",
+                            source=source, field="factor",
                             fix="a bundle keeping k of n cables has factor k/n; a link with "
                                 "no path around it cannot fail entirely in this model")
         at_s = parse_time(at, field=source) if at else 0.0

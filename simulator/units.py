@@ -81,7 +81,11 @@ def parse_bytes(value: object, *, field: str | None = None, allow_zero: bool = T
         if not m:
             raise _bad_unit(value, "bytes", field)
         x *= _PREFIX[m.group(1)] / (8.0 if m.group(2) == "b" else 1.0)
-    return int(round(_check(x, value, "bytes", field, allow_zero=allow_zero)))
+    n = int(round(_check(x, value, "bytes", field, allow_zero=allow_zero)))
+    if n == 0 and x > 0:
+        raise SpecError(f"{value!r} is less than one byte", field=field,
+                        fix="give a size of at least 1 byte, e.g. 4096 or 64KiB")
+    return n
 
 
 def parse_bandwidth(value: object, *, field: str | None = None, allow_zero: bool = False) -> float:

@@ -73,6 +73,20 @@ BAD = [
      "--algo"),
     (["simulate", "nope.yaml", "--topology", "dgx-a100"], "nope.yaml"),
     (["calibrate", "nccl", "--table", "8=missing.csv", "--topology", "dgx-a100"], "missing.csv"),
+    # values that used to be taken silently or to run for ever
+    (["simulate", "llama3-8b", "--topology", "h100-ib", "--gpus", "8", "--parallel", "tp=8",
+      "--global-batch", "0"], "--global-batch"),
+    (["simulate", "llama3-8b", "--topology", "h100-ib", "--gpus", "8", "--parallel", "tp=8",
+      "--global-batch", "99999999999999"], "--global-batch"),
+    (["simulate", "llama3-8b", "--topology", "h100-ib", "--gpus", "8", "--parallel", "tp=8",
+      "--global-batch", "2000000000"], "micro-batches per pipeline"),
+    (["simulate", "llama3-8b", "--topology", "h100-ib", "--gpus", "8", "--parallel",
+      "tp=8,tp=2"], "given twice"),
+    (["collective", "allreduce", "--size", "0.4", "--topology", "dgx-a100"], "less than one byte"),
+    (["plan", "criteo-dlrm", "--devices", "8", "--planner", "mip", "--time-limit", "inf"],
+     "--time-limit"),
+    (["simulate", "dp-step", "--topology", "h100-ib:nodes=4", "--link-fault",
+      "leaf0/rail0<->spine0=1e-300"], "must be in [0.0001, 1]"),
 ]
 
 

@@ -160,7 +160,7 @@ def test_degraded_inter_pod_link_slows_only_the_collectives_that_use_it(pods):
 
 def test_link_fault_inputs_and_cli(pods, tmp_path, capsys):
     from simulator.faults import parse_link_faults
-    for bad, msg in (("leaf0/rail0-spine0=0.5", "SRC->DST"), ("leaf0/rail0->spine0=0", "(0, 1]"),
+    for bad, msg in (("leaf0/rail0-spine0=0.5", "SRC->DST"), ("leaf0/rail0->spine0=0", "[0.0001, 1]"),
                      ("nowhere->spine0=0.5", "no link"), ("leaf0/rail0->spine0=x", "number")):
         with pytest.raises(SpecError, match=re.escape(msg)):
             parse_link_faults([bad], pods)

@@ -13,6 +13,7 @@ import yaml
 from simulator.errors import SpecError
 from simulator.fileio import atomic_write_text, read_spec_mapping
 from simulator.units import format_bytes, format_time
+from simulator.validation import whole
 
 from planner.llm.fidelity import (
     kendall_tau_by_group,
@@ -50,10 +51,14 @@ def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
                         source=spec.source, field="parallel",
                         fix="pass --parallel tp=8,pp=4,... or add a parallel: section")
     tr = spec.training
-    if args.global_batch:
-        tr = replace(tr, global_batch_size=args.global_batch)
-    if args.micro_batch:
-        tr = replace(tr, micro_batch_size=args.micro_batch)
+    if args.global_batch is not None:
+        tr = replace(tr, global_batch_size=whole(args.global_batch, source=None,
+                                                 field="--global-batch", minimum=1,
+                                                 what="the global batch"))
+    if args.micro_batch is not None:
+        tr = replace(tr, micro_batch_size=whole(args.micro_batch, source=None,
+                                                field="--micro-batch", minimum=1,
+                                                what="the micro-batch"))
     spec = replace(spec, training=tr)
     slow = stragglers_from_args(args, topo.num_gpus)
     faults = link_faults_from_args(args, topo)

@@ -84,6 +84,10 @@ def add_arguments(p: argparse.ArgumentParser, *, devices_required: bool = True) 
     add_dmt_arguments(p)
 
 
+#: the longest search a plan may be given (seconds): a finite bound, so `inf` is refused
+MAX_TIME_LIMIT_S = 86_400.0
+
+
 def _task(args) -> ShardingTask:
     model = load_model_spec(args.tables)
     if args.batch_size is not None and args.batch_size < 1:
@@ -106,9 +110,10 @@ def run(args: argparse.Namespace) -> int:
     if args.devices is None or args.devices < 1:
         raise SpecError(f"--devices must be ≥ 1, got {args.devices}", source="--devices",
                         fix="pass the number of GPUs, e.g. --devices 8")
-    if args.time_limit is not None and not args.time_limit > 0:
-        raise SpecError(f"--time-limit must be positive, got {args.time_limit}",
-                        source="--time-limit", fix="pass seconds, e.g. --time-limit 10")
+    if args.time_limit is not None and not 0 < args.time_limit <= MAX_TIME_LIMIT_S:
+        raise SpecError(f"--time-limit must be positive seconds up to {MAX_TIME_LIMIT_S:,.0f} "
+                        f"(a day), got {args.time_limit}", source="--time-limit",
+                        fix="pass seconds, e.g. --time-limit 10")
     if args.planner not in PLANNER_NAMES:
         raise SpecError(f"unknown planner {args.planner!r}", source="--planner",
                         fix=f"use one of: {', '.join(PLANNER_NAMES)}")

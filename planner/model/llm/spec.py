@@ -231,6 +231,9 @@ def parse_parallel(text: str, base: ParallelSpec | None = None) -> ParallelSpec:
         if not eq or key not in ("tp", "cp", "pp", "dp", "vpp", "fsdp", "ep"):
             raise SpecError(f"bad item {item!r}", source="--parallel",
                             fix="write e.g. tp=8,cp=1,pp=16,dp=128,vpp=1,fsdp=zero1,ep=1")
+        if key in values:
+            raise SpecError(f"{key} is given twice", source="--parallel", field=key,
+                            fix=f"give {key} once")
         if key == "fsdp":
             values[key] = val.strip()
         else:

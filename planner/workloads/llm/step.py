@@ -43,7 +43,11 @@ from planner.workloads.llm.partition import (
     rank_params,
 )
 
-__all__ = ["StepPlan", "build_step", "resolve_parallel", "pass_times"]
+__all__ = ["StepPlan", "build_step", "resolve_parallel", "pass_times", "MAX_MICROBATCHES"]
+
+#: micro-batches per pipeline in one step at most: each is a few ops per stage and chunk, so a
+#: step of millions would take minutes and gigabytes to build (real steps have tens to thousands)
+MAX_MICROBATCHES = 65_536
 
 
 @dataclass
@@ -89,6 +93,13 @@ def resolve_parallel(spec: LLMSpec, p: ParallelSpec, num_gpus: int) -> ParallelS
                         source="--parallel", field="pp", fix="lower pp or vpp")
     if p.vpp > 1 and p.pp == 1:
         raise SpecError("vpp > 1 needs pp > 1", source="--parallel", field="vpp", fix="set vpp=1")
+    micro = t.global_batch_size // (t.micro_batch_size * dp)
+    if micro > MAX_MICROBATCHES:
+        raise SpecError(f"global batch {t.global_batch_size:,} in micro-batches of "
+                        f"{t.micro_batch_size} over dp {dp} is {micro:,} micro-batches per "
+                        f"pipeline, more than the {MAX_MICROBATCHES:,} a step is built with",
+                        source=spec.source, field="training.global_batch_size",
+                        fix="use a smaller global batch, a larger micro-batch, or more dp")
     if t.global_batch_size % (t.micro_batch_size * dp):
         raise SpecError(f"global batch {t.global_batch_size} is not divisible by micro-batch "
                         f"{t.micro_batch_size} × dp {dp}", source="--parallel", field="dp",
