@@ -147,8 +147,17 @@ class Reliability:
     @classmethod
     def parse(cls, *, mtbf: str, interval: str, cost: str = "0s", restart: str = "10min"
               ) -> "Reliability":
-        return cls(parse_time(mtbf, field="--mtbf"), parse_time(interval, field="--checkpoint-every"),
-                   parse_time(cost, field="--checkpoint-cost"), parse_time(restart, field="--restart"))
+        """From the command line's strings; errors name the flag."""
+        flags = {"mtbf_gpu_s": "--mtbf", "checkpoint_interval_s": "--checkpoint-every",
+                 "checkpoint_cost_s": "--checkpoint-cost", "restart_s": "--restart"}
+        values = [parse_time(v, field=f) for v, f in
+                  zip((mtbf, interval, cost, restart), flags.values())]
+        try:
+            return cls(*values)
+        except SpecError as e:
+            flag = flags.get(e.field or "", e.field)
+            raise SpecError(e.message.replace(e.field or "", flag or ""), field=flag,
+                            fix=e.fix) from None
 
 
 def ettr(gpus: int, rel: Reliability) -> float:

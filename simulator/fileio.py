@@ -79,18 +79,37 @@ def parse_yaml(text: str, *, source: str) -> Any:
                         fix="fix the YAML syntax (indentation, colons, quotes)") from None
 
 
+def _new_file_mode(target: Path) -> int:
+    """The permission bits a plain ``open(target, "w")`` would leave: the existing file's, or
+    0666 less the umask (a temporary file starts at 0600)."""
+    try:
+        return target.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def atomic_write_text(path: str | Path, text: str, *, field: str = "--out") -> Path:
-    """Write ``text`` to ``path`` atomically; a missing folder is a :class:`SpecError`."""
+    """Write ``text`` to ``path`` atomically, never half a file: a missing folder or a folder
+    given as the file is a :class:`SpecError`; a symbolic link is written through (its target
+    replaced, the link kept); the file gets the mode a plain write would give it."""
     p = Path(path)
-    folder = p.resolve().parent
+    target = p.resolve()
+    if target.is_dir():
+        raise SpecError(f"{str(p)!r} is a folder", field=field,
+                        fix="give a file path inside it, e.g. " f"{p / 'out.json'}")
+    folder = target.parent
     if not folder.is_dir():
         raise SpecError(f"folder {str(p.parent)!r} does not exist", field=field,
                         fix="create the folder or give another path")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=folder)
+    mode = _new_file_mode(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-        os.replace(tmp, p)
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)

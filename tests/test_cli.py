@@ -163,3 +163,34 @@ def test_yaml_alias_bomb_is_refused_at_once(tmp_path, capsys):
     bomb.write_text("\n".join(lines) + "\nname: bomb\ngpu: *a8\n")
     assert main(["topology", "show", str(bomb)]) == 2
     assert "expands to more than" in capsys.readouterr().err
+
+
+def test_outputs_keep_the_umask_mode_and_write_through_links(tmp_path, capsys):
+    """--out files get the mode a plain write gives (not the temporary file's 0600), a
+    symbolic link is written through and kept, and a folder given as --out exits 2."""
+    import os
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "plan.json"
+        assert main(["plan", "criteo-dlrm", "--devices", "8", "--out", str(out)]) == 0
+        assert out.stat().st_mode & 0o777 == 0o644
+        target = tmp_path / "real.json"
+        target.write_text("{}")
+        target.chmod(0o640)
+        link = tmp_path / "link.json"
+        link.symlink_to(target)
+        assert main(["plan", "criteo-dlrm", "--devices", "8", "--out", str(link)]) == 0
+        assert link.is_symlink() and json.loads(target.read_text())["devices"] == 8
+        assert target.stat().st_mode & 0o777 == 0o640
+        capsys.readouterr()
+        assert main(["plan", "criteo-dlrm", "--devices", "8", "--out", str(tmp_path)]) == 2
+        assert "is a folder" in capsys.readouterr().err
+    finally:
+        os.umask(old)
+
+
+def test_a_refused_simulate_writes_no_trace(tmp_path, capsys):
+    trace = tmp_path / "t.json"
+    assert main(["simulate", "dp-step", "--topology", "dgx-a100:nodes=2", "--mtbf", "50000h",
+                 "--checkpoint-every=0", "--trace", str(trace)]) == 2
+    assert "--checkpoint-every" in capsys.readouterr().err and not trace.exists()

@@ -103,9 +103,6 @@ def run(args) -> int:
             "exposed_comm_rank0_s": exposed,
             "busy_time_by_category_s": {k: float(v) for k, v in by_cat.items()},
             "events": res.events, "wall_s": res.wall_s}
-    if args.trace:
-        res.write_chrome_trace(args.trace, max_ranks=args.trace_ranks)
-        data["trace"] = args.trace
     lines = [f"{w.name} on {topo.name} ({topo.num_gpus} GPUs, {res.mode}): step time "
              f"{format_time(res.step_time_s)}",
              f"  rank 0: compute {format_time(data['compute_time_rank0_s'])}, exposed communication "
@@ -130,6 +127,9 @@ def run(args) -> int:
                                              busy_s=res.compute_busy_s(), sim=res, topo=topo)
     data.update(rel_data)
     lines += rel_lines
+    if args.trace:                  # last: a run refused above leaves no file behind
+        res.write_chrome_trace(args.trace, max_ranks=args.trace_ranks)
+        data["trace"] = args.trace
     lines.append(f"  {res.events} events in {res.wall_s:.3f} s wall")
     if args.trace:
         lines.append(f"  trace: {args.trace} (open in https://ui.perfetto.dev)")
