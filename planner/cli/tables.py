@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         meas = measure_plan(plan, task, repeats=positive(args.repeats, "--repeats"),
                             seed=args.seed)
         doc["measurement"] = meas.to_dict()
-    if args.out:
+    if args.out and plan.valid:         # an invalid plan (exit 1) leaves --out as it was
         write_json(args.out, doc)
     if args.json:
         print(json.dumps(doc, indent=2, ensure_ascii=False))
@@ -146,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
             print()
             print(format_measurement(meas))
         if args.out:
-            print(f"wrote {args.out}")
+            print(f"wrote {args.out}" if plan.valid else
+                  f"not written to {args.out}: the plan is not valid")
     return 0 if plan.valid else 1
 
 

@@ -245,6 +245,11 @@ def export_torchrec_plan(plan: Any, *, module_fqn: str = "", device: str | None 
         raise _err(f"format_version {doc.get('format_version')!r} is not supported (this "
                    f"exporter reads {_SHARDING_PLAN_VERSION})", "format_version",
                    "regenerate the plan with this version of clusterplan", source)
+    if doc.get("valid") is False:
+        problems = "; ".join(str(x) for x in (doc.get("problems") or [])[:3])
+        raise _err(f"the plan is not valid ({problems or 'see its problems'}): a trainer "
+                   "cannot run it", "valid", "re-plan with more devices, --memory or other "
+                   "sharding types", source)
     world = _int(doc.get("devices"), "devices", source, minimum=1)
     if world > MAX_WORLD:
         raise _err(f"{world} devices, above {MAX_WORLD:,}", "devices",

@@ -96,3 +96,22 @@ def test_cli_invalid_plan_exits_1(cli, capsys, tmp_path):
                "--sharding-types", "tw")
     out = capsys.readouterr().out
     assert code == 1 and "INVALID" in out
+
+
+def test_an_invalid_plan_leaves_out_alone_and_does_not_export(cli, capsys, tmp_path):
+    """Exit 1 writes nothing over --out, and an invalid plan file is refused by the export."""
+    from planner.cli.main import main
+    csv = tmp_path / "t.csv"
+    csv.write_text("name,num_embeddings,embedding_dim,pooling_factor\n"
+                   "a,1000000,64,1\nb,1000000,64,1\nc,1000000,64,1\n")
+    out_file = tmp_path / "plan.json"
+    out_file.write_text('{"earlier": true}')
+    code = cli(str(csv), "--devices", "2", "--memory", "400MB", "--planner", "size",
+               "--sharding-types", "tw", "--out", str(out_file), "--json")
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1 and doc["valid"] is False
+    assert json.loads(out_file.read_text()) == {"earlier": True}
+    bad = tmp_path / "invalid.json"
+    bad.write_text(json.dumps(doc))
+    assert main(["export", str(bad), "--to", "torchrec", "--out", str(tmp_path / "x.json")]) == 2
+    assert "not valid" in capsys.readouterr().err
