@@ -194,3 +194,33 @@ def test_a_refused_simulate_writes_no_trace(tmp_path, capsys):
     assert main(["simulate", "dp-step", "--topology", "dgx-a100:nodes=2", "--mtbf", "50000h",
                  "--checkpoint-every=0", "--trace", str(trace)]) == 2
     assert "--checkpoint-every" in capsys.readouterr().err and not trace.exists()
+
+
+def test_plan_constrained_for_a_target_exports_to_it(tmp_path, capsys):
+    """`plan --for deepspeed` picks only what DeepSpeed's export can run (cp=1, vpp=1, ZeRO ≤ 1
+    with pp), and the export then succeeds; --constrain fixes axes for every alternative."""
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "llama3-8b", "--topology", "h100-ib", "--gpus", "16", "--top", "4",
+                 "--for", "deepspeed", "--constrain", "pp=2|4", "--out", str(plan),
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    for r in [doc] + doc["alternatives"]:
+        p = r["parallel"]
+        assert p["cp"] == 1 and p["vpp"] == 1 and p["pp"] in (2, 4)
+        assert p["fsdp"] in ("none", "zero1")
+    assert doc["search"]["excluded"] > 0
+    assert main(["export", str(plan), "--to", "deepspeed", "--out", str(tmp_path / "ds")]) == 0
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["plan", "llama3-8b", "--topology", "h100-ib", "--gpus", "16", "--constrain", "tq=8"],
+     "bad item"),
+    (["plan", "llama3-8b", "--topology", "h100-ib", "--gpus", "16", "--constrain",
+      "fsdp=zero9"], "zero9"),
+    (["plan", "llama3-8b", "--topology", "h100-ib", "--gpus", "16", "--constrain", "tp=3"],
+     "excluded by constraints"),
+    (["plan", "criteo-dlrm", "--devices", "8", "--for", "deepspeed"], "model specs"),
+])
+def test_plan_constraints_bad_input_exits_2(argv, needle, capsys):
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err

@@ -133,11 +133,13 @@ def _command(args) -> str:
 
 def _provenance(args, report: dict) -> str:
     t, h = report["train"], report["held_out"]
-    return (f"Fitted by `{_command(args)}` on {fs.stamp()} to {report['set']} ({set_info(args.set)['title']}): "
+    title = set_info(args.set)["title"]
+    held = ", ".join(f"{k}={v:g}" for k, v in report["fixed"].items()) or "nothing"
+    return (f"Fitted by `{_command(args)}` on {fs.stamp()} to {report['set']} ({title}): "
             f"{report['fitted_on']}; {h['rows']} rows held out ({report['split']}). "
             f"Training MAPE {t['mape']:.1%}, held-out MAPE {h['mape']:.1%} "
             f"(mean {h['mean_error']:+.1%}, worst {h['worst']:+.1%}). "
-            f"Held fixed: {', '.join(f'{k}={v:g}' for k, v in report['fixed'].items()) or 'nothing'}"
+            f"Held fixed: {held}"
             f"{'. ' + args.note if args.note else ''}. Method: "
             "planner/measure/compute/fit_steps.py. Nothing else was read: the multi-node vTrain "
             "set, Narayanan 2021 and Korthikanti 2022 stay validation data.")
@@ -152,7 +154,8 @@ def _write(args, params: fs.StepFitParams, report: dict) -> None:
                                   "fp16/bf16 GEMM curves, the memory efficiency and the launch "
                                   "time are written from them; other dtypes keep the earlier "
                                   "file's curves (not timed by these runs).")
-        head = f"# Compute efficiency of {args.gpu}, FITTED to measured training steps (see source:)\n"
+        head = (f"# Compute efficiency of {args.gpu}, FITTED to measured training steps "
+                "(see source:)\n")
         atomic_write(args.out, head + _yaml(doc))
         load_compute_profile(args.gpu, args.out)           # the file loads as written
     if args.host_out:

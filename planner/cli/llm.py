@@ -15,6 +15,7 @@ from simulator.fileio import atomic_write_text, read_spec_mapping
 from simulator.units import format_bytes, format_time
 from simulator.validation import whole
 
+from planner.cli.constraints import layout_filter
 from planner.llm.fidelity import (
     kendall_tau_by_group,
     load_set,
@@ -192,7 +193,8 @@ def plan_model(args, spec: LLMSpec, topo, emit) -> int:
     if args.top < 1:
         raise SpecError(f"--top {args.top} shows no plan", field="--top",
                         fix="pass --top 1 or more")
-    results, stats = search(spec, topo, top=args.top)
+    allow = layout_filter(getattr(args, "constrain", None), getattr(args, "target", None))
+    results, stats = search(spec, topo, top=args.top, allow=allow)
     best = results[0]
     doc = plan_document(best, topo)
     doc["alternatives"] = [r.to_dict() for r in results[1:]]
@@ -202,7 +204,9 @@ def plan_model(args, spec: LLMSpec, topo, emit) -> int:
     if args.out:
         atomic_write_text(args.out, json.dumps(doc, indent=1))
     lines = [f"{spec.model.name} on {topo.name} ({topo.num_gpus} × {topo.gpu.name}): "
-             f"{stats['enumerated']} layouts, {stats['out_of_memory']} out of memory, "
+             f"{stats['enumerated']} layouts, "
+             + (f"{stats['excluded']} excluded by --constrain/--for, " if allow else "")
+             + f"{stats['out_of_memory']} out of memory, "
              f"{stats['estimated']} estimated, {stats['simulated']} simulated in "
              f"{stats['wall_s']:.1f} s",
              "  " + trainer_line(spec.trainer),

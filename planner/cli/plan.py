@@ -8,6 +8,7 @@ from simulator.errors import SpecError
 from simulator.topology import load_topology
 
 from planner.cli import tables
+from planner.cli.constraints import TARGETS
 from planner.cli.llm import plan_model
 from planner.cli.options import is_model, trainer_arguments, with_trainer
 from planner.cli.output import emit
@@ -29,6 +30,13 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=None, metavar="N",
                    help="model plans: resize the topology to N GPUs (--devices N says the "
                         "same; for table plans --gpus N is --devices N)")
+    p.add_argument("--constrain", metavar="SPEC",
+                   help="model plans: search only layouts with these values, e.g. "
+                        "tp=8,cp=1,vpp=1,fsdp=none|zero1,mbs=1 (keys: tp cp pp dp vpp ep mbs "
+                        "fsdp order; | separates allowed values)")
+    p.add_argument("--for", dest="target", metavar="TARGET", choices=sorted(TARGETS),
+                   help="model plans: only layouts this trainer's export can run "
+                        f"({', '.join(sorted(TARGETS))})")
     trainer_arguments(p)
     p.set_defaults(func=run)
 
@@ -54,6 +62,10 @@ def run(args) -> int:
                             fix="pass e.g. --topology h100-ib --gpus 1024")
         topo = load_topology(args.topology, gpus=args.gpus)
         return plan_model(args, with_trainer(load_llm_spec(args.tables), args), topo, emit)
+    if args.constrain or args.target:
+        raise SpecError("--constrain and --for apply to model specs, not table specs",
+                        source=args.tables, field="--constrain" if args.constrain else "--for",
+                        fix="drop the flag (table plans take --sharding-types)")
     if args.trainer or args.trainer_set:
         raise SpecError("--trainer and --trainer-set apply to model specs, not table specs",
                         source=args.tables, field="--trainer",

@@ -14,12 +14,34 @@ from simulator.errors import SpecError
 
 from planner.export import _plan
 
-__all__ = ["export_deepspeed", "validate_deepspeed", "CONFIG_FILE", "TOPOLOGY_FILE",
-           "ZERO_STAGE"]
+__all__ = ["export_deepspeed", "validate_deepspeed", "unsupported", "CONFIG_FILE",
+           "TOPOLOGY_FILE", "ZERO_STAGE"]
 
 CONFIG_FILE = "ds_config.json"
 TOPOLOGY_FILE = "deepspeed_topology.json"
 ZERO_STAGE = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "hsdp": 3}
+
+
+def unsupported(p: Mapping, order: str) -> tuple[str, str, str] | None:
+    """Why DeepSpeed cannot run layout ``p`` (degrees and ``fsdp``) in ``order``, as (message,
+    field, fix); None when it can. ``plan --for deepspeed`` searches only layouts it can run."""
+    stage = ZERO_STAGE[p.get("fsdp", "none")]
+    if order != "tp-cp-dp-pp":
+        return (f"order {order!r} cannot be expressed: DeepSpeed's topology is pipe, data, "
+                "model (outermost first)", "order", "plan with order tp-cp-dp-pp")
+    if p["cp"] > 1:
+        return (f"cp={p['cp']}: DeepSpeed has no context-parallel setting in its config "
+                "(Ulysses comes from process-group code)", "parallel.cp",
+                "plan with --for deepspeed (or cp=1), or export to megatron/torchtitan")
+    if p["vpp"] > 1:
+        return (f"vpp={p['vpp']}: DeepSpeed's pipeline engine has no interleaved schedule",
+                "parallel.vpp",
+                "plan with --for deepspeed (or vpp=1), or export to megatron/torchtitan")
+    if p["pp"] > 1 and stage > 1:
+        return (f"fsdp={p.get('fsdp')} (ZeRO stage {stage}) with pp={p['pp']}: DeepSpeed's "
+                "pipeline engine supports ZeRO stage 0 or 1 only", "parallel.fsdp",
+                "plan with --for deepspeed (or fsdp none or zero1 when pp > 1)")
+    return None
 
 
 def export_deepspeed(plan: dict, *, precision: str | None = None,
@@ -27,24 +49,11 @@ def export_deepspeed(plan: dict, *, precision: str | None = None,
     """Plan → ``{"ds_config.json": ..., "deepspeed_topology.json": ...}``."""
     _plan.check_plan(plan)
     p = plan["parallel"]
-    if plan.get("order", "tp-cp-dp-pp") != "tp-cp-dp-pp":
-        raise SpecError(f"order {plan['order']!r} cannot be expressed: DeepSpeed's topology is "
-                        "pipe, data, model (outermost first)", field="order",
-                        fix="plan with order tp-cp-dp-pp")
-    if p["cp"] > 1:
-        raise SpecError(f"cp={p['cp']}: DeepSpeed has no context-parallel setting in its config "
-                        "(Ulysses comes from process-group code)", field="parallel.cp",
-                        fix="plan with cp=1 or export to megatron/torchtitan")
-    if p["vpp"] > 1:
-        raise SpecError(f"vpp={p['vpp']}: DeepSpeed's pipeline engine has no interleaved "
-                        "schedule", field="parallel.vpp",
-                        fix="plan with vpp=1 or export to megatron/torchtitan")
+    why = unsupported(p, plan.get("order", "tp-cp-dp-pp"))
+    if why:
+        raise SpecError(why[0], field=why[1], fix=why[2])
     mode = p.get("fsdp", "none")
     stage = ZERO_STAGE[mode]
-    if p["pp"] > 1 and stage > 1:
-        raise SpecError(f"fsdp={mode} (ZeRO stage {stage}) with pp={p['pp']}: DeepSpeed's "
-                        "pipeline engine supports ZeRO stage 0 or 1 only", field="parallel.fsdp",
-                        fix="plan with fsdp none or zero1 when pp > 1")
     prec = _plan.precision(plan, precision)
     mbs, gbs, dp = plan["micro_batch_size"], plan["global_batch_size"], p["dp"]
     zero: dict[str, object] = {"stage": stage}

@@ -13,11 +13,20 @@ from simulator.errors import SpecError
 
 from planner.export import _plan
 
-__all__ = ["export_megatron", "validate_megatron", "ARGS_FILE", "parse_megatron_args"]
+__all__ = ["export_megatron", "validate_megatron", "unsupported", "ARGS_FILE",
+           "parse_megatron_args"]
 
 ARGS_FILE = "megatron.args"
 
 _ORDERS = {"tp-cp-dp-pp": [], "tp-cp-pp-dp": ["--use-tp-pp-dp-mapping"]}
+
+
+def unsupported(p: Mapping, order: str) -> tuple[str, str, str] | None:
+    """Why Megatron cannot run layout ``p`` in ``order`` (message, field, fix), or None."""
+    if order not in _ORDERS:
+        return (f"order {order!r} has no Megatron equivalent", "order",
+                "plan with order tp-cp-dp-pp or tp-cp-pp-dp")
+    return None
 
 
 def export_megatron(plan: dict, *, num_layers: int | None = None,
@@ -26,9 +35,9 @@ def export_megatron(plan: dict, *, num_layers: int | None = None,
     _plan.check_plan(plan)
     p = plan["parallel"]
     order = plan.get("order", "tp-cp-dp-pp")
-    if order not in _ORDERS:
-        raise SpecError(f"order {order!r} has no Megatron equivalent", field="order",
-                        fix="plan with order tp-cp-dp-pp or tp-cp-pp-dp")
+    why = unsupported(p, order)
+    if why:
+        raise SpecError(why[0], field=why[1], fix=why[2])
     layers = _plan.num_layers(plan, num_layers)
     seq = _plan.seq_len(plan, seq_len)
     prec = _plan.precision(plan, precision)

@@ -17,7 +17,7 @@ from simulator.errors import SpecError
 
 from planner.export import _plan
 
-__all__ = ["export_torchtitan", "validate_torchtitan", "TOML_FILE", "ARGS_FILE",
+__all__ = ["export_torchtitan", "validate_torchtitan", "unsupported", "TOML_FILE", "ARGS_FILE",
            "TARGET_VERSION", "torchtitan_degrees"]
 
 TARGET_VERSION = "torchtitan v0.2.2 (TOML); overrides also valid after PR #2386"
@@ -55,16 +55,24 @@ def _toml_value(v) -> str:
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def unsupported(p: Mapping, order: str) -> tuple[str, str, str] | None:
+    """Why torchtitan cannot run layout ``p`` in ``order`` (message, field, fix), or None."""
+    if order != "tp-cp-dp-pp":
+        return (f"order {order!r} cannot be expressed: torchtitan's mesh is pp, dp_replicate, "
+                "dp_shard, cp, tp (outermost first)", "order",
+                "plan with --for torchtitan (order tp-cp-dp-pp) or export to megatron")
+    return None
+
+
 def export_torchtitan(plan: dict, *, num_layers: int | None = None,
                       seq_len: int | None = None, hsdp_shard: int | None = None
                       ) -> dict[str, str]:
     """Plan → ``{"torchtitan.toml": ..., "torchtitan.args": ...}``."""
     _plan.check_plan(plan)
     p = plan["parallel"]
-    if plan.get("order", "tp-cp-dp-pp") != "tp-cp-dp-pp":
-        raise SpecError(f"order {plan['order']!r} cannot be expressed: torchtitan's mesh is "
-                        "pp, dp_replicate, dp_shard, cp, tp (outermost first)", field="order",
-                        fix="plan with order tp-cp-dp-pp or export to megatron")
+    why = unsupported(p, plan.get("order", "tp-cp-dp-pp"))
+    if why:
+        raise SpecError(why[0], field=why[1], fix=why[2])
     deg = torchtitan_degrees(plan, hsdp_shard)
     mode = p.get("fsdp", "none")
     layers = _plan.num_layers(plan, num_layers)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from simulator.collectives import simulate_collective
 from simulator.compute import load_compute_profile, op_time
@@ -97,8 +98,14 @@ def _expert_degrees(num_experts: int, dp: int) -> list[int]:
 
 
 def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8,
-           orders: tuple[str, ...] | None = None) -> tuple[list[LLMResult], dict]:
+           orders: tuple[str, ...] | None = None,
+           allow: Callable[[ParallelSpec, int, str], bool] | None = None
+           ) -> tuple[list[LLMResult], dict]:
     """Best layouts by simulated step time, and statistics of the search.
+
+    ``allow(parallel, micro_batch_size, order)``: only layouts it accepts are searched (a
+    user's constraints, or what the trainer the plan goes to can run); the others are counted
+    in ``stats["excluded"]``.
 
     On a multi-building topology the placement order is searched too (ScaleAcross): PP
     outermost (``tp-cp-dp-pp``: pipeline stages split across buildings) or DP outermost
@@ -113,7 +120,8 @@ def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8
     t0 = time.perf_counter()
     prof = load_compute_profile(topo.gpu)
     cache: dict = {}
-    stats = {"enumerated": 0, "invalid": 0, "out_of_memory": 0, "estimated": 0, "simulated": 0}
+    stats = {"enumerated": 0, "invalid": 0, "excluded": 0, "out_of_memory": 0, "estimated": 0,
+             "simulated": 0}
     cands: list[Candidate] = []
     for par, mbs in enumerate_layouts(spec, topo.num_gpus, topo.gpus_per_node):
         stats["enumerated"] += 1
@@ -123,6 +131,10 @@ def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8
         except SpecError:
             stats["invalid"] += 1
             continue
+        kept = [o for o in orders if allow is None or allow(p, mbs, o)]
+        if not kept:
+            stats["excluded"] += 1
+            continue
         mem = memory_per_gpu(s.model, s.training, p, capacity_bytes=topo.gpu.hbm_bytes,
                              trainer=s.trainer,
                              schedule_name="interleaved" if p.vpp > 1 else "1f1b")
@@ -130,13 +142,14 @@ def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8
             stats["out_of_memory"] += 1
             continue
         # with pp or dp of 1 both orders place ranks identically: keep one
-        for order in (orders if p.pp > 1 and p.dp > 1 else orders[:1]):
+        for order in (kept if p.pp > 1 and p.dp > 1 else kept[:1]):
             cands.append(Candidate(p, mbs, _estimate(s, p, topo, prof, cache, order),
                                    mem.total_bytes, order))
             stats["estimated"] += 1
     if not cands:
         raise SpecError(f"no layout of {spec.model.name} fits on {topo.num_gpus} × {topo.gpu.name}"
-                        f" ({stats['out_of_memory']} out of memory, {stats['invalid']} invalid)",
+                        f" ({stats['out_of_memory']} out of memory, {stats['invalid']} invalid, "
+                        f"{stats['excluded']} excluded by constraints)",
                         source=spec.source, field="training",
                         fix="add GPUs (--gpus), enable activation_recompute, or lower the batch")
     cands.sort(key=lambda c: (c.estimate_s, c.parallel.tp, c.parallel.pp, c.micro_batch_size,
