@@ -162,7 +162,7 @@ def symmetric_reduce(routes: Routes, nbytes: np.ndarray, space: _ClassSpace
 
 @lru_cache(maxsize=64)
 def _class_hashes(n_cls: int) -> tuple[np.ndarray, np.ndarray]:
-    """Two seeded random weights per link class (the flow signatures of :func:`symmetric_reduce`)."""
+    """Two seeded random weights per link class (flow signatures of :func:`symmetric_reduce`)."""
     rng = np.random.default_rng(12345)
     return (rng.integers(1, 2**31, size=n_cls + 1, dtype=np.int64),
             rng.integers(1, 2**31, size=n_cls + 1, dtype=np.int64))
