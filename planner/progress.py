@@ -1,14 +1,16 @@
-"""Progress bars for long jobs (rich), on stderr, only where a person is watching.
+"""Progress of long jobs, on stderr (stdout stays the command's result, ``--json`` included).
 
-A bar appears when stderr is a terminal and ``CLUSTERPLAN_PROGRESS`` is not ``0``; in pipes,
-CI and tests nothing is printed, so ``--json`` output and logs stay clean. ``CLUSTERPLAN_PROGRESS=1``
-forces bars on.
+On a terminal a bar (rich) is drawn while the job runs. Elsewhere (a pipe, a log, CI) a job that
+takes longer than :data:`LINE_EVERY_S` prints one plain line per that many seconds
+(``plan: 1,200/2,402 after 30 s``), so long work is never silent; short jobs print nothing.
+``CLUSTERPLAN_PROGRESS=1`` forces bars on, ``CLUSTERPLAN_PROGRESS=0`` turns everything off.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, TypeVar
 
@@ -22,23 +24,54 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-__all__ = ["enabled", "progress", "track"]
+__all__ = ["enabled", "progress", "track", "Bar", "LINE_EVERY_S"]
 
 T = TypeVar("T")
 
+#: seconds between plain progress lines where no bar is drawn
+LINE_EVERY_S = 10.0
+
 
 def enabled() -> bool:
+    """Whether bars are drawn (a terminal, or ``CLUSTERPLAN_PROGRESS=1``)."""
     flag = os.environ.get("CLUSTERPLAN_PROGRESS")
     if flag is not None:
         return flag not in ("0", "", "false", "no")
     return sys.stderr.isatty()
 
 
+def _silenced() -> bool:
+    return os.environ.get("CLUSTERPLAN_PROGRESS") in ("0", "false", "no")
+
+
+class _Lines:
+    """Plain progress lines every :data:`LINE_EVERY_S` seconds (no terminal, not silenced)."""
+
+    def __init__(self, total: int | None, description: str) -> None:
+        self.total, self.description = total, description
+        self.t0 = self.last = time.monotonic()
+        self.done = 0
+
+    def update(self, done: int) -> None:
+        self.done = done
+        now = time.monotonic()
+        if now - self.last >= LINE_EVERY_S:
+            self.last = now
+            of = f"/{self.total:,}" if self.total else ""
+            print(f"{self.description}: {done:,}{of} after {now - self.t0:.0f} s",
+                  file=sys.stderr, flush=True)
+
+
 @contextmanager
 def progress(total: int | None, description: str) -> Iterator[Callable[[int], None]]:
-    """Yield ``advance(n=1)``; draws a rich bar (elapsed, remaining) while the block runs."""
+    """Yield ``advance(n=1)``; draws a rich bar (elapsed, remaining) while the block runs, or
+    prints a plain line now and then where there is no terminal."""
     if not enabled():
-        yield lambda n=1: None
+        if _silenced():
+            yield lambda n=1: None
+            return
+        lines = _Lines(total, description)
+        yield lambda n=1: lines.update(lines.done + n)
         return
     cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
@@ -61,6 +94,7 @@ class Bar:
 
     def __init__(self, total: int | None, description: str) -> None:
         self._p = None
+        self._lines = None if enabled() or _silenced() else _Lines(total, description)
         if enabled():
             self._p = Progress(TextColumn("{task.description}"), BarColumn(),
                                MofNCompleteColumn(), TimeElapsedColumn(),
@@ -71,6 +105,8 @@ class Bar:
     def update(self, done: int) -> None:
         if self._p is not None:
             self._p.update(self._task, completed=done)
+        elif self._lines is not None:
+            self._lines.update(done)
 
     def close(self) -> None:
         if self._p is not None:

@@ -39,6 +39,7 @@ from planner.model.reliability import (
     reliability_report,
     stragglers_from_args,
 )
+from planner.progress import progress
 
 __all__ = ["simulate_model", "fidelity"]
 
@@ -147,7 +148,8 @@ def fidelity(args, emit) -> int:
         if args.emit_specs:
             _write_row_specs(rows, Path(args.emit_specs))
         info[rows[0]["set"] if rows else name] = set_info(name)
-        frames.append(run_set(rows))
+        with progress(len(rows), f"fidelity {name}") as advance:
+            frames.append(run_set(rows, progress=lambda k, n: advance()))
     df = pd.concat(frames, ignore_index=True)
     summary = {s: {"mape": float(g.error.abs().mean()), "mean_error": float(g.error.mean()),
                    "rows": len(g), **info.get(s, {})}

@@ -123,7 +123,8 @@ def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8
     stats = {"enumerated": 0, "invalid": 0, "excluded": 0, "out_of_memory": 0, "estimated": 0,
              "simulated": 0}
     cands: list[Candidate] = []
-    for par, mbs in enumerate_layouts(spec, topo.num_gpus, topo.gpus_per_node):
+    layouts = enumerate_layouts(spec, topo.num_gpus, topo.gpus_per_node)
+    for par, mbs in track(layouts, None, f"plan {spec.model.name}: layouts enumerated"):
         stats["enumerated"] += 1
         s = replace(spec, training=replace(spec.training, micro_batch_size=mbs))
         try:
