@@ -114,3 +114,24 @@ def test_bad_grid_file_exits_2(tmp_path, capsys):
     assert main(["sweep", str(grid), "--out", str(tmp_path / "r.csv")]) == 2
     err = capsys.readouterr().err
     assert "g.yaml" in err and "grid.--size" in err and not (tmp_path / "r.csv").exists()
+
+
+def _crashy(argv):
+    """`main`, except that one point's command raises (a bug in a code path the grid reaches)."""
+    if "4MiB" in argv:
+        raise RuntimeError("boom")
+    return main(argv)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_crashing_point_is_a_failed_row_and_is_retried(tmp_path, workers):
+    spec = parse_sweep({"command": "collective allreduce", "args": {"--topology": "dgx-a100"},
+                        "grid": {"--size": ["1MiB", "4MiB", "16MiB"]}}, source="t")
+    ckpt = tmp_path / "ckpt.jsonl"
+    table, stats = run_sweep(spec, command=_crashy, workers=workers, checkpoint=ckpt)
+    assert stats["points"] == 3 and stats["failed"] == 1
+    row = table[~table.ok].iloc[0]
+    assert row["size"] == "4MiB" and "crashed: RuntimeError: boom" in row["error"]
+    assert len(ckpt.read_text().splitlines()) == 2        # the crash is not checkpointed
+    table, stats = run_sweep(spec, command=main, workers=workers, checkpoint=ckpt)
+    assert stats["run"] == 1 and table.ok.all()

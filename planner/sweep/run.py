@@ -34,7 +34,9 @@ def run_point(argv: tuple[str, ...], command: Callable[[list[str]], int]) -> dic
     picklable for the pool and Ray); ``{"ok": bool, "result"|"error": ...}``.
 
     A point whose command fails (bad value, exit 2) is a row with its error, not a crash of the
-    sweep: one impossible configuration in a grid is normal.
+    sweep: one impossible configuration in a grid is normal. A point whose command raises
+    (a bug, memory) is a failed row too, marked ``crashed`` (not kept in the checkpoint, so a
+    rerun tries it again).
     """
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -42,6 +44,8 @@ def run_point(argv: tuple[str, ...], command: Callable[[list[str]], int]) -> dic
             code = command(list(argv))
         except SystemExit as exc:                 # argparse rejects an argument
             code = exc.code if isinstance(exc.code, int) else 2
+        except Exception as exc:  # noqa: BLE001 - one point's crash must not end the sweep
+            return _crashed(f"{type(exc).__name__}: {exc}")
     if code != 0:
         msg = (err.getvalue().strip().splitlines() or [f"exit code {code}"])[-1]
         return {"ok": False, "error": msg, "exit_code": code}
@@ -49,6 +53,10 @@ def run_point(argv: tuple[str, ...], command: Callable[[list[str]], int]) -> dic
         return {"ok": True, "result": json.loads(out.getvalue())}
     except json.JSONDecodeError:
         return {"ok": False, "error": "the command printed no JSON", "exit_code": code}
+
+
+def _crashed(why: str) -> dict[str, Any]:
+    return {"ok": False, "error": f"crashed: {why}"[:500], "exit_code": 1, "crashed": True}
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -119,7 +127,7 @@ def run_sweep(spec: SweepSpec, *, command: Callable[[list[str]], int],
                   else _run_pool(todo, command, workers))
         for key, outcome in progress(stream, len(todo)):
             done[key] = outcome
-            if fh:
+            if fh and not outcome.get("crashed"):
                 fh.write(json.dumps({"key": key, "outcome": outcome}) + "\n")
                 fh.flush()
     finally:
@@ -139,7 +147,11 @@ def _run_pool(todo: list[Point], command, workers: int):
     with ProcessPoolExecutor(max_workers=workers) as ex:
         futs = {ex.submit(run_point, p.argv, command): p for p in todo}
         for fut in as_completed(futs):
-            yield futs[fut].key, fut.result()
+            try:
+                outcome = fut.result()
+            except Exception as exc:  # noqa: BLE001 - a worker killed (memory) or broken pool
+                outcome = _crashed(f"worker process lost: {type(exc).__name__}: {exc}")
+            yield futs[fut].key, outcome
 
 
 def _run_ray(todo: list[Point], command, address: str, workers: int):
@@ -170,7 +182,11 @@ def _run_ray(todo: list[Point], command, address: str, workers: int):
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             for r in ready:
-                yield refs[r].key, ray.get(r)
+                try:
+                    outcome = ray.get(r)
+                except Exception as exc:  # noqa: BLE001 - a Ray worker died under the point
+                    outcome = _crashed(f"Ray task lost: {type(exc).__name__}")
+                yield refs[r].key, outcome
     finally:
         if started:
             ray.shutdown()
