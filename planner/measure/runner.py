@@ -1,5 +1,5 @@
 """Start, wait for and end the processes of a real run: the one place where the measurement
-layer picks a port, joins a process group, starts ranks and makes sure none outlives its run.
+layer picks a rendezvous, joins a process group, starts ranks and makes sure none outlives its run.
 
 A rank is either a spawned ``multiprocessing`` process (:func:`start_processes`, the ``spawn``
 start method that ``torch.multiprocessing.spawn`` uses: no inherited threads or CUDA state, and
@@ -17,16 +17,16 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 
-__all__ = ["SPAWN", "free_port", "init_group", "start_processes", "PythonRanks", "wait",
+__all__ = ["SPAWN", "rendezvous", "init_group", "start_processes", "PythonRanks", "wait",
            "running", "failed", "end_processes"]
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -36,19 +36,24 @@ ROOT = Path(__file__).resolve().parents[2]
 """The repository root: a :class:`PythonRanks` subprocess runs there, with it on its path."""
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free just now (bound as port 0, then released): rank 0's
-    store for one run, so that runs side by side never join each other's group."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def rendezvous() -> str:
+    """A fresh rendezvous for one run's process group: the path of a file store in a private
+    folder of the temporary directory. Nothing listens on a port for it (a TCP store listens on
+    every interface), no port is picked and released (a race), and runs side by side never
+    join each other's group. The store removes its file when the last rank leaves."""
+    folder = Path(tempfile.gettempdir()) / f"clusterplan-rendezvous-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return str(folder / uuid.uuid4().hex)
 
 
-def init_group(backend: str, rank: int, world: int, port: int, timeout_s: float) -> None:
-    """Join the default process group of ``world`` ranks, in a rank: rank 0 hosts the TCP store
-    on 127.0.0.1:``port``; ``timeout_s`` seconds bound the join and every collective after it."""
+def init_group(backend: str, rank: int, world: int, rdzv: str, timeout_s: float) -> None:
+    """Join the default process group of ``world`` ranks, in a rank, through the file store at
+    ``rdzv`` (:func:`rendezvous`); gloo's own connections on the loopback interface;
+    ``timeout_s`` seconds bound the join and every collective after it."""
     import torch.distributed as dist
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    if backend == "gloo" and Path("/sys/class/net/lo").exists():
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group(backend, init_method=f"file://{rdzv}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=timeout_s))
 
 

@@ -328,12 +328,12 @@ def _sptt_tail(case, dist, torch, pooled, flat, host_tabs, h, cpg, mods, dims, *
     return sptt.detach().numpy(), ref.detach().numpy()
 
 
-def _worker(rank: int, case: SemanticCase, port: int, outdir: str, timeout_s: float) -> None:
+def _worker(rank: int, case: SemanticCase, rdzv: str, outdir: str, timeout_s: float) -> None:
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
     try:
-        init_group("gloo", rank, case.world, port, timeout_s)
+        init_group("gloo", rank, case.world, rdzv, timeout_s)
         flat, results = flat_and_sptt(case, rank, dist, torch)
         arrays = {"flat": flat}
         for i, (sptt, ref) in enumerate(results):

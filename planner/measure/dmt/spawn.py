@@ -8,21 +8,21 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.measure.runner import end_processes, failed, free_port, start_processes, wait
+from planner.measure.runner import end_processes, failed, rendezvous, start_processes, wait
 
 __all__ = ["spawn_gloo"]
 
 
 def spawn_gloo(target, world: int, payload, *, timeout_s: float) -> list[dict]:
-    """Run ``target(rank, payload, port, outdir, init_timeout_s)`` in ``world`` spawned
+    """Run ``target(rank, payload, rdzv, outdir, init_timeout_s)`` in ``world`` spawned
     processes; each writes ``outdir/rank{r}.npz`` (or ``.err``). Returns the arrays per rank.
 
     Raises ``RuntimeError`` naming the failed ranks, or ``TimeoutError`` after ``timeout_s``
     (the processes still running are terminated, then killed, by their own handles).
     """
-    port = free_port()
+    rdzv = rendezvous()
     with tempfile.TemporaryDirectory() as tmp:
-        procs = start_processes(target, [(r, payload, port, tmp, timeout_s / 2)
+        procs = start_processes(target, [(r, payload, rdzv, tmp, timeout_s / 2)
                                          for r in range(world)])
         alive = wait(procs, timeout_s)
         end_processes(procs)

@@ -28,14 +28,14 @@ from planner.measure.runner import init_group
 __all__ = ["run_torchrec_towers"]
 
 
-def _worker(rank: int, payload, port: int, outdir: str, timeout_s: float) -> None:
+def _worker(rank: int, payload, rdzv: str, outdir: str, timeout_s: float) -> None:
     doc, tables, world, per_host, batch, seed = payload
     os.environ["LOCAL_WORLD_SIZE"] = str(per_host)
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
     try:
-        init_group("gloo", rank, world, port, timeout_s)
+        init_group("gloo", rank, world, rdzv, timeout_s)
         out, ref = _forward(rank, doc, tables, batch, seed, torch, dist)
         np.savez(Path(outdir) / f"rank{rank}.npz", out=out, ref=ref)
         dist.barrier()

@@ -19,7 +19,7 @@ from simulator.errors import ClusterplanError, SpecError
 from planner.measure.runner import (
     SPAWN,
     end_processes,
-    free_port,
+    rendezvous,
     init_group,
     running,
     start_processes,
@@ -33,7 +33,7 @@ class ProbeFailed(ClusterplanError):
     """A spawned measurement failed or ran out of time (exit code 2, one line)."""
 
 
-def _worker(rank: int, world: int, backend: str, port: int, timeout_s: float,
+def _worker(rank: int, world: int, backend: str, rdzv: str, timeout_s: float,
             fn: Callable, args: tuple, out) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
@@ -42,7 +42,7 @@ def _worker(rank: int, world: int, backend: str, port: int, timeout_s: float,
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        init_group(backend, rank, world, port, timeout_s)
+        init_group(backend, rank, world, rdzv, timeout_s)
         try:
             result = fn(rank, world, *args)
         finally:
@@ -63,8 +63,8 @@ def run_distributed(fn: Callable, nproc: int, *, args: tuple = (), backend: str 
             raise SpecError("backend nccl needs CUDA GPUs, and torch sees none",
                             field="--backend", fix="use --backend gloo on CPU machines")
     out = SPAWN.Queue()
-    port = free_port()
-    procs = start_processes(_worker, [(r, nproc, backend, port, timeout_s, fn, args, out)
+    rdzv = rendezvous()
+    procs = start_processes(_worker, [(r, nproc, backend, rdzv, timeout_s, fn, args, out)
                                       for r in range(nproc)])
     deadline = time.monotonic() + timeout_s
     try:

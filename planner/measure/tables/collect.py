@@ -55,7 +55,7 @@ from simulator.errors import SpecError
 
 from planner.costmodel.datafile import COLUMNS, meta_path, read_data
 from planner.machine import cpu_description, installed_description
-from planner.measure.runner import PythonRanks, end_processes, failed, free_port, wait
+from planner.measure.runner import PythonRanks, end_processes, failed, rendezvous, wait
 from planner.measure.tables.kernels import KernelTable, kernel_backend, time_shard_set
 from planner.model.tables.generate import synthesize_tables
 from planner.model.tables.ids import table_ids
@@ -329,8 +329,8 @@ def _run_comm_workers(world: int, jobs: Path, outdir: Path, timeout_s: float = 6
     """Run the ``world`` workers on ``jobs`` (each writes ``outdir/r{rank}.jsonl``); after
     ``timeout_s`` seconds those still running are ended. RuntimeError with the first failed
     rank's last stderr line if any rank did not exit with 0."""
-    port = free_port()
-    ranks = PythonRanks([(Path(__file__).with_name("collect_worker.py"), r, world, port,
+    rdzv = rendezvous()
+    ranks = PythonRanks([(Path(__file__).with_name("collect_worker.py"), r, world, rdzv,
                           jobs, outdir / f"r{r}.jsonl") for r in range(world)])
     try:
         wait(ranks.procs, timeout_s)

@@ -19,11 +19,11 @@ import time
 from planner.measure.runner import init_group
 
 
-def main(rank: int, world: int, port: int, jobs_path: str, out_path: str) -> None:
+def main(rank: int, world: int, rdzv: str, jobs_path: str, out_path: str) -> None:
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
-    init_group("gloo", rank, world, port, 120.0)
+    init_group("gloo", rank, world, rdzv, 120.0)
     jobs = json.load(open(jobs_path))
     with open(out_path, "a") as out:
         for job in jobs:
@@ -60,4 +60,4 @@ def main(rank: int, world: int, port: int, jobs_path: str, out_path: str) -> Non
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])

@@ -37,7 +37,7 @@ from typing import Any, Sequence
 from simulator.errors import SpecError
 
 from planner.machine import require_torch
-from planner.measure.runner import PythonRanks, free_port, init_group, running, wait
+from planner.measure.runner import PythonRanks, init_group, rendezvous, running, wait
 
 __all__ = ["GlooGroup", "oversubscription"]
 
@@ -47,7 +47,7 @@ def oversubscription(world: int) -> float:
     return world / max(1, os.cpu_count() or 1)
 
 
-def _worker(rank: int, world: int, port: int, timeout_s: float) -> None:
+def _worker(rank: int, world: int, rdzv: str, timeout_s: float) -> None:
     """Worker main: one JSON job per stdin line, one JSON result per stdout line."""
 
     import torch
@@ -61,7 +61,7 @@ def _worker(rank: int, world: int, port: int, timeout_s: float) -> None:
         out.flush()
 
     try:
-        init_group("gloo", rank, world, port, timeout_s)
+        init_group("gloo", rank, world, rdzv, timeout_s)
         send("ready", None)
     except Exception as exc:  # pragma: no cover - reported to the parent
         send("error", f"{type(exc).__name__}: {exc}")
@@ -177,8 +177,8 @@ class GlooGroup:
         if world == 1:                   # one rank communicates with no one: no process
             self._ranks = PythonRanks([])
             return
-        port = free_port()
-        self._ranks = PythonRanks([(__file__, r, world, port, timeout_s) for r in range(world)],
+        rdzv = rendezvous()
+        self._ranks = PythonRanks([(__file__, r, world, rdzv, timeout_s) for r in range(world)],
                                   pipes=True)
         for p in self._ranks.procs:
             threading.Thread(target=self._reader, args=(p,), daemon=True).start()
@@ -273,4 +273,4 @@ class GlooGroup:
 
 if __name__ == "__main__":  # worker entry point (see GlooGroup)
     import sys as _sys
-    _worker(int(_sys.argv[1]), int(_sys.argv[2]), int(_sys.argv[3]), float(_sys.argv[4]))
+    _worker(int(_sys.argv[1]), int(_sys.argv[2]), _sys.argv[3], float(_sys.argv[4]))

@@ -107,17 +107,17 @@ class GlooCalibration:
     def to_dict(self) -> dict:
         return {"world": self.world, "rounds": self.rounds, "repeats": self.repeats}
 
-    def rank_main(self, rank: int, port: int, progress, report, state: dict) -> dict:
-        return _rank_main(self, rank, port, progress, report)
+    def rank_main(self, rank: int, rdzv: str, progress, report, state: dict) -> dict:
+        return _rank_main(self, rank, rdzv, progress, report)
 
 
-def _rank_main(cfg: GlooCalibration, rank: int, port: int, progress, report) -> dict:
+def _rank_main(cfg: GlooCalibration, rank: int, rdzv: str, progress, report) -> dict:
 
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", category=FutureWarning)   # reduce_scatter_tensor's rename
-    init_group("gloo", rank, cfg.world, port, cfg.timeout_s)
+    init_group("gloo", rank, cfg.world, rdzv, cfg.timeout_s)
     report("ready", None)
     pin_main_thread(rank)
     out = {"rank": rank, "comm": {}, "compute": {}, "host": {}, "cpu": []}

@@ -201,7 +201,7 @@ def _reset_torchrec_globals() -> None:
             setattr(mod, name, value)
 
 
-def run_rank(rank: int, cfg, port: int, progress, report, state: dict) -> dict:
+def run_rank(rank: int, cfg, rdzv: str, progress, report, state: dict) -> dict:
     warnings.simplefilter("ignore")
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     os.environ["LOCAL_WORLD_SIZE"] = str(cfg.local_world)
@@ -211,7 +211,7 @@ def run_rank(rank: int, cfg, port: int, progress, report, state: dict) -> dict:
     from torch import nn
     torch.set_num_threads(1)
     progress.begin(rank, "init_process_group", -1)
-    init_group(cfg.backend, rank, cfg.world, port, cfg.timeout_s)
+    init_group(cfg.backend, rank, cfg.world, rdzv, cfg.timeout_s)
     progress.end(rank)
     report("ready", None)
     progress.begin(rank, "import torchrec", -1)

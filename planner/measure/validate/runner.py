@@ -1,8 +1,8 @@
 """Start the ranks of a validation run, watch them, and end every one of them.
 
 The ranks are spawned processes (:func:`planner.measure.runner.start_processes`; the parent
-itself never imports torch). Rank 0 hosts the TCP store on a free port
-(:func:`planner.measure.runner.free_port`). The parent reads the ranks' reports from a queue and
+itself never imports torch). They meet through a file store, one per run
+(:func:`planner.measure.runner.rendezvous`: no port is opened for it). The parent reads the ranks' reports from a queue and
 their progress from shared memory, and ends the run when
 
 - a rank reports an error: the error that is not a communication error (or else the earliest)
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from simulator.errors import ClusterplanError
 
-from planner.measure.runner import SPAWN, end_processes, free_port, start_processes, wait
+from planner.measure.runner import SPAWN, end_processes, rendezvous, start_processes, wait
 from planner.measure.validate.comm import Progress
 from planner.measure.validate.config import RunConfig
 from planner.measure.validate.worker import worker_main
@@ -85,9 +85,9 @@ class Pool:
         if cfg.world > self.size:
             raise RunFailed(f"a run of {cfg.world} ranks on a pool of {self.size}")
         self.jobs += 1
-        job, port = self.jobs, free_port()
+        job, rdzv = self.jobs, rendezvous()
         for r in range(cfg.world):
-            self.inboxes[r].put((job, cfg, port))
+            self.inboxes[r].put((job, cfg, rdzv))
         limit = start_timeout_s if start_timeout_s is not None else \
             cfg.timeout_s + (60.0 + 10.0 * self.size if not self.started else 0.0)
         try:

@@ -44,7 +44,7 @@ __all__ = ["worker_main"]
 def worker_main(slot: int, inbox, progress: Progress, outbox) -> None:
     """Entry point of a spawned pool process (importable by name, as spawn needs).
 
-    Runs jobs ``(job, cfg, port)`` from ``inbox`` as rank ``slot`` until ``None`` arrives;
+    Runs jobs ``(job, cfg, rdzv)`` from ``inbox`` as rank ``slot`` until ``None`` arrives;
     the parent sends a job only to the slots below its world size. After a failure the
     process reports and ends at once (``os._exit``), leaving its groups alone."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -53,13 +53,13 @@ def worker_main(slot: int, inbox, progress: Progress, outbox) -> None:
         msg = inbox.get()
         if msg is None:
             break
-        job, cfg, port = msg
+        job, cfg, rdzv = msg
         state: dict = {"step": -1}
         try:
             send = (lambda kind, payload, job=job: outbox.put((kind, job, slot, payload)))
             rank_main = getattr(cfg, "rank_main", None)      # DLRM runs bring their own
-            result = (rank_main(slot, port, progress, send, state) if rank_main is not None
-                      else _run(slot, cfg, port, progress, send, state))
+            result = (rank_main(slot, rdzv, progress, send, state) if rank_main is not None
+                      else _run(slot, cfg, rdzv, progress, send, state))
         except BaseException as exc:  # every failure goes to the parent, then the rank ends
             text = str(exc).strip()
             info = {"type": type(exc).__name__,
@@ -114,7 +114,7 @@ def _is_comm(exc: BaseException) -> bool:
                                    "socket", "distbackenderror"))
 
 
-def _run(rank: int, cfg: RunConfig, port: int, progress: Progress, report, state: dict) -> dict:
+def _run(rank: int, cfg: RunConfig, rdzv: str, progress: Progress, report, state: dict) -> dict:
     """Run job ``cfg`` as ``rank``: join its process groups, build this rank's chunks, time
     ``warmup + steps`` training steps (and a profiled one), then leave; the rank's record."""
 
@@ -126,7 +126,7 @@ def _run(rank: int, cfg: RunConfig, port: int, progress: Progress, report, state
     p = cfg.parallel
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
     progress.begin(rank, "init_process_group", -1)
-    init_group(cfg.backend, rank, cfg.world, port, cfg.timeout_s)
+    init_group(cfg.backend, rank, cfg.world, rdzv, cfg.timeout_s)
     progress.end(rank)
     lay = Layout(p.tp, p.cp, p.dp, p.pp, cfg.order)
     pgs = _new_groups(lay, rank, timeout)
