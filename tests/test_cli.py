@@ -224,3 +224,9 @@ def test_plan_constrained_for_a_target_exports_to_it(tmp_path, capsys):
 def test_plan_constraints_bad_input_exits_2(argv, needle, capsys):
     assert main(argv) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_gpus_prints_no_nan(capsys):
+    assert main(["gpus"]) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out and "—" in out           # b200 has no fp32 peak in the catalog

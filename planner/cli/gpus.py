@@ -29,8 +29,13 @@ def run(args) -> int:
              f"{'NVLink GB/s':>12}"]
     for r in rows:
         pf = r["peak_flops"]
-        lines.append(f"{r['name']:<11}{pf.get('bf16', float('nan')) / 1e12:>13.1f}"
-                     f"{pf.get('fp32', float('nan')) / 1e12:>13.2f}{format_bytes(r['hbm_bytes']):>12}"
+        lines.append(f"{r['name']:<11}{_tflops(pf, 'bf16', 1):>13}{_tflops(pf, 'fp32', 2):>13}"
+                     f"{format_bytes(r['hbm_bytes']):>12}"
                      f"{r['hbm_bandwidth_Bps'] / 1e9:>10.0f}{r['nvlink_bandwidth_Bps'] / 1e9:>12.0f}")
     emit(args, {"gpus": rows}, "\n".join(lines))
     return 0
+
+
+def _tflops(peaks: dict, dtype: str, digits: int) -> str:
+    """The peak in TFLOP/s, or "—" where the catalog has none for this dtype."""
+    return f"{peaks[dtype] / 1e12:.{digits}f}" if dtype in peaks else "—"
