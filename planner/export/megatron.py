@@ -101,8 +101,12 @@ def export_megatron(plan: dict, *, num_layers: int | None = None,
         # Megatron's distributed optimizer shards optimizer state and reduce-scatters gradients
         a.append(["--use-distributed-optimizer"])
     elif mode in ("zero3", "hsdp"):
+        # the flags Megatron-FSDP requires (its user guide, Megatron-LM docs/discussions/
+        # megatron-fsdp-user-guide): core 0.18+ refuses to save or load in another format
         a += [["--use-megatron-fsdp"],
-              ["--data-parallel-sharding-strategy", "optim_grads_params"]]
+              ["--data-parallel-sharding-strategy", "optim_grads_params"],
+              ["--no-gradient-accumulation-fusion"], ["--use-distributed-optimizer"],
+              ["--ckpt-format", "fsdp_dtensor"]]
     if p["dp"] > 1:
         if tr.get("grad_reduce", "overlapped") == "overlapped":
             a.append(["--overlap-grad-reduce"])

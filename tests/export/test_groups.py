@@ -274,4 +274,8 @@ def test_megatron_fsdp_flags():
                                            "megatron")["megatron.args"])
     assert args["use-megatron-fsdp"] is True
     assert args["data-parallel-sharding-strategy"] == "optim_grads_params"
-    assert "use-distributed-optimizer" not in args and "sequence-parallel" not in args
+    # what Megatron-FSDP requires alongside (Megatron-LM's user guide; core 0.18+ refuses
+    # to save or load FSDP checkpoints in another format)
+    assert args["ckpt-format"] == "fsdp_dtensor" and args["use-distributed-optimizer"] is True
+    assert args["no-gradient-accumulation-fusion"] is True
+    assert "sequence-parallel" not in args
