@@ -18,7 +18,8 @@ import yaml
 
 from simulator.errors import SpecError
 
-__all__ = ["parse_yaml", "atomic_write_text", "builtin_names", "read_spec_mapping"]
+__all__ = ["parse_yaml", "check_writable", "atomic_write_text", "builtin_names",
+           "read_spec_mapping"]
 
 
 #: libyaml's safe loader where PyYAML was built with it (a 16,384-link topology in 0.85 s
@@ -90,19 +91,27 @@ def _new_file_mode(target: Path) -> int:
         return 0o666 & ~umask
 
 
+def check_writable(path: str | Path, *, field: str = "--out") -> Path:
+    """The file ``path`` names (symbolic links followed), or a :class:`SpecError` when it is a
+    folder or its folder does not exist: callers check before long work, not after it."""
+    p = Path(path)
+    target = p.resolve()
+    if target.is_dir():
+        raise SpecError(f"{str(p)!r} is a folder", field=field,
+                        fix=f"give a file path inside it, e.g. {p / 'out.json'}")
+    if not target.parent.is_dir():
+        raise SpecError(f"folder {str(p.parent)!r} does not exist", field=field,
+                        fix="create the folder or give another path")
+    return target
+
+
 def atomic_write_text(path: str | Path, text: str, *, field: str = "--out") -> Path:
     """Write ``text`` to ``path`` atomically, never half a file: a missing folder or a folder
     given as the file is a :class:`SpecError`; a symbolic link is written through (its target
     replaced, the link kept); the file gets the mode a plain write would give it."""
     p = Path(path)
-    target = p.resolve()
-    if target.is_dir():
-        raise SpecError(f"{str(p)!r} is a folder", field=field,
-                        fix="give a file path inside it, e.g. " f"{p / 'out.json'}")
+    target = check_writable(p, field=field)
     folder = target.parent
-    if not folder.is_dir():
-        raise SpecError(f"folder {str(p.parent)!r} does not exist", field=field,
-                        fix="create the folder or give another path")
     mode = _new_file_mode(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=folder)
     try:

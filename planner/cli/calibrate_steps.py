@@ -12,9 +12,10 @@ import yaml
 
 from simulator.compute import load_compute_profile
 from simulator.errors import SpecError
+from simulator.fileio import check_writable
 
 from planner.cli.output import atomic_write, emit, progress_line
-from planner.llm.fidelity import load_set, set_info
+from planner.llm.fidelity import VTRAIN_DIR, load_set, set_info
 from planner.measure.compute import fit_steps as fs
 from planner.model.llm.host import load_host_overhead
 
@@ -36,8 +37,9 @@ def add_parser(csub) -> argparse.ArgumentParser:
     s.add_argument("--set", default="vtrain-single",
                    help="published set to fit to (a name or a traces/published-style YAML; "
                         "default %(default)s)")
-    s.add_argument("--vtrain-dir", default="../shared/data/vtrain",
-                   help="folder of the vTrain CSVs (default %(default)s)")
+    s.add_argument("--vtrain-dir", default=str(VTRAIN_DIR),
+                   help="folder of the vTrain CSVs (default ../shared/data/vtrain beside the "
+                        "repository)")
     s.add_argument("--gpu", default="a100-80gb", help="catalog GPU kind (default %(default)s)")
     s.add_argument("--every", type=int, default=1,
                    help="fit on every N-th training row (faster; the report covers all rows)")
@@ -57,17 +59,19 @@ def add_parser(csub) -> argparse.ArgumentParser:
 
 
 def _fixed(items: list[str]) -> dict[str, float]:
+    """``--fix NAME=VALUE`` items as ``{name: value}``; SpecError naming the bad one."""
     out = {}
     for item in items:
         name, eq, value = item.partition("=")
         try:
-            out[name] = float(value)
+            v = float(value)
         except ValueError:
-            out[name] = float("nan")
-        if name not in NAMES or not eq or not np.isfinite(out[name]) or out[name] <= 0:
+            v = float("nan")
+        if name not in NAMES or not eq or not np.isfinite(v) or v <= 0:
             raise SpecError(f"--fix {item!r} is not NAME=POSITIVE_NUMBER", field="--fix",
                             fix=f"write e.g. --fix gemm_top=0.8, NAME one of {', '.join(NAMES)} "
                                 "(seconds for *_s)")
+        out[name] = v
     return out
 
 
@@ -86,6 +90,9 @@ def run_steps(args) -> int:
                         fix="pass positive integers")
     fixed = _fixed(args.fix)
     load_compute_profile(args.gpu)                      # a known GPU kind, before the work
+    for path, flag in ((args.out, "--out"), (args.host_out, "--host-out")):
+        if path:
+            check_writable(path, field=flag)
     rows = load_set(args.set, vtrain_dir=args.vtrain_dir)
     train, test = fs.split(rows)
     fit_rows = train[::args.every]

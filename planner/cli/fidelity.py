@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from planner.cli.llm import fidelity
 from planner.cli.output import emit
+from planner.llm.fidelity import VTRAIN_DIR
 
 __all__ = ["register", "run"]
 
@@ -22,8 +22,7 @@ def register(p: argparse.ArgumentParser) -> None:
                    choices=("narayanan", "korthikanti", "vtrain", "vtrain-single"),
                    help="default: narayanan, korthikanti, vtrain (vtrain-single: vTrain's 1,440 "
                         "one-node runs)")
-    p.add_argument("--vtrain-dir", default=str(Path(__file__).resolve().parents[3] / "shared"
-                                               / "data" / "vtrain"),
+    p.add_argument("--vtrain-dir", default=str(VTRAIN_DIR),
                    help="folder with ground_truth_multi.csv (default ../shared/data/vtrain)")
     p.add_argument("--limit", type=int, default=None, help="first N rows of each set")
     p.add_argument("--emit-specs", metavar="DIR", default=None,

@@ -7,9 +7,8 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
-
-from simulator.fileio import SAFE_LOADER
+from simulator.errors import SpecError
+from simulator.fileio import parse_yaml, read_text
 from simulator.topology import Topology, load_topology
 
 from planner.model.llm.spec import LLMSpec, builtin_model_names
@@ -58,8 +57,8 @@ def _peek(ref: str):
     if p.suffix not in (".yaml", ".yml", ".json") or not p.is_file():
         return None
     try:
-        return yaml.load(p.read_text(), Loader=SAFE_LOADER)  # noqa: S506 - a safe loader
-    except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        return parse_yaml(read_text(p), source=str(p))
+    except SpecError:
         return None
 
 

@@ -93,12 +93,14 @@ from simulator.topology import load_topology
 from planner.llm.metrics import simulate_llm
 from planner.model.llm.spec import parse_llm_spec
 
-__all__ = ["PUBLISHED", "load_set", "narayanan_rows", "korthikanti_rows", "vtrain_rows",
+__all__ = ["PUBLISHED", "VTRAIN_DIR", "load_set", "narayanan_rows", "korthikanti_rows", "vtrain_rows",
            "vtrain_single_rows", "narayanan_flops", "row_spec_document", "row_command", "set_info",
            "run_set", "kendall_tau_by_group"]
 
 #: the published sets, one YAML file each
 PUBLISHED = Path(__file__).resolve().parents[2] / "traces" / "published"
+#: vTrain's CSVs: ``shared/data/vtrain`` beside the repository
+VTRAIN_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "vtrain"
 SETS = {"narayanan": "narayanan-2021.yaml", "korthikanti": "korthikanti-2022.yaml",
         "vtrain": "vtrain-multi.yaml", "vtrain-single": "vtrain-single.yaml"}
 

@@ -102,3 +102,9 @@ def test_calibrate_steps_bad_fix_exits_2_before_work(tmp_path, capsys, flag):
     out = tmp_path / "a100.yaml"
     assert main(["calibrate", "steps", "--fix", flag, "--out", str(out)]) == 2
     assert "--fix" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("flag,path", [("--out", "missing-folder/a.yaml"), ("--host-out", ".")])
+def test_calibrate_steps_bad_output_exits_2_before_the_fit(tmp_path, capsys, flag, path):
+    assert main(["calibrate", "steps", flag, str(tmp_path / path)]) == 2
+    assert flag in capsys.readouterr().err

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-from dataclasses import dataclass, fields, replace
+from dataclasses import astuple, dataclass, fields, replace
+from functools import lru_cache
 from importlib import resources
 from typing import Callable, Mapping, Sequence
 
@@ -68,8 +69,8 @@ class StepFitParams:
     host_op_s: float
 
     def as_array(self) -> np.ndarray:
-        return np.log([self.gemm_top, self.gemm_latency_s, self.mem_top, self.launch_s,
-                       self.host_op_s])
+        """The parameters in log space (the search's coordinates)."""
+        return np.log(astuple(self))
 
     @classmethod
     def from_array(cls, x: np.ndarray) -> "StepFitParams":
@@ -104,6 +105,7 @@ def _gemm_points(peak: float, p: StepFitParams) -> list[list[float]]:
     return monotone_time_points(pts, digits=4)
 
 
+@lru_cache(maxsize=1)
 def _host_ops() -> tuple[float, float, float]:
     """Aten ops a Megatron-style block dispatches: forward, backward, extra of full recompute,
     from the shipped host measurement's op counts."""
