@@ -20,7 +20,9 @@ from planner.measure.compute.cpu import measure_cpu_profile
 from planner.measure.compute.fit import profile_from_measurements, read_measurements
 from planner.measure.compute.host import host_overhead_yaml, measure_host_overhead
 from planner.measure.network.fit import fit_collective_profile, read_nccl_table
+from planner.measure.tables.fit_gpu import fit_gpu_embedding, gpu_embedding_yaml
 from planner.measure.validate.calibrate import GlooCalibration, measure_gloo, summary_lines
+from planner.model.tables.gpu_lookup import gpu_lookup_file
 
 __all__ = ["register", "run"]
 
@@ -67,6 +69,19 @@ def register(p: argparse.ArgumentParser) -> None:
     add_calibrate_embedding(csub)
     csub.choices["embedding"].set_defaults(func=run)
     add_calibrate_steps(csub).set_defaults(func=run)
+    e = csub.add_parser("gpu-embedding", help="fit a GPU's row-gather constants to its measured "
+                                              "embedding lookups",
+                        description="Fit the lookup model's HBM efficiency and per-lookup bytes "
+                                    "of one GPU kind to DIR/embedding.csv (measured by python -m "
+                                    "planner.measure.compute.gpu --only embedding) and write "
+                                    "traces/calibration/embedding-<gpu>.yaml, which plans on that "
+                                    "GPU then read (planner/measure/tables/fit_gpu.py).")
+    e.add_argument("folder", metavar="DIR", help="a measured folder, e.g. traces/measured/h200")
+    e.add_argument("--gpu", required=True, help="catalog GPU kind it was measured on")
+    e.add_argument("--out", metavar="FILE",
+                   help="YAML to write (default traces/calibration/embedding-<gpu>.yaml)")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=run)
     h = csub.add_parser("host", help="measure eager PyTorch's host time per transformer block",
                         description="Time a Megatron-style block with tiny tensors on this CPU "
                                     "(forward, backward, full recompute): the host floor a GPU "
@@ -98,8 +113,19 @@ def run(args) -> int:
     """Run the calibration ``args.what`` names (none: ``--backend``'s measurement)."""
     actions = {"nccl": _calibrate_nccl, "compute": _calibrate_compute,
                "embedding": run_calibrate_embedding, "host": _calibrate_host, "steps": run_steps,
-               "gloo": _calibrate_gloo}
+               "gloo": _calibrate_gloo, "gpu-embedding": _calibrate_gpu_embedding}
     return actions.get(args.what, _calibrate_backend)(args)
+
+
+def _calibrate_gpu_embedding(args) -> int:
+    doc = fit_gpu_embedding(args.folder, args.gpu)
+    out = args.out or f"traces/calibration/{gpu_lookup_file(args.gpu)}"
+    atomic_write(out, gpu_embedding_yaml(doc))
+    f = doc["fit"]
+    emit(args, doc, f"{args.gpu}: HBM efficiency {doc['hbm_efficiency']:.3f}, "
+                    f"{doc['lookup_overhead_bytes']:.1f} B per lookup; {f['rows']} rows, MAPE "
+                    f"{100 * f['mape']:.1f}% (worst {100 * f['worst']:+.1f}%); wrote {out}")
+    return 0
 
 
 def _calibrate_nccl(args) -> int:

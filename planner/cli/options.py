@@ -38,8 +38,9 @@ def trainer_arguments(p: argparse.ArgumentParser) -> None:
                    help="model specs: the trainer preset, replacing the spec's trainer: section "
                         f"({', '.join(PRESETS)})")
     p.add_argument("--trainer-set", action="append", default=[], metavar="KEY=VALUE",
-                   help="model specs: override one trainer setting (repeatable; keys: "
-                        f"{', '.join(k for k in TRAINER_KEYS if k != 'preset')})")
+                   help="override one trainer setting (repeatable); model specs' keys: "
+                        f"{', '.join(k for k in TRAINER_KEYS if k != 'preset')}; table specs': "
+                        "pipeline=sparse_dist|none, dispatch=eager|graphs")
 
 
 def with_trainer(spec: LLMSpec, args: argparse.Namespace) -> LLMSpec:

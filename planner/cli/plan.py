@@ -66,10 +66,11 @@ def run(args) -> int:
         raise SpecError("--constrain and --for apply to model specs, not table specs",
                         source=args.tables, field="--constrain" if args.constrain else "--for",
                         fix="drop the flag (table plans take --sharding-types)")
-    if args.trainer or args.trainer_set:
-        raise SpecError("--trainer and --trainer-set apply to model specs, not table specs",
+    if args.trainer:
+        raise SpecError("--trainer presets apply to model specs, not table specs",
                         source=args.tables, field="--trainer",
-                        fix="drop the flag, or plan a model spec (model: section)")
+                        fix="set a DLRM trainer's keys with --trainer-set pipeline=none|sparse_dist "
+                            "or dispatch=eager|graphs")
     if args.devices is None:
         raise SpecError("a sharding plan needs --devices", field="--devices",
                         fix="pass --devices N")

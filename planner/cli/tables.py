@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from typing import Sequence
 
 from simulator.errors import ClusterplanError, SpecError
@@ -35,6 +36,7 @@ from planner.measure.tables.plans import cpu_topology_ref, format_measurement, m
 from planner.model.tables.shards import parse_sharding_types
 from planner.model.tables.spec import OPTIMIZERS, load_model_spec
 from planner.model.tables.task import ShardingTask
+from planner.model.tables.trainer import override_dlrm_trainer
 from planner.sharding.planners import PLANNER_NAMES, get_planner
 from planner.workloads.dlrm.step import simulate_plan
 
@@ -94,6 +96,8 @@ def _task(args) -> ShardingTask:
         raise SpecError(f"--batch-size must be ≥ 1, got {args.batch_size}", source="--batch-size",
                         fix="pass the global batch, e.g. --batch-size 65536")
     model = model.with_overrides(batch_size=args.batch_size, optimizer=args.optimizer)
+    if getattr(args, "trainer_set", None):
+        model = replace(model, trainer=override_dlrm_trainer(model.trainer, args.trainer_set))
     memory = None
     if args.memory is not None:
         memory = parse_bytes(args.memory, field="--memory", allow_zero=False)
@@ -125,8 +129,10 @@ def run(args: argparse.Namespace) -> int:
     sim = None
     if args.simulate:
         sim = simulate_plan(plan, task)
-        doc["simulation"] = {"step_time_s": sim.step_time_s, "breakdown_s": sim.breakdown_s,
-                             "a2a_bytes": sim.a2a_bytes}
+        doc["simulation"] = {"step_time_s": sim.step_time_s,
+                             "samples_per_s": task.model.batch_size / sim.step_time_s,
+                             "trainer": task.model.trainer.to_dict(),
+                             "breakdown_s": sim.breakdown_s, "a2a_bytes": sim.a2a_bytes}
     if getattr(args, "dmt", False):
         doc["dmt"], _ = dmt_section(args, task, plan)
     meas = None
@@ -266,10 +272,12 @@ def format_plan(plan, sim=None) -> str:
     d = plan.dense_s
     if any(d.values()):
         lines.append(f"dense part (every rank): MLP forward {format_time(d['mlp_fwd_s'])}, "
-                     f"backward {format_time(d['mlp_bwd_s'])}, all-reduce "
+                     f"backward {format_time(d['mlp_bwd_s'])}, optimizer "
+                     f"{format_time(d.get('optimizer_s', 0.0))}, all-reduce "
                      f"{format_time(d['dense_allreduce_s'])}")
     if sim is not None:
-        lines.append(f"simulated step: {format_time(sim.step_time_s)} ("
+        rate = t["batch_size"] / sim.step_time_s if sim.step_time_s > 0 else float("nan")
+        lines.append(f"simulated step: {format_time(sim.step_time_s)}, {rate:,.0f} samples/s ("
                      + ", ".join(f"{k} {format_time(v)}" for k, v in sim.breakdown_s.items() if v)
                      + ")")
     if plan.valid:
@@ -279,6 +287,8 @@ def format_plan(plan, sim=None) -> str:
                      + " (try --planner mip or local_search, or more devices)")
     for note in st.notes[:6]:
         lines.append(f"note: {note}")
+    for line in plan.extrapolated:
+        lines.append(f"extrapolated: {line}")
     return "\n".join(lines)
 
 

@@ -22,7 +22,9 @@ GPUs, rank ``(h, g)``, local batch ``B``::
 Every exchange is one simulator all-to-all with its exact uneven byte matrix; the ``G``
 cross-host collectives of one step (one per local index) and the ``H`` intra-host ones run
 concurrently and share the network. Lookup times are the sharding cost model's for each host's
-sub-plan; the module and the MLPs are roofline-timed compute ops with their FLOPs (backward 2×).
+sub-plan; the tower module is a roofline-timed compute op with its FLOPs (backward 2×); the
+MLPs are timed op by op and the trainer's pipelining applies as in the flat step, so the two
+steps differ only in their exchanges and towers.
 :func:`planner.dmt.compare.compare_flat_dmt` plans both and simulates them side by side.
 """
 
@@ -47,7 +49,7 @@ __all__ = ["DmtStep", "Comparison", "build_sptt_workload", "simulate_sptt",
            "top_input_dims", "cross_host_bytes", "simulate_flat", "with_a2a_algo"]
 
 CATEGORIES = ("a2a_cross", "a2a_intra", "emb_fwd", "emb_bwd", "tm_fwd", "tm_bwd", "mlp_fwd",
-              "mlp_bwd", "rw_comm", "tm_allreduce", "dense_allreduce")
+              "mlp_bwd", "rw_comm", "tm_allreduce", "dense_allreduce", "optimizer")
 
 
 @dataclass
@@ -147,6 +149,7 @@ def build_sptt_workload(task: ShardingTask, devices: int, layout: TowerLayout,
     grad_x = sb.cross("pooled_cross_bwd", sb.B * sb.out_w * sb.obytes,
                       lambda g: [top_bwd[groups[h][g]] for h in range(H)], transpose=True)
     sb.towers_bwd(top_bwd, bottom_bwd, grad_x)
+    sb.optimizer(sb.last)
     return sb.w, sb.totals
 
 
@@ -165,6 +168,8 @@ class _SpttBuilder:
         dense = model.dense
         self.dtype = dense.dtype if dense is not None else "fp32"
         self.fl = _mlp_flops(model, top_input_dims(model, layout), B)
+        self.dt = problem.cost.dense_times_for(top_input_dims(model, layout))
+        self.pipelined = model.trainer.pipelined
         tm = layout.module
         self.w = Workload(name=f"dlrm-sptt:{model.name}")
         self.totals = {"ids_cross": 0.0, "ids_intra": 0.0, "pooled_intra_fwd": 0.0,
@@ -184,6 +189,8 @@ class _SpttBuilder:
         self.sub = _host_subplans(host_plans, G)
         self.launch = problem.cost.launch_s
         self.hbm = problem.cost.hbm_Bps
+        self.last: dict = {}            # per rank: its last backward op (lookups backward)
+        self.dense_ar = None
 
     def cross(self, name: str, per_dest: np.ndarray, deps_of, *, transpose: bool = False):
         """One all-to-all per local index g over the cross-host group; ``per_dest[h']`` is what
@@ -236,8 +243,8 @@ class _SpttBuilder:
         for h in range(self.H):
             for r in self.groups[h]:
                 if self.fl["bottom"]:
-                    bottom[r] = self.w.compute(r, "bottom_mlp_fwd", flops=self.fl["bottom"],
-                                               dtype=self.dtype, category="mlp_fwd")
+                    bottom[r] = self.dense(r, "bottom_mlp_fwd", ("bottom", "fwd"),
+                                           self.fl["bottom"])
         return bottom
 
     def towers_fwd(self, ids_x: list) -> dict:
@@ -251,6 +258,8 @@ class _SpttBuilder:
             for i, r in enumerate(mem):
                 t = self.lookup_time(h, i, F_FWD)
                 deps = [ids_i] if ids_i is not None else d1
+                if self.pipelined:      # the next batch's input dist (see the flat step)
+                    deps = None
                 fwd[r] = w.compute(r, "lookups_fwd", duration_s=t + self.launch if t else 0.0,
                                    bytes_moved=t * self.hbm, deps=deps, category="emb_fwd")
             out_i = self.intra("pooled_intra_fwd", "output_fwd", h, [fwd[r] for r in mem],
@@ -272,14 +281,14 @@ class _SpttBuilder:
         """Step 7 and its backward on every rank: the interaction and top MLP forward and
         backward; the backward's op id per rank."""
         top_fwd, top_bwd = {}, {}
-        fl, dtype = self.fl, self.dtype
+        fl = self.fl
         for h in range(self.H):
             for g, r in enumerate(self.groups[h]):
                 deps = [tmf[r]] + [x for x in (ret[g], bottom.get(r)) if x is not None]
-                top_fwd[r] = self.w.compute(r, "interaction_top_mlp_fwd", flops=fl["top"],
-                                            dtype=dtype, deps=deps, category="mlp_fwd")
-                top_bwd[r] = self.w.compute(r, "top_mlp_interaction_bwd", flops=2 * fl["top"],
-                                            dtype=dtype, deps=[top_fwd[r]], category="mlp_bwd")
+                top_fwd[r] = self.dense(r, "interaction_top_mlp_fwd", ("top", "fwd"),
+                                        fl["top"], deps)
+                top_bwd[r] = self.dense(r, "top_mlp_interaction_bwd", ("top", "bwd"),
+                                        2 * fl["top"], [top_fwd[r]])
         return top_bwd
 
     def bottom_mlp_bwd(self, top_bwd: dict) -> dict:
@@ -291,15 +300,30 @@ class _SpttBuilder:
             for r in self.groups[h]:
                 # issued before the tower backward so that, as in the flat step, the dense
                 # all-reduce can start while the tower gradients travel
-                bottom_bwd[r] = (self.w.compute(r, "bottom_mlp_bwd", flops=2 * fl["bottom"],
-                                                dtype=self.dtype, deps=[top_bwd[r]],
-                                                category="mlp_bwd")
+                bottom_bwd[r] = (self.dense(r, "bottom_mlp_bwd", ("bottom", "bwd"),
+                                            2 * fl["bottom"], [top_bwd[r]])
                                  if fl["bottom"] else top_bwd[r])
+        self.dense_ar = None
         if fl["params"] > 0 and self.devices > 1:
-            self.w.collective("allreduce", list(range(self.devices)), fl["params"] * 4.0,
-                              name="dense_allreduce", deps=list(bottom_bwd.values()),
-                              stream="comm:dp", category="dense_allreduce")
+            self.dense_ar = self.w.collective(
+                "allreduce", list(range(self.devices)), fl["params"] * 4.0,
+                name="dense_allreduce", deps=list(bottom_bwd.values()), stream="comm:dp",
+                category="dense_allreduce")
         return bottom_bwd
+
+    def dense(self, r: int, name: str, key: tuple, flops: float, deps=None) -> int:
+        """A dense pass on rank ``r`` timed op by op (the flat step's model, same trainer)."""
+        return self.w.compute(r, name, flops=flops, dtype=self.dtype, deps=deps,
+                              duration_s=self.dt.passes.get(key, 0.0), category=f"mlp_{key[1]}")
+
+    def optimizer(self, last: dict) -> None:
+        """The dense optimizer step on every rank once its backward has returned."""
+        if self.dt.optimizer_s <= 0:
+            return
+        extra = [self.dense_ar] if self.dense_ar is not None else []
+        for r, op in last.items():
+            self.w.compute(r, "dense_optimizer", duration_s=self.dt.optimizer_s,
+                           deps=[op] + extra, category="optimizer")
 
     def towers_bwd(self, top_bwd: dict, bottom_bwd: dict, grad_x: list) -> None:
         """Steps 5-3 backward on every host: the tower module (its weight gradient all-reduced
@@ -327,8 +351,9 @@ class _SpttBuilder:
             for i, r in enumerate(mem):
                 t = self.lookup_time(h, i, F_BWD)
                 deps = [bottom_bwd[r], tmb[r]] + [x for x in (gi, ag) if x is not None]
-                w.compute(r, "lookups_bwd", duration_s=t + 2 * self.launch if t else 0.0,
-                          bytes_moved=t * self.hbm, deps=deps, category="emb_bwd")
+                self.last[r] = w.compute(r, "lookups_bwd",
+                                         duration_s=t + 2 * self.launch if t else 0.0,
+                                         bytes_moved=t * self.hbm, deps=deps, category="emb_bwd")
 
 
 def _host_subplans(host_plans: Sequence[HostPlan], G: int) -> list:

@@ -63,7 +63,8 @@ def test_breakdown_sums_and_dense_part():
     total = np.sum([plan.breakdown_s[k] for k in plan.breakdown_s], axis=0)
     assert np.allclose(total, plan.per_rank_cost_s, rtol=1e-12)
     assert plan.dense_s["mlp_fwd_s"] > 0 and plan.dense_s["dense_allreduce_s"] > 0
-    assert plan.dense_s["mlp_bwd_s"] == pytest.approx(2 * plan.dense_s["mlp_fwd_s"])
+    # backward runs two GEMMs per forward one plus more elementwise passes (op by op)
+    assert 1.5 * plan.dense_s["mlp_fwd_s"] < plan.dense_s["mlp_bwd_s"] < 2.5 * plan.dense_s["mlp_fwd_s"]
 
 
 def test_workload_a2a_bytes_equal_the_plans():

@@ -9,7 +9,7 @@ from planner.measure.validate.dlrm_ops import expected_ops
 from planner.measure.validate.dlrm_probes import PROBE_TYPES, host_costs, probe_config, size_measure
 from planner.measure.validate.dlrm_report import _HOST_COSTS, predicted
 from planner.model.tables.spec import DenseSpec
-from planner.workloads.dlrm.torchrec import dense_op_list
+from planner.model.tables.dense import dense_op_list
 
 BASE = {"format": "clusterplan.gloo-profile", "version": 1, "shared_core": True,
         "comm": {f"{k}@2": [[4.0, 3e-4], [1048576.0, 1e-3], [16777216.0, 1e-2]]

@@ -46,6 +46,8 @@ class HostOverhead:
     backward_s: float         # one block backward (autograd), without recompute
     recompute_s: float        # extra host time of full recompute (re-run forward, checkpoint)
     source: str = ""
+    forward_ops: float = 53.0     # aten ops a block's forward dispatches (the probe's count)
+    backward_ops: float = 84.0    # aten ops of its backward (autograd nodes and accumulation)
 
     def __post_init__(self) -> None:
         for k in ("forward_s", "backward_s", "recompute_s"):
@@ -53,6 +55,21 @@ class HostOverhead:
             if not v >= 0:
                 raise SpecError(f"{k} must be non-negative seconds, got {v!r}", field=k,
                                 fix="re-measure with `clusterplan calibrate host`")
+        for k in ("forward_ops", "backward_ops"):
+            if not getattr(self, k) > 0:
+                raise SpecError(f"{k} must be a positive op count, got {getattr(self, k)!r}",
+                                field=f"aten_ops_per_block.{k.split('_')[0]}",
+                                fix="regenerate the file with `clusterplan calibrate host --out FILE`")
+
+    @property
+    def forward_op_s(self) -> float:
+        """Host seconds per aten op of a forward pass (block time / ops it dispatches)."""
+        return self.forward_s / self.forward_ops
+
+    @property
+    def backward_op_s(self) -> float:
+        """Host seconds per aten op of a backward pass."""
+        return self.backward_s / self.backward_ops
 
     def backward_pass_s(self, recompute: str) -> float:
         """Host seconds of one block's backward pass under the given recompute mode."""
@@ -73,9 +90,14 @@ def load_host_overhead(name: str = DEFAULT) -> HostOverhead:
     doc = parse_yaml(text, source=where)
     try:
         per = doc["per_block_s"]
+        ops = doc.get("aten_ops_per_block") or {}
+        fwd_ops = float(ops.get("forward", 53.0))
+        bwd_ops = float(ops["backward"]) if "backward" in ops else (
+            float(ops["plain"]) - fwd_ops if "plain" in ops else 84.0)
         return HostOverhead(forward_s=float(per["forward"]), backward_s=float(per["backward"]),
                             recompute_s=float(per["recompute_extra"]),
-                            source=f"{where}: {doc.get('method', '')}".strip())
+                            source=f"{where}: {doc.get('method', '')}".strip(),
+                            forward_ops=fwd_ops, backward_ops=bwd_ops)
     except (KeyError, TypeError, ValueError) as e:
         raise SpecError(f"malformed host-overhead file ({e})", source=where,
                         field="per_block_s",

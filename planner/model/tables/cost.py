@@ -74,12 +74,15 @@ from typing import Sequence
 
 import numpy as np
 
-from simulator.compute import load_compute_profile, op_time
+from simulator.compute import load_compute_profile
 from simulator.topology import Topology
 
+from planner.model.llm.host import host_overhead_for
 from planner.model.tables.access import accesses_per_row, default_reuse_bins, zipf_reuse
 from planner.model.tables.comm_model import CommModel
 from planner.model.tables.cpu_profile import CpuProfile, load_cpu_profile
+from planner.model.tables.dense import DenseTimes, dense_pass_times
+from planner.model.tables.gpu_lookup import FitRange, load_gpu_lookup
 from planner.model.tables.memory import shard_memory_bytes
 from planner.model.tables.shards import Shard, ShardingType, TableSharding
 from planner.model.tables.spec import PRECISION_BYTES, ModelSpec, TableSpec
@@ -175,9 +178,19 @@ class CostModel:
         self.config = config or CostConfig()
         self.profile = load_compute_profile(topo.gpu)
         self.device_profile = _device_profile(topo, self.config)
+        #: the measured ranges of the lookup fit in use (None: priors, nothing measured)
+        self.fit_range: FitRange | None = None
+        self.gpu_lookup = None
         if self.device_profile is not None:
             self.config = replace(self.config, **self.device_profile.cost_overrides())
             self.comm = comm = self.device_profile.comm_model(n, comm)
+            self.fit_range = self.device_profile.fit_range
+        elif self.config.device_profile is not None and topo.gpu.name != "cpu":
+            self.gpu_lookup = load_gpu_lookup(topo.gpu.name)
+            if self.gpu_lookup is not None:
+                self.config = replace(self.config, hbm_efficiency=self.gpu_lookup.hbm_efficiency,
+                                      lookup_overhead_bytes=self.gpu_lookup.lookup_overhead_bytes)
+                self.fit_range = self.gpu_lookup.range
         cfg = self.config
         self.hbm_Bps = float(topo.gpu.hbm_bandwidth_Bps) * cfg.hbm_efficiency
         #: byte-equivalents per weight element in the lookup terms (the CPU profile's fitted
@@ -202,6 +215,7 @@ class CostModel:
         u = 1.0 / self.accesses_per_row
         h = cfg.repeat_hit_ratio
         self.miss = u + (1.0 - u) * (1.0 - h)
+        self._dense_times: DenseTimes | None = None
         self.host_of = np.empty(n, dtype=int)
         for k, hr in enumerate(self.hosts):
             self.host_of[list(hr)] = k
@@ -323,24 +337,49 @@ class CostModel:
             total = total + comp[k]
         return total
 
+    def extrapolated(self) -> list[str]:
+        """Where the lookup model is used outside what it was fitted to: one line per input
+        (dim, pooling, batch) outside the measured range, or a line saying the constants are
+        priors because this device kind was never measured."""
+        if self.fit_range is not None:
+            return self.fit_range.outside(self.model)
+        if self.config.device_profile is None:
+            return []
+        return [f"lookup constants are priors (HBM efficiency {self.config.hbm_efficiency:g}, "
+                f"{self.config.lookup_overhead_bytes:g} B per lookup): no embedding measurement "
+                f"of {self.topo.gpu.name} (measure one and run `clusterplan calibrate "
+                "gpu-embedding`)"]
+
+    def dense_times(self) -> DenseTimes:
+        """The dense part on one rank, op by op (:func:`~.dense.dense_pass_times`), with the
+        host floor of eager dispatch on a GPU unless the trainer says ``dispatch: graphs``."""
+        if self._dense_times is None:
+            self._dense_times = self.dense_times_for([t.embedding_dim for t in self.model.tables])
+        return self._dense_times
+
+    def dense_times_for(self, dims: Sequence[int]) -> DenseTimes:
+        """:meth:`dense_times` with the interaction fed by pooled widths ``dims`` (a tower
+        layout's outputs instead of the tables')."""
+        gpu = self.topo.gpu.name
+        eager = self.model.trainer.dispatch == "eager" and gpu != "cpu"
+        return dense_pass_times(self.model.dense, list(dims), self.local_batch,
+                                optimizer=self.model.optimizer, profile=self.profile,
+                                host=host_overhead_for(gpu) if eager else None)
+
     def dense_costs(self) -> dict[str, float]:
-        """Rank-independent dense part of a step, seconds: ``mlp_fwd_s``, ``mlp_bwd_s``
-        (backward = 2 × forward FLOPs) and ``dense_allreduce_s`` (fp32 gradients)."""
+        """Rank-independent dense part of a step, seconds: ``mlp_fwd_s``, ``mlp_bwd_s`` (op by
+        op, :meth:`dense_times`), ``optimizer_s`` and ``dense_allreduce_s`` (fp32 gradients)."""
         d = self.model.dense
         if d is None:
-            return {"mlp_fwd_s": 0.0, "mlp_bwd_s": 0.0, "dense_allreduce_s": 0.0}
+            return {"mlp_fwd_s": 0.0, "mlp_bwd_s": 0.0, "optimizer_s": 0.0,
+                    "dense_allreduce_s": 0.0}
+        dt = self.dense_times()
+        fwd = sum(v for (_, ph), v in dt.passes.items() if ph == "fwd")
+        bwd = sum(v for (_, ph), v in dt.passes.items() if ph == "bwd")
         dims = [t.embedding_dim for t in self.model.tables]
-        fwd = 0.0
-        bwd = 0.0
-        b = self.local_batch
-        for block in d.layers(dims).values():
-            for i, o in block:
-                flops = 2.0 * b * i * o
-                bytes_ = 4.0 * (i * o + b * (i + o))
-                fwd += op_time(self.profile, flops=flops, bytes_moved=bytes_, dtype=d.dtype)
-                bwd += 2 * op_time(self.profile, flops=flops, bytes_moved=bytes_, dtype=d.dtype)
         ar = float(self.comm.time("allreduce", d.param_count(dims) * 4.0)) if self.n > 1 else 0.0
-        return {"mlp_fwd_s": fwd, "mlp_bwd_s": bwd, "dense_allreduce_s": ar}
+        return {"mlp_fwd_s": fwd, "mlp_bwd_s": bwd, "optimizer_s": dt.optimizer_s,
+                "dense_allreduce_s": ar}
 
     def a2a_matrices(self, F: np.ndarray) -> dict[str, np.ndarray]:
         """Byte matrices ``m[i, j]`` (rank i → j, zero diagonal) of the three all-to-alls."""

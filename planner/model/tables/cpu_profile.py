@@ -17,6 +17,7 @@ from simulator.errors import SpecError
 from simulator.fileio import parse_yaml
 
 from planner.model.tables.comm_model import CommModel, SyncCommModel
+from planner.model.tables.gpu_lookup import FitRange
 
 __all__ = ["CpuProfile", "load_cpu_profile", "CPU_PROFILE_PATH"]
 
@@ -62,6 +63,7 @@ class CpuProfile:
     element_bytes: Mapping[str, float] = field(default_factory=dict)
     row_walk_bytes: float = 0.0
     page_reach_bytes: float = 1048576.0
+    fit_range: FitRange | None = None
 
     def cost_overrides(self) -> dict:
         """The :class:`CostConfig` fields this profile sets."""
@@ -103,6 +105,24 @@ class CpuProfile:
                          a2a_alpha_s=float(e["a2a_alpha_s"]), intra_Bps=float(e["a2a_Bps"]),
                          inter_Bps=math.inf, fits=fits,
                          source=f"gloo fits from {self.source}{note}")
+
+
+def _points_range(points: Any, name: str) -> FitRange | None:
+    """The dims, pooling factors and batches of the profile's kernel points (None: no points)."""
+    kernels = (points or {}).get("kernels") if isinstance(points, dict) else None
+    dims, pools, batches = [], [], []
+    for k in kernels or []:
+        try:
+            batches.append(float(k["batch"]))
+            for t in k["tables"]:
+                dims.append(float(t[1]))
+                pools.append(float(t[2]))
+        except (KeyError, TypeError, IndexError, ValueError):
+            continue
+    if not dims:
+        return None
+    return FitRange(source=name, embedding_dim=(min(dims), max(dims)),
+                    pooling_factor=(min(pools), max(pools)), batch=(min(batches), max(batches)))
 
 
 @functools.lru_cache(maxsize=8)
@@ -162,5 +182,6 @@ def load_cpu_profile(path: str | None = None) -> CpuProfile | None:
                                                     "embedding`")
         vals[k] = float(v)
     meas = doc.get("measured") or {}
+    vals["fit_range"] = _points_range(doc.get("points"), p.name)
     src = f"{p.name} (measured {meas.get('date', '?')} on {(meas.get('machine') or {}).get('cpu_model', '?')})"
     return CpuProfile(comm=comm, source=src, element_bytes=elem, **vals)

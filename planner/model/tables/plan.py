@@ -140,6 +140,8 @@ class Plan:
     valid: bool
     problems: tuple[str, ...] = ()
     stats: PlannerStats = field(default_factory=PlannerStats)
+    #: where the lookup model was used outside its measured ranges (or has no measurement)
+    extrapolated: tuple[str, ...] = ()
 
     @property
     def max_cost_s(self) -> float:
@@ -176,6 +178,7 @@ class Plan:
             "per_rank_cost_s": list(self.per_rank_cost_s), "imbalance": self.imbalance,
             "per_rank_breakdown_s": {k: list(v) for k, v in self.breakdown_s.items()},
             "dense_s": dict(self.dense_s),
+            "extrapolated": list(self.extrapolated),
             "memory_per_rank_bytes": list(self.memory_per_rank_bytes),
             "memory_capacity_bytes": list(self.memory_capacity_bytes),
             "sharding_type_counts": self.type_counts(),
@@ -211,7 +214,8 @@ def make_plan(problem: Problem, shardings: Sequence[TableSharding], planner: str
                 dense_s={k: float(v) for k, v in dense.items()},
                 memory_per_rank_bytes=tuple(int(round(x)) for x in ev.memory_per_rank_bytes),
                 memory_capacity_bytes=tuple(int(x) for x in problem.capacity_bytes),
-                valid=ev.valid, problems=ev.problems, stats=stats)
+                valid=ev.valid, problems=ev.problems, stats=stats,
+                extrapolated=tuple(problem.cost.extrapolated()))
 
 
 def read_plan_json(doc: Mapping[str, Any], problem: Problem) -> tuple[TableSharding, ...]:

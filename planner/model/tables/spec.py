@@ -28,6 +28,7 @@ the defaults below (no dense part). ::
       dcn_layers: 3              # dcnv2 only
       dcn_projection: 512        # dcnv2 only (low-rank projection dim)
       dtype: fp32                # compute precision of the MLPs
+    trainer: {pipeline: sparse_dist, dispatch: eager}   # planner/model/tables/trainer.py
     tables:                      # a list of mappings, or the path of a CSV beside the file
       - {name: t0, num_embeddings: 1000000, pooling_factor: 3.2, zipf_exponent: 1.05}
       - {name: t1, num_embeddings: 5000, embedding_dim: 64, reuse_bins: [0.4, 0.2, ...]}
@@ -52,7 +53,7 @@ import csv
 import hashlib
 import io
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -61,6 +62,7 @@ from simulator.fileio import parse_yaml
 from simulator.validation import choice, number, whole
 
 from planner.model.tables.shards import ShardingType, parse_sharding_types
+from planner.model.tables.trainer import DlrmTrainer, dlrm_trainer_from_mapping
 
 __all__ = ["TableSpec", "DenseSpec", "ModelSpec", "load_model_spec", "builtin_spec_names",
            "PRECISION_BYTES", "OPTIMIZERS", "NUM_REUSE_BINS", "tables_from_csv_text"]
@@ -77,7 +79,7 @@ OPTIONAL_COLUMNS = ("precision", "zipf_exponent", "sharding_types") + BIN_COLUMN
 _TABLE_KEYS = set(REQUIRED_COLUMNS) | {"precision", "zipf_exponent", "sharding_types",
                                        "reuse_bins"}
 _TOP_KEYS = {"name", "description", "source", "batch_size", "optimizer", "comm_precision",
-             "table_defaults", "dense", "tables"}
+             "trainer", "table_defaults", "dense", "tables"}
 _DENSE_KEYS = {"num_dense_features", "bottom_mlp", "top_mlp", "interaction", "dcn_layers",
                "dcn_projection", "dtype"}
 
@@ -191,6 +193,7 @@ class ModelSpec:
     comm_precision: str = "fp32"
     source: str = ""
     description: str = ""
+    trainer: DlrmTrainer = field(default_factory=DlrmTrainer)
 
     @property
     def num_tables(self) -> int:
@@ -216,9 +219,12 @@ class ModelSpec:
                      "top_mlp": list(d.top_mlp), "interaction": d.interaction,
                      "dcn_layers": d.dcn_layers, "dcn_projection": d.dcn_projection,
                      "dtype": d.dtype}
-        return {"name": self.name, "batch_size": self.batch_size, "optimizer": self.optimizer,
-                "comm_precision": self.comm_precision, "dense": dense,
-                "tables": [tab(t) for t in self.tables]}
+        doc = {"name": self.name, "batch_size": self.batch_size, "optimizer": self.optimizer,
+               "comm_precision": self.comm_precision, "dense": dense,
+               "tables": [tab(t) for t in self.tables]}
+        if self.trainer != DlrmTrainer():       # hashes of specs without a trainer: unchanged
+            doc["trainer"] = self.trainer.to_dict()
+        return doc
 
     def sha256(self) -> str:
         text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
@@ -344,7 +350,8 @@ def _model_from_yaml(text: str, *, source: str, base: Path) -> ModelSpec:
     dense = _dense(doc.get("dense"), source) if doc.get("dense") is not None else None
     return ModelSpec(name=str(name), tables=tables, dense=dense, batch_size=batch,
                      optimizer=optimizer, comm_precision=comm, source=source,
-                     description=str(doc.get("description") or ""))
+                     description=str(doc.get("description") or ""),
+                     trainer=dlrm_trainer_from_mapping(doc.get("trainer"), source=source))
 
 
 def tables_from_csv_text(text: str, *, source: str,

@@ -1,4 +1,5 @@
-"""The dense part of a DLRM step (bottom MLP, interaction, top MLP) as FLOPs per rank."""
+"""The dense part of a DLRM step (bottom MLP, interaction, top MLP) as FLOPs per rank; its ops
+and their times are :mod:`planner.model.tables.dense`'s."""
 
 from __future__ import annotations
 

@@ -5,16 +5,24 @@ The step as a DAG on every rank (streams ``compute``, ``comm``, ``comm:dp``)::
     comm      ids all-to-all ─┐              ┌ pooled all-to-all ┐ [RW reduce-scatter]
     compute   bottom MLP fwd ─┼ lookups fwd ─┘                   └ interaction + top MLP fwd
                                                                      │
-    compute   top MLP + interaction bwd ── bottom MLP bwd ── lookups bwd (after the grad a2a)
-    comm      grad all-to-all (reverse of pooled) ┘ [RW all-gather]
-    comm:dp   dense all-reduce (after the MLP backward; overlaps the lookups backward)
+    compute   top MLP + interaction bwd ── bottom MLP bwd ── lookups bwd ── dense optimizer
+    comm      grad all-to-all (reverse of pooled) ┘ [RW all-gather]           │
+    comm:dp   dense all-reduce (after the MLP backward; overlaps the lookups backward) ┘
               [data-parallel tables' all-reduce after the lookups backward]
+
+With the trainer's ``pipeline: sparse_dist`` (TorchRec's ``TrainPipelineSparseDist``, the
+default) the ids all-to-all is the *next* batch's input dist: it shares the links with this
+step's collectives but the lookups do not wait for it; ``pipeline: none`` makes them wait.
 
 All-to-alls carry the plan's uneven byte matrices (``splits``), so ranks with more pooled
 output send more and every rank waits for the slowest, as in NCCL. Lookups are compute ops with
-the analytic model's time (and its byte count for the record); MLPs are roofline-timed compute
-ops with their FLOPs (backward = 2× forward). Collectives share the network with each other, so
-the dense all-reduce competes with the gradient all-to-all for links.
+the analytic model's time (:mod:`planner.model.tables.cost`: bytes gathered at the device's
+measured row-gather bandwidth, the optimizer's update of touched rows). The dense part is timed
+op by op (:func:`planner.workloads.dlrm.dense.dense_pass_times`: every GEMM of the MLPs and
+DCNv2 layers and both backward products on the measured GEMM curve, the elementwise ops on the
+memory curve, each no faster than the host's dispatch when the trainer is eager), followed by
+one fused optimizer step over the dense parameters. Collectives share the network with each
+other, so the dense all-reduce competes with the gradient all-to-all for links.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from planner.workloads.dlrm.torchrec import build_torchrec_step_workload, torchr
 __all__ = ["StepSimulation", "build_step_workload", "simulate_step", "simulate_plan"]
 
 CATEGORIES = ("a2a", "emb_fwd", "emb_bwd", "mlp_fwd", "mlp_bwd", "rw_comm", "dense_allreduce",
-              "dp_allreduce")
+              "dp_allreduce", "optimizer")
 
 
 @dataclass
@@ -73,6 +81,7 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
     d = problem.model.dense
     dtype = d.dtype if d is not None else "fp32"
     fl = mlp_flops(problem)
+    dt = cm.dense_times()
     ranks = list(range(n))
     w = Workload(name=f"dlrm-step:{problem.model.name}")
     launch = cm.launch_s
@@ -84,11 +93,19 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
         return w.collective("alltoall", ranks, float(mat.sum(axis=1).max()), name=name,
                             splits=mat, deps=deps, stream="comm", category="a2a")
 
+    def dense(r: int, name: str, block: str, phase: str, flops: float, deps=None) -> int:
+        return w.compute(r, name, flops=flops, dtype=dtype, deps=deps,
+                         duration_s=dt.passes.get((block, phase), 0.0),
+                         category=f"mlp_{phase}")
+
+    # pipelined (TorchRec's TrainPipelineSparseDist): this all-to-all carries the next batch's
+    # ids while this batch computes; it still loads the links, but no lookup waits for it
     ids = a2a("input_a2a", mats["input"], None)
-    bottom = [w.compute(r, "bottom_mlp_fwd", flops=fl["bottom"], dtype=dtype,
-                        category="mlp_fwd") if fl["bottom"] else None for r in ranks]
+    look_deps = None if problem.model.trainer.pipelined or ids is None else [ids]
+    bottom = [dense(r, "bottom_mlp_fwd", "bottom", "fwd", fl["bottom"]) if fl["bottom"] else None
+              for r in ranks]
     fwd = [w.compute(r, "lookups_fwd", duration_s=float(F[r, F_FWD] + launch),
-                     bytes_moved=float(F[r, F_FWD] * hbm), deps=[ids] if ids is not None else None,
+                     bytes_moved=float(F[r, F_FWD] * hbm), deps=look_deps,
                      category="emb_fwd") for r in ranks]
     out = a2a("output_a2a_fwd", mats["output_fwd"], fwd)
     rw_rs = None
@@ -106,11 +123,10 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
     for r in ranks:
         deps = [fwd[r]] + [x for x in (out, rw_rs, bottom[r], host_rs.get(
             problem.cost.host_of[r])) if x is not None]
-        top_fwd.append(w.compute(r, "interaction_top_mlp_fwd", flops=fl["top"], dtype=dtype,
-                                 deps=deps, category="mlp_fwd"))
+        top_fwd.append(dense(r, "interaction_top_mlp_fwd", "top", "fwd", fl["top"], deps))
     for r in ranks:
-        top_bwd.append(w.compute(r, "top_mlp_interaction_bwd", flops=2 * fl["top"], dtype=dtype,
-                                 deps=[top_fwd[r]], category="mlp_bwd"))
+        top_bwd.append(dense(r, "top_mlp_interaction_bwd", "top", "bwd", 2 * fl["top"],
+                             [top_fwd[r]]))
     grad = a2a("output_a2a_bwd", mats["output_bwd"], top_bwd)
     rw_ag = None
     if F[0, F_RW] > 0 and n > 1:
@@ -124,21 +140,26 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
                                       deps=[top_bwd[r] for r in members], stream="comm",
                                       category="rw_comm")
     for r in ranks:
-        bottom_bwd.append(w.compute(r, "bottom_mlp_bwd", flops=2 * fl["bottom"], dtype=dtype,
-                                    deps=[top_bwd[r]], category="mlp_bwd")
-                          if fl["bottom"] else top_bwd[r])
+        bottom_bwd.append(dense(r, "bottom_mlp_bwd", "bottom", "bwd", 2 * fl["bottom"],
+                                [top_bwd[r]]) if fl["bottom"] else top_bwd[r])
     for r in ranks:
         deps = [bottom_bwd[r]] + [x for x in (grad, rw_ag, host_ag.get(problem.cost.host_of[r]))
                                   if x is not None]
         bwd.append(w.compute(r, "lookups_bwd", duration_s=float(F[r, F_BWD] + 2 * launch),
                              bytes_moved=float(F[r, F_BWD] * hbm), deps=deps,
                              category="emb_bwd"))
+    dense_ar = None
     if fl["params"] > 0 and n > 1:
-        w.collective("allreduce", ranks, fl["params"] * 4.0, name="dense_allreduce",
-                     deps=bottom_bwd, stream="comm:dp", category="dense_allreduce")
+        dense_ar = w.collective("allreduce", ranks, fl["params"] * 4.0, name="dense_allreduce",
+                                deps=bottom_bwd, stream="comm:dp", category="dense_allreduce")
     if F[0, F_DP] > 0 and n > 1:
         w.collective("allreduce", ranks, float(F[0, F_DP]), name="dp_tables_allreduce",
                      deps=bwd, stream="comm:dp", category="dp_allreduce")
+    if dt.optimizer_s > 0:              # the dense optimizer step, once backward has returned
+        for r in ranks:
+            w.compute(r, "dense_optimizer", duration_s=dt.optimizer_s,
+                      deps=[bwd[r]] + ([dense_ar] if dense_ar is not None else []),
+                      category="optimizer")
     return w, mats
 
 

@@ -45,10 +45,11 @@ from simulator.workload import Workload
 from planner.model.tables.cost import F_BWD, F_FWD
 from planner.model.tables.ids import table_ids
 from planner.model.tables.shards import ShardingType, TableSharding
+from planner.model.tables.dense import dense_op_list
 from planner.workloads.dlrm.dense import mlp_flops
 
 __all__ = ["CommOp", "torchrec_comm_ops", "rank_events", "build_torchrec_step_workload",
-           "ddp_buckets", "dense_op_list", "INPUT_DIST_ORDER", "KJT_SPLITS"]
+           "ddp_buckets", "INPUT_DIST_ORDER", "KJT_SPLITS"]
 
 #: int64 entries per rank pair in KJTAllToAll's first (splits) all-to-all
 KJT_SPLITS = 3
@@ -276,63 +277,6 @@ def rank_events(ops: Sequence[CommOp], rank: int) -> dict[str, list[tuple]]:
         if rank in op.group:
             key = "world" if op.channel == "world" else f"{op.channel} {list(op.group)}"
             out.setdefault(key, []).append(op.event(rank) + (op.name,))
-    return out
-
-
-def dense_op_list(dense, dims: Sequence[int], batch: float) -> list[tuple[str, str, float, float]]:
-    """The dense part's ops as the validation model (:mod:`planner.measure.validate.dlrm_worker`)
-    runs them eagerly on ``batch`` samples per rank: ``(block, phase, flops, bytes)`` with
-    ``block`` ``bottom`` or ``top`` (interaction and top MLP), ``phase`` ``fwd`` or ``bwd``:
-    every GEMM with its real shape, and the elementwise ops around them (bias, ReLU and their
-    backward, DCNv2's products and sums, the concatenation, the loss), fp32 bytes read and
-    written. Empty without a dense part."""
-    if dense is None:
-        return []
-    B, f4 = float(batch), 4.0
-    out: list[tuple[str, str, float, float]] = []
-    ls = dense.layers(dims)
-
-    def mlp(block, layers, first_needs_grad):
-        for k, (i, o) in enumerate(layers):
-            last = k == len(layers) - 1
-            out.append((block, "fwd", 2 * B * i * o, f4 * (B * i + i * o + 2 * B * o)))
-            if not last:
-                out.append((block, "fwd", 0.0, f4 * 2 * B * o))                    # relu
-                out.append((block, "bwd", 0.0, f4 * 3 * B * o))                    # relu bwd
-            out.append((block, "bwd", 2 * B * i * o, f4 * (B * o + B * i + i * o)))   # dW
-            out.append((block, "bwd", 0.0, f4 * (B * o + o)))                      # db
-            if k > 0 or first_needs_grad:
-                out.append((block, "bwd", 2 * B * i * o, f4 * (B * o + i * o + B * i)))  # dX
-    mlp("bottom", ls["bottom"], False)
-    f = len(dims) + 1
-    if dense.interaction == "dot":
-        d = ls["interaction"][0][0]
-        top_in = ls["top"][0][0]
-        out.append(("top", "fwd", 0.0, f4 * 2 * B * f * d))                        # stack
-        out.append(("top", "fwd", 2 * B * f * f * d, f4 * (2 * B * f * d + B * f * f)))  # bmm
-        out.append(("top", "fwd", 0.0, f4 * 2 * B * f * f))                        # triu gather
-        out.append(("top", "fwd", 0.0, f4 * 2 * B * top_in))                       # cat
-        out.append(("top", "bwd", 0.0, f4 * 2 * B * top_in))                       # cat bwd
-        out.append(("top", "bwd", 0.0, f4 * 3 * B * f * f))                        # scatter
-        out += [("top", "bwd", 2 * B * f * f * d, f4 * (2 * B * f * d + B * f * f))] * 2
-        out.append(("top", "bwd", 0.0, f4 * 3 * B * f * d))                        # sum grads
-        out.append(("top", "bwd", 0.0, f4 * 2 * B * f * d))                        # unstack
-    else:
-        top_in = ls["top"][0][0]
-        p = dense.dcn_projection
-        x = B * top_in
-        out.append(("top", "fwd", 0.0, f4 * 2 * x))                                # cat
-        out.append(("top", "bwd", 0.0, f4 * 2 * x))                                # cat bwd
-        for _ in range(dense.dcn_layers):
-            out.append(("top", "fwd", 2 * x * p, f4 * (x + top_in * p + B * p)))       # u
-            out.append(("top", "fwd", 2 * x * p, f4 * (B * p + top_in * p + x)))       # v
-            out += [("top", "fwd", 0.0, f4 * 2 * x)] + [("top", "fwd", 0.0, f4 * 3 * x)] * 2
-            out += [("top", "bwd", 2 * x * p, f4 * (x + B * p + top_in * p))] * 4      # u, v
-            out += [("top", "bwd", 0.0, f4 * 3 * x)] * 4                           # products
-            out.append(("top", "bwd", 0.0, f4 * (x + top_in)))                     # db
-    mlp("top", ls["top"], True)
-    out.append(("top", "fwd", 0.0, f4 * 3 * B))                                    # loss
-    out.append(("top", "bwd", 0.0, f4 * 3 * B))
     return out
 
 

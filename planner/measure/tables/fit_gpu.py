@@ -1,0 +1,116 @@
+"""``clusterplan calibrate gpu-embedding DIR``: fit a GPU's row-gather constants of the lookup
+model to its embedding microbenchmark (``DIR/embedding.csv``, measured by
+``python -m planner.measure.compute.gpu --only embedding``), nothing else.
+
+The lookup model's forward time of one table (:mod:`planner.model.tables.cost`, every lookup
+a miss: ids uniform over a table several times the L2) is ::
+
+    t = call_s + [ids · (dim · p + overhead_bytes + 8) + batch · dim · 4] / (HBM · efficiency)
+
+``efficiency``, ``overhead_bytes`` and ``call_s`` (the measured kernel's fixed cost per call:
+offsets, launch) are fitted by least squares on log(model / measured) over the rows whose table
+is at least :data:`MIN_TABLE_BYTES` (twice the 50 MB L2 of an H100 or H200), so that a gather
+reads HBM, not L2, and whose call looks up at least :data:`MIN_IDS` ids. The file records the fit's error, the rows, and the ranges of embedding dim,
+pooling factor and batch it saw (:class:`~planner.model.tables.gpu_lookup.FitRange`): a
+prediction outside them is flagged as extrapolated. The kernel measured is PyTorch's
+``nn.EmbeddingBag`` (FBGEMM's fused TBE was not installed on the GPU machine), which the file
+says; its backward (sparse gradients, not a fused update) is not used.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+from scipy.optimize import least_squares
+
+from simulator.errors import SpecError
+from simulator.hardware import gpu_spec
+
+__all__ = ["fit_gpu_embedding", "gpu_embedding_yaml", "MIN_TABLE_BYTES"]
+
+#: smallest table (bytes) whose gathers count as HBM reads: twice a 50 MB L2
+MIN_TABLE_BYTES = 100e6
+#: fewest lookups per call fitted: smaller calls (≤ 32,768 ids here) are dominated by the
+#: kernel's fixed cost, and one of them (pooling 1, 32,768 bags of 1 KiB rows) ran at a sixth of
+#: the others' rate, which the gather's rate cannot explain
+MIN_IDS = 65536
+_COLUMNS = ("rows", "dim", "pooling", "batch", "forward_s")
+
+
+def _read(folder: Path) -> tuple[pd.DataFrame, dict]:
+    csv = folder / "embedding.csv"
+    if not csv.is_file():
+        raise SpecError("no embedding.csv in the folder", source=str(folder), field="DIR",
+                        fix="measure it on the GPU: python -m planner.measure.compute.gpu "
+                            "--only embedding --out DIR")
+    try:
+        df = pd.read_csv(csv)
+    except (OSError, ValueError) as e:
+        raise SpecError(f"cannot read it ({e})", source=str(csv),
+                        fix="re-measure the folder") from None
+    missing = [c for c in _COLUMNS if c not in df.columns]
+    if missing:
+        raise SpecError(f"missing columns {', '.join(missing)}", source=str(csv),
+                        fix="re-measure with planner.measure.compute.gpu")
+    meta_path = folder / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    return df, meta
+
+
+def fit_gpu_embedding(folder: str | Path, gpu: str) -> dict:
+    """Fit ``folder``'s embedding.csv for catalog GPU ``gpu``; the file's content as a dict."""
+    folder = Path(folder)
+    spec = gpu_spec(gpu, field="--gpu")
+    df, meta = _read(folder)
+    df = df[(df.rows * df.dim * 4.0 >= MIN_TABLE_BYTES)
+            & (df.batch * df.pooling >= MIN_IDS)]
+    if len(df) < 4:
+        raise SpecError(f"only {len(df)} rows with tables of ≥ {MIN_TABLE_BYTES / 1e6:.0f} MB "
+                        f"and calls of ≥ {MIN_IDS:,} ids",
+                        source=str(folder / "embedding.csv"),
+                        fix="measure larger tables and batches (rows × dim × 4 ≥ 100 MB)")
+    hbm = float(spec.hbm_bandwidth_Bps)
+    ids = (df.batch * df.pooling).to_numpy(float)
+    row = (df.dim * 4.0).to_numpy(float)
+    outs = (df.batch * df.dim * 4.0).to_numpy(float)
+    meas = df.forward_s.to_numpy(float)
+
+    def model(p):
+        eff, ovh, call_us = p
+        return call_us * 1e-6 + (ids * (row + ovh + 8.0) + outs) / (hbm * eff)
+    fit = least_squares(lambda p: np.log(model(p) / meas), [0.8, 64.0, 5.0],
+                        bounds=([0.05, 0.0, 0.0], [1.0, 4096.0, 1000.0]))
+    eff, ovh, call_us = (float(x) for x in fit.x)
+    err = model(fit.x) / meas - 1.0
+    return {
+        "gpu": gpu,
+        "method": (f"Fitted by `clusterplan calibrate gpu-embedding {folder}` on "
+                   f"{datetime.date.today().isoformat()} to {len(df)} forward lookups of "
+                   f"torch.nn.EmbeddingBag(mode=sum) with uniform ids on {meta.get('gpu', gpu)} "
+                   f"(measured {meta.get('date_utc', '?')}, torch {meta.get('torch', '?')}); "
+                   f"tables of >= {MIN_TABLE_BYTES / 1e6:.0f} MB (gathers from HBM, not L2) and "
+                   f"calls of >= {MIN_IDS} ids only. "
+                   "Not FBGEMM's fused TBE, which was not installed there; the sparse-gradient "
+                   "backward is not used. Method: planner/measure/tables/fit_gpu.py."),
+        "kernel": "torch.nn.EmbeddingBag(mode='sum'), forward",
+        "hbm_efficiency": round(eff, 4),
+        "lookup_overhead_bytes": round(ovh, 2),
+        "call_overhead_s": float(f"{call_us * 1e-6:.4g}"),
+        "fit": {"rows": int(len(df)), "mape": round(float(np.mean(np.abs(err))), 4),
+                "worst": round(float(err[np.argmax(np.abs(err))]), 4)},
+        "range": {"embedding_dim": [int(df.dim.min()), int(df.dim.max())],
+                  "pooling_factor": [float(df.pooling.min()), float(df.pooling.max())],
+                  "batch": [int(df.batch.min()), int(df.batch.max())]},
+    }
+
+
+def gpu_embedding_yaml(doc: dict) -> str:
+    """The file text: a header comment, then ``doc``."""
+    return ("# Row-gather constants of the lookup model on this GPU, MEASURED (see method);\n"
+            "# read by planner/model/tables/gpu_lookup.py.\n"
+            + yaml.safe_dump(doc, sort_keys=False, width=100))

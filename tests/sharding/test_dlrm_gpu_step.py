@@ -1,0 +1,211 @@
+"""The GPU DLRM step built from its costs: dense ops one by one on the measured curves with the
+host's dispatch floor, the dense optimizer, TorchRec's pipelined input dist, the measured
+row-gather constants and the flags for inputs outside what they were measured on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from simulator.compute import op_time
+from simulator.errors import SpecError
+
+from planner.measure.tables.fit_gpu import fit_gpu_embedding
+from planner.model.llm.host import host_overhead_for
+from planner.model.tables.dense import ACTIVATION_BYTES, dense_op_list, dense_pass_times
+from planner.model.tables.gpu_lookup import load_gpu_lookup
+from planner.model.tables.spec import ModelSpec, TableSpec, load_model_spec
+from planner.model.tables.task import ShardingTask, prepare
+from planner.model.tables.trainer import DlrmTrainer, dlrm_trainer_from_mapping
+from planner.sharding.planners import get_planner
+from planner.workloads.dlrm.dense import mlp_flops
+from planner.workloads.dlrm.step import simulate_step
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def _problem(spec="mlperf-dcnv2", topo="dgx-h100", n=8, **trainer):
+    m = load_model_spec(spec)
+    if trainer:
+        m = replace(m, trainer=DlrmTrainer(**trainer))
+    return prepare(ShardingTask(model=m, topology=topo), n)
+
+
+def test_dense_ops_count_every_gemm_of_the_model():
+    """Closed form: the op list's GEMM FLOPs are the forward's (mlp_flops) once forward and twice
+    backward, less the bottom MLP's first input gradient (dense features need none)."""
+    p = _problem()
+    d, dims, b = p.model.dense, [t.embedding_dim for t in p.model.tables], p.cost.local_batch
+    ops = dense_op_list(d, dims, b, elem_bytes=2.0)
+    fl = mlp_flops(p)
+    fwd = sum(f for _, ph, f, _ in ops if ph == "fwd")
+    bwd = sum(f for _, ph, f, _ in ops if ph == "bwd")
+    first = 2.0 * b * d.num_dense_features * d.bottom_mlp[0]
+    assert fwd == pytest.approx(fl["bottom"] + fl["top"], rel=1e-12)
+    assert bwd == pytest.approx(2 * (fl["bottom"] + fl["top"]) - first, rel=1e-12)
+    ops4 = dense_op_list(d, dims, b, elem_bytes=4.0)
+    assert sum(x[3] for x in ops4) == pytest.approx(2 * sum(x[3] for x in ops), rel=1e-12)
+
+
+def test_dcnv2_elementwise_traffic_is_not_free_on_h100():
+    """At 8,192 samples per GPU DCNv2's eager elementwise ops (3,456-wide bf16 activations)
+    take more than half the GEMMs' time: a roofline of the FLOPs alone misses it."""
+    p = _problem()
+    d, dims = p.model.dense, [t.embedding_dim for t in p.model.tables]
+    ops = dense_op_list(d, dims, p.cost.local_batch, elem_bytes=ACTIVATION_BYTES["bf16"])
+    prof = p.cost.profile
+    gemm = sum(op_time(prof, flops=f, bytes_moved=b, dtype="bf16") for _, _, f, b in ops if f)
+    elem = sum(op_time(prof, flops=0.0, bytes_moved=b) for _, _, f, b in ops if not f)
+    assert elem > 0.5 * gemm
+    dense = p.cost.dense_costs()
+    assert dense["mlp_fwd_s"] + dense["mlp_bwd_s"] == pytest.approx(gemm + elem, rel=0.02)
+
+
+def test_eager_dispatch_floor_binds_at_small_batches_only():
+    p = _problem()
+    d, dims = p.model.dense, [t.embedding_dim for t in p.model.tables]
+    host = host_overhead_for("h100-sxm")
+    kw = dict(optimizer="adagrad", profile=p.cost.profile)
+    tiny = dense_pass_times(d, dims, 64, host=host, **kw)
+    graphs = dense_pass_times(d, dims, 64, host=None, **kw)
+    n_fwd = sum(1 for op in dense_op_list(d, dims, 64) if op[1] == "fwd")
+    fwd = sum(v for (_, ph), v in tiny.passes.items() if ph == "fwd")
+    assert tiny.host_bound_ops > tiny.ops // 2
+    assert fwd >= n_fwd * host.forward_op_s * (1 - 1e-9)
+    assert sum(graphs.passes.values()) < 0.6 * sum(tiny.passes.values())
+    big = dense_pass_times(d, dims, 8192, host=host, **kw)
+    assert big.host_bound_ops < big.ops // 3          # only the tiny ones (biases, loss)
+
+
+def test_dense_optimizer_streams_its_state_once():
+    p = _problem()
+    d, dims = p.model.dense, [t.embedding_dim for t in p.model.tables]
+    params = d.param_count(dims)
+    opt = p.cost.dense_times().optimizer_s
+    hbm = p.topology.gpu.hbm_bandwidth_Bps
+    # rowwise_adagrad dense: weights, gradient, accumulator read, weights, accumulator written
+    assert 20 * params / hbm < opt < 20 * params / (0.5 * hbm)
+
+
+def _plan_and_sim(problem, **kw):
+    task = ShardingTask(model=problem.model, topology=problem.topology_ref)
+    plan = get_planner("greedy").plan(task, problem.devices, seed=0)
+    return simulate_step(problem, plan.shardings, **kw)
+
+
+def test_pipelined_input_dist_overlaps_the_lookups():
+    piped = _plan_and_sim(_problem())
+    plain = _plan_and_sim(_problem(pipeline="none"))
+    per = piped.result.per_device()
+    look = per[per.name == "lookups_fwd"].start_s.max()
+    bottom = per[per.name == "bottom_mlp_fwd"].end_s.max()
+    assert look <= bottom + 1e-12                         # right after the bottom MLP: no wait
+    assert look < per[per.name == "input_a2a"].end_s.max()    # for this batch's ids
+    per2 = plain.result.per_device()
+    ids_end = per2[per2.name == "input_a2a"].end_s.max()
+    assert per2[per2.name == "lookups_fwd"].start_s.min() >= ids_end - 1e-12
+    assert piped.step_time_s < plain.step_time_s
+
+
+def test_gpu_lookup_constants_are_the_measured_fit():
+    for gpu in ("h100-sxm", "h200"):
+        shipped = load_gpu_lookup(gpu)
+        refit = fit_gpu_embedding(REPO / "traces" / "measured" / gpu, gpu)
+        assert shipped.hbm_efficiency == pytest.approx(refit["hbm_efficiency"], abs=2e-3)
+        assert shipped.lookup_overhead_bytes == pytest.approx(
+            refit["lookup_overhead_bytes"], rel=0.01)
+        assert refit["fit"]["mape"] < 0.15 and abs(refit["fit"]["worst"]) < 0.3
+    cm = _problem().cost
+    assert cm.config.hbm_efficiency == load_gpu_lookup("h100-sxm").hbm_efficiency
+    assert cm.hbm_Bps == pytest.approx(cm.topo.gpu.hbm_bandwidth_Bps
+                                       * load_gpu_lookup("h100-sxm").hbm_efficiency)
+    assert load_gpu_lookup("a100-80gb") is None
+
+
+def test_extrapolation_is_flagged():
+    within = ModelSpec(name="w", batch_size=16384, tables=(
+        TableSpec(name="a", num_embeddings=10_000_000, embedding_dim=64, pooling_factor=20),))
+    p = prepare(ShardingTask(model=within, topology="dgx-h100"), 8)
+    assert p.cost.extrapolated() == []
+    wide = replace(within, tables=(replace(within.tables[0], embedding_dim=512,
+                                           pooling_factor=100),), batch_size=65536)
+    lines = prepare(ShardingTask(model=wide, topology="dgx-h100"), 8).cost.extrapolated()
+    text = " ".join(lines)
+    assert "embedding_dim of a (512)" in text and "pooling_factor of a (100)" in text
+    assert "batch 65,536" in text and "embedding-h100-sxm.yaml" in text
+    prior = prepare(ShardingTask(model=within, topology="dgx-a100"), 8).cost.extrapolated()
+    assert len(prior) == 1 and "priors" in prior[0]
+
+
+def test_cpu_profile_range_comes_from_its_points():
+    p = prepare(ShardingTask(model=load_model_spec("criteo-dlrm").with_overrides(
+        batch_size=2048), topology="localhost-gloo:node.gpus=8"), 8)
+    rng = p.cost.fit_range
+    assert rng is not None and rng.source == "cpu-embedding.yaml"
+    assert rng.embedding_dim[0] >= 1 and rng.batch[1] >= rng.batch[0] > 0
+    assert any("embedding_dim" in x for x in p.cost.extrapolated()) == (
+        not rng.embedding_dim[0] <= 128 <= rng.embedding_dim[1])
+
+
+def test_trainer_section_parses_and_rejects():
+    assert dlrm_trainer_from_mapping(None, source="s") == DlrmTrainer()
+    with pytest.raises(SpecError) as e:
+        dlrm_trainer_from_mapping({"pipeline": "sometimes"}, source="s.yaml")
+    assert e.value.field == "trainer.pipeline"
+    with pytest.raises(SpecError) as e:
+        dlrm_trainer_from_mapping({"cuda_graph": True}, source="s.yaml")
+    assert e.value.field == "trainer.cuda_graph"
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+
+
+def test_cli_trainer_set_and_throughput(tmp_path):
+    r = _cli("plan", "mlperf-dcnv2", "--devices", "8", "--topology", "dgx-h100", "--simulate",
+             "--json", "--trainer-set", "dispatch=graphs")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    sim = doc["simulation"]
+    assert sim["trainer"] == {"pipeline": "sparse_dist", "dispatch": "graphs"}
+    assert sim["samples_per_s"] == pytest.approx(65536 / sim["step_time_s"])
+    assert any("pooling_factor" in x for x in doc["extrapolated"])
+    bad = _cli("plan", "mlperf-dcnv2", "--devices", "8", "--topology", "dgx-h100",
+               "--trainer-set", "dispatch=sometimes")
+    assert bad.returncode == 2 and "dispatch" in bad.stderr and "Traceback" not in bad.stderr
+    spec = tmp_path / "t.yaml"
+    spec.write_text("tables: [{name: a, num_embeddings: 1000, embedding_dim: 16}]\n"
+                    "trainer: {pipeline: maybe}\n")
+    bad = _cli("plan", str(spec), "--devices", "2", "--topology", "dgx-h100")
+    assert bad.returncode == 2 and "trainer.pipeline" in bad.stderr
+
+
+def test_cli_calibrate_gpu_embedding_writes_a_loadable_file(tmp_path):
+    out = tmp_path / "e.yaml"
+    r = _cli("calibrate", "gpu-embedding", "traces/measured/h200", "--gpu", "h200",
+             "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    import yaml
+    doc = yaml.safe_load(out.read_text())
+    assert doc["hbm_efficiency"] == pytest.approx(load_gpu_lookup("h200").hbm_efficiency,
+                                                  abs=2e-3)
+    assert doc["range"]["embedding_dim"] == [16, 256]
+    r = _cli("calibrate", "gpu-embedding", str(tmp_path), "--gpu", "h200")
+    assert r.returncode == 2 and "embedding.csv" in r.stderr
+
+
+def test_step_time_rises_with_dense_work_not_by_a_factor():
+    """The step's dense categories are the op-by-op passes, not a multiple of the roofline."""
+    p = _problem()
+    sim = _plan_and_sim(p)
+    d = p.cost.dense_costs()
+    assert sim.breakdown_s["mlp_fwd"] == pytest.approx(d["mlp_fwd_s"], rel=1e-9)
+    assert sim.breakdown_s["mlp_bwd"] == pytest.approx(d["mlp_bwd_s"], rel=1e-9)
+    assert sim.breakdown_s["optimizer"] == pytest.approx(d["optimizer_s"], rel=1e-9)
+    assert np.isfinite(sim.step_time_s) and sim.step_time_s > d["mlp_fwd_s"] + d["mlp_bwd_s"]
