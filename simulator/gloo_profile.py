@@ -123,6 +123,9 @@ class GlooProfile:
     torchrec: Mapping[str, Any] | None = None
     #: the co-running embedding-lookup probe (``lookup:``, read by the planner's DLRM validation)
     lookup: Mapping[str, Any] | None = None
+    #: page faults of new tensors: ``(threshold bytes, bytes per second)`` (``fresh_alloc:``);
+    #: None when the profile predates the probe
+    fresh_alloc: tuple[float, float] | None = None
 
     def comm_time_s(self, kind: str, nranks: int, nbytes: float, gap_s: float = 0.0
                     ) -> float | None:
@@ -141,6 +144,19 @@ class GlooProfile:
         i = bisect.bisect_right([g for g, _ in pts], gap_s)
         (g0, e0), (g1, e1) = pts[i - 1], pts[i]
         return e0 + (e1 - e0) * math.log(gap_s / g0) / math.log(g1 / g0)
+
+
+def _fresh_alloc(section: Any, source: str) -> tuple[float, float] | None:
+    if not isinstance(section, Mapping) or section.get("Bps") is None:
+        return None
+    try:
+        out = (float(section["threshold_bytes"]), float(section["Bps"]))
+    except (KeyError, TypeError, ValueError):
+        out = (float("nan"), float("nan"))
+    if not (out[0] >= 0 and out[1] > 0):
+        raise SpecError("fresh_alloc needs threshold_bytes >= 0 and Bps > 0", source=source,
+                        field="fresh_alloc", fix="write it again with clusterplan calibrate gloo")
+    return out
 
 
 def gloo_profile_from_dict(doc: Mapping[str, Any], *, source: str = "<dict>") -> GlooProfile:
@@ -201,7 +217,7 @@ def gloo_profile_from_dict(doc: Mapping[str, Any], *, source: str = "<dict>") ->
                        torchrec=doc.get("torchrec") if isinstance(doc.get("torchrec"), Mapping)
                        else None,
                        lookup=doc.get("lookup") if isinstance(doc.get("lookup"), Mapping)
-                       else None)
+                       else None, fresh_alloc=_fresh_alloc(doc.get("fresh_alloc"), source))
 
 
 def load_gloo_profile(path: str | Path) -> GlooProfile:

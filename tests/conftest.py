@@ -10,6 +10,19 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """Host calibrations the tests measure go to a temporary folder, not the user's cache."""
+    import os
+    old = os.environ.get("CLUSTERPLAN_CACHE")
+    os.environ["CLUSTERPLAN_CACHE"] = str(tmp_path_factory.mktemp("clusterplan-cache"))
+    yield
+    if old is None:
+        os.environ.pop("CLUSTERPLAN_CACHE", None)
+    else:
+        os.environ["CLUSTERPLAN_CACHE"] = old
+
+
 @pytest.fixture
 def star8():
     """Eight GPUs on one switch: 100 GB/s per direction, 1 µs per hop, alpha 2 µs, no overheads."""

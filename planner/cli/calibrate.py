@@ -21,6 +21,7 @@ from planner.measure.compute.fit import profile_from_measurements, read_measurem
 from planner.measure.compute.host import host_overhead_yaml, measure_host_overhead
 from planner.measure.network.fit import fit_collective_profile, read_nccl_table
 from planner.measure.tables.fit_gpu import fit_gpu_embedding, gpu_embedding_yaml
+from planner.measure.validate.cache import store_calibration
 from planner.measure.validate.calibrate import GlooCalibration, measure_gloo, summary_lines
 from planner.model.tables.gpu_lookup import gpu_lookup_file
 
@@ -209,7 +210,8 @@ def _calibrate_gloo(args) -> int:
     doc = measure_gloo(GlooCalibration(world=args.nproc, rounds=args.rounds))
     atomic_write(args.out, "# clusterplan calibrate gloo: see planner/measure/validate/calibrate.py\n"
                   + yaml.safe_dump(doc, sort_keys=False, width=100))
-    emit(args, doc, "\n".join(summary_lines(doc) + [f"wrote {args.out}"]))
+    cached = store_calibration(doc, args.nproc)      # what `validate unseen` reads on this host
+    emit(args, doc, "\n".join(summary_lines(doc) + [f"wrote {args.out} and {cached}"]))
     return 0
 
 

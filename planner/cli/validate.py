@@ -20,6 +20,7 @@ from planner.measure.validate.config import SCHEDULES, Scale, load_source, parse
 from planner.measure.validate.dlrm import is_sharding_plan, load_dlrm_config
 from planner.measure.validate.dlrm_report import format_dlrm_report, validate_dlrm
 from planner.measure.validate.report import format_report, validate
+from planner.cli.validate_unseen import run_unseen
 
 __all__ = ["register", "run", "load_calibration"]
 
@@ -35,13 +36,17 @@ def register(p: argparse.ArgumentParser) -> None:
                      "--devices N --out plan.json) runs in TorchRec's "
                      "DistributedModelParallel instead, its collectives compared with the "
                      "simulator's TorchRec step. See planner/measure/validate/README.md.")
-    p.add_argument("source", metavar="MODEL|PLAN.json",
-                   help="model spec (YAML path or built-in name) or a plan from clusterplan plan")
+    p.add_argument("source", metavar="MODEL|PLAN.json|unseen",
+                   help="model spec (YAML path or built-in name), a plan from clusterplan plan, "
+                        "or `unseen`: seeded sharding plans of table sets nothing was fitted to "
+                        "(--sets, --seed; planner/measure/validate/unseen.py)")
     p.add_argument("--parallel", metavar="SPEC",
                    help="layout to run, e.g. tp=2,pp=2,dp=1 (overrides the plan's)")
     p.add_argument("--nproc", type=int, metavar="N", help="processes (= tp·pp·dp; fills dp)")
-    p.add_argument("--steps", type=int, default=3, metavar="K", help="measured steps (3)")
-    p.add_argument("--warmup", type=int, default=1, metavar="W", help="warm-up steps (1)")
+    p.add_argument("--steps", type=int, default=None, metavar="K",
+                   help="measured steps (3; unseen: 10)")
+    p.add_argument("--warmup", type=int, default=None, metavar="W",
+                   help="warm-up steps (1; unseen: 3)")
     p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
     p.add_argument("--schedule", default="1f1b", choices=SCHEDULES,
                    help="pipeline schedule (1f1b is interleaved when vpp > 1)")
@@ -78,6 +83,11 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="the plan's table spec (default: the plan's task.source)")
     d.add_argument("--batch-size", type=int, default=None, metavar="B",
                    help="global batch of the run and the prediction (default: the plan's)")
+    u = p.add_argument_group("unseen plans (clusterplan validate unseen)")
+    u.add_argument("--sets", type=int, default=12, metavar="N",
+                   help="random table sets, up to 4 plans each (12)")
+    u.add_argument("--seed", type=int, default=0, help="seed of the family (0)")
+    u.add_argument("--out", metavar="FILE", help="write every row and the summary as JSON")
     p.set_defaults(func=run)
 
 
@@ -95,6 +105,13 @@ def _positive(value, flag: str, minimum: float = 1) -> None:
 
 
 def run(args) -> int:
+    unseen = args.source == "unseen"
+    if args.steps is None:
+        args.steps = 10 if unseen else 3
+    if args.warmup is None:
+        args.warmup = 3 if unseen else 1
+    if unseen:
+        return run_unseen(args)
     if is_sharding_plan(args.source):
         return _run_dlrm(args)
     if args.backend != "gloo":

@@ -43,13 +43,13 @@ def test_dense_ops_count_every_gemm_of_the_model():
     d, dims, b = p.model.dense, [t.embedding_dim for t in p.model.tables], p.cost.local_batch
     ops = dense_op_list(d, dims, b, elem_bytes=2.0)
     fl = mlp_flops(p)
-    fwd = sum(f for _, ph, f, _ in ops if ph == "fwd")
-    bwd = sum(f for _, ph, f, _ in ops if ph == "bwd")
+    fwd = sum(op.flops for op in ops if op.phase == "fwd")
+    bwd = sum(op.flops for op in ops if op.phase == "bwd")
     first = 2.0 * b * d.num_dense_features * d.bottom_mlp[0]
     assert fwd == pytest.approx(fl["bottom"] + fl["top"], rel=1e-12)
     assert bwd == pytest.approx(2 * (fl["bottom"] + fl["top"]) - first, rel=1e-12)
     ops4 = dense_op_list(d, dims, b, elem_bytes=4.0)
-    assert sum(x[3] for x in ops4) == pytest.approx(2 * sum(x[3] for x in ops), rel=1e-12)
+    assert sum(x.bytes for x in ops4) == pytest.approx(2 * sum(x.bytes for x in ops), rel=1e-12)
 
 
 def test_dcnv2_elementwise_traffic_is_not_free_on_h100():
@@ -59,8 +59,9 @@ def test_dcnv2_elementwise_traffic_is_not_free_on_h100():
     d, dims = p.model.dense, [t.embedding_dim for t in p.model.tables]
     ops = dense_op_list(d, dims, p.cost.local_batch, elem_bytes=ACTIVATION_BYTES["bf16"])
     prof = p.cost.profile
-    gemm = sum(op_time(prof, flops=f, bytes_moved=b, dtype="bf16") for _, _, f, b in ops if f)
-    elem = sum(op_time(prof, flops=0.0, bytes_moved=b) for _, _, f, b in ops if not f)
+    gemm = sum(op_time(prof, flops=o.flops, bytes_moved=o.bytes, dtype="bf16") for o in ops
+               if o.flops)
+    elem = sum(op_time(prof, flops=0.0, bytes_moved=o.bytes) for o in ops if not o.flops)
     assert elem > 0.5 * gemm
     dense = p.cost.dense_costs()
     assert dense["mlp_fwd_s"] + dense["mlp_bwd_s"] == pytest.approx(gemm + elem, rel=0.02)

@@ -27,13 +27,14 @@ def test_dense_ops_count_the_spec_flops():
     dims = [64, 32, 16]
     ops = dense_op_list(d, dims, 1024)
     ls = d.layers(dims)
-    fwd = sum(f for _, ph, f, _ in ops if ph == "fwd")
+    fwd = sum(op.flops for op in ops if op.phase == "fwd")
     want = sum(2 * 1024 * i * o for i, o in ls["bottom"] + ls["interaction"] + ls["top"])
     assert fwd == pytest.approx(want)
     # backward: dW everywhere, dX everywhere but the bottom MLP's first layer (no input grad)
-    bwd = sum(f for _, ph, f, _ in ops if ph == "bwd")
+    bwd = sum(op.flops for op in ops if op.phase == "bwd")
     assert bwd == pytest.approx(2 * want - 2 * 1024 * 13 * 128)
-    assert all(b > 0 for *_, b in ops)
+    assert all(op.bytes > 0 for op in ops)
+    assert all(0 <= op.out_bytes <= op.bytes for op in ops)
     assert dense_op_list(None, dims, 1024) == []
 
 

@@ -77,6 +77,11 @@ GEMM_MAX_FLOPS = 2.2e9                                 # shapes above are left o
 COLD_POOL_BYTES = 96 * 2 ** 20                         # > the 32 MiB L3: operands come cold
 HOST_SAMPLES = 31                                      # cold passes per host-time figure
 MEMORY_BYTES = tuple(4096 * 4 ** i for i in range(8))  # per array, 4 KiB .. 64 MiB
+#: new tensors timed against reused ones (page faults above glibc's mmap threshold)
+FRESH_BYTES = (16 * 2 ** 20, 64 * 2 ** 20, 256 * 2 ** 20)
+#: glibc's largest dynamic mmap threshold on 64-bit (mallopt(3): DEFAULT_MMAP_THRESHOLD_MAX):
+#: a block above it is always mapped anew and returned to the kernel when freed
+MMAP_THRESHOLD_BYTES = 32 * 2 ** 20
 ATTN_HEADS = (2, 4, 8)                                 # causal SDPA, KV heads = heads / 4
 ATTN_SEQ = (32, 64, 128, 256)
 ATTN_HEAD_DIM = (32, 64)
@@ -223,7 +228,8 @@ def _sync_time(dist, torch, fn, min_s: float, samples: int = 3) -> float:
 
 def _time_compute(dist, torch, min_s: float, *, quick: bool = False) -> dict:
     import torch.nn.functional as F
-    rows = {"matmul": [], "memory": [], "launch": [], "attention": [], "attention_backward": []}
+    rows = {"matmul": [], "memory": [], "launch": [], "attention": [], "attention_backward": [],
+            "fresh": []}
     pick = (lambda xs: xs[::2]) if quick else (lambda xs: xs)
     for t in pick(GEMM_T):
         for k in pick(GEMM_K):
@@ -273,6 +279,12 @@ def _time_compute(dist, torch, min_s: float, *, quick: bool = False) -> dict:
         c = torch.empty_like(a)
         rows["memory"].append((3.0 * nbytes, _sync_time(dist, torch,
                                                         lambda: torch.add(a, b, out=c), min_s)))
+    for nbytes in pick(FRESH_BYTES):
+        keep = torch.empty(nbytes // 4)
+        reuse = _sync_time(dist, torch, lambda: keep.fill_(1.0), min_s)
+        fresh = _sync_time(dist, torch, lambda: torch.empty(nbytes // 4).fill_(1.0), min_s)
+        rows["fresh"].append((float(nbytes), fresh, reuse))
+        del keep
     one, two, out = torch.ones(1), torch.ones(1), torch.empty(1)
     rows["launch"].append(_sync_time(dist, torch, lambda: torch.add(one, two, out=out), min_s))
     return rows
@@ -388,6 +400,9 @@ def profile_document(ranks: list[dict], cfg: GlooCalibration, *, load: dict | No
                 per_round.append(statistics.median(max(rep) for rep in reps))
             rows.append([float(_bytes(kind, size, world)), _sig(statistics.median(per_round))])
             spreads.append(_median_rel_spread(per_round))
+        # sizes rounded to a multiple of the world can coincide (4 and 8 B on 4 ranks): keep
+        # the first of each, so the table's sizes increase
+        rows = [r for i, r in enumerate(rows) if i == 0 or r[0] > rows[i - 1][0]]
         # a size measured no slower than a larger one keeps the table monotone in time
         for i in range(len(rows) - 2, -1, -1):
             rows[i][1] = min(rows[i][1], rows[i + 1][1])
@@ -464,6 +479,8 @@ def profile_document(ranks: list[dict], cfg: GlooCalibration, *, load: dict | No
                     "attention_fp32": attn["attention"],
                     "attention_backward_fp32": attn["attention_backward"]},
         **({"lookup": _lookup_section(ranks, rounds)} if "lookup" in ranks[0] else {}),
+        **({"fresh_alloc": _fresh_section(ranks, rounds)}
+           if ranks[0]["compute"][0].get("fresh") else {}),
         "host_block_s": host["swiglu"],
         "host_block_gelu_s": host["gelu"],
         f"host_block_tp{world}_s": host[f"tp{world}"],
@@ -499,6 +516,21 @@ def _nonneg_line(points: list) -> list:
     if a < 0:                               # through the origin instead
         a, b = 0.0, max(0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs))
     return [(x, a + b * x) for x in xs]
+
+
+def _fresh_section(ranks: list[dict], rounds: int) -> dict:
+    """Page-fault cost of new tensors: per size the slowest rank's extra time of a new tensor
+    over a reused one (median over rounds), and the bytes per second above the mmap threshold."""
+    points = []
+    for i, row in enumerate(ranks[0]["compute"][0]["fresh"]):
+        extra = statistics.median(max(r["compute"][rnd]["fresh"][i][1]
+                                      - r["compute"][rnd]["fresh"][i][2] for r in ranks)
+                                  for rnd in range(rounds))
+        points.append([row[0], _sig(max(0.0, extra))])
+    above = [b / e for b, e in points if b > MMAP_THRESHOLD_BYTES and e > 0]
+    return {"what": "extra seconds of torch.empty(n).fill_ over filling a kept tensor, by bytes",
+            "threshold_bytes": MMAP_THRESHOLD_BYTES, "points": points,
+            "Bps": _sig(statistics.median(above)) if above else None}
 
 
 def _bytes(kind: str, size: int, world: int) -> int:

@@ -124,7 +124,8 @@ def predicted(cfg: DLRMRunConfig, step: int, calibration=None) -> dict:
             host = [sum(hc[k][0] + hc[k][1] * size_measure(k, cfg, ops, r) for k in types)
                     - base * max(0, len(types) - 1) for r in range(cfg.world)]
         w = build_torchrec_step_workload(problem, cfg.shardings, ops,
-                                         compute=calibration.compute, host_s=host)
+                                         compute=calibration.compute, host_s=host,
+                                         fresh=calibration.fresh_alloc)
         res = simulate(problem.topology, w, compute=calibration.compute,
                        measured_comm=calibration)
     per = res.per_device()
@@ -165,7 +166,8 @@ def _host_costs(calibration, world: int) -> dict:
             problem = _problem(cfg, calibration)
             w = build_torchrec_step_workload(problem, cfg.shardings,
                                              expected_ops(cfg, cfg.warmup),
-                                             compute=calibration.compute, host_s=host)
+                                             compute=calibration.compute, host_s=host,
+                                             fresh=calibration.fresh_alloc)
             return simulate(problem.topology, w, compute=calibration.compute,
                             measured_comm=calibration).step_time_s
         _HOST_COSTS[key] = (calibration, host_costs(calibration, world, sim))

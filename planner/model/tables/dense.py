@@ -13,14 +13,14 @@ of :func:`dense_op_list` one by one on the device's measured GEMM and memory cur
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from simulator.compute import ComputeProfile, op_time
 
 from planner.model.llm.host import HostOverhead
 
-__all__ = ["dense_op_list", "dense_pass_times", "DenseTimes", "optimizer_bytes_per_param",
-           "ACTIVATION_BYTES"]
+__all__ = ["dense_op_list", "dense_pass_times", "DenseOp", "DenseTimes",
+           "optimizer_bytes_per_param", "fresh_alloc_s", "ACTIVATION_BYTES"]
 
 #: bytes per activation element the dense part moves, by its compute dtype
 ACTIVATION_BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0}
@@ -47,8 +47,19 @@ class DenseTimes:
     ops: int
 
 
+def fresh_alloc_s(nbytes: float, fresh: tuple[float, float] | None) -> float:
+    """Seconds a CPU spends giving a new tensor of ``nbytes`` its pages: ``fresh`` is
+    ``(threshold bytes, bytes per second)`` as :mod:`planner.measure.validate.calibrate`
+    measures it (glibc returns allocations above its mmap threshold to the kernel when freed,
+    so each new one page-faults all its pages); 0 below the threshold or without ``fresh``."""
+    if fresh is None or nbytes < fresh[0]:
+        return 0.0
+    return nbytes / fresh[1]
+
+
 def dense_pass_times(d, dims: Sequence[int], batch: float, *, optimizer: str,
-                     profile: ComputeProfile, host: HostOverhead | None) -> DenseTimes:
+                     profile: ComputeProfile, host: HostOverhead | None,
+                     fresh: tuple[float, float] | None = None) -> DenseTimes:
     """Time the dense part ``d`` (a :class:`~planner.model.tables.spec.DenseSpec` or None) on
     one rank of ``batch`` samples, op by op (see the module docstring): each op
     ``max(kernel, host dispatch)`` with the kernel from ``profile``'s curves at the dense
@@ -58,8 +69,9 @@ def dense_pass_times(d, dims: Sequence[int], batch: float, *, optimizer: str,
     ops = dense_op_list(d, dims, batch, elem_bytes=ACTIVATION_BYTES.get(d.dtype, 4.0))
     passes: dict = {}
     bound = 0
-    for block, phase, flops, nbytes in ops:
-        kernel = op_time(profile, flops=flops, bytes_moved=nbytes, dtype=d.dtype)
+    for block, phase, flops, nbytes, new in ops:
+        kernel = op_time(profile, flops=flops, bytes_moved=nbytes, dtype=d.dtype) \
+            + fresh_alloc_s(new, fresh)
         floor = 0.0 if host is None else (host.forward_op_s if phase == "fwd"
                                           else host.backward_op_s)
         bound += floor > kernel
@@ -72,60 +84,78 @@ def dense_pass_times(d, dims: Sequence[int], batch: float, *, optimizer: str,
     return DenseTimes(passes, opt, int(bound), len(ops))
 
 
+class DenseOp(NamedTuple):
+    """One eager op of the dense part: ``block`` (``bottom`` or ``top``), ``phase`` (``fwd``
+    or ``bwd``), its FLOPs, the bytes it reads and writes, and the bytes of the new tensor it
+    allocates for its output (0 when it writes a view or in place)."""
+
+    block: str
+    phase: str
+    flops: float
+    bytes: float
+    out_bytes: float
+
+
 def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float = 4.0
-                  ) -> list[tuple[str, str, float, float]]:
+                  ) -> list[DenseOp]:
     """The dense part's ops as the validation model (:mod:`planner.measure.validate.dlrm_worker`)
-    runs them eagerly on ``batch`` samples per rank: ``(block, phase, flops, bytes)`` with
-    ``block`` ``bottom`` or ``top`` (interaction and top MLP), ``phase`` ``fwd`` or ``bwd``:
-    every GEMM with its real shape, and the elementwise ops around them (bias, ReLU and their
-    backward, DCNv2's products and sums, the concatenation, the loss), fp32 bytes read and
-    written at ``elem_bytes`` per element (4: fp32, as the CPU validation model runs; 2 for
-    bf16/fp16 activations on a GPU). Empty without a dense part."""
+    runs them eagerly on ``batch`` samples per rank (:class:`DenseOp`): every GEMM with its
+    real shape, and the elementwise ops around them (bias, ReLU and their backward, DCNv2's
+    products and sums, the concatenation, the loss), bytes read and written at ``elem_bytes``
+    per element (4: fp32, as the CPU validation model runs; 2 for bf16/fp16 activations on a
+    GPU). Empty without a dense part."""
     if dense is None:
         return []
-    B, f4 = float(batch), float(elem_bytes)
-    out: list[tuple[str, str, float, float]] = []
+    B, e = float(batch), float(elem_bytes)
+    out: list[DenseOp] = []
     ls = dense.layers(dims)
+
+    def op(block, phase, flops, elems, new):
+        out.append(DenseOp(block, phase, float(flops), e * elems, e * new))
 
     def mlp(block, layers, first_needs_grad):
         for k, (i, o) in enumerate(layers):
             last = k == len(layers) - 1
-            out.append((block, "fwd", 2 * B * i * o, f4 * (B * i + i * o + 2 * B * o)))
+            op(block, "fwd", 2 * B * i * o, B * i + i * o + 2 * B * o, B * o)
             if not last:
-                out.append((block, "fwd", 0.0, f4 * 2 * B * o))                    # relu
-                out.append((block, "bwd", 0.0, f4 * 3 * B * o))                    # relu bwd
-            out.append((block, "bwd", 2 * B * i * o, f4 * (B * o + B * i + i * o)))   # dW
-            out.append((block, "bwd", 0.0, f4 * (B * o + o)))                      # db
+                op(block, "fwd", 0.0, 2 * B * o, B * o)                             # relu
+                op(block, "bwd", 0.0, 3 * B * o, B * o)                             # relu bwd
+            op(block, "bwd", 2 * B * i * o, B * o + B * i + i * o, i * o)           # dW
+            op(block, "bwd", 0.0, B * o + o, o)                                     # db
             if k > 0 or first_needs_grad:
-                out.append((block, "bwd", 2 * B * i * o, f4 * (B * o + i * o + B * i)))  # dX
+                op(block, "bwd", 2 * B * i * o, B * o + i * o + B * i, B * i)       # dX
     mlp("bottom", ls["bottom"], False)
     f = len(dims) + 1
+    top_in = ls["top"][0][0]
     if dense.interaction == "dot":
         d = ls["interaction"][0][0]
-        top_in = ls["top"][0][0]
-        out.append(("top", "fwd", 0.0, f4 * 2 * B * f * d))                        # stack
-        out.append(("top", "fwd", 2 * B * f * f * d, f4 * (2 * B * f * d + B * f * f)))  # bmm
-        out.append(("top", "fwd", 0.0, f4 * 2 * B * f * f))                        # triu gather
-        out.append(("top", "fwd", 0.0, f4 * 2 * B * top_in))                       # cat
-        out.append(("top", "bwd", 0.0, f4 * 2 * B * top_in))                       # cat bwd
-        out.append(("top", "bwd", 0.0, f4 * 3 * B * f * f))                        # scatter
-        out += [("top", "bwd", 2 * B * f * f * d, f4 * (2 * B * f * d + B * f * f))] * 2
-        out.append(("top", "bwd", 0.0, f4 * 3 * B * f * d))                        # sum grads
-        out.append(("top", "bwd", 0.0, f4 * 2 * B * f * d))                        # unstack
+        op("top", "fwd", 0.0, 2 * B * f * d, B * f * d)                             # stack
+        op("top", "fwd", 2 * B * f * f * d, 2 * B * f * d + B * f * f, B * f * f)   # bmm
+        op("top", "fwd", 0.0, 2 * B * f * f, B * f * f / 2)                         # triu gather
+        op("top", "fwd", 0.0, 2 * B * top_in, B * top_in)                           # cat
+        op("top", "bwd", 0.0, 2 * B * top_in, 0.0)                                  # cat bwd
+        op("top", "bwd", 0.0, 3 * B * f * f, B * f * f)                             # scatter
+        for _ in range(2):
+            op("top", "bwd", 2 * B * f * f * d, 2 * B * f * d + B * f * f, B * f * d)
+        op("top", "bwd", 0.0, 3 * B * f * d, B * f * d)                             # sum grads
+        op("top", "bwd", 0.0, 2 * B * f * d, 0.0)                                   # unstack
     else:
-        top_in = ls["top"][0][0]
         p = dense.dcn_projection
         x = B * top_in
-        out.append(("top", "fwd", 0.0, f4 * 2 * x))                                # cat
-        out.append(("top", "bwd", 0.0, f4 * 2 * x))                                # cat bwd
+        op("top", "fwd", 0.0, 2 * x, x)                                             # cat
+        op("top", "bwd", 0.0, 2 * x, 0.0)                                           # cat bwd
         for _ in range(dense.dcn_layers):
-            out.append(("top", "fwd", 2 * x * p, f4 * (x + top_in * p + B * p)))       # u
-            out.append(("top", "fwd", 2 * x * p, f4 * (B * p + top_in * p + x)))       # v
-            out += [("top", "fwd", 0.0, f4 * 2 * x)] + [("top", "fwd", 0.0, f4 * 3 * x)] * 2
-            out += [("top", "bwd", 2 * x * p, f4 * (x + B * p + top_in * p))] * 4      # u, v
-            out += [("top", "bwd", 0.0, f4 * 3 * x)] * 4                           # products
-            out.append(("top", "bwd", 0.0, f4 * (x + top_in)))                     # db
+            op("top", "fwd", 2 * x * p, x + top_in * p + B * p, B * p)              # u
+            op("top", "fwd", 2 * x * p, B * p + top_in * p + x, x)                  # v
+            op("top", "fwd", 0.0, 2 * x, x)
+            op("top", "fwd", 0.0, 3 * x, x)
+            op("top", "fwd", 0.0, 3 * x, x)
+            for new in (top_in * p, B * p, top_in * p, x):                          # u, v grads
+                op("top", "bwd", 2 * x * p, x + B * p + top_in * p, new)
+            for _ in range(4):
+                op("top", "bwd", 0.0, 3 * x, x)                                     # products
+            op("top", "bwd", 0.0, x + top_in, top_in)                               # db
     mlp("top", ls["top"], True)
-    out.append(("top", "fwd", 0.0, f4 * 3 * B))                                    # loss
-    out.append(("top", "bwd", 0.0, f4 * 3 * B))
+    op("top", "fwd", 0.0, 3 * B, B)                                                 # loss
+    op("top", "bwd", 0.0, 3 * B, B)
     return out

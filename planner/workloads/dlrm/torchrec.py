@@ -45,10 +45,11 @@ from simulator.workload import Workload
 from planner.model.tables.cost import F_BWD, F_FWD
 from planner.model.tables.ids import table_ids
 from planner.model.tables.shards import ShardingType, TableSharding
-from planner.model.tables.dense import dense_op_list
+from planner.model.tables.dense import dense_op_list, fresh_alloc_s
 from planner.workloads.dlrm.dense import mlp_flops
 
 __all__ = ["CommOp", "torchrec_comm_ops", "rank_events", "build_torchrec_step_workload",
+           "pooled_moves",
            "ddp_buckets", "INPUT_DIST_ORDER", "KJT_SPLITS"]
 
 #: int64 entries per rank pair in KJTAllToAll's first (splits) all-to-all
@@ -282,7 +283,8 @@ def rank_events(ops: Sequence[CommOp], rank: int) -> dict[str, list[tuple]]:
 
 def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], ops: Sequence[CommOp],
                                  *, compute=None, host_s: Sequence[float] | None = None,
-                                 dense_op_s: float = 0.0) -> Workload:
+                                 dense_op_s: float = 0.0,
+                                 fresh: tuple[float, float] | None = None) -> Workload:
     """The step's :class:`Workload` with ``ops`` as its collectives and the compute of
     :func:`planner.workloads.dlrm.step.build_step_workload` (lookups, MLPs) between them.
 
@@ -290,7 +292,11 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     timed op by op (:func:`dense_op_list`: each GEMM at its own size on the matmul curve, the
     elementwise ops on the memory curve, each op's dispatch, plus ``dense_op_s`` of eager host
     time per op); ``host_s`` (seconds per rank): TorchRec's host work per step, run before the
-    input dist (:mod:`planner.measure.validate.calibrate_dlrm`)."""
+    input dist (:mod:`planner.measure.validate.calibrate_dlrm`); ``fresh`` (threshold bytes,
+    bytes per second): what a new tensor above glibc's mmap threshold costs in page faults on a
+    CPU (:func:`~planner.model.tables.dense.fresh_alloc_s`), charged to every op that allocates
+    one, and, with ``compute``, the copies TorchRec makes of the pooled embeddings
+    (:func:`pooled_moves`)."""
     cm = problem.cost
     n = problem.devices
     F = cm.plan_features(shardings)
@@ -302,10 +308,11 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     launch, hbm = cm.launch_s, cm.hbm_Bps
     dur: dict[tuple[str, str], float] = {}
     if compute is not None and d is not None:
-        for block, phase, flops, nbytes in dense_op_list(
+        for block, phase, flops, nbytes, new in dense_op_list(
                 d, [t.embedding_dim for t in problem.model.tables], cm.local_batch):
             dur[(block, phase)] = dur.get((block, phase), 0.0) + dense_op_s + op_time(
-                compute, flops=flops, bytes_moved=nbytes, dtype=dtype)
+                compute, flops=flops, bytes_moved=nbytes, dtype=dtype) + fresh_alloc_s(new, fresh)
+    moves = pooled_moves(problem, shardings, compute, fresh)
 
     def mlp_op(r, name, block, phase, flops, deps=None):
         cat = "mlp_fwd" if phase == "fwd" else "mlp_bwd"
@@ -340,17 +347,21 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
         ids_done.append(last)
     bottom = [mlp_op(r, "bottom_mlp_fwd", "bottom", "fwd", fl["bottom"])
               if fl["bottom"] else None for r in ranks]
-    fwd = [w.compute(r, "lookups_fwd", duration_s=float(F[r, F_FWD] + launch),
+    fwd = [w.compute(r, "lookups_fwd", duration_s=float(F[r, F_FWD] + launch + moves[r][0]),
                      bytes_moved=float(F[r, F_FWD] * hbm), deps=ids_done[-1:] or None,
                      category="emb_fwd") for r in ranks]
     outs = []
     for op in out_ops:
         outs.append(coll(op, [fwd[r] for r in op.group] + outs[-1:]))
+    recat = [w.compute(r, "pooled_recat", duration_s=moves[r][1], deps=[fwd[r]] + outs,
+                       category="emb_fwd") for r in ranks]
     top_fwd = [mlp_op(r, "interaction_top_mlp_fwd", "top", "fwd", fl["top"],
-                      deps=[fwd[r]] + outs + [x for x in (bottom[r],) if x is not None])
+                      deps=[recat[r]] + [x for x in (bottom[r],) if x is not None])
                for r in ranks]
     top_bwd = [mlp_op(r, "top_mlp_interaction_bwd", "top", "bwd", 2 * fl["top"],
                       deps=[top_fwd[r]]) for r in ranks]
+    top_bwd = [w.compute(r, "grad_cat", duration_s=moves[r][2], deps=[top_bwd[r]],
+                         category="emb_bwd") for r in ranks]
     bottom_bwd = [mlp_op(r, "bottom_mlp_bwd", "bottom", "bwd", 2 * fl["bottom"],
                          deps=[top_bwd[r]]) if fl["bottom"] else top_bwd[r] for r in ranks]
     grads, dense_ar = [], []
@@ -362,7 +373,7 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     # measured profile: the autograd engine's order (the bottom MLP's nodes are newer than the
     # lookups', and the DDP hook's all-reduce blocks the backward thread), not any ready order
     after = dense_ar[-1:] if compute is not None else []
-    bwd = [w.compute(r, "lookups_bwd", duration_s=float(F[r, F_BWD] + 2 * launch),
+    bwd = [w.compute(r, "lookups_bwd", duration_s=float(F[r, F_BWD] + 2 * launch + moves[r][3]),
                      bytes_moved=float(F[r, F_BWD] * hbm), deps=[bottom_bwd[r]] + grads + after,
                      category="emb_bwd") for r in ranks]
     dp_ar: list[int] = []
@@ -370,6 +381,32 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
         if op.name.startswith("data-parallel"):
             dp_ar.append(coll(op, bwd + dp_ar[-1:]))
     return w
+
+
+def pooled_moves(problem, shardings: Sequence[TableSharding], compute,
+                 fresh: tuple[float, float] | None) -> list[tuple[float, float, float, float]]:
+    """Per rank, seconds of the memory traffic around the pooled embeddings that no kernel
+    curve holds: ``(lookup output, forward recat, backward cat, gradient receive)``. The fused
+    lookup's output (batch × the rank's pooled columns) and the gradient received for it are
+    new tensors (page faults only); the all-to-all's receive buffer is reordered into the
+    local batch × every table's columns (a copy into a new tensor), and its gradient is
+    concatenated the other way before the backward all-to-all. Zeros without ``compute``."""
+    n = problem.devices
+    if compute is None:
+        return [(0.0, 0.0, 0.0, 0.0)] * n
+    B, b = float(problem.model.batch_size), problem.cost.local_batch
+    cols = [0.0] * n
+    for ts in shardings:
+        if ts.sharding_type != ShardingType.DATA_PARALLEL:
+            for sh in ts.shards:
+                cols[sh.rank] += sh.cols
+    dims = float(sum(t.embedding_dim for t in problem.model.tables))
+    local = FLOAT_BYTES * b * dims
+
+    def copy(nbytes: float) -> float:
+        return op_time(compute, flops=0.0, bytes_moved=2 * nbytes) + fresh_alloc_s(nbytes, fresh)
+    return [(fresh_alloc_s(FLOAT_BYTES * B * c, fresh), copy(local) + fresh_alloc_s(local, fresh),
+             copy(local), fresh_alloc_s(FLOAT_BYTES * B * c, fresh)) for c in cols]
 
 
 def torchrec_step_ops(problem, shardings: Sequence[TableSharding], *, seed: int = 0,

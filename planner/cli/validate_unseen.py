@@ -1,0 +1,73 @@
+"""``clusterplan validate unseen``: predicted against measured step time of seeded sharding
+plans of table sets nothing was fitted to (:mod:`planner.measure.validate.unseen`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from simulator.errors import SpecError
+from simulator.gloo_profile import load_gloo_profile
+
+from planner.cli.output import emit, write_json
+from planner.measure.validate.cache import cached_calibration
+from planner.measure.validate.calibrate import GlooCalibration, measure_gloo
+from planner.measure.validate.unseen import format_rows, run_cases, summarise, unseen_cases
+
+__all__ = ["run_unseen", "calibrations_for"]
+
+MAX_SETS = 200
+
+
+def calibrations_for(worlds, explicit: str | None) -> dict:
+    """Per world size the gloo profile that times its plans: ``--calibration`` for the world it
+    was measured with, else this host's cached one, measured now when there is none."""
+    out = {}
+    given = load_gloo_profile(explicit) if explicit else None
+    for world in sorted(set(worlds)):
+        if given is not None and world in {n for _, n in given.comm}:
+            out[world] = given
+            continue
+        def measure(w):
+            print(f"clusterplan: no gloo calibration of this host for {w} processes yet: "
+                  "measuring it once (about a minute; `clusterplan calibrate gloo` refreshes "
+                  "it)", file=sys.stderr, flush=True)
+            return measure_gloo(GlooCalibration(world=w, rounds=2))
+        path, _ = cached_calibration(world, measure=measure)
+        out[world] = load_gloo_profile(str(path))
+    return out
+
+
+def run_unseen(args) -> int:
+    """Run the family, print one row per plan and the summary; exit 0 (timing is reported,
+    the goals are printed), 1 when a plan's communication did not match the simulator's."""
+    if not 1 <= args.sets <= MAX_SETS:
+        raise SpecError(f"--sets {args.sets} is outside 1..{MAX_SETS}", field="--sets",
+                        fix="pass e.g. --sets 12")
+    for flag, v, lo in (("--steps", args.steps, 1), ("--warmup", args.warmup, 0)):
+        if v < lo:
+            raise SpecError(f"{v} is below {lo}", field=flag, fix=f"pass {flag} {lo} or more")
+    if args.out:
+        from simulator.fileio import check_writable
+        check_writable(args.out)
+    cases = unseen_cases(args.sets, seed=args.seed)
+    cals = calibrations_for([c.ranks for c in cases], args.calibration)
+
+    def progress(i, n, row):
+        err = row["predicted_s"] / row["measured_s"] - 1.0
+        print(f"[{i}/{n}] {row['set']} {row['plan']}: predicted {row['predicted_s'] * 1e3:.1f} "
+              f"ms, measured {row['measured_s'] * 1e3:.1f} ms ({err:+.1%})", file=sys.stderr,
+              flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = run_cases(cases, Path(tmp), steps=args.steps, warmup=args.warmup,
+                         calibrations=cals, progress=progress)
+    summary = summarise(rows)
+    doc = {"seed": args.seed, "sets": args.sets, "steps": args.steps, "warmup": args.warmup,
+           "calibrations": {str(w): getattr(c, "source", "") for w, c in cals.items()},
+           "rows": rows, "summary": summary}
+    if args.out:
+        write_json(args.out, doc)
+    emit(args, json.loads(json.dumps(doc)), format_rows(rows, summary))
+    return 0 if all(r["structure_match"] for r in rows) else 1

@@ -1,0 +1,268 @@
+"""``clusterplan validate unseen``: sharding plans of table sets nothing was fitted to, run for
+real under TorchRec on gloo and predicted beside.
+
+A seeded family (:func:`unseen_cases`) of ``sets`` random table sets, each with several plans:
+
+- ranks 2 or 4; 4-40 tables; dims from {16, 32, 64, 128, 256}; pooling factors log-uniform in
+  [1, 60]; rows log-uniform in [10³, 10⁷]; batch log-uniform in [1,024, 65,536] (a multiple
+  of 4 × ranks); Zipf exponents uniform in [0, 1.2]; half the sets with a DCNv2 dense part;
+- so that a run fits this machine, a table over :data:`MAX_TABLE_BYTES` keeps the rows that
+  fit, a set over :data:`MAX_SET_BYTES` has its rows shrunk in proportion, and one whose
+  lookups per step exceed :data:`MAX_LOOKUPS` its batch halved until it fits (all recorded in
+  the set's name);
+- plans: the greedy planner (every type allowed), the seeded random table-wise placement, every
+  table column-wise in equal blocks over the ranks, and row-wise tables with the smallest ones
+  data-parallel (up to 1 MiB in all); a plan whose export would give a row shard no rows (which FBGEMM's
+  CPU kernel cannot run) or repeats another plan is left out.
+
+Seeds: the family is drawn from ``SeedSequence([seed, 0x0E5EE7])``; the CPU profile's kernel
+sweep uses ``0xCA1B`` and the gloo calibration fixed probe tables, so no set here was ever
+fitted to. Each plan runs ``warmup`` + ``steps`` steps; its measured time is the median over
+the steps of the slowest rank; the prediction is :func:`planner.measure.validate.dlrm_report.
+validate_dlrm`'s with the given calibration.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import yaml
+
+from simulator.errors import SpecError
+
+from planner.model.tables.plan import PlannerStats, make_plan
+import planner.model.tables.shards as sh
+from planner.model.tables.shards import ShardingType
+from planner.model.tables.spec import DenseSpec, ModelSpec, TableSpec
+from planner.model.tables.task import ShardingTask, prepare
+from planner.sharding.planners import get_planner
+
+__all__ = ["UnseenCase", "unseen_cases", "write_case", "kendall_tau_within", "summarise",
+           "MAX_SET_BYTES", "MAX_LOOKUPS"]
+
+#: weights of one table (bytes) and of one set, so 4 ranks fit in this machine's memory
+MAX_TABLE_BYTES = 256 * 2 ** 20
+MAX_SET_BYTES = 2 * 2 ** 30
+#: ids looked up per step over all tables, so one step stays under a few seconds on one core
+MAX_LOOKUPS = 6_000_000
+DIMS = (16, 32, 64, 128, 256)
+PLAN_KINDS = ("greedy", "random", "column_wise", "row_wise+dp")
+#: data-parallel tables of a row_wise+dp plan in all (DDP keeps them in one 1 MiB bucket)
+DP_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class UnseenCase:
+    """One plan of one table set: ``set_name``, ``plan_kind``, the model and the plan's
+    layouts on ``ranks`` ranks."""
+
+    set_name: str
+    plan_kind: str
+    model: ModelSpec
+    ranks: int
+    shardings: tuple
+
+
+def _table_set(rng: np.random.Generator, k: int) -> tuple[ModelSpec, int]:
+    ranks = int(rng.choice((2, 4)))
+    T = int(rng.integers(4, 41))
+    tables, capped = [], 0
+    for i in range(T):
+        rows = int(round(10 ** rng.uniform(3.0, 7.0)))
+        dim = int(rng.choice(DIMS))
+        if rows * dim * 4 > MAX_TABLE_BYTES:
+            rows, capped = MAX_TABLE_BYTES // (dim * 4), capped + 1
+        tables.append(TableSpec(name=f"u{k}t{i}", num_embeddings=rows, embedding_dim=dim,
+                                pooling_factor=round(float(10 ** rng.uniform(0, math.log10(60))), 3),
+                                zipf_exponent=round(float(rng.uniform(0.0, 1.2)), 3)))
+    batch = int(round(10 ** rng.uniform(math.log10(1024), math.log10(65536))))
+    step = 4 * ranks
+    batch = max(step, batch - batch % step)
+    notes = [f"{capped} tables capped"] if capped else []
+    size = sum(t.weight_bytes for t in tables)
+    if size > MAX_SET_BYTES:
+        f = MAX_SET_BYTES / size
+        tables = [replace(t, num_embeddings=max(1000, int(t.num_embeddings * f))) for t in tables]
+        notes.append(f"rows×{f:.2g}")
+    while batch * sum(t.pooling_factor for t in tables) > MAX_LOOKUPS and batch > 1024:
+        batch = max(step, (batch // 2) - (batch // 2) % step)
+        notes.append("batch/2")
+    dense = None
+    if rng.random() < 0.5:
+        dense = DenseSpec(bottom_mlp=(64, 32), top_mlp=(64, 1), interaction="dcnv2",
+                          dcn_layers=1, dcn_projection=32)
+    name = f"unseen-{k}" + (f" ({', '.join(notes)})" if notes else "")
+    return ModelSpec(name=f"unseen-{k}", tables=tuple(tables), dense=dense, batch_size=batch,
+                     optimizer="sgd", description=name), ranks
+
+
+def _hand_plan(model: ModelSpec, ranks: int, kind: str) -> tuple:
+    """Column-wise: every table in ``ranks`` equal column blocks, rotated over the ranks;
+    row-wise+dp: data-parallel for the smallest tables up to :data:`DP_BYTES` in all (so DDP
+    keeps one bucket), row-wise for the rest."""
+    out, dp_left = [], DP_BYTES
+    for i, t in enumerate(model.tables):
+        rows, dim = t.num_embeddings, t.embedding_dim
+        if kind == "column_wise":
+            parts = min(ranks, dim // 4)
+            out.append(sh.column_wise(i, t.name, rows, dim,
+                                      [(i + j) % ranks for j in range(parts)],
+                                      sh.column_widths(dim, parts)))
+        elif t.weight_bytes <= dp_left and t.weight_bytes <= DP_BYTES // 4:
+            dp_left -= t.weight_bytes
+            out.append(sh.data_parallel(i, t.name, rows, dim, ranks))
+        else:
+            out.append(sh.row_wise(i, t.name, rows, dim, ranks))
+    return tuple(out)
+
+
+def _plans(model: ModelSpec, ranks: int, seed: int) -> list[tuple[str, tuple]]:
+    topo = f"localhost-gloo:node.gpus={ranks}"
+    out, seen = [], set()
+    for kind in PLAN_KINDS:
+        if kind in ("greedy", "random"):
+            task = ShardingTask(model=model, topology=topo)
+            try:
+                shardings = get_planner(kind).plan(task, ranks, seed=seed).shardings
+            except SpecError:
+                continue
+        else:
+            shardings = _hand_plan(model, ranks, kind)
+        key = tuple((ts.sharding_type, tuple((s.rank, s.rows, s.cols) for s in ts.shards))
+                    for ts in shardings)
+        if key in seen or _empty_row_shard(shardings):
+            continue
+        seen.add(key)
+        out.append((kind, tuple(shardings)))
+    return out
+
+
+def _empty_row_shard(shardings) -> bool:
+    return any(s.rows == 0 for ts in shardings for s in ts.shards
+               if ts.sharding_type in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE))
+
+
+def unseen_cases(sets: int, *, seed: int = 0) -> list[UnseenCase]:
+    """The family's cases (see the module docstring), same seed same cases."""
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x0E5EE7]))
+    out = []
+    for k in range(sets):
+        model, ranks = _table_set(rng, k)
+        for kind, shardings in _plans(model, ranks, seed):
+            out.append(UnseenCase(model.description, kind, model, ranks, shardings))
+    return out
+
+
+def _spec_yaml(m: ModelSpec) -> str:
+    doc = m.canonical()
+    for t in doc["tables"]:
+        for key in ("reuse_bins", "sharding_types"):
+            t.pop(key, None)
+    if doc["dense"] is None:
+        doc.pop("dense")
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def write_case(case: UnseenCase, folder: Path) -> Path:
+    """Write the case's table spec and plan JSON into ``folder``; the plan's path."""
+    stem = f"{case.model.name}-{case.plan_kind}"
+    spec = folder / f"{case.model.name}.yaml"
+    spec.write_text(_spec_yaml(case.model))
+    from planner.model.tables.spec import load_model_spec
+    model = load_model_spec(str(spec))
+    problem = prepare(ShardingTask(model=model, topology=f"localhost-gloo:node.gpus="
+                                                        f"{case.ranks}"), case.ranks)
+    plan = make_plan(problem, case.shardings, case.plan_kind, PlannerStats())
+    out = folder / f"{stem}.json"
+    out.write_text(json.dumps(plan.to_dict(stable=True)))
+    return out
+
+
+def kendall_tau_within(rows: Sequence[dict]) -> float | None:
+    """Kendall tau between predicted and measured step times over every pair of plans of the
+    same table set (ties count half); None without such a pair."""
+    conc = disc = 0.0
+    by_set: dict = {}
+    for r in rows:
+        by_set.setdefault(r["set"], []).append(r)
+    for group in by_set.values():
+        for i in range(len(group)):
+            for j in range(i + 1, len(group)):
+                a = group[i]["predicted_s"] - group[j]["predicted_s"]
+                b = group[i]["measured_s"] - group[j]["measured_s"]
+                s = np.sign(a) * np.sign(b)
+                conc += (s > 0) + 0.5 * (s == 0)
+                disc += (s < 0) + 0.5 * (s == 0)
+    return None if conc + disc == 0 else float((conc - disc) / (conc + disc))
+
+
+def summarise(rows: Sequence[dict]) -> dict:
+    """MAPE, worst error, rows within 25%, mean error and within-set tau of ``rows``."""
+    errs = [r["predicted_s"] / r["measured_s"] - 1.0 for r in rows]
+    worst = max(errs, key=abs) if errs else None
+    return {"plans": len(rows), "sets": len({r["set"] for r in rows}),
+            "mape": statistics.mean(abs(e) for e in errs) if errs else None,
+            "mean_error": statistics.mean(errs) if errs else None, "worst": worst,
+            "within_25pct": sum(abs(e) <= 0.25 for e in errs),
+            "kendall_tau_within_sets": kendall_tau_within(rows),
+            "goals": {"mape_le_15pct": bool(errs) and statistics.mean(abs(e) for e in errs) <= 0.15,
+                      "every_row_within_25pct": bool(errs) and all(abs(e) <= 0.25 for e in errs),
+                      "tau_ge_0.8": (kendall_tau_within(rows) or -1) >= 0.8}}
+
+
+def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: int,
+              calibrations: dict, timeout_s: float = 300.0, progress=None) -> list[dict]:
+    """Run every case for real (one process pool per world size) and predict it with the
+    calibration of its world size; one row per case (see :func:`summarise`)."""
+    from planner.measure.validate.dlrm import load_dlrm_config
+    from planner.measure.validate.dlrm_report import validate_dlrm
+    from planner.measure.validate.runner import Pool
+    rows = []
+    for world in sorted({c.ranks for c in cases}):
+        group = [c for c in cases if c.ranks == world]
+        with Pool(world) as pool:
+            for case in group:
+                plan = write_case(case, folder)
+                cfg = load_dlrm_config(str(plan), nproc=world, steps=steps, warmup=warmup,
+                                       timeout_s=timeout_s)
+                d = validate_dlrm(cfg, result=pool.run(cfg), calibration=calibrations[world])
+                rows.append({"set": case.set_name, "plan": case.plan_kind, "ranks": world,
+                             "tables": len(case.model.tables),
+                             "batch": case.model.batch_size,
+                             "types": sorted({ts.sharding_type.value for ts in case.shardings}),
+                             "predicted_s": d["predicted_step_time_s"],
+                             "measured_s": d["measured_step_time_s"],
+                             "steps_s": d["steps_s"], "structure_match": d["structure"]["match"],
+                             "per_kind": d["per_kind"]})
+                if progress is not None:
+                    progress(len(rows), len(cases), rows[-1])
+    return rows
+
+
+def format_rows(rows: Sequence[dict], summary: dict) -> str:
+    """The table a person reads: one line per plan, then the summary."""
+    lines = [f"{'set':38s} {'plan':12s} {'ranks':>5s} {'tables':>6s} {'batch':>6s} "
+             f"{'predicted':>10s} {'measured':>10s} {'error':>7s}"]
+    for r in rows:
+        err = r["predicted_s"] / r["measured_s"] - 1.0
+        lines.append(f"{r['set'][:38]:38s} {r['plan']:12s} {r['ranks']:5d} {r['tables']:6d} "
+                     f"{r['batch']:6d} {r['predicted_s'] * 1e3:8.1f}ms {r['measured_s'] * 1e3:8.1f}ms "
+                     f"{err:+7.1%}" + ("" if r["structure_match"] else "  STRUCTURE MISMATCH"))
+    s = summary
+    tau = s["kendall_tau_within_sets"]
+    lines.append(f"{s['plans']} plans of {s['sets']} table sets: MAPE {s['mape']:.1%} (mean "
+                 f"{s['mean_error']:+.1%}, worst {s['worst']:+.1%}), {s['within_25pct']} of "
+                 f"{s['plans']} within 25%, Kendall tau within sets "
+                 + ("-" if tau is None else f"{tau:.2f}"))
+    g = s["goals"]
+    lines.append("goals: MAPE <= 15% " + ("met" if g["mape_le_15pct"] else "NOT met")
+                 + "; every plan within 25% " + ("met" if g["every_row_within_25pct"] else
+                                                "NOT met")
+                 + "; tau >= 0.8 " + ("met" if g["tau_ge_0.8"] else "NOT met"))
+    return "\n".join(lines)

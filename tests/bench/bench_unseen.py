@@ -1,0 +1,52 @@
+"""Unseen DLRM plans on gloo: predicted against measured step time of sharding plans of table
+sets nothing was fitted to (issue 22's first goal).
+
+    python tests/bench/bench_unseen.py [--sets 12] [--seed 0] [--steps 10] [--warmup 3]
+                                       [--calibration FILE] [--out FILE.json]
+
+Runs ``clusterplan validate unseen`` (``planner/measure/validate/unseen.py``): ``--sets`` seeded
+random table sets (2 or 4 ranks, 4-40 tables, dims 16-256, pooling 1-60, rows 10³-10⁷ within
+this machine's memory, batch 1k-64k, Zipf 0-1.2, half with a DCNv2 dense part), up to four plans
+each (greedy, random table-wise, all column-wise, row-wise with small tables data-parallel),
+each run for real under TorchRec's DistributedModelParallel (median of ``--steps`` steps of the
+slowest rank) and predicted with this host's gloo calibration (cached per host and world size,
+measured on first use; never fitted to these runs). Prints one row per plan, the MAPE, the
+worst error, the plans within 25% and Kendall's tau between plans of the same set, against the
+goals (MAPE ≤ 15%, every plan within 25%, tau ≥ 0.8), and writes everything to
+``traces/validate/unseen-<time>.json``. About 10-15 minutes for 12 sets on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sets", type=int, default=12)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--calibration", default=None, metavar="FILE")
+    ap.add_argument("--out", default=None, metavar="FILE.json")
+    a = ap.parse_args(argv)
+    from planner.cli.main import main as clusterplan
+    out = a.out or str(ROOT / "traces" / "validate" / f"unseen-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    argv = ["validate", "unseen", "--sets", str(a.sets), "--seed", str(a.seed), "--steps",
+            str(a.steps), "--warmup", str(a.warmup), "--out", out]
+    if a.calibration:
+        argv += ["--calibration", a.calibration]
+    t0 = time.time()
+    rc = clusterplan(argv)
+    print(f"wall {time.time() - t0:.0f} s; wrote {out}")
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

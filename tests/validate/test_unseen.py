@@ -1,0 +1,101 @@
+"""The unseen-plan family of ``clusterplan validate unseen``, its summary and the host
+calibration cache (no real runs here; the real runs are in test_unseen_runs.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.errors import SpecError
+from simulator.gloo_profile import _fresh_alloc
+
+from planner.measure.validate import cache
+from planner.measure.validate.calibrate import MMAP_THRESHOLD_BYTES, _fresh_section
+from planner.measure.validate.unseen import (
+    DIMS,
+    MAX_LOOKUPS,
+    MAX_SET_BYTES,
+    PLAN_KINDS,
+    kendall_tau_within,
+    summarise,
+    unseen_cases,
+)
+from planner.model.tables.dense import fresh_alloc_s
+from planner.model.tables.shards import ShardingType
+
+
+@pytest.fixture(scope="module")
+def family():
+    return unseen_cases(12, seed=0)
+
+
+def test_family_is_seeded_and_spans_the_issue_ranges(family):
+    again = unseen_cases(12, seed=0)
+    assert [(c.set_name, c.plan_kind, c.shardings) for c in family] == \
+        [(c.set_name, c.plan_kind, c.shardings) for c in again]
+    assert len(family) >= 30
+    sets = {c.model.name: c for c in family}
+    assert len(sets) == 12
+    assert {c.ranks for c in family} == {2, 4}
+    assert {c.plan_kind for c in family} == set(PLAN_KINDS)
+    types = {ts.sharding_type for c in family for ts in c.shardings}
+    assert {ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE,
+            ShardingType.DATA_PARALLEL} <= types
+    for c in sets.values():
+        m = c.model
+        assert 4 <= len(m.tables) <= 40
+        assert 1024 <= m.batch_size <= 65536 and m.batch_size % (4 * c.ranks) == 0
+        assert all(t.embedding_dim in DIMS and 1 <= t.pooling_factor <= 60 for t in m.tables)
+        assert all(1000 <= t.num_embeddings <= 10 ** 7 for t in m.tables)
+        assert sum(t.weight_bytes for t in m.tables) <= MAX_SET_BYTES * 1.001
+        assert m.batch_size * sum(t.pooling_factor for t in m.tables) <= MAX_LOOKUPS \
+            or m.batch_size <= 1024 * 2
+    for c in family:           # FBGEMM's CPU kernel cannot run an empty row shard
+        assert all(s.rows > 0 for ts in c.shardings for s in ts.shards)
+        assert sorted(ts.table for ts in c.shardings) == list(range(len(c.model.tables)))
+    assert unseen_cases(2, seed=1)[0].model != family[0].model
+
+
+def test_tau_within_sets_counts_only_pairs_of_one_set():
+    rows = [{"set": "a", "predicted_s": 1, "measured_s": 2},
+            {"set": "a", "predicted_s": 2, "measured_s": 3},
+            {"set": "b", "predicted_s": 5, "measured_s": 1},     # another set: no pair with a
+            {"set": "b", "predicted_s": 1, "measured_s": 4}]
+    assert kendall_tau_within(rows) == pytest.approx(0.0)      # one concordant, one discordant
+    assert kendall_tau_within(rows[:2]) == pytest.approx(1.0)
+    assert kendall_tau_within(rows[:1]) is None
+    s = summarise(rows[:2])
+    assert s["mape"] == pytest.approx((0.5 + 1 / 3) / 2)
+    assert s["within_25pct"] == 0 and not s["goals"]["mape_le_15pct"]
+
+
+def test_calibration_is_cached_per_host_and_world(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLUSTERPLAN_CACHE", str(tmp_path))
+    assert cache.host_fingerprint(2) == cache.host_fingerprint(2) != cache.host_fingerprint(4)
+    calls = []
+
+    def measure(world):
+        calls.append(world)
+        return {"format": "clusterplan.gloo-profile", "world": world}
+    path, fresh = cache.cached_calibration(2, measure=measure)
+    assert fresh and path.parent == tmp_path and path.is_file()
+    again, fresh2 = cache.cached_calibration(2, measure=measure)
+    assert again == path and not fresh2 and calls == [2]
+    with pytest.raises(FileNotFoundError):
+        cache.cached_calibration(4)
+
+
+def test_fresh_allocation_section_and_cost():
+    def rank(extra):
+        rows = [(16.0 * 2 ** 20, 1e-3, 1e-3), (64.0 * 2 ** 20, 1e-3 + extra, 1e-3)]
+        return {"compute": {0: {"fresh": rows}, 1: {"fresh": rows}}}
+    sec = _fresh_section([rank(0.02), rank(0.025)], rounds=2)
+    assert sec["threshold_bytes"] == MMAP_THRESHOLD_BYTES
+    assert sec["points"][0][1] == 0.0
+    assert sec["Bps"] == pytest.approx(64 * 2 ** 20 / 0.025, rel=1e-3)
+    fresh = _fresh_alloc(sec, "p.yaml")
+    assert fresh_alloc_s(16 * 2 ** 20, fresh) == 0.0
+    assert fresh_alloc_s(64 * 2 ** 20, fresh) == pytest.approx(0.025, rel=1e-3)
+    assert _fresh_alloc({"Bps": None}, "p.yaml") is None
+    with pytest.raises(SpecError) as e:
+        _fresh_alloc({"threshold_bytes": 1, "Bps": -3}, "p.yaml")
+    assert e.value.field == "fresh_alloc"
