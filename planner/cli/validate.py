@@ -16,11 +16,11 @@ from simulator.errors import SpecError
 from simulator.gloo_profile import load_gloo_profile
 
 from planner.cli.output import emit
+from planner.cli.validate_unseen import run_unseen
 from planner.measure.validate.config import SCHEDULES, Scale, load_source, parse_fault, run_config
 from planner.measure.validate.dlrm import is_sharding_plan, load_dlrm_config
 from planner.measure.validate.dlrm_report import format_dlrm_report, validate_dlrm
 from planner.measure.validate.report import format_report, validate
-from planner.cli.validate_unseen import run_unseen
 
 __all__ = ["register", "run", "load_calibration"]
 

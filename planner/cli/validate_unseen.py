@@ -56,6 +56,10 @@ def run_unseen(args) -> int:
     cals = calibrations_for([c.ranks for c in cases], args.calibration)
 
     def progress(i, n, row):
+        if "error" in row:
+            print(f"[{i}/{n}] {row['set']} {row['plan']}: FAILED: {row['error']}",
+                  file=sys.stderr, flush=True)
+            return
         err = row["predicted_s"] / row["measured_s"] - 1.0
         print(f"[{i}/{n}] {row['set']} {row['plan']}: predicted {row['predicted_s'] * 1e3:.1f} "
               f"ms, measured {row['measured_s'] * 1e3:.1f} ms ({err:+.1%})", file=sys.stderr,
@@ -70,4 +74,4 @@ def run_unseen(args) -> int:
     if args.out:
         write_json(args.out, doc)
     emit(args, json.loads(json.dumps(doc)), format_rows(rows, summary))
-    return 0 if all(r["structure_match"] for r in rows) else 1
+    return 0 if all(r.get("structure_match") for r in rows) else 1

@@ -135,7 +135,7 @@ def _rank_main(cfg: GlooCalibration, rank: int, rdzv: str, progress, report) -> 
                                                             rank, cfg.repeats)
         progress.end(rank)
         progress.begin(rank, f"compute round {rnd}", rnd)
-        out["compute"][rnd] = _time_compute(dist, torch, cfg.min_sample_s, quick=cfg.quick)
+        out["compute"][rnd] = _time_compute(dist, torch, _compute_sample_s(cfg), quick=cfg.quick)
         out["host"][rnd] = _time_host(dist, torch, cfg.world, rank)
         out.setdefault("wake", {})[rnd] = _time_wake(dist, torch)
         if cfg.lookup:
@@ -206,6 +206,15 @@ def _loop_length(dist, torch, one_s: float, min_s: float) -> int:
     k = torch.tensor([max(1, int(min_s / max(one_s, 1e-7)))])
     dist.all_reduce(k, op=dist.ReduceOp.MAX)
     return int(k)
+
+
+def _compute_sample_s(cfg: GlooCalibration) -> float:
+    """Shortest loop per compute sample: ``min_sample_s``, or ten times it when there are more
+    processes than cores, so that every loop spans several scheduler slices and measures the
+    share of a core a rank gets while all compute (a 2 ms loop often runs in one slice, at a
+    whole core's speed, which a 100 ms step never does)."""
+    cores = os.cpu_count() or 1
+    return cfg.min_sample_s * (10.0 if cfg.world > cores else 1.0)
 
 
 def _sync_time(dist, torch, fn, min_s: float, samples: int = 3) -> float:

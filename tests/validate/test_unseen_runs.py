@@ -1,0 +1,57 @@
+"""A reduced set of the unseen-plan family (issue 22): the plans of one seeded 2-rank table set,
+capped small enough for the test run, run for real under TorchRec on gloo and predicted with a
+calibration measured here (microbenchmarks only).
+
+The issue's goal for these plans is every one within 25%. It does not hold yet: on 2026-11-26
+this set's four plans came out at MAPE 30% (greedy −31%, row-wise+dp −17%), and the 12-set family
+at MAPE 19.5%, 30 of 43 within 25% (traces/validate/unseen-20261126-110549.json), so that goal is
+an expected failure here, kept running so that it reports when it starts to hold. What must hold
+now: every plan's communication equals the simulator's call for call, and the prediction is
+timed from the calibration alone."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+pytest.importorskip("torchrec")
+
+from simulator.gloo_profile import gloo_profile_from_dict  # noqa: E402
+
+from planner.measure.validate.calibrate import GlooCalibration, measure_gloo  # noqa: E402
+from planner.measure.validate.unseen import run_cases, summarise, unseen_cases  # noqa: E402
+
+SEED = 7                      # a seed no model was developed on
+TOLERANCE = 0.25
+
+
+def _reduced_set():
+    cases = unseen_cases(6, seed=SEED, max_lookups=600_000, max_bytes=256 * 2 ** 20)
+    first = next(c.model.name for c in cases if c.ranks == 2)
+    return [c for c in cases if c.model.name == first]
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    cases = _reduced_set()
+    assert len(cases) >= 4
+    cal = gloo_profile_from_dict(measure_gloo(GlooCalibration(world=2, rounds=2)),
+                                 source="calibrate gloo in this test")
+    folder = tmp_path_factory.mktemp("unseen")
+    out = run_cases(cases, folder, steps=10, warmup=3, calibrations={2: cal})
+    shutil.rmtree(folder, ignore_errors=True)
+    return out
+
+
+def test_reduced_unseen_set_runs_and_matches_structure(rows):
+    assert len(rows) >= 4 and all("error" not in r for r in rows)
+    assert all(r["structure_match"] for r in rows)
+    assert all(r["predicted_s"] > 0 and len(r["steps_s"]) == 10 for r in rows)
+
+
+@pytest.mark.xfail(strict=False, reason="issue 22 goal not met yet: MAPE 30% on this set "
+                                        "(2026-11-26); see the module docstring")
+def test_reduced_unseen_set_within_tolerance(rows):
+    errs = {f"{r['set']} {r['plan']}": r["predicted_s"] / r["measured_s"] - 1.0 for r in rows}
+    assert all(abs(e) <= TOLERANCE for e in errs.values()), (errs, summarise(rows))
