@@ -20,6 +20,8 @@ from planner.cli.options import (
     with_trainer,
 )
 from planner.cli.output import emit
+from planner.cli.simulate_sharding import simulate_sharding_plan
+from planner.measure.validate.dlrm import is_sharding_plan
 from planner.model.llm.spec import load_llm_spec
 from planner.model.reliability import add_arguments as _reliability_arguments
 from planner.model.reliability import (
@@ -39,10 +41,11 @@ def register(p: argparse.ArgumentParser) -> None:
     p.description = ("Simulate one training step: a transformer spec (model:, "
                      "training:, parallel:; see planner/model/llm/spec.py) or a workload "
                      "YAML (an op DAG; see simulator/workload_spec.py), by path or "
-                     "built-in name (llama3-405b, gpt3-175b, dp-step ...).")
+                     "built-in name (llama3-405b, gpt3-175b, dp-step ...), or a plan.json "
+                     "from `plan` (a sharding plan on its own topology unless --topology).")
     p.add_argument("workload", metavar="MODEL|WORKLOAD|PLAN",
                    help="YAML or JSON file, a built-in name, or a plan.json from `plan MODEL`")
-    topology_arguments(p)
+    topology_arguments(p, default="")
     p.add_argument("--parallel", metavar="SPEC", help="e.g. tp=8,cp=1,pp=16,dp=128,vpp=1")
     p.add_argument("--global-batch", type=int, metavar="N", help="sequences per step")
     p.add_argument("--micro-batch", type=int, metavar="N", help="sequences per micro-batch")
@@ -78,6 +81,11 @@ def run(args) -> int:
     if args.trace and not Path(args.trace).resolve().parent.is_dir():
         raise SpecError(f"directory of {args.trace} does not exist", field="--trace",
                         fix="create the directory or write the trace elsewhere")
+    if is_sharding_plan(args.workload):
+        return simulate_sharding_plan(args, emit)
+    if not args.topology:
+        raise SpecError("simulate needs --topology (a sharding plan brings its own)",
+                        field="--topology", fix="pass e.g. --topology dgx-h100:nodes=2")
     if is_llm_plan(args.workload):
         return _simulate_plan(args)
     topo = topology_from_args(args)

@@ -210,3 +210,25 @@ def test_step_time_rises_with_dense_work_not_by_a_factor():
     assert sim.breakdown_s["mlp_bwd"] == pytest.approx(d["mlp_bwd_s"], rel=1e-9)
     assert sim.breakdown_s["optimizer"] == pytest.approx(d["optimizer_s"], rel=1e-9)
     assert np.isfinite(sim.step_time_s) and sim.step_time_s > d["mlp_fwd_s"] + d["mlp_bwd_s"]
+
+
+def test_cli_simulate_resimulates_a_sharding_plan(tmp_path):
+    plan = tmp_path / "plan.json"
+    r = _cli("plan", "mlperf-dcnv2", "--devices", "8", "--topology", "dgx-h100", "--simulate",
+             "--json", "--out", str(plan))
+    assert r.returncode == 0, r.stderr
+    planned = json.loads(r.stdout)["simulation"]["step_time_s"]
+    r = _cli("simulate", str(plan), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["step_time_s"] == pytest.approx(planned, rel=1e-12)
+    assert doc["topology"] == "dgx-h100" and doc["devices"] == 8
+    r = _cli("simulate", str(plan), "--json", "--trainer-set", "pipeline=none")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["step_time_s"] > planned       # lookups wait for the ids
+    r = _cli("simulate", str(plan), "--topology", "dgx-h100:nodes=2", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["topology"] == "dgx-h100:nodes=2"
+    bad = _cli("simulate", str(plan), "--trainer", "megatron-core")
+    assert bad.returncode == 2 and "--trainer" in bad.stderr
+    bad = _cli("simulate", "dp-step")
+    assert bad.returncode == 2 and "--topology" in bad.stderr

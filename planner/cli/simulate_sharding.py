@@ -1,0 +1,74 @@
+"""``clusterplan simulate PLAN.json`` for a sharding plan: its training step again, on the plan's
+topology or ``--topology``, with the spec's trainer or ``--trainer-set`` overrides."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from simulator.errors import SpecError
+from simulator.fileio import read_json_file
+from simulator.units import format_time
+
+from planner.model.tables.plan import read_plan_json
+from planner.model.tables.spec import builtin_spec_names, load_model_spec
+from planner.model.tables.task import ShardingTask, prepare
+from planner.model.tables.trainer import override_dlrm_trainer
+from planner.workloads.dlrm.step import simulate_step
+
+__all__ = ["simulate_sharding_plan"]
+
+
+def _model(doc: dict, path: str):
+    """The plan's model: its ``task.source`` file, else the built-in spec of its name, checked
+    against the plan's hash; batch and optimizer as the plan has them."""
+    info = doc.get("task") or {}
+    ref = str(info.get("source") or "")
+    if not Path(ref).is_file():
+        ref = info.get("name") if info.get("name") in builtin_spec_names() else ref
+    if not ref or not (Path(ref).is_file() or ref in builtin_spec_names()):
+        raise SpecError(f"the plan's table spec {info.get('source')!r} is not a file here",
+                        source=path, field="task.source",
+                        fix="run from the folder the plan was made in, or re-plan")
+    model = load_model_spec(ref).with_overrides(batch_size=info.get("batch_size"),
+                                                optimizer=info.get("optimizer"))
+    if info.get("sha256") and info["sha256"] != model.sha256():
+        raise SpecError(f"{ref} no longer matches the plan (its tables changed)", source=path,
+                        field="task.sha256", fix="re-plan with clusterplan plan")
+    return model
+
+
+def simulate_sharding_plan(args, emit) -> int:
+    """Simulate the plan's step and print it (``--json``: one object)."""
+    doc = read_json_file(args.workload, field="PLAN", missing_fix="give a plan from "
+                         "clusterplan plan TABLES --out plan.json", json_fix="re-plan")
+    model = _model(doc, args.workload)
+    if getattr(args, "trainer", None):
+        raise SpecError("--trainer presets apply to model specs, not sharding plans",
+                        source=args.workload, field="--trainer",
+                        fix="set a DLRM trainer's keys with --trainer-set pipeline=... or "
+                            "dispatch=...")
+    if getattr(args, "trainer_set", None):
+        model = replace(model, trainer=override_dlrm_trainer(model.trainer, args.trainer_set))
+    devices = int(doc.get("devices") or 0)
+    topo = args.topology or str(doc.get("topology") or "")
+    problem = prepare(ShardingTask(model=model, topology=topo), devices)
+    sim = simulate_step(problem, read_plan_json(doc, problem))
+    rate = model.batch_size / sim.step_time_s
+    data = {"plan": args.workload, "model": model.name, "topology": problem.topology_ref,
+            "devices": devices, "batch_size": model.batch_size,
+            "trainer": model.trainer.to_dict(), "step_time_s": sim.step_time_s,
+            "samples_per_s": rate, "breakdown_s": sim.breakdown_s, "a2a_bytes": sim.a2a_bytes,
+            "extrapolated": problem.cost.extrapolated()}
+    if args.trace:
+        sim.result.write_chrome_trace(args.trace, max_ranks=args.trace_ranks)
+        data["trace"] = args.trace
+    lines = [f"{model.name} on {devices} × {problem.topology.gpu.name} "
+             f"({problem.topology_ref}), batch {model.batch_size:,}: step "
+             f"{format_time(sim.step_time_s)}, {rate:,.0f} samples/s",
+             "  " + ", ".join(f"{k} {format_time(v)}" for k, v in sim.breakdown_s.items() if v)]
+    lines += [f"  extrapolated: {x}" for x in data["extrapolated"]]
+    if args.trace:
+        lines.append(f"  trace: {args.trace} (open in https://ui.perfetto.dev)")
+    emit(args, data, "\n".join(lines))
+    return 0
