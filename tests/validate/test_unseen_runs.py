@@ -4,7 +4,7 @@ calibration measured here (microbenchmarks only).
 
 The issue's goal for these plans is every one within 25%. It does not hold yet: on 2026-11-26
 this set's four plans came out at MAPE 30% (greedy −31%, row-wise+dp −17%), and the 12-set family
-at MAPE 19.5%, 30 of 43 within 25% (traces/validate/unseen-20261126-110549.json), so that goal is
+at MAPE 19.5-22%, 26-30 of 43-48 within 25% (traces/validate/unseen-*.json), so that goal is
 an expected failure here, kept running so that it reports when it starts to hold. What must hold
 now: every plan's communication equals the simulator's call for call, and the prediction is
 timed from the calibration alone."""
