@@ -11,8 +11,7 @@ from simulator.errors import SpecError
 from planner.cli.output import write_json
 from planner.cli.tables import positive
 from planner.measure.tables.plans import cpu_topology_ref, format_measurement, measure_shardings
-from planner.model.tables.plan import read_plan_json
-from planner.model.tables.spec import load_model_spec
+from planner.model.tables.plan import plan_model, read_plan_json
 from planner.model.tables.task import ShardingTask, prepare
 
 __all__ = ["register", "run"]
@@ -61,14 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if not isinstance(doc, dict) or doc.get("format") != "clusterplan.sharding-plan":
         raise SpecError("not a clusterplan sharding plan", source=args.plan, field="format",
                         fix="pass a plan written by clusterplan plan TABLES --devices N --out")
-    info = doc.get("task") or {}
-    model = load_model_spec(args.tables).with_overrides(batch_size=info.get("batch_size"),
-                                                        optimizer=info.get("optimizer"))
-    if info.get("sha256") and info["sha256"] != model.sha256():
-        raise SpecError(f"the plan was made for another model ({info.get('name')!r}, "
-                        f"{info.get('num_tables')} tables)", source=args.plan, field="task.sha256",
-                        fix=f"pass the table spec the plan was made from, or re-plan "
-                            f"{args.tables}")
+    model = plan_model(doc, args.plan, args.tables)
     devices = int(doc.get("devices") or 0)
     if devices < 1:
         raise SpecError("the plan has no device count", source=args.plan, field="devices",

@@ -4,14 +4,12 @@ topology or ``--topology``, with the spec's trainer or ``--trainer-set`` overrid
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 from simulator.errors import SpecError
 from simulator.fileio import read_json_file
 from simulator.units import format_time
 
-from planner.model.tables.plan import read_plan_json
-from planner.model.tables.spec import builtin_spec_names, load_model_spec
+from planner.model.tables.plan import plan_model, read_plan_json
 from planner.model.tables.task import ShardingTask, prepare
 from planner.model.tables.trainer import override_dlrm_trainer
 from planner.workloads.dlrm.step import simulate_step
@@ -19,30 +17,11 @@ from planner.workloads.dlrm.step import simulate_step
 __all__ = ["simulate_sharding_plan"]
 
 
-def _model(doc: dict, path: str):
-    """The plan's model: its ``task.source`` file, else the built-in spec of its name, checked
-    against the plan's hash; batch and optimizer as the plan has them."""
-    info = doc.get("task") or {}
-    ref = str(info.get("source") or "")
-    if not Path(ref).is_file():
-        ref = info.get("name") if info.get("name") in builtin_spec_names() else ref
-    if not ref or not (Path(ref).is_file() or ref in builtin_spec_names()):
-        raise SpecError(f"the plan's table spec {info.get('source')!r} is not a file here",
-                        source=path, field="task.source",
-                        fix="run from the folder the plan was made in, or re-plan")
-    model = load_model_spec(ref).with_overrides(batch_size=info.get("batch_size"),
-                                                optimizer=info.get("optimizer"))
-    if info.get("sha256") and info["sha256"] != model.sha256():
-        raise SpecError(f"{ref} no longer matches the plan (its tables changed)", source=path,
-                        field="task.sha256", fix="re-plan with clusterplan plan")
-    return model
-
-
 def simulate_sharding_plan(args, emit) -> int:
     """Simulate the plan's step and print it (``--json``: one object)."""
     doc = read_json_file(args.workload, field="PLAN", missing_fix="give a plan from "
                          "clusterplan plan TABLES --out plan.json", json_fix="re-plan")
-    model = _model(doc, args.workload)
+    model = plan_model(doc, args.workload)
     if getattr(args, "trainer", None):
         raise SpecError("--trainer presets apply to model specs, not sharding plans",
                         source=args.workload, field="--trainer",
@@ -51,6 +30,9 @@ def simulate_sharding_plan(args, emit) -> int:
     if getattr(args, "trainer_set", None):
         model = replace(model, trainer=override_dlrm_trainer(model.trainer, args.trainer_set))
     devices = int(doc.get("devices") or 0)
+    if devices < 1:
+        raise SpecError("the plan has no device count", source=args.workload, field="devices",
+                        fix="re-plan with clusterplan plan")
     topo = args.topology or str(doc.get("topology") or "")
     problem = prepare(ShardingTask(model=model, topology=topo), devices)
     sim = simulate_step(problem, read_plan_json(doc, problem))

@@ -21,8 +21,7 @@ from planner.export.torchrec import empty_row_shards, export_torchrec_plan
 from planner.measure.tables.plans import cpu_topology_ref
 from planner.measure.validate.config import MAX_PROCESSES, Fault
 from planner.measure.validate.dlrm_worker import run_rank
-from planner.model.tables.plan import read_plan_json
-from planner.model.tables.spec import load_model_spec
+from planner.model.tables.plan import plan_model, read_plan_json
 from planner.model.tables.task import ShardingTask, prepare
 
 __all__ = ["DLRMRunConfig", "is_sharding_plan", "load_dlrm_config", "step_batch"]
@@ -88,17 +87,7 @@ def load_dlrm_config(plan_path: str, *, tables: str | None = None, nproc: int | 
                      batch_size: int | None = None, **kw) -> DLRMRunConfig:
     """Read the plan and its tables, check what a CPU run supports, export to TorchRec."""
     doc = json.loads(Path(plan_path).read_text())
-    info = doc.get("task") or {}
-    ref = tables or info.get("source")
-    if not ref or not Path(str(ref)).exists():
-        raise SpecError(f"the plan's table spec {ref!r} is not a file here", source=plan_path,
-                        field="task.source", fix="pass the table spec with --tables TABLES")
-    model = load_model_spec(ref).with_overrides(batch_size=info.get("batch_size"),
-                                                optimizer=info.get("optimizer"))
-    if info.get("sha256") and info["sha256"] != model.sha256():
-        raise SpecError(f"the plan was made for another model ({info.get('name')!r})",
-                        source=plan_path, field="task.sha256",
-                        fix="pass the table spec the plan was made from with --tables")
+    model = plan_model(doc, plan_path, tables)
     devices = int(doc.get("devices") or 0)
     if nproc is not None and nproc != devices:
         raise SpecError(f"--nproc {nproc} but the plan is for {devices} devices",

@@ -34,10 +34,11 @@ from simulator.fileio import atomic_write_text
 
 from planner.model.tables.cost import BREAKDOWN_KEYS, F_MEM
 from planner.model.tables.shards import Shard, ShardingType, TableSharding, validate_sharding
+from planner.model.tables.spec import ModelSpec, builtin_spec_names, load_model_spec
 from planner.model.tables.task import Problem
 
 __all__ = ["PlannerStats", "Plan", "make_plan", "evaluate_shardings", "read_plan_json",
-           "FORMAT_VERSION"]
+           "plan_model", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 FORMAT = "clusterplan.sharding-plan"
@@ -216,6 +217,27 @@ def make_plan(problem: Problem, shardings: Sequence[TableSharding], planner: str
                 memory_capacity_bytes=tuple(int(x) for x in problem.capacity_bytes),
                 valid=ev.valid, problems=ev.problems, stats=stats,
                 extrapolated=tuple(problem.cost.extrapolated()))
+
+
+def plan_model(doc: Mapping[str, Any], source: str, tables: str | None = None) -> ModelSpec:
+    """The model a plan JSON was made for, with the plan's batch and optimizer: ``tables`` when
+    given, else the plan's ``task.source`` (or, when that file is not here, the built-in spec of
+    the plan's name), checked against the plan's hash."""
+    info = doc.get("task") or {}
+    ref = tables or str(info.get("source") or "")
+    if not tables and not os.path.isfile(ref) and info.get("name") in builtin_spec_names():
+        ref = str(info["name"])
+    if not ref or not (os.path.exists(ref) or ref in builtin_spec_names()):
+        raise SpecError(f"the plan's table spec {ref!r} is not a file here", source=source,
+                        field="task.source", fix="pass the table spec with --tables TABLES, or "
+                                                 "run from the folder the plan was made in")
+    model = load_model_spec(ref).with_overrides(batch_size=info.get("batch_size"),
+                                                optimizer=info.get("optimizer"))
+    if info.get("sha256") and info["sha256"] != model.sha256():
+        raise SpecError(f"the plan was made for another model ({info.get('name')!r}, "
+                        f"{info.get('num_tables')} tables)", source=source, field="task.sha256",
+                        fix=f"pass the table spec the plan was made from, or re-plan {ref}")
+    return model
 
 
 def read_plan_json(doc: Mapping[str, Any], problem: Problem) -> tuple[TableSharding, ...]:
