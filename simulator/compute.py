@@ -30,6 +30,7 @@ import numpy as np
 import yaml
 
 from simulator.errors import SpecError
+from simulator.fileio import SAFE_LOADER
 from simulator.hardware import GPUSpec, gpu_names, gpu_spec
 from simulator.units import parse_time
 
@@ -374,7 +375,7 @@ def _read(spec: GPUSpec, path: Path, label: str) -> ComputeProfile:
         raise SpecError(f"cannot read the file: {exc.strerror}", source=label,
                         fix="check the path") from None
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=SAFE_LOADER)
     except yaml.YAMLError as exc:
         raise SpecError(f"not valid YAML: {exc}".replace("\n", " "), source=label,
                         fix="repair the YAML syntax") from None

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import yaml
 
 from simulator.errors import SpecError
+from simulator.fileio import SAFE_LOADER
 from simulator.units import parse_bandwidth, parse_bytes, parse_flops
 
 __all__ = ["DTYPES", "GPUSpec", "gpu_names", "gpu_spec", "gpu_spec_from_dict", "CATALOG_SOURCE"]
@@ -212,7 +213,7 @@ def gpu_spec_from_dict(name: str, mapping: Mapping[str, Any], *, source: str | N
 def _catalog() -> dict[str, GPUSpec]:
     text = importlib.resources.files("simulator.data").joinpath("gpus.yaml").read_text("utf-8")
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=SAFE_LOADER)
     except yaml.YAMLError as exc:
         raise SpecError(f"not valid YAML: {exc}", source=CATALOG_SOURCE,
                         fix="repair the file") from None

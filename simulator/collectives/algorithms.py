@@ -19,6 +19,7 @@ order) and the size, and returns a :class:`CollectivePlan`. Conventions follow N
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -31,6 +32,9 @@ from simulator.topology import Topology
 
 __all__ = ["ring", "tree", "hierarchical", "halving_doubling", "nvls", "alltoall_direct",
            "alltoall_pairwise", "sendrecv", "dbt_parents"]
+
+#: group shapes a topology keeps (routes of a few thousand flows each)
+MEMO_ENTRIES = 4096
 
 _RING_FACTOR = {"allreduce": (2.0, 2), "allgather": (1.0, 1), "reducescatter": (1.0, 1)}
 
@@ -48,11 +52,10 @@ def _rails_per_node(topo: Topology, ranks: np.ndarray) -> list[int]:
     if h is None or h.nics_per_node == 0:
         return [-1]
     nodes = h.node_of_gpu[ranks]
-    rails = None
-    for n in np.unique(nodes):
-        rs = set(h.rail_of_gpu[ranks[nodes == n]].tolist())
-        rails = rs if rails is None else rails & rs
-    return sorted(rails) if rails else [int(h.rail_of_gpu[ranks[0]])]
+    pairs = np.unique(np.stack([h.rail_of_gpu[ranks], nodes], axis=1), axis=0)
+    rails, nodes_on = np.unique(pairs[:, 0], return_counts=True)
+    common = rails[nodes_on == np.unique(nodes).size]
+    return common.tolist() if common.size else [int(h.rail_of_gpu[ranks[0]])]
 
 
 def _edge_flows(topo: Topology, src: np.ndarray, dst: np.ndarray, rails: list[int]) -> Routes:
@@ -76,12 +79,11 @@ def _latency(topo: Topology, routes: Routes, algo: str, steps: float, size: floa
     return steps * (topo.comm.alpha(algo) + path) + topo.comm.local_time(algo, size)
 
 
-def _ring_latency(topo: Topology, routes: Routes, n_edges: int, steps: float, size: float) -> float:
+def _ring_latency(topo: Topology, routes: Routes, steps: float, size: float) -> float:
     """A pipelined ring's first chunk travels ``steps`` hops around the ring, so it pays the
     mean hop latency of the ring's edges ``steps`` times (intra-node hops are cheap, the few
     inter-node ones dear), plus ``alpha`` per step and the local pass."""
     mean_path = float(routes.latency_s.sum()) / routes.n_flows if routes.n_flows else 0.0
-    del n_edges
     return steps * (topo.comm.alpha("ring") + mean_path) + topo.comm.local_time("ring", size)
 
 
@@ -91,21 +93,38 @@ def ring(topo: Topology, ranks: Sequence[int], size: float, kind: str) -> Collec
     n = len(r)
     if n == 1:
         return CollectivePlan(kind, "ring", tuple(r.tolist()), size, ())
-    rails = _rails_per_node(topo, r)
-    c = len(rails)
     if kind == "broadcast":
-        src, dst = r[:-1], r[1:]
         per_edge, steps = float(size), n - 1
     else:
         mult, sf = _RING_FACTOR[kind]
-        src, dst = r, np.roll(r, -1)
         per_edge, steps = mult * (n - 1) / n * size, sf * (n - 1)
-    routes = _edge_flows(topo, src, dst, rails)
+    routes, c = _ring_routes(topo, r, kind == "broadcast")
     nbytes = np.full(routes.n_flows, per_edge / c)
-    phase = Phase(routes, nbytes, _ring_latency(topo, routes, len(src), steps, size), "ring")
+    phase = Phase(routes, nbytes, _ring_latency(topo, routes, steps, size), "ring")
     return CollectivePlan(kind, "ring", tuple(r.tolist()), size, (phase,), channels=c)
 
 
+def _memo(topo: Topology, key: tuple, make):
+    """``make()`` once per topology and key (a group's routes serve every size it sends)."""
+    memo = topo.memo
+    if key not in memo:
+        if len(memo) >= MEMO_ENTRIES:
+            memo.clear()
+        memo[key] = make()
+    return memo[key]
+
+
+def _ring_routes(topo: Topology, r: np.ndarray, chain: bool) -> tuple[Routes, int]:
+    """Routes of the ring (or, with ``chain``, the open chain) over ``r``, one set of edges per
+    channel, and the channel count."""
+    def make():
+        rails = _rails_per_node(topo, r)
+        src, dst = (r[:-1], r[1:]) if chain else (r, np.roll(r, -1))
+        return _edge_flows(topo, src, dst, rails), len(rails)
+    return _memo(topo, ("ring", chain, r.tobytes()), make)
+
+
+@functools.lru_cache(maxsize=256)
 def dbt_parents(m: int) -> tuple[np.ndarray, np.ndarray]:
     """Parents (−1 for the root) of positions 0..m−1 in the two trees of a double binary tree.
 
@@ -139,17 +158,19 @@ def dbt_parents(m: int) -> tuple[np.ndarray, np.ndarray]:
         perm = (np.arange(m) + 1) % m
     pb = np.full(m, -1)
     pb[perm] = np.where(pa >= 0, perm[np.maximum(pa, 0)], -1)
+    pa.setflags(write=False)
+    pb.setflags(write=False)
     return pa, pb
 
 
 def _depth(parents: np.ndarray) -> int:
-    depth = 0
-    for i in range(len(parents)):
-        d, p = 0, parents[i]
-        while p >= 0:
-            d, p = d + 1, parents[p]
-        depth = max(depth, d)
-    return depth
+    """Edges on the longest path from a position up to the root (parent −1)."""
+    depth = np.zeros(len(parents), dtype=np.int64)
+    up = np.asarray(parents)
+    while (up >= 0).any():
+        depth += up >= 0
+        up = np.where(up >= 0, parents[np.maximum(up, 0)], -1)
+    return int(depth.max()) if depth.size else 0
 
 
 def tree(topo: Topology, ranks: Sequence[int], size: float, kind: str = "allreduce"
@@ -159,55 +180,72 @@ def tree(topo: Topology, ranks: Sequence[int], size: float, kind: str = "allredu
         raise SpecError(f"the tree algorithm implements allreduce, not {kind}",
                         field="--algo", fix="use --algo ring")
     r = np.asarray(ranks, dtype=np.int64)
-    n = len(r)
-    if n == 1:
+    if len(r) == 1:
         return CollectivePlan(kind, "tree", tuple(r.tolist()), size, ())
+    routes, share, steps, c = _memo(topo, ("tree", r.tobytes()), lambda: _tree_shape(topo, r))
+    phase = Phase(routes, share * size, _latency(topo, routes, "tree", steps, size), "tree")
+    return CollectivePlan(kind, "tree", tuple(r.tolist()), size, (phase,), channels=c)
+
+
+def _tree_shape(topo: Topology, r: np.ndarray) -> tuple[Routes, np.ndarray, int, int]:
+    """The tree all-reduce's flows over ``r``: routes, each flow's share of the size, the
+    steps a chunk takes (down and up), and the channel count.
+
+    Per channel: a chain inside each node from its leader (the member on the channel's rail,
+    else its first member) through the other members in group order, each edge both ways,
+    then the double binary tree over the leaders in order of their nodes' first appearance.
+    """
     nodes = _nodes(topo, r)
-    order = list(dict.fromkeys(nodes.tolist()))
-    members = [r[nodes == nd] for nd in order]
+    _, first, inv = np.unique(nodes, return_index=True, return_inverse=True)
+    appear = np.empty(first.size, dtype=np.int64)
+    appear[np.argsort(first, kind="stable")] = np.arange(first.size)
+    node_pos = appear[inv.ravel()]              # node of each member, in appearance order
+    m = first.size
     rails = _rails_per_node(topo, r)
     c = len(rails)
     h = topo.hierarchy
-    src_l, dst_l, byt_l, rail_l = [], [], [], []
-    chain_len = 0
-    for k, rail in enumerate(rails):
-        # leader of each node for this channel: the member on that rail, else the first one
-        leaders = []
-        for mem in members:
-            if h is not None and rail >= 0:
-                on = mem[h.rail_of_gpu[mem] == rail]
-                lead = on[0] if len(on) else mem[0]
-            else:
-                lead = mem[0]
-            leaders.append(lead)
-            rest = [x for x in mem.tolist() if x != lead]
-            chain = [lead] + rest
-            chain_len = max(chain_len, len(chain) - 1)
-            for a, b in zip(chain[:-1], chain[1:]):     # reduce toward the leader and back
-                src_l += [b, a]
-                dst_l += [a, b]
-                byt_l += [size / c, size / c]
-                rail_l += [-1, -1]
-        m = len(leaders)
-        if m > 1:
-            for parents in dbt_parents(m):
-                for i, p in enumerate(parents):
-                    if p >= 0:
-                        src_l += [leaders[i], leaders[p]]
-                        dst_l += [leaders[p], leaders[i]]
-                        byt_l += [size / (2 * c)] * 2
-                        rail_l += [rail, rail]
-    src, dst = np.array(src_l), np.array(dst_l)
-    rail_arr = np.array(rail_l)
+    idx = np.arange(r.size)
+    first_member = np.full(m, r.size)
+    np.minimum.at(first_member, node_pos, idx)
+    chain_len = int(np.bincount(node_pos).max()) - 1
+    trees = dbt_parents(m) if m > 1 else ()
+    src_p, dst_p, share_p, rail_p = [], [], [], []
+    for rail in rails:
+        lead = first_member.copy()
+        if h is not None and rail >= 0:
+            on = h.rail_of_gpu[r] == rail
+            on_first = np.full(m, r.size)
+            np.minimum.at(on_first, node_pos[on], idx[on])
+            lead = np.where(on_first < r.size, on_first, lead)
+        # members in chain order: by node, the leader first, then the rest in group order
+        is_lead = idx == lead[node_pos]
+        order = np.lexsort((idx, ~is_lead, node_pos))
+        a, b = order[:-1], order[1:]
+        same = node_pos[a] == node_pos[b]
+        a, b = r[a[same]], r[b[same]]
+        pairs_s = [np.stack([b, a], axis=1).ravel()]
+        pairs_d = [np.stack([a, b], axis=1).ravel()]
+        shares = [np.full(2 * a.size, 1 / c)]
+        leaders = r[lead]
+        for parents in trees:
+            i = np.flatnonzero(parents >= 0)
+            li, lp = leaders[i], leaders[parents[i]]
+            pairs_s.append(np.stack([li, lp], axis=1).ravel())
+            pairs_d.append(np.stack([lp, li], axis=1).ravel())
+            shares.append(np.full(2 * i.size, 1 / (2 * c)))
+        src_p += pairs_s
+        dst_p += pairs_d
+        share_p += shares
+        rail_p += [np.full(2 * a.size, -1)] + [np.full(x.size, rail) for x in pairs_s[1:]]
+    src, dst = np.concatenate(src_p), np.concatenate(dst_p)
+    rail_arr = np.concatenate(rail_p)
     if h is not None:
         rail_arr = np.where(rail_arr >= 0, rail_arr, h.rail_of_gpu[src])
         routes = route(topo, src, dst, rail_arr)
     else:
         routes = route(topo, src, dst)
-    depth = _depth(dbt_parents(len(members))[0]) if len(members) > 1 else 0
-    steps = 2 * (depth + chain_len)
-    phase = Phase(routes, np.array(byt_l, dtype=float), _latency(topo, routes, "tree", steps, size), "tree")
-    return CollectivePlan(kind, "tree", tuple(r.tolist()), size, (phase,), channels=c)
+    depth = _depth(trees[0]) if m > 1 else 0
+    return routes, np.concatenate(share_p), 2 * (depth + chain_len), c
 
 
 _INTRA = {"ring": lambda t, m, s, k: ring(t, m, s, k), "nvls": lambda t, m, s, k: nvls(t, m, s, k)}

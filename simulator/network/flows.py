@@ -1,18 +1,26 @@
 """The flow-level network inside a SimPy environment.
 
 Transfers are batches of flows (one collective phase, one point-to-point message). While any flow
-is in flight the network holds the max-min fair rate of every active flow; whenever a batch
-starts or a flow finishes it advances every flow by ``rate × elapsed`` and solves the rates again,
-then sleeps until the next completion. A batch's event fires when its last flow is done.
+is in flight the network holds the max-min fair rate of every active flow. The work per event
+follows the flows it concerns, not the fabric or everything in flight:
+
+* max-min fairness splits over the connected components of the (flow × link) graph, so a batch
+  that starts, or flows that end, re-solve only the batches linked to theirs through shared
+  links (transitively); every other rate stays as it was;
+* each batch keeps its bytes left as of its own last update and is advanced only when its rates
+  change or its flows finish; its next completion time sits in a heap, and the network sleeps
+  until the earliest;
+* a batch that shares no link with anything in flight, nor among its own flows (a pipeline
+  send, the rings of a lone collective), runs at its flows' bottlenecks without a solve.
+
+A batch's event fires when its last flow is done.
 
 Two modes:
 
 * ``explicit``: every flow and every link as they are. Exact for the model.
-* ``symmetric``: flows with the same bytes and the same multiset of link *classes* (tier, kind,
-  direction, bandwidth) are one class with a multiplicity, and each link class carries its load
-  spread evenly over the links of that class the batch touches. Exact when traffic is spread
-  evenly over those links (rings, all-to-alls and regular groups on homogeneous fabrics), and
-  orders of magnitude cheaper at 16k+ GPUs. Hand-written topologies always run explicit.
+* ``symmetric``: identical flows of a batch are one class row over link classes
+  (:mod:`simulator.network.symmetric`); exact when traffic is spread evenly over the links of a
+  class, and cheaper at 16k+ GPUs. Hand-written topologies always run explicit.
 
 Topologies with ``routing: ecmp`` always run explicit too: hashing pins flows to single ports,
 so the ports of a tier carry uneven loads that differ from batch to batch, and concurrent
@@ -24,19 +32,24 @@ about a second).
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 import simpy
 
 from simulator.network.maxmin import maxmin_rates
 from simulator.network.route import Routes
+from simulator.network.symmetric import ClassSpace
 from simulator.topology import Topology
 
-__all__ = ["FlowNetwork", "NetworkStats", "link_classes", "symmetric_reduce"]
+__all__ = ["FlowNetwork", "NetworkStats"]
 
+#: a flow within this fraction of its size of done is done
 _DONE_REL = 1e-9
+#: flows due within this many seconds per second of simulated time finish together (float
+#: rounding of absolute times is ~1e-16 of them)
+_DUE_REL = 1e-12
 
 
 @dataclass
@@ -50,122 +63,28 @@ class NetworkStats:
     link_bytes: dict = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Batch:
+    """Flows started together, as (flow, link) entries; ``remaining`` holds at time ``t``."""
+
+    key: int
     flow: np.ndarray
     link: np.ndarray
     coef: np.ndarray
+    ulinks: np.ndarray      # the distinct links of the entries
     remaining: np.ndarray   # bytes left per flow (per representative flow in symmetric mode)
     size: np.ndarray
     mult: np.ndarray        # flows each row stands for
     event: simpy.Event
+    t: float
     rate: np.ndarray | None = None
+    version: int = 0
 
-
-def link_classes(topo: Topology) -> tuple[np.ndarray, np.ndarray]:
-    """Class id of every link and the capacity (bytes/s, effective) of one link of each class.
-
-    Links are in one class when they share tier, kind, direction and bandwidth.
-    """
-    lt = topo.links
-    cap = topo.effective_capacity_Bps()
-    keys = [(lt.tier[i], lt.kind[i], i % 2, float(lt.bandwidth_Bps[i])) for i in range(len(lt))]
-    uniq: dict[tuple, int] = {}
-    cls = np.fromiter((uniq.setdefault(k, len(uniq)) for k in keys), dtype=np.int64,
-                      count=len(keys))
-    class_cap = np.zeros(len(uniq))
-    class_cap[cls] = cap
-    return cls, class_cap
-
-
-class _ClassSpace:
-    """Link classes of a topology, extended on demand by per-batch refinements."""
-
-    def __init__(self, topo: Topology) -> None:
-        self.base, cap = link_classes(topo)
-        self.capacity = list(cap)
-        self.refined: dict[tuple, int] = {}
-        self.batches = 0
-
-    def refine(self, key: tuple, cap: float) -> int:
-        if key not in self.refined:
-            self.refined[key] = len(self.capacity)
-            self.capacity.append(cap)
-        return self.refined[key]
-
-
-def symmetric_reduce(routes: Routes, nbytes: np.ndarray, space: _ClassSpace
-                     ) -> tuple[Routes, np.ndarray, np.ndarray]:
-    """Collapse identical flows into classes; return (class routes, bytes, multiplicity).
-
-    Links of one class (tier, kind, direction, bandwidth) touched by the batch become one class
-    row keyed by the exact set of links, so concurrent batches on the same links share it and
-    batches on disjoint links (the DP groups of different rails) do not; if the batch loads
-    those links unevenly the set is split further by per-link load (a tree's busy and idle
-    NICs), which keeps the reduction exact for the batch. Concurrent batches whose link sets
-    overlap only in part do not see each other: use explicit mode for such traffic. Coefficients are
-    ``multiplicity × fraction / links in the (sub)class``, so one class row stands for all its
-    flows under the even-spread assumption.
-    """
-    n = routes.n_flows
-    cls = space.base
-    # everything below is per link the batch touches, never per link of the fabric
-    touched_links, at = np.unique(routes.link, return_inverse=True)
-    load = np.bincount(at, weights=routes.frac * nbytes[routes.flow], minlength=touched_links.size)
-    cnt = np.bincount(at, weights=routes.frac, minlength=touched_links.size)
-    tcls = cls[touched_links]                 # class of each touched link, refined below
-    tc = tcls.copy()
-    order = np.argsort(tc, kind="stable")
-    tc = tc[order]
-    bounds = np.flatnonzero(np.diff(tc)) + 1
-    cap = np.asarray(space.capacity)
-    space.batches += 1
-    for grp in np.split(order, bounds):
-        links = touched_links[grp]
-        ld, ct = load[grp], cnt[grp]
-        c = int(cls[links[0]])
-        # a class row stands for load spread over exactly these links: batches touching the
-        # same link set share it, batches on other links of the same kind do not
-        where = hash(links.tobytes())
-        if np.ptp(ld) <= 1e-9 * ld.max() and np.ptp(ct) <= 1e-9 * ct.max():
-            tcls[grp] = space.refine(("set", c, where), float(cap[c]))
-            continue
-        key_l = np.round(ld / max(ld.max(), 1e-300), 9)
-        key_c = np.round(ct, 9)
-        for kl, kc in sorted(set(zip(key_l.tolist(), key_c.tolist()))):
-            sel = grp[(key_l == kl) & (key_c == kc)]
-            tcls[sel] = space.refine((space.batches, c, kl, kc), float(cap[c]))
-    lc = tcls[at]
-    n_cls = len(space.capacity)
-    touched = np.bincount(tcls, minlength=n_cls).astype(float)
-    if n == 1:                              # one flow (a pipeline send): its own class row
-        return (Routes(1, routes.flow, lc, routes.frac / touched[lc], routes.latency_s),
-                nbytes.astype(float), np.ones(1, dtype=np.int64))
-    h1, h2 = _class_hashes(n_cls)
-    q = np.round(routes.frac * 1e6).astype(np.int64) % (2**31)
-    s1 = np.bincount(routes.flow, weights=(h1[lc] * q % (2**31)).astype(float), minlength=n)
-    s2 = np.bincount(routes.flow, weights=(h2[lc] * ((q + 7) % (2**31)) % (2**31)).astype(float),
-                     minlength=n)
-    sig = np.stack([s1, s2, nbytes.astype(float)], axis=1)
-    _, rep, inv, mult = np.unique(sig, axis=0, return_index=True, return_inverse=True,
-                                  return_counts=True)
-    inv = inv.ravel()
-    is_rep = np.zeros(n, dtype=bool)
-    is_rep[rep] = True
-    keep = is_rep[routes.flow]
-    cflow = inv[routes.flow[keep]]
-    clink = lc[keep]
-    coef = mult[cflow] * routes.frac[keep] / touched[clink]
-    return (Routes(len(rep), cflow, clink, coef, routes.latency_s[rep]),
-            nbytes[rep].astype(float), mult)
-
-
-@lru_cache(maxsize=64)
-def _class_hashes(n_cls: int) -> tuple[np.ndarray, np.ndarray]:
-    """Two seeded random weights per link class (flow signatures of :func:`symmetric_reduce`)."""
-    rng = np.random.default_rng(12345)
-    return (rng.integers(1, 2**31, size=n_cls + 1, dtype=np.int64),
-            rng.integers(1, 2**31, size=n_cls + 1, dtype=np.int64))
+    def next_done_s(self) -> float:
+        """Absolute time its next flow finishes at the current rates, seconds."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            left = np.where(self.remaining > 0, self.remaining / self.rate, 0.0)
+        return self.t + float(left.min())
 
 
 class FlowNetwork:
@@ -180,21 +99,26 @@ class FlowNetwork:
         # hand-written graphs and hashed (ECMP) routes break the symmetry classes rely on
         self.mode = mode if topo.hierarchy is not None and not topo.routing.ecmp \
             else "explicit"
-        if self.mode == "symmetric":
-            self._space = _ClassSpace(topo)
-            self.capacity = np.asarray(self._space.capacity)
-        else:
-            self._space, self.capacity = None, topo.effective_capacity_Bps()
+        self._space = ClassSpace(topo) if self.mode == "symmetric" else None
+        self._capacity = None if self._space else topo.effective_capacity_Bps()
         self.stats = NetworkStats()
-        self._active: list[_Batch] = []
-        self._last = 0.0
-        self._wake: simpy.Event | None = None
-        self._version = 0
-        self._usage = np.zeros(self.capacity.size, dtype=np.int64)   # active entries per link
+        self._active: dict[int, _Batch] = {}
+        self._keys = 0
+        self._heap: list[tuple[float, int, int]] = []    # (due time, batch key, version)
+        self._wake_at = np.inf
+        self._wake_token = 0
+        n = self.capacity.size
+        self._usage = np.zeros(n, dtype=np.int64)   # batches in flight using each link
+        self._mark = np.zeros(n, dtype=bool)        # scratch of the component search
         # per-link bytes carried and busy seconds (bytes / capacity at the time), when tracked
         self.track_links = track_links and self.mode == "explicit"
-        self.link_bytes = np.zeros(self.capacity.size) if self.track_links else None
-        self.link_busy_s = np.zeros(self.capacity.size) if self.track_links else None
+        self.link_bytes = np.zeros(n) if self.track_links else None
+        self.link_busy_s = np.zeros(n) if self.track_links else None
+
+    @property
+    def capacity(self) -> np.ndarray:
+        """Capacity of every link (explicit) or link class (symmetric), bytes/s."""
+        return self._space.capacity if self._space is not None else self._capacity
 
     def transfer(self, routes: Routes, nbytes) -> simpy.Event:
         """Start a batch of flows now; the returned event fires when all are delivered.
@@ -202,7 +126,7 @@ class FlowNetwork:
         ``nbytes`` is the size of each flow in bytes (scalar or one per flow). Flows of zero bytes
         or with no link finish at once. Latency is not added here: callers add it.
         """
-        nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), (routes.n_flows,)).copy()
+        nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), (routes.n_flows,))
         ev = self.env.event()
         self.stats.flows_started += routes.n_flows
         self.stats.bytes += float(nbytes.sum())
@@ -213,33 +137,29 @@ class FlowNetwork:
         if not busy.any():
             ev.succeed()
             return ev
-        if not busy.all():
-            routes = _subset(routes, busy)
-            nbytes = nbytes[busy]
         if self.mode == "symmetric":
-            routes, nbytes, mult = symmetric_reduce(routes, nbytes, self._space)
-            if len(self._space.capacity) != self.capacity.size:
-                self.capacity = np.asarray(self._space.capacity)
+            routes, nbytes, mult = self._space.reduce(routes, np.ascontiguousarray(nbytes), busy)
         else:
+            if not busy.all():
+                routes, nbytes = routes.subset(busy), nbytes[busy]
             mult = np.ones(routes.n_flows, dtype=np.int64)
-        if self._usage.size < self.capacity.size:
-            self._usage = np.concatenate([self._usage, np.zeros(self.capacity.size
-                                                                 - self._usage.size, np.int64)])
-        self._advance()
-        batch = _Batch(routes.flow, routes.link, routes.frac, nbytes, nbytes.copy(), mult, ev)
-        self._active.append(batch)
-        # Fast path: a batch whose flows share no link with anything in flight (nor with each
-        # other) leaves every other rate unchanged; each of its flows runs at its bottleneck.
-        if (not self._usage[routes.link].any()
-                and np.unique(routes.link).size == routes.link.size):
+        self._grow(self.capacity.size)
+        now = self.env.now
+        ulinks = np.unique(routes.link)
+        self._keys += 1
+        b = _Batch(self._keys, routes.flow, routes.link, routes.frac, ulinks,
+                   np.array(nbytes, dtype=float), np.array(nbytes, dtype=float), mult, ev, now)
+        lone = ulinks.size == routes.link.size and not self._usage[ulinks].any()
+        self._active[b.key] = b
+        self._usage[ulinks] += 1
+        if lone:
+            # nothing shares its links: each flow runs at its bottleneck, no one else changes
             rate = np.full(routes.n_flows, np.inf)
             np.minimum.at(rate, routes.flow, self.capacity[routes.link] / routes.frac)
-            batch.rate = rate
-            self._usage[routes.link] += 1
-            self._schedule()
+            self._set_rate(b, rate)
         else:
-            np.add.at(self._usage, routes.link, 1)
-            self._resolve(force=True)
+            self._solve(self._component(ulinks))
+        self._arm()
         return ev
 
     def scale_capacity(self, links, factor: float) -> None:
@@ -248,93 +168,143 @@ class FlowNetwork:
         if self.mode != "explicit":
             raise ValueError("link faults need the explicit network mode")
         links = np.asarray(links, dtype=np.int64)
-        self._advance()
-        self.capacity = self.capacity.copy()
-        self.capacity[links] *= factor
-        if self._active:
-            self._resolve(force=True)
+        for b in self._active.values():
+            self._advance(b)            # bytes so far moved at the old capacity
+        self._capacity = self._capacity.copy()
+        self._capacity[links] *= factor
+        hit = self._component(links) if links.size else []
+        if hit:
+            self._solve(hit)
+            self._arm()
 
     # -- internals -------------------------------------------------------------------------
-    def _advance(self) -> None:
-        dt = self.env.now - self._last
-        self._last = self.env.now
-        if dt <= 0:
+    def _grow(self, n: int) -> None:
+        """Make the per-link arrays hold ``n`` links (symmetric mode adds classes)."""
+        if self._usage.size >= n:
             return
-        for b in self._active:
-            if b.rate is not None:
-                moved = np.where(np.isinf(b.rate), b.remaining, np.minimum(b.rate * dt,
-                                                                          b.remaining))
-                if self.track_links:
-                    on_link = np.bincount(b.link, weights=moved[b.flow] * b.coef,
-                                          minlength=self.capacity.size)
-                    self.link_bytes += on_link
-                    self.link_busy_s += on_link / self.capacity
-                b.remaining -= moved
+        extra = max(n - self._usage.size, self._usage.size)
+        self._usage = np.concatenate([self._usage, np.zeros(extra, np.int64)])
+        self._mark = np.concatenate([self._mark, np.zeros(extra, bool)])
 
-    def _resolve(self, *, force: bool = False) -> None:
-        """Drop finished flows, fire finished batches, re-solve rates if anything could change."""
-        still = []
-        freed: list[np.ndarray] = []
-        for b in self._active:
-            done = b.remaining <= b.size * _DONE_REL
-            if done.any():
-                freed.append(b.link[done[b.flow]])
-                self.stats.flows_finished += int(b.mult[done].sum())
-                if done.all():
-                    b.event.succeed()
-                    continue
-                keep = ~done
-                ent = keep[b.flow]
-                newid = np.cumsum(keep) - 1
-                b.flow, b.link, b.coef = newid[b.flow[ent]], b.link[ent], b.coef[ent]
-                b.remaining, b.size, b.mult = b.remaining[keep], b.size[keep], b.mult[keep]
-                if b.rate is not None:
-                    b.rate = b.rate[keep]
-            still.append(b)
-        self._active = still
-        for links in freed:
-            np.subtract.at(self._usage, links, 1)
-        if not still:
-            self._version += 1
+    def _component(self, links: np.ndarray) -> list[_Batch]:
+        """The batches in flight linked to ``links`` through shared links, transitively (the
+        part of the network whose max-min rates a change on ``links`` can move)."""
+        batches = list(self._active.values())
+        if not batches:
+            return []
+        ulinks = np.concatenate([b.ulinks for b in batches])
+        owner = np.repeat(np.arange(len(batches)), [b.ulinks.size for b in batches])
+        mark = self._mark
+        mark[links] = True
+        inside = np.zeros(len(batches), dtype=bool)
+        while True:                     # one layer of the breadth-first search per round
+            hit = np.zeros(len(batches), dtype=bool)
+            hit[owner[mark[ulinks]]] = True
+            new = hit & ~inside
+            if not new.any():
+                break
+            inside |= new
+            mark[ulinks[new[owner]]] = True
+        mark[links] = False
+        mark[ulinks[inside[owner]]] = False
+        return [b for b, i in zip(batches, inside) if i]
+
+    def _advance(self, b: _Batch) -> None:
+        """Move batch ``b``'s flows on at their rates up to now."""
+        dt = self.env.now - b.t
+        b.t = self.env.now
+        if dt <= 0 or b.rate is None:
             return
-        # rates change only if a freed link is still used by someone, or a batch was added
-        if not force and not any(self._usage[links].any() for links in freed):
-            self._schedule()
-            return
-        offs = np.cumsum([0] + [len(b.remaining) for b in still])
-        rates = maxmin_rates(np.concatenate([b.flow + o for b, o in zip(still, offs)]),
-                             np.concatenate([b.link for b in still]),
-                             np.concatenate([b.coef for b in still]),
-                             self.capacity, int(offs[-1]))
+        moved = np.where(np.isinf(b.rate), b.remaining, np.minimum(b.rate * dt, b.remaining))
+        if self.track_links:
+            on_link = np.bincount(b.link, weights=moved[b.flow] * b.coef,
+                                  minlength=self.capacity.size)
+            self.link_bytes += on_link
+            self.link_busy_s += on_link / self.capacity
+        b.remaining -= moved
+
+    def _solve(self, batches: list[_Batch]) -> None:
+        """Max-min rates of the flows of ``batches`` (a union of whole components)."""
+        for b in batches:
+            self._advance(b)
+        if len(batches) == 1:
+            b = batches[0]
+            self._set_rate(b, maxmin_rates(b.flow, b.link, b.coef, self.capacity,
+                                           b.remaining.size))
+        else:
+            offs = np.cumsum([0] + [b.remaining.size for b in batches])
+            rates = maxmin_rates(np.concatenate([b.flow + o for b, o in zip(batches, offs)]),
+                                 np.concatenate([b.link for b in batches]),
+                                 np.concatenate([b.coef for b in batches]),
+                                 self.capacity, int(offs[-1]))
+            for b, o in zip(batches, offs):
+                self._set_rate(b, rates[o:o + b.remaining.size])
         self.stats.solves += 1
-        for b, o in zip(still, offs):
-            b.rate = rates[o:o + len(b.remaining)]
-        self._schedule()
 
-    def _schedule(self) -> None:
-        """Sleep until the next flow completes (superseding any earlier wake-up)."""
-        self._version += 1
-        t_next = np.inf
-        with np.errstate(divide="ignore"):
-            for b in self._active:
-                t_next = min(t_next, float(np.min(b.remaining / b.rate)))
-        version = self._version
-        wake = self.env.timeout(max(t_next, 0.0))
-        wake.callbacks.append(lambda _e: self._on_wake(version))
+    def _set_rate(self, b: _Batch, rate: np.ndarray) -> None:
+        """Give ``b`` new rates (from now) and queue its next completion."""
+        b.rate = rate
+        b.version += 1
+        heapq.heappush(self._heap, (b.next_done_s(), b.key, b.version))
 
-    def _on_wake(self, version: int) -> None:
-        if version != self._version:
-            return  # a newer solve superseded this wake-up
-        self._advance()
-        # snap flows that are within rounding of done
-        for b in self._active:
-            close = b.remaining <= np.maximum(b.size * _DONE_REL, b.rate * 1e-15)
-            b.remaining[close] = 0.0
-        self._resolve()
+    def _arm(self) -> None:
+        """Make sure a wake-up is due at the earliest completion in the heap."""
+        heap, active = self._heap, self._active
+        while heap and (heap[0][1] not in active or active[heap[0][1]].version != heap[0][2]):
+            heapq.heappop(heap)
+        if not heap or heap[0][0] >= self._wake_at:
+            return
+        self._wake_at = heap[0][0]
+        self._wake_token += 1
+        token = self._wake_token
+        wake = self.env.timeout(max(self._wake_at - self.env.now, 0.0))
+        wake.callbacks.append(lambda _e: self._on_wake(token))
 
+    def _on_wake(self, token: int) -> None:
+        if token != self._wake_token:
+            return              # an earlier wake-up was armed since
+        self._wake_at = np.inf
+        now = self.env.now
+        due_by = now + _DUE_REL * max(now, 1e-6)
+        heap, active = self._heap, self._active
+        due: list[_Batch] = []
+        while heap and heap[0][0] <= due_by:
+            _, key, version = heapq.heappop(heap)
+            b = active.get(key)
+            if b is not None and b.version == version:
+                due.append(b)
+        freed = [self._finish_flows(b, due_by) for b in due]
+        links = np.concatenate(freed) if freed else np.zeros(0, np.int64)
+        links = links[self._usage[links] > 0]
+        versions = [b.version for b in due]
+        if links.size:
+            self._solve(self._component(links))
+        for b, v in zip(due, versions):     # partly done, rates unchanged: queue its next flow
+            if b.key in active and b.version == v:
+                self._set_rate(b, b.rate)
+        self._arm()
 
-def _subset(routes: Routes, keep: np.ndarray) -> Routes:
-    ent = keep[routes.flow]
-    newid = np.cumsum(keep) - 1
-    return Routes(int(keep.sum()), newid[routes.flow[ent]], routes.link[ent], routes.frac[ent],
-                  routes.latency_s[keep])
+    def _finish_flows(self, b: _Batch, due_by: float) -> np.ndarray:
+        """Retire ``b``'s flows that are done by ``due_by``; fire its event when none is left.
+        Returns the links those flows freed (their capacity may go to others now)."""
+        self._advance(b)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            left_s = b.remaining / b.rate
+        done = (b.remaining <= b.size * _DONE_REL) | (left_s <= due_by - b.t)
+        self.stats.flows_finished += int(b.mult[done].sum())
+        if done.all():
+            del self._active[b.key]
+            self._usage[b.ulinks] -= 1
+            b.event.succeed()
+            return b.ulinks
+        keep = ~done
+        ent = keep[b.flow]
+        freed = b.link[~ent]
+        newid = np.cumsum(keep) - 1
+        b.flow, b.link, b.coef = newid[b.flow[ent]], b.link[ent], b.coef[ent]
+        b.remaining, b.size, b.mult = b.remaining[keep], b.size[keep], b.mult[keep]
+        b.rate = b.rate[keep]
+        ulinks = np.unique(b.link)
+        self._usage[np.setdiff1d(b.ulinks, ulinks, assume_unique=True)] -= 1
+        b.ulinks = ulinks
+        return freed

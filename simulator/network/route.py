@@ -60,6 +60,13 @@ class Routes:
     frac: np.ndarray
     latency_s: np.ndarray
 
+    def subset(self, keep: np.ndarray) -> "Routes":
+        """The flows ``keep`` (a mask over flows) selects, renumbered in order."""
+        ent = keep[self.flow]
+        newid = np.cumsum(keep) - 1
+        return Routes(int(keep.sum()), newid[self.flow[ent]], self.link[ent], self.frac[ent],
+                      self.latency_s[keep])
+
     @staticmethod
     def concat(parts: list["Routes"]) -> "Routes":
         offs = np.cumsum([0] + [p.n_flows for p in parts])

@@ -234,6 +234,12 @@ class Topology:
             for i in range(shown))
         return g
 
+    @cached_property
+    def memo(self) -> dict:
+        """Structures derived from this topology on demand and kept for reuse (the routes of a
+        collective group, by the algorithm that made them); not part of its identity."""
+        return {}
+
     @property
     def num_gpus(self) -> int:
         return len(self.gpus)

@@ -1,0 +1,220 @@
+"""Symmetric mode: identical flows of a batch collapsed into classes over link classes.
+
+Flows with the same bytes and the same multiset of link *classes* (tier, kind, direction,
+bandwidth) are one class row with a multiplicity, and each link class carries its load spread
+evenly over the links of that class the batch touches. Exact when traffic is spread evenly over
+those links (rings, all-to-alls and regular groups on homogeneous fabrics), and orders of
+magnitude cheaper than one row per flow at 16k+ GPUs.
+
+A reduction depends only on the batch's routes and bytes, so :class:`ClassSpace` keeps the
+reductions it made: a collective phase that runs again (the same bucket every micro-batch) costs
+a lookup and a relabelling of its batch-private classes, not a new reduction.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from simulator.network.route import Routes
+from simulator.topology import Topology
+
+__all__ = ["ClassSpace", "link_classes", "symmetric_reduce"]
+
+#: reductions a space remembers (each holds arrays the size of the batch's class rows)
+CACHE_ENTRIES = 512
+
+
+def link_classes(topo: Topology) -> tuple[np.ndarray, np.ndarray]:
+    """Class id of every link and the capacity (bytes/s, effective) of one link of each class.
+
+    Links are in one class when they share tier, kind, direction and bandwidth; classes are
+    numbered in the order of their first link.
+    """
+    lt = topo.links
+    n = len(lt)
+    cap = topo.effective_capacity_Bps()
+    key = np.zeros(n, dtype=np.int64)
+    for column in (lt.tier, lt.kind, np.arange(n) % 2, np.asarray(lt.bandwidth_Bps, float)):
+        codes, size = _codes(column)
+        key = key * size + codes
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    cls = rank[inv.ravel()]
+    class_cap = np.zeros(first.size)
+    class_cap[cls] = cap
+    return cls, class_cap
+
+
+def _codes(values) -> tuple[np.ndarray, int]:
+    """Integer codes of a column (equal values, equal codes) and how many there are."""
+    if isinstance(values, np.ndarray):
+        uniq, inv = np.unique(values, return_inverse=True)
+        return inv.ravel().astype(np.int64), max(uniq.size, 1)
+    seen: dict = {}
+    codes = np.fromiter((seen.setdefault(v, len(seen)) for v in values), dtype=np.int64,
+                        count=len(values))
+    return codes, max(len(seen), 1)
+
+
+@dataclass(frozen=True)
+class _Reduced:
+    """A cached reduction. Link ids ``< 0`` are batch-private classes ``-1 - k``, numbered
+    afresh every time the reduction is used; ``private_cap[k]`` is the capacity of class k."""
+
+    routes: Routes
+    nbytes: np.ndarray
+    mult: np.ndarray
+    private_cap: np.ndarray
+    source: Routes          # the routes reduced (kept alive: the cache is keyed by its id)
+    nbytes_in: np.ndarray   # the bytes reduced
+
+
+class ClassSpace:
+    """Link classes of a topology, extended on demand by per-batch refinements.
+
+    ``capacity`` (bytes/s per class id) grows by doubling, so adding classes never copies
+    it per batch; ``size`` ids are in use.
+    """
+
+    def __init__(self, topo: Topology) -> None:
+        if "link_classes" not in topo.memo:
+            topo.memo["link_classes"] = link_classes(topo)
+        self.base, cap = topo.memo["link_classes"]
+        self._cap = np.array(cap, dtype=float)
+        self.size = cap.size
+        self.refined: dict[tuple, int] = {}
+        self._cache: OrderedDict[tuple, _Reduced] = OrderedDict()
+
+    @property
+    def capacity(self) -> np.ndarray:
+        """Capacity of every class id in use, bytes/s (a view: read it again after a batch)."""
+        return self._cap[:self.size]
+
+    def new_class(self, cap: float) -> int:
+        if self.size == self._cap.size:
+            self._cap = np.concatenate([self._cap, np.zeros(max(self._cap.size, 64))])
+        self._cap[self.size] = cap
+        self.size += 1
+        return self.size - 1
+
+    def refine(self, key: tuple, cap: float) -> int:
+        """The class id of a shared refinement ``key`` (created on first use)."""
+        if key not in self.refined:
+            self.refined[key] = self.new_class(cap)
+        return self.refined[key]
+
+    def reduce(self, routes: Routes, nbytes: np.ndarray, keep: np.ndarray
+               ) -> tuple[Routes, np.ndarray, np.ndarray]:
+        """:func:`symmetric_reduce` of the flows ``keep`` selects of a batch, from the cache
+        when these routes and bytes were reduced before (its private classes get fresh ids)."""
+        key = (id(routes), nbytes.size, hash(nbytes.tobytes()))
+        red = self._cache.get(key)
+        if red is None or red.source is not routes or not np.array_equal(red.nbytes_in, nbytes):
+            red = _reduce(routes, nbytes, keep, self)
+            self._cache[key] = red
+            if len(self._cache) > CACHE_ENTRIES:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        link = red.routes.link
+        if red.private_cap.size:
+            first = self.size
+            for c in red.private_cap:
+                self.new_class(float(c))
+            link = np.where(link < 0, first + (-1 - link), link)
+        r = red.routes
+        return Routes(r.n_flows, r.flow, link, r.frac, r.latency_s), red.nbytes, red.mult
+
+
+def _reduce(routes: Routes, nbytes: np.ndarray, keep: np.ndarray, space: ClassSpace
+            ) -> _Reduced:
+    """Reduce the ``keep`` flows, with private classes as placeholders ``-1 - k``."""
+    priv: list[float] = []
+
+    def private(cap: float) -> int:
+        priv.append(cap)
+        return -len(priv)
+
+    sub = routes if keep.all() else routes.subset(keep)
+    red, b, mult = symmetric_reduce(sub, nbytes[keep], space, private=private)
+    return _Reduced(red, b, mult, np.asarray(priv, dtype=float), routes, nbytes.copy())
+
+
+def symmetric_reduce(routes: Routes, nbytes: np.ndarray, space: ClassSpace, *, private=None
+                     ) -> tuple[Routes, np.ndarray, np.ndarray]:
+    """Collapse identical flows into classes; return (class routes, bytes, multiplicity).
+
+    Links of one class (tier, kind, direction, bandwidth) touched by the batch become one class
+    row keyed by the exact set of links, so concurrent batches on the same links share it and
+    batches on disjoint links (the DP groups of different rails) do not; if the batch loads
+    those links unevenly the set is split further by per-link load (a tree's busy and idle
+    NICs) into classes of this batch alone (``private(cap)`` makes one; by default a new id in
+    ``space``), which keeps the reduction exact for the batch. Concurrent batches whose link sets
+    overlap only in part do not see each other: use explicit mode for such traffic. Coefficients are
+    ``multiplicity × fraction / links in the (sub)class``, so one class row stands for all its
+    flows under the even-spread assumption.
+    """
+    private = private or space.new_class
+    n = routes.n_flows
+    cls = space.base
+    # everything below is per link the batch touches, never per link of the fabric
+    touched_links, at = np.unique(routes.link, return_inverse=True)
+    at = at.ravel()
+    load = np.bincount(at, weights=routes.frac * nbytes[routes.flow], minlength=touched_links.size)
+    cnt = np.bincount(at, weights=routes.frac, minlength=touched_links.size)
+    tcls = cls[touched_links]                 # class of each touched link, refined below
+    order = np.argsort(tcls, kind="stable")
+    bounds = np.flatnonzero(np.diff(tcls[order])) + 1
+    cap = space.capacity
+    for grp in np.split(order, bounds):
+        links = touched_links[grp]
+        ld, ct = load[grp], cnt[grp]
+        c = int(cls[links[0]])
+        # a class row stands for load spread over exactly these links: batches touching the
+        # same link set share it, batches on other links of the same kind do not
+        if np.ptp(ld) <= 1e-9 * ld.max() and np.ptp(ct) <= 1e-9 * ct.max():
+            tcls[grp] = space.refine(("set", c, hash(links.tobytes())), float(cap[c]))
+            continue
+        key_l = np.round(ld / max(ld.max(), 1e-300), 9)
+        key_c = np.round(ct, 9)
+        for kl, kc in sorted(set(zip(key_l.tolist(), key_c.tolist()))):
+            sel = grp[(key_l == kl) & (key_c == kc)]
+            tcls[sel] = private(float(cap[c]))
+    lc = tcls[at]
+    # links per (sub)class in this batch, and a compact id per (sub)class for the signatures
+    _, cid, count = np.unique(tcls, return_inverse=True, return_counts=True)
+    hid = cid.ravel()[at]
+    per_class = count[hid].astype(float)
+    if n == 1:                              # one flow (a pipeline send): its own class row
+        return (Routes(1, routes.flow, lc, routes.frac / per_class, routes.latency_s),
+                nbytes.astype(float), np.ones(1, dtype=np.int64))
+    h1, h2 = _class_hashes(int(count.size))
+    q = np.round(routes.frac * 1e6).astype(np.int64) % (2**31)
+    s1 = np.bincount(routes.flow, weights=(h1[hid] * q % (2**31)).astype(float), minlength=n)
+    s2 = np.bincount(routes.flow, weights=(h2[hid] * ((q + 7) % (2**31)) % (2**31)).astype(float),
+                     minlength=n)
+    sig = np.stack([s1, s2, nbytes.astype(float)], axis=1)
+    _, rep, inv, mult = np.unique(sig, axis=0, return_index=True, return_inverse=True,
+                                  return_counts=True)
+    inv = inv.ravel()
+    is_rep = np.zeros(n, dtype=bool)
+    is_rep[rep] = True
+    keep = is_rep[routes.flow]
+    cflow = inv[routes.flow[keep]]
+    clink = lc[keep]
+    coef = mult[cflow] * routes.frac[keep] / per_class[keep]
+    return (Routes(len(rep), cflow, clink, coef, routes.latency_s[rep]),
+            nbytes[rep].astype(float), mult)
+
+
+@lru_cache(maxsize=64)
+def _class_hashes(n_cls: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two seeded random weights per class id (flow signatures of :func:`symmetric_reduce`)."""
+    rng = np.random.default_rng(12345)
+    return (rng.integers(1, 2**31, size=n_cls + 1, dtype=np.int64),
+            rng.integers(1, 2**31, size=n_cls + 1, dtype=np.int64))
