@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-import networkx as nx
 import numpy as np
 
 from simulator.hardware import GPUSpec
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["LINK_KINDS", "DEVICE_KINDS", "ROUTING_MODES", "LinkTable", "Hierarchy", "Tier",
            "CommProfile", "Routing", "Topology"]
@@ -220,7 +222,10 @@ class Topology:
 
     @cached_property
     def graph(self) -> nx.DiGraph:
-        """The device/link graph (networkx), one directed edge per link direction."""
+        """The device/link graph (networkx, imported here: most runs never draw or search it),
+        one directed edge per link direction."""
+        import networkx as nx
+
         g = nx.DiGraph(name=self.name)
         g.add_nodes_from(self.devices.items())
         lt = self.links
