@@ -16,6 +16,7 @@ from simulator.units import format_bytes, format_time
 from simulator.validation import whole
 
 from planner.cli.constraints import layout_filter
+from planner.cli.output import report_timings, split_timings
 from planner.llm.fidelity import (
     kendall_tau_by_group,
     load_set,
@@ -201,16 +202,14 @@ def plan_model(args, spec: LLMSpec, topo, emit) -> int:
     doc = plan_document(best, topo)
     doc["alternatives"] = [r.to_dict() for r in results[1:]]
     doc["search"] = stats
-    if getattr(args, "reproducible", False):
-        doc = _without_wall_clock(doc)
+    doc, timings = split_timings(doc)
     if args.out:
         atomic_write_text(args.out, json.dumps(doc, indent=1))
     lines = [f"{spec.model.name} on {topo.name} ({topo.num_gpus} × {topo.gpu.name}): "
              f"{stats['enumerated']} layouts, "
              + (f"{stats['excluded']} excluded by --constrain/--for, " if allow else "")
              + f"{stats['out_of_memory']} out of memory, "
-             f"{stats['estimated']} estimated, {stats['simulated']} simulated in "
-             f"{stats['wall_s']:.1f} s",
+             f"{stats['estimated']} estimated, {stats['simulated']} simulated",
              "  " + trainer_line(spec.trainer),
              f"  {'#':>2} {'tp':>3}{'cp':>3}{'pp':>4}{'dp':>5}{'ep':>4}{'vpp':>4}{'mbs':>4} {'fsdp':<6}"
              f"{'step':>11}{'MFU':>7}{'memory':>12}{'bubble':>12}{'exposed DP':>12}  order"]
@@ -232,6 +231,7 @@ def plan_model(args, spec: LLMSpec, topo, emit) -> int:
     if args.out:
         lines.append(f"  plan: {args.out}")
     emit(args, doc, "\n".join(lines))
+    report_timings(args, timings)
     return 0
 
 
@@ -266,11 +266,3 @@ def plan_document(res, topo) -> dict:
             "activation_recompute": t.activation_recompute, "ranks": ranks}
 
 
-def _without_wall_clock(o):
-    """The document minus wall-clock measurements, so equal inputs give equal bytes."""
-    if isinstance(o, dict):
-        return {k: _without_wall_clock(v) for k, v in o.items()
-                if k not in ("wall_s", "events_per_s")}
-    if isinstance(o, list):
-        return [_without_wall_clock(v) for v in o]
-    return o

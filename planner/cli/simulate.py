@@ -19,7 +19,7 @@ from planner.cli.options import (
     trainer_arguments,
     with_trainer,
 )
-from planner.cli.output import emit
+from planner.cli.output import add_timings_option, emit
 from planner.cli.simulate_sharding import simulate_sharding_plan
 from planner.measure.validate.dlrm import is_sharding_plan
 from planner.model.llm.spec import load_llm_spec
@@ -59,6 +59,7 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-ranks", type=int, default=64, metavar="N",
                    help="ranks to include in the trace (default 64)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    add_timings_option(p)
     _reliability_arguments(p)
     p.set_defaults(func=run)
 
@@ -138,7 +139,7 @@ def run(args) -> int:
     if args.trace:                  # last: a run refused above leaves no file behind
         res.write_chrome_trace(args.trace, max_ranks=args.trace_ranks)
         data["trace"] = args.trace
-    lines.append(f"  {res.events} events in {res.wall_s:.3f} s wall")
+    lines.append(f"  {res.events} events")
     if args.trace:
         lines.append(f"  trace: {args.trace} (open in https://ui.perfetto.dev)")
     emit(args, data, "\n".join(lines))

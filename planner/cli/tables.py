@@ -30,7 +30,8 @@ from simulator.errors import ClusterplanError, SpecError
 from simulator.units import format_bytes, format_time, parse_bytes
 
 from planner.cli.dmt import add_dmt_arguments, dmt_section, format_dmt
-from planner.cli.output import progress_line, write_json
+from planner.cli.output import (add_timings_option, progress_line, report_timings,
+                                split_timings, write_json)
 from planner.measure.tables.fit import calibrate, write_profile
 from planner.measure.tables.plans import cpu_topology_ref, format_measurement, measure_plan
 from planner.model.tables.shards import parse_sharding_types
@@ -80,7 +81,9 @@ def add_arguments(p: argparse.ArgumentParser, *, devices_required: bool = True) 
     p.add_argument("--repeats", type=int, default=5, metavar="K",
                    help="--measure: timed iterations per rank (median; default 5)")
     p.add_argument("--reproducible", action="store_true",
-                   help="leave wall-clock time out of the JSON (byte-identical reruns)")
+                   help="accepted for older scripts: results never carry wall-clock time "
+                        "(see --timings)")
+    add_timings_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", default=None, metavar="FILE", help="write the plan JSON here")
     add_dmt_arguments(p)
@@ -125,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     opts = {"solver": args.mip_solver} if args.planner == "mip" else {}
     planner = get_planner(args.planner, **opts)
     plan = planner.plan(task, args.devices, seed=args.seed, time_limit_s=args.time_limit)
-    doc = plan.to_dict(stable=args.reproducible)
+    doc, timings = split_timings(plan.to_dict())
     sim = None
     if args.simulate:
         sim = simulate_plan(plan, task)
@@ -154,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
         if args.out:
             print(f"wrote {args.out}" if plan.valid else
                   f"not written to {args.out}: the plan is not valid")
+    report_timings(args, timings)
     return 0 if plan.valid else 1
 
 
@@ -246,7 +250,7 @@ def format_plan(plan, sim=None) -> str:
     lines = [f"{t['name']}: {t['num_tables']} tables ({format_bytes(t['total_weight_bytes'])} of "
              f"weights, {t['optimizer']}), batch {t['batch_size']:,} on {plan.devices} × "
              f"{plan.gpu} ({plan.topology})",
-             f"planner {plan.planner} ({status}) in {st.wall_s:.2f} s, seed {st.seed}", ""]
+             f"planner {plan.planner} ({status}), seed {st.seed}", ""]
     b = plan.breakdown_s
     hdr = (f"{'rank':>4} {'cost':>11} {'lookups':>11} {'all-to-all':>11} {'other comm':>11} "
            f"{'memory':>11} {'of':>10} {'shards':>6}")
