@@ -135,3 +135,47 @@ def test_a_crashing_point_is_a_failed_row_and_is_retried(tmp_path, workers):
     assert len(ckpt.read_text().splitlines()) == 2        # the crash is not checkpointed
     table, stats = run_sweep(spec, command=main, workers=workers, checkpoint=ckpt)
     assert stats["run"] == 1 and table.ok.all()
+
+
+def _slow(argv):
+    """`main`, except that one point hangs (a search that never converges)."""
+    if "4MiB" in argv:
+        import time
+        time.sleep(30)
+    return main(argv)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_point_past_its_timeout_is_stopped_and_recorded(tmp_path, workers):
+    import time
+    spec = parse_sweep({"command": "collective allreduce", "args": {"--topology": "dgx-a100"},
+                        "grid": {"--size": ["1MiB", "4MiB", "16MiB"]}}, source="t")
+    ckpt = tmp_path / "ckpt.jsonl"
+    t0 = time.monotonic()
+    table, stats = run_sweep(spec, command=_slow, workers=workers, checkpoint=ckpt,
+                             timeout_s=1.0)
+    assert time.monotonic() - t0 < 20                        # not the 30 s of the hung point
+    assert stats["failed"] == 1 and stats["timed_out"] == 1
+    row = table[~table.ok].iloc[0]
+    assert row["size"] == "4MiB" and "timed out after 1 s" in row["error"]
+    assert table.ok.sum() == 2 and len(ckpt.read_text().splitlines()) == 2
+
+
+def test_cli_exit_code_says_a_point_failed_and_a_bad_plot_writes_nothing(tmp_path, capsys):
+    grid = tmp_path / "g.yaml"
+    head = "command: [collective, allreduce]\nargs: {--topology: dgx-a100, --size: 1MiB}\n"
+    grid.write_text(head + "grid: {--ranks: [2, 4096]}\nkeep: [time_s]\n")
+    out = tmp_path / "r.csv"
+    assert main(["sweep", str(grid), "--out", str(out), "--workers", "1"]) == 1
+    t = pd.read_csv(out)
+    assert t.ok.tolist() == [True, False] and "1 failed" in capsys.readouterr().out
+    # a plot column the table lacks: exit 2 before the old table is touched; the finished
+    # points stay in the checkpoint for the corrected rerun
+    grid.write_text(head + "grid: {--ranks: [2, 8]}\nkeep: [time_s]\nplot: {x: ranks, y: nope}\n")
+    before = out.read_bytes()
+    assert main(["sweep", str(grid), "--out", str(out), "--plot", str(tmp_path / "p.png"),
+                 "--workers", "1"]) == 2
+    assert "nope" in capsys.readouterr().err and out.read_bytes() == before
+    assert not (tmp_path / "p.png").exists()
+    assert (tmp_path / "r.csv.partial.jsonl").exists()
+    assert main(["sweep", str(grid), "--out", str(out), "--timeout", "0"]) == 2

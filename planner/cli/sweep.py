@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import signal
 from pathlib import Path
 
 from simulator.errors import SpecError
 
 from planner.cli.output import emit
 from planner.sweep.grid import load_sweep
-from planner.sweep.run import bar_progress, plot_table, run_sweep, write_table
+from planner.sweep.run import (bar_progress, check_plot_columns, plot_table, run_sweep,
+                               write_table)
 
 __all__ = ["register", "run"]
 
@@ -20,6 +22,7 @@ def register(p: argparse.ArgumentParser) -> None:
                      "point of a grid and collect the JSON results into one table (CSV or "
                      "parquet) and an optional plot. Resumable: finished points are kept in "
                      "OUT.partial.jsonl and skipped when the same sweep is started again. "
+                     "Exit code 1 when any point failed or timed out (its row says why). "
                      "Grid format: planner/sweep/grid.py.")
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = ("example:\n  clusterplan sweep grid.yaml --out results.csv --plot results.png\n"
@@ -32,6 +35,9 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="processes of the local pool (default: the CPUs)")
     p.add_argument("--ray", metavar="ADDRESS",
                    help="run on Ray: 'local' starts a local instance, else the head's address")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="stop a point after this many seconds and record it as timed out "
+                        "(the sweep goes on; a rerun tries it again)")
     p.add_argument("--restart", action="store_true",
                    help="forget finished points of an earlier, interrupted run")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -52,11 +58,14 @@ def run(args) -> int:
     if args.plot and not spec.plot:
         raise SpecError("--plot needs a plot: section in the grid", source=spec.source,
                         field="plot", fix="add plot: {x: ..., y: ...}")
+    timeout = _timeout(args.timeout)
     ckpt = out.with_name(out.name + ".partial.jsonl")
     if args.restart and ckpt.exists():
         ckpt.unlink()
     table, stats = run_sweep(spec, workers=args.workers, ray_address=args.ray, checkpoint=ckpt,
-                             progress=bar_progress, command=args.main)
+                             progress=bar_progress, command=args.main, timeout_s=timeout)
+    if args.plot:                   # before any file is written: a bad column keeps the old ones
+        check_plot_columns(table, spec.plot)
     write_table(table, out)
     if args.plot:
         plot_table(table, spec.plot, Path(args.plot))
@@ -64,10 +73,28 @@ def run(args) -> int:
     data = {"out": str(out), "plot": args.plot, **stats,
             "backend": f"ray ({args.ray})" if args.ray else "process pool"}
     human = (f"{stats['points']} points ({stats['run']} run now, {stats['resumed']} resumed, "
-             f"{stats['failed']} failed) on the {data['backend']} → {out}"
+             f"{stats['failed']} failed, {stats['timed_out']} of them timed out) on the "
+             f"{data['backend']} → {out}"
              + (f", {args.plot}" if args.plot else ""))
     if stats["failed"]:
         first = table[~table.ok].iloc[0]
         human += f"\n  first failure, point {first.point}: {first.error}"
     emit(args, data, human)
-    return 0
+    return 1 if stats["failed"] else 0
+
+
+#: the longest a point may be given (seconds): a finite bound
+MAX_TIMEOUT_S = 7 * 86_400.0
+
+
+def _timeout(value: float | None) -> float | None:
+    """``--timeout`` checked: positive, finite, and enforceable on this platform."""
+    if value is None:
+        return None
+    if not 0 < value <= MAX_TIMEOUT_S:
+        raise SpecError(f"--timeout must be positive seconds up to {MAX_TIMEOUT_S:,.0f}, got "
+                        f"{value}", field="--timeout", fix="pass seconds, e.g. --timeout 600")
+    if not hasattr(signal, "SIGALRM"):
+        raise SpecError("per-point timeouts need POSIX signals, which this platform lacks",
+                        field="--timeout", fix="drop --timeout")
+    return value

@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -26,24 +27,52 @@ from simulator.errors import SpecError
 from planner.progress import track
 from planner.sweep.grid import Point, SweepSpec, points
 
-__all__ = ["run_point", "run_sweep", "result_table"]
+__all__ = ["run_point", "run_sweep", "result_table", "check_plot_columns"]
 
 
-def run_point(argv: tuple[str, ...], command: Callable[[list[str]], int]) -> dict[str, Any]:
+class _PointTimeout(BaseException):
+    """A point ran past its time (a BaseException: the command's own ``except Exception``
+    must not swallow it)."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float | None):
+    """Raise :class:`_PointTimeout` in this (main) thread after ``seconds`` of wall time."""
+    if not seconds:
+        yield
+        return
+
+    def expire(_sig, _frame):
+        raise _PointTimeout
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def run_point(argv: tuple[str, ...], command: Callable[[list[str]], int],
+              timeout_s: float | None = None) -> dict[str, Any]:
     """Run one ``clusterplan`` command line with ``command`` (a ``main(argv) -> exit code``,
     picklable for the pool and Ray); ``{"ok": bool, "result"|"error": ...}``.
 
     A point whose command fails (bad value, exit 2) is a row with its error, not a crash of the
     sweep: one impossible configuration in a grid is normal. A point whose command raises
-    (a bug, memory) is a failed row too, marked ``crashed`` (not kept in the checkpoint, so a
-    rerun tries it again).
+    (a bug, memory) or runs past ``timeout_s`` seconds is a failed row too, marked ``crashed``
+    (not kept in the checkpoint, so a rerun, perhaps with a longer timeout, tries it again).
     """
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            code = command(list(argv))
+            with _deadline(timeout_s):
+                code = command(list(argv))
         except SystemExit as exc:                 # argparse rejects an argument
             code = exc.code if isinstance(exc.code, int) else 2
+        except _PointTimeout:
+            return _crashed(f"timed out after {timeout_s:g} s") | {"timed_out": True}
         except Exception as exc:  # noqa: BLE001 - one point's crash must not end the sweep
             return _crashed(f"{type(exc).__name__}: {exc}")
     if code != 0:
@@ -108,13 +137,15 @@ def _read_checkpoint(path: Path) -> dict[str, dict]:
 def run_sweep(spec: SweepSpec, *, command: Callable[[list[str]], int],
               workers: int | None = None, ray_address: str | None = None,
               checkpoint: Path | None = None,
-              progress: Callable[[Iterable, int], Iterable] | None = None
-              ) -> tuple[pd.DataFrame, dict]:
+              progress: Callable[[Iterable, int], Iterable] | None = None,
+              timeout_s: float | None = None) -> tuple[pd.DataFrame, dict]:
     """Run every point not yet in ``checkpoint``; returns (table, stats).
 
-    ``command``: runs one point's command line (:func:`run_point`); ``workers``: processes of the local pool (default: the CPUs); ``ray_address``: run on Ray
-    instead (``"local"`` starts a local Ray instance, anything else is ``ray.init(address=)``).
-    ``stats`` counts points run now, resumed from the checkpoint, and failed.
+    ``command``: runs one point's command line (:func:`run_point`); ``workers``: processes of
+    the local pool (default: the CPUs); ``ray_address``: run on Ray instead (``"local"`` starts
+    a local Ray instance, anything else is ``ray.init(address=)``); ``timeout_s``: wall seconds
+    a point may take before it is stopped and recorded as timed out. ``stats`` counts points
+    run now, resumed from the checkpoint, failed, and timed out.
     """
     pts = points(spec)
     done = _read_checkpoint(checkpoint) if checkpoint else {}
@@ -123,8 +154,8 @@ def run_sweep(spec: SweepSpec, *, command: Callable[[list[str]], int],
     fh = checkpoint.open("a") if checkpoint else None
     progress = progress or (lambda it, total: it)
     try:
-        stream = (_run_ray(todo, command, ray_address, workers) if ray_address
-                  else _run_pool(todo, command, workers))
+        stream = (_run_ray(todo, command, ray_address, workers, timeout_s) if ray_address
+                  else _run_pool(todo, command, workers, timeout_s))
         for key, outcome in progress(stream, len(todo)):
             done[key] = outcome
             if fh and not outcome.get("crashed"):
@@ -135,17 +166,18 @@ def run_sweep(spec: SweepSpec, *, command: Callable[[list[str]], int],
             fh.close()
     table = result_table(spec, done)
     stats = {"points": len(pts), "run": len(todo), "resumed": len(pts) - len(todo),
-             "failed": int((~table.ok).sum()) if len(table) else 0}
+             "failed": int((~table.ok).sum()) if len(table) else 0,
+             "timed_out": sum(1 for o in done.values() if o.get("timed_out"))}
     return table, stats
 
 
-def _run_pool(todo: list[Point], command, workers: int):
+def _run_pool(todo: list[Point], command, workers: int, timeout_s: float | None):
     if workers == 1 or len(todo) <= 1:
         for p in todo:
-            yield p.key, run_point(p.argv, command)
+            yield p.key, run_point(p.argv, command, timeout_s)
         return
     with ProcessPoolExecutor(max_workers=workers) as ex:
-        futs = {ex.submit(run_point, p.argv, command): p for p in todo}
+        futs = {ex.submit(run_point, p.argv, command, timeout_s): p for p in todo}
         for fut in as_completed(futs):
             try:
                 outcome = fut.result()
@@ -154,7 +186,8 @@ def _run_pool(todo: list[Point], command, workers: int):
             yield futs[fut].key, outcome
 
 
-def _run_ray(todo: list[Point], command, address: str, workers: int):
+def _run_ray(todo: list[Point], command, address: str, workers: int,
+             timeout_s: float | None):
     try:
         import ray
     except ImportError:
@@ -177,7 +210,7 @@ def _run_ray(todo: list[Point], command, address: str, workers: int):
         started = True
     try:
         task = ray.remote(run_point)
-        refs = {task.remote(p.argv, command): p for p in todo}
+        refs = {task.remote(p.argv, command, timeout_s): p for p in todo}
         pending = list(refs)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
@@ -209,17 +242,22 @@ def write_table(table: pd.DataFrame, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def check_plot_columns(table: pd.DataFrame, plot: dict) -> None:
+    """A :class:`SpecError` naming the first of the plot's x, y, hue the table lacks."""
+    for col in (plot["x"], plot["y"], plot.get("hue")):
+        if col and col not in table.columns:
+            raise SpecError(f"plot column {col!r} is not in the table "
+                            f"({', '.join(map(str, table.columns))})", field="plot",
+                            fix="name a grid option (without dashes) or a kept result key")
+
+
 def plot_table(table: pd.DataFrame, plot: dict, path: Path) -> None:
     """One line per ``hue`` value of ``y`` against ``x`` (PNG/SVG/PDF by suffix)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    check_plot_columns(table, plot)
     x, y, hue = plot["x"], plot["y"], plot.get("hue")
-    for col in (x, y, hue):
-        if col and col not in table.columns:
-            raise SpecError(f"plot column {col!r} is not in the table "
-                            f"({', '.join(map(str, table.columns))})", field="plot",
-                            fix="name a grid option (without dashes) or a kept result key")
     ok = table[table.ok]
     fig, ax = plt.subplots(figsize=(6, 4))
     groups = ok.groupby(hue) if hue else [(None, ok)]
