@@ -72,7 +72,7 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(tmp_path):
             fh.write(json.dumps({"key": p.key, "outcome": run_point(p.argv, main)}) + "\n")
         fh.write('{"key": "' + pts[4].key + '", "outc')
     again, stats = run_sweep(spec, command=main, workers=1, checkpoint=ckpt)
-    assert stats == {"points": 9, "run": 5, "resumed": 4, "failed": 0}
+    assert stats == {"points": 9, "run": 5, "resumed": 4, "failed": 0, "timed_out": 0}
     pd.testing.assert_frame_equal(full, again)
 
 
