@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pandas as pd
 import pytest
@@ -123,10 +124,14 @@ def _crashy(argv):
     return main(argv)
 
 
+#: three points; the commands above misbehave on the middle one
+THREE = {"command": "collective allreduce", "args": {"--topology": "dgx-a100"},
+         "grid": {"--size": ["1MiB", "4MiB", "16MiB"]}}
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_crashing_point_is_a_failed_row_and_is_retried(tmp_path, workers):
-    spec = parse_sweep({"command": "collective allreduce", "args": {"--topology": "dgx-a100"},
-                        "grid": {"--size": ["1MiB", "4MiB", "16MiB"]}}, source="t")
+    spec = parse_sweep(THREE, source="t")
     ckpt = tmp_path / "ckpt.jsonl"
     table, stats = run_sweep(spec, command=_crashy, workers=workers, checkpoint=ckpt)
     assert stats["points"] == 3 and stats["failed"] == 1
@@ -140,16 +145,13 @@ def test_a_crashing_point_is_a_failed_row_and_is_retried(tmp_path, workers):
 def _slow(argv):
     """`main`, except that one point hangs (a search that never converges)."""
     if "4MiB" in argv:
-        import time
         time.sleep(30)
     return main(argv)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_point_past_its_timeout_is_stopped_and_recorded(tmp_path, workers):
-    import time
-    spec = parse_sweep({"command": "collective allreduce", "args": {"--topology": "dgx-a100"},
-                        "grid": {"--size": ["1MiB", "4MiB", "16MiB"]}}, source="t")
+    spec = parse_sweep(THREE, source="t")
     ckpt = tmp_path / "ckpt.jsonl"
     t0 = time.monotonic()
     table, stats = run_sweep(spec, command=_slow, workers=workers, checkpoint=ckpt,
