@@ -23,8 +23,12 @@ def read_data(path: str | Path) -> list[dict]:
     if not p.exists():
         raise SpecError("no such data file", source=str(p),
                         fix="collect one with `clusterplan costmodel collect --out FILE`")
-    with open(p, newline="") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with open(p, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (csv.Error, UnicodeDecodeError, OSError) as exc:
+        raise SpecError(f"cannot read the data file: {str(exc)[:120]}", source=str(p),
+                        fix="pass a file written by `clusterplan costmodel collect`") from None
     if rows and set(COLUMNS) - set(rows[0]):
         raise SpecError(f"not a costmodel data file (missing columns "
                         f"{sorted(set(COLUMNS) - set(rows[0]))})", source=str(p),

@@ -84,6 +84,7 @@ H = "name,num_embeddings,embedding_dim,pooling_factor\n"
     ("", "header", ["empty"]),
     (H.strip() + ",color\na,10,4,1,red\n", "header", ["color"]),
     (H.strip() + ",precision\na,10,4,1,fp64\n", "tables[0].precision", ["fp64"]),
+    (H + "a,10,4," + "9" * 140_000 + "\n", "tables", ["line 2", "131072"]),
 ])
 def test_bad_csv(tmp_path, text, field, words):
     e = _err(tmp_path, text)

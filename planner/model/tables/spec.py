@@ -362,7 +362,12 @@ def tables_from_csv_text(text: str, *, source: str,
         raise SpecError("empty CSV: no header and no tables", source=source, field="header",
                         fix="start with the header " + ",".join(REQUIRED_COLUMNS))
     reader = csv.reader(io.StringIO("\n".join(lines)))
-    rows = list(reader)
+    try:
+        rows = list(reader)
+    except csv.Error as exc:        # a cell past the csv module's 131,072 characters, a NUL
+        raise SpecError(f"unreadable CSV at data line {reader.line_num}: "
+                        f"{str(exc)[:120]}", source=source, field="tables",
+                        fix="keep every cell short and quote commas inside a cell") from None
     header = [h.strip() for h in rows[0]]
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing:
