@@ -16,7 +16,7 @@ from simulator.units import format_bytes, format_time
 from simulator.validation import whole
 
 from planner.cli.constraints import layout_filter
-from planner.cli.output import report_timings, split_timings
+from planner.cli.output import split_timings
 from planner.llm.fidelity import (
     kendall_tau_by_group,
     load_set,
@@ -230,8 +230,7 @@ def plan_model(args, spec: LLMSpec, topo, emit) -> int:
                      f"{format_time(sa['baseline_step_time_s'])})")
     if args.out:
         lines.append(f"  plan: {args.out}")
-    emit(args, doc, "\n".join(lines))
-    report_timings(args, timings)
+    emit(args, doc, "\n".join(lines), timings)
     return 0
 
 

@@ -70,15 +70,16 @@ def report_timings(args: argparse.Namespace, timings: dict[str, Any]) -> None:
         progress_line("timings: " + ", ".join(f"{k} {v:.3g}" for k, v in flat.items()))
 
 
-def emit(args: argparse.Namespace, data: dict, human: str) -> None:
+def emit(args: argparse.Namespace, data: dict, human: str,
+         timings: dict[str, Any] | None = None) -> None:
     """Print ``data`` as JSON when ``--json`` was given, else the human text; its wall-clock
-    entries go to :func:`report_timings`."""
-    data, timings = split_timings(data)
+    entries, and ``timings`` split off earlier, go to :func:`report_timings`."""
+    data, found = split_timings(data)
     if getattr(args, "json", False):
         print(json.dumps(data, indent=2, default=_jsonable))
     else:
         print(human)
-    report_timings(args, timings)
+    report_timings(args, {**(timings or {}), **found})
 
 
 def _jsonable(o):

@@ -14,7 +14,7 @@ from simulator.fileio import atomic_write_text
 from simulator.topology.pairwise import cost_matrix_for
 from simulator.units import format_time, parse_bytes
 
-from planner.cli.output import add_timings_option, emit, report_timings, split_timings
+from planner.cli.output import add_timings_option, emit, split_timings
 from planner.reorder.groups import placed_plan, plan_comm_time, plan_traffic, reorder_plan
 from planner.reorder.rankmap import rank_map
 from planner.reorder.search import reorder
@@ -143,8 +143,7 @@ def run(args) -> int:
     for f in (args.out, args.plan_out):
         if f:
             lines.append(f"  wrote {f}")
-    emit(args, data, "\n".join(lines))
-    report_timings(args, timings)
+    emit(args, data, "\n".join(lines), timings)
     return 0
 
 

@@ -33,9 +33,6 @@ from simulator.topology import Topology
 __all__ = ["ring", "tree", "hierarchical", "halving_doubling", "nvls", "alltoall_direct",
            "alltoall_pairwise", "sendrecv", "dbt_parents"]
 
-#: group shapes a topology keeps (routes of a few thousand flows each)
-MEMO_ENTRIES = 4096
-
 _RING_FACTOR = {"allreduce": (2.0, 2), "allgather": (1.0, 1), "reducescatter": (1.0, 1)}
 
 
@@ -104,16 +101,6 @@ def ring(topo: Topology, ranks: Sequence[int], size: float, kind: str) -> Collec
     return CollectivePlan(kind, "ring", tuple(r.tolist()), size, (phase,), channels=c)
 
 
-def _memo(topo: Topology, key: tuple, make):
-    """``make()`` once per topology and key (a group's routes serve every size it sends)."""
-    memo = topo.memo
-    if key not in memo:
-        if len(memo) >= MEMO_ENTRIES:
-            memo.clear()
-        memo[key] = make()
-    return memo[key]
-
-
 def _ring_routes(topo: Topology, r: np.ndarray, chain: bool) -> tuple[Routes, int]:
     """Routes of the ring (or, with ``chain``, the open chain) over ``r``, one set of edges per
     channel, and the channel count."""
@@ -121,7 +108,7 @@ def _ring_routes(topo: Topology, r: np.ndarray, chain: bool) -> tuple[Routes, in
         rails = _rails_per_node(topo, r)
         src, dst = (r[:-1], r[1:]) if chain else (r, np.roll(r, -1))
         return _edge_flows(topo, src, dst, rails), len(rails)
-    return _memo(topo, ("ring", chain, r.tobytes()), make)
+    return topo.memoized(("ring", chain, r.tobytes()), make)
 
 
 @functools.lru_cache(maxsize=256)
@@ -182,7 +169,7 @@ def tree(topo: Topology, ranks: Sequence[int], size: float, kind: str = "allredu
     r = np.asarray(ranks, dtype=np.int64)
     if len(r) == 1:
         return CollectivePlan(kind, "tree", tuple(r.tolist()), size, ())
-    routes, share, steps, c = _memo(topo, ("tree", r.tobytes()), lambda: _tree_shape(topo, r))
+    routes, share, steps, c = topo.memoized(("tree", r.tobytes()), lambda: _tree_shape(topo, r))
     phase = Phase(routes, share * size, _latency(topo, routes, "tree", steps, size), "tree")
     return CollectivePlan(kind, "tree", tuple(r.tolist()), size, (phase,), channels=c)
 

@@ -82,9 +82,7 @@ class ClassSpace:
     """
 
     def __init__(self, topo: Topology) -> None:
-        if "link_classes" not in topo.memo:
-            topo.memo["link_classes"] = link_classes(topo)
-        self.base, cap = topo.memo["link_classes"]
+        self.base, cap = topo.memoized(("link_classes",), lambda: link_classes(topo))
         self._cap = np.array(cap, dtype=float)
         self.size = cap.size
         self.refined: dict[tuple, int] = {}

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 __all__ = ["LINK_KINDS", "DEVICE_KINDS", "ROUTING_MODES", "LinkTable", "Hierarchy", "Tier",
            "CommProfile", "Routing", "Topology"]
 
+#: derived structures a topology keeps (:meth:`Topology.memoized`; routes of a few thousand
+#: flows each)
+MEMO_ENTRIES = 4096
+
 LINK_KINDS = ("nvlink", "pcie", "nic", "fabric", "wan", "loopback")
 DEVICE_KINDS = ("gpu", "cpu", "nvswitch", "pcie_switch", "nic", "switch", "wan")
 ROUTING_MODES = ("ideal", "ecmp")
@@ -240,10 +244,19 @@ class Topology:
         return g
 
     @cached_property
-    def memo(self) -> dict:
-        """Structures derived from this topology on demand and kept for reuse (the routes of a
-        collective group, by the algorithm that made them); not part of its identity."""
+    def _memo(self) -> dict:
         return {}
+
+    def memoized(self, key: tuple, make):
+        """``make()`` once per ``key`` on this topology, then kept: structures derived from it
+        on demand (a collective group's routes, its link classes); not part of its identity.
+        At most :data:`MEMO_ENTRIES` are kept (all are dropped when it is full)."""
+        memo = self._memo
+        if key not in memo:
+            if len(memo) >= MEMO_ENTRIES:
+                memo.clear()
+            memo[key] = make()
+        return memo[key]
 
     @property
     def num_gpus(self) -> int:
