@@ -47,3 +47,12 @@ def test_timings_file_holds_the_wall_clock(tmp_path):
     t = json.loads(out.read_text())
     assert t["planner_stats.wall_s"] > 0 and "timings:" not in err
     assert "planner_stats" in json.loads(stdout) and "wall_s" not in stdout
+
+
+def test_a_timings_path_in_a_missing_folder_exits_2_before_any_work(tmp_path, capsys):
+    from planner.cli.main import main
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "criteo-dlrm", "--devices", "2", "--timings", str(tmp_path / "no" / "t.json")])
+    err = capsys.readouterr()
+    assert info.value.code == 2 and "--timings" in err.err and "does not exist" in err.err
+    assert err.out == ""                            # nothing planned, nothing printed

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from simulator.fileio import atomic_write_text
+from simulator.errors import SpecError
+from simulator.fileio import atomic_write_text, check_writable
 
 __all__ = ["emit", "atomic_write", "write_json", "progress_line", "TIMING_KEYS",
            "split_timings", "report_timings", "add_timings_option"]
@@ -50,10 +51,19 @@ def split_timings(doc: Any, path: str = "") -> tuple[Any, dict[str, Any]]:
 
 
 def add_timings_option(p: argparse.ArgumentParser) -> None:
-    """``--timings FILE``: where this command's wall-clock figures go."""
-    p.add_argument("--timings", metavar="FILE",
+    """``--timings FILE``: where this command's wall-clock figures go (checked as the
+    arguments are parsed, before any work)."""
+    p.add_argument("--timings", metavar="FILE", type=_writable_timings,
                    help="write this run's wall-clock timings (seconds) here as JSON; without "
                         "it they go to one line on stderr, never into the result")
+
+
+def _writable_timings(text: str) -> str:
+    try:
+        check_writable(text, field="--timings")
+    except SpecError as exc:
+        raise argparse.ArgumentTypeError(f"{exc.message} (fix: {exc.fix})") from None
+    return text
 
 
 def report_timings(args: argparse.Namespace, timings: dict[str, Any]) -> None:
