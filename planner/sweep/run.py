@@ -188,6 +188,11 @@ def _run_pool(todo: list[Point], command, workers: int, timeout_s: float | None)
 
 def _run_ray(todo: list[Point], command, address: str, workers: int,
              timeout_s: float | None):
+    if address == "local":
+        # A local Ray binds its GCS, raylet and workers to the node's address; on Linux that is
+        # the outward-facing one unless Ray is told this is a single-machine cluster. Read by
+        # ray at import; with it, every Ray server listens on loopback only.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     try:
         import ray
     except ImportError:
@@ -198,7 +203,8 @@ def _run_ray(todo: list[Point], command, address: str, workers: int,
         kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                               "configure_logging": False}
         if address == "local":
-            kw |= {"num_cpus": workers, "object_store_memory": 100 * 2**20}
+            kw |= {"num_cpus": workers, "object_store_memory": 100 * 2**20,
+                   "_node_ip_address": "127.0.0.1"}
         else:
             kw["address"] = address
         try:
