@@ -11,8 +11,11 @@ file, the field and the fix, and exit code 2; never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
+import threading
 import warnings
 from typing import Sequence
 
@@ -87,6 +90,29 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"clusterplan: warning: {message}", file=sys.stderr)
 
 
+class Terminated(Exception):
+    """SIGTERM arrived: raised where the program was, so cleanups run (a solver child is
+    killed, temporary folders and half-written outputs are removed)."""
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """While the command runs, SIGTERM raises :class:`Terminated` instead of ending the process
+    at once (only from the main thread, and only over the default handler)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def raise_terminated(_sig, _frame):
+        raise Terminated()
+    signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``clusterplan argv`` (default: the process's arguments); returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -96,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _sigterm_unwinds():
             warnings.showwarning = _show_warning
             return int(args.func(args) or 0)
     except ClusterplanError as exc:
@@ -105,6 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("clusterplan: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("clusterplan: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except BrokenPipeError:
         return 0
 

@@ -51,6 +51,8 @@ class _Search:
         self._contrib: dict[tuple, np.ndarray] = {}
         self.evaluated = 0
         self.timed_out = False
+        self.work_budget = float("inf")
+        self.out_of_work = False
 
     def contrib(self, t: int, ch) -> np.ndarray:
         key = (t, ch)
@@ -130,6 +132,9 @@ class _Search:
         cur = self.key(costs)
         iters = 0
         while iters < max_iters:
+            if self.evaluated * self.n >= self.work_budget:
+                self.out_of_work = True
+                break
             if time.perf_counter() > self.deadline:
                 self.timed_out = True
                 break
@@ -188,18 +193,28 @@ class _Search:
 
 def improve_choices(cat: Catalog, choices: Sequence, *, seed: int = 0, rounds: int = 6,
                     max_iters: int = 400, perturb_steps: int = 3,
-                    time_limit_s: float | None = None) -> tuple[list, dict]:
-    """Improve ``choices`` (one per table); returns the best choices and search statistics."""
+                    time_limit_s: float | None = None,
+                    work_budget: float | None = None) -> tuple[list, dict]:
+    """Improve ``choices`` (one per table); returns the best choices and search statistics.
+
+    ``work_budget`` bounds the work in rank-evaluations (candidate plans scored × ranks): a
+    stop that depends only on the inputs, so a budgeted search gives the same plan on any
+    machine. ``time_limit_s`` is the safety stop (``timed_out`` in the statistics).
+    """
     t0 = time.perf_counter()
     deadline = t0 + (time_limit_s if time_limit_s is not None else float("inf"))
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x4C53]))
     s = _Search(cat, rng, deadline)
+    if work_budget is not None:
+        s.work_budget = float(work_budget)
     choices = list(choices)
     F = cat.features(choices)
     best, Fb, iters = s.descend(list(choices), F.copy(), max_iters)
     best_key = s.key(cat.cost.rank_costs(Fb))
     total = iters
     for _ in range(rounds):
+        if s.out_of_work:
+            break
         if s.timed_out or time.perf_counter() > deadline:
             s.timed_out = True
             break
@@ -209,7 +224,8 @@ def improve_choices(cat: Catalog, choices: Sequence, *, seed: int = 0, rounds: i
         k = s.key(cat.cost.rank_costs(Fc))
         if s.better(k, best_key) and (Fc[:, F_MEM] <= cat.cap + 0.5).all():
             best, Fb, best_key = c, Fc, k
-    return best, {"iterations": total, "evaluated": s.evaluated, "timed_out": s.timed_out}
+    return best, {"iterations": total, "evaluated": s.evaluated, "timed_out": s.timed_out,
+                  "out_of_work": s.out_of_work}
 
 
 def improve(problem, shardings: Sequence[TableSharding], *, seed: int = 0,

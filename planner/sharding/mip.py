@@ -3,20 +3,25 @@
 The model (variables, constraints, why its objective equals the analytic maximum per-rank
 cost of its plan) is in :mod:`.mip_model`.
 
-Solving: CBC with ``threads=1``, a seed, a warm start from the ``local_search`` plan (so the
-result is never worse than it), ``timeMode elapsed`` and a time left after the model is built;
-a watchdog stops CBC at 107% of the limit and falls back to the warm start, so the whole call
-stays within 110% of ``time_limit_s``. HiGHS is used instead with ``solver="highs"`` when
-``highspy`` is installed. A run that stops at its time limit returns its incumbent and the gap
-to CBC's best bound; such a run depends on machine speed, one that proves optimality does not.
+Solving, within ``time_limit_s`` for the whole call (model build included):
+
+- warm start: greedy, then local search with a *work* budget (rank-evaluations, a fixed rate
+  times 10% of the limit) and a safety stop at 20% of it;
+- the model offers the options whose build fits 40% of the time left (finest column splits
+  dropped first, then table-row-wise, row-wise and data-parallel); a build that overruns its
+  deadline is abandoned;
+- CBC (``threads=1``, a seed, the warm start) gets a *node* budget from the time left and the
+  model's size, and a safety stop before the limit; a watchdog kills it (and a dead parent
+  kills it too) and its temporary folder is removed.
+
+Same inputs, same plan: a plan comes from a stop that depends only on the inputs (the local
+search's work budget, CBC proving optimality or reaching its node budget). When a safety stop
+fires first (a much slower machine) CBC's incumbent is set aside for the warm start and the
+notes say so. HiGHS is used instead with ``solver="highs"`` when ``highspy`` is installed.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 
@@ -24,7 +29,6 @@ import pulp
 
 from simulator.errors import SpecError
 
-from planner.lp import cbc
 from planner.model.tables.cost import F_MEM
 from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
@@ -32,14 +36,34 @@ from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.common import CW_PARTS, Catalog, catalog
 from planner.sharding.greedy import greedy_choices
 from planner.sharding.local_search import improve_choices
-from planner.sharding.mip_model import _CW, _DP, _RW, _TW, _TWRW, EPS, US, MipModel
+from planner.sharding.mip_cbc import run_cbc
+from planner.sharding.mip_model import _CW, _DP, _RW, _TW, _TWRW, EPS, US, BuildTimeout, MipModel
 
 __all__ = ["MipPlanner", "MipResult", "solve_mip"]
+
+#: local-search rank-evaluations per second (measured on the 2-core CI machine: 1.0-1.5 M)
+WARM_RANK_EVALS_PER_S = 1.0e6
+#: CBC with a warm start, measured there from 1.7 k to 116 k nonzeros: the root node (presolve,
+#: cuts) takes 0.5-1.2 s up to 25 k, then grows ~ quadratically (9 s at 105 k, 12 s at 116 k);
+#: a node takes ~2.5 µs per nonzero (2-51 ms up to 25 k), growing faster past 50 k (0.46 s at
+#: 105 k, 0.65 s at 116 k). :func:`root_s` and :func:`node_s` bound those figures.
+CBC_ROOT_MIN_S, CBC_ROOT_NZ = 1.3, 25e3
+CBC_NODE_S_PER_NZ, CBC_NODE_NZ = 2.5e-6, 50e3
+#: seconds PuLP takes per model term (measured there: 7-12 µs)
+BUILD_S_PER_TERM = 15e-6
+#: the deterministic budgets plan for this share of the time they get; the rest is margin
+#: for a slower or busier machine before the safety stops fire
+BUDGET_SHARE = 0.5
 
 
 @dataclass
 class MipResult:
-    """What one MIP solve produced (``choices`` None when it found nothing)."""
+    """What one MIP solve produced (``choices`` None when it found nothing).
+
+    ``status``, decided by the inputs alone: ``optimal``, ``node_limit`` (its node budget
+    spent), ``no_time`` (not run: the root node would not fit its plan); decided by the clock
+    (a safety stop, so by machine speed): ``time_limit``, ``killed``, ``build_timeout``.
+    """
 
     choices: list | None
     status: str
@@ -51,69 +75,22 @@ class MipResult:
     solve_s: float
     note: str = ""
 
-
-_NUM = r"([-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)"
-
-
-def _parse_cbc_log(text: str) -> dict:
-    info: dict = {}
-    m = re.search(r"Result - (.+)", text)
-    info["result"] = m.group(1).strip() if m else ""
-    m = re.search(r"Objective value:\s+" + _NUM, text)
-    if m:
-        info["objective"] = float(m.group(1))
-    m = re.search(r"Lower bound:\s+" + _NUM, text)
-    if m:
-        info["bound"] = float(m.group(1))
-    possible = re.findall(r"best possible " + _NUM, text)
-    if possible:
-        info["best_possible"] = float(possible[-1])
-    return info
+    @property
+    def deterministic(self) -> bool:
+        return self.status in ("optimal", "node_limit", "no_time")
 
 
-def _solve_cbc(model: MipModel, *, seconds: float, hard_deadline: float, seed: int,
-               warm: bool) -> tuple[list | None, dict]:
-    solver = cbc()
-    path = solver.path
-    if not path or not solver.available():
-        raise SpecError("no CBC solver found (PuLP's bundled CBC or cbc on PATH)",
-                        source="--planner mip", fix="pip install 'pulp[cbc]' or install coinor-cbc")
-    lp = model.lp
-    with tempfile.TemporaryDirectory(prefix="clusterplan-mip-") as tmp:
-        mps = os.path.join(tmp, "model.mps")
-        sol = os.path.join(tmp, "model.sol")
-        mst = os.path.join(tmp, "start.mst")
-        vs, vnames, cnames, _ = lp.writeMPS(mps, rename=1)
-        args = [path, mps]
-        if warm:
-            solver.writesol(mst, lp, vs, vnames, cnames)
-            args += ["-mips", mst]
-        args += ["-sec", f"{max(seconds, 0.05):.3f}", "-timeMode", "elapsed", "-threads", "1",
-                 "-randomCbcSeed", str(int(seed) % 2_000_000_000 + 1), "-ratio", "1e-7",
-                 "-allow", "1e-9", "-solve", "-solution", sol]
-        logf = os.path.join(tmp, "cbc.log")
-        with open(logf, "w") as out:
-            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
-            killed = False
-            try:
-                proc.wait(timeout=max(0.05, hard_deadline - time.perf_counter()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                killed = True
-        with open(logf) as f:
-            info = _parse_cbc_log(f.read())
-        info["killed"] = killed
-        if killed or not os.path.exists(sol):
-            return None, info
-        status, values, *_ = solver.readsol_MPS(sol, lp, vs, vnames, cnames)
-        lp.assignVarsVals(values)
-        with open(sol) as f:
-            info["sol_header"] = f.readline().strip()
-        if "infeasible" in info["sol_header"].lower() or "no feasible" in info["result"].lower():
-            return None, info
-        return model.choices(), info
+def _status(info: dict) -> str:
+    result = info.get("result", "").lower()
+    if info.get("not_run"):
+        return "no_time"
+    if info.get("killed"):
+        return "killed"
+    if "optimal" in result:
+        return "optimal"
+    if "node limit" in result:
+        return "node_limit"
+    return "time_limit"
 
 
 def _solve_highs(model: MipModel, *, seconds: float, seed: int) -> tuple[list | None, dict]:
@@ -132,46 +109,102 @@ def _solve_highs(model: MipModel, *, seconds: float, seed: int) -> tuple[list | 
     return model.choices(), info
 
 
+def root_s(nonzeros: float) -> float:
+    """Planned seconds of CBC's root node on a model of ``nonzeros``."""
+    return max(CBC_ROOT_MIN_S, 0.5 * (nonzeros / CBC_ROOT_NZ) ** 2)
+
+
+def node_s(nonzeros: float) -> float:
+    """Planned seconds of one CBC node on a model of ``nonzeros``."""
+    return CBC_NODE_S_PER_NZ * nonzeros * max(1.0, nonzeros / CBC_NODE_NZ)
+
+
+def node_budget(nonzeros: int, planned_s: float) -> int | None:
+    """CBC nodes that fit ``BUDGET_SHARE`` of ``planned_s`` after the root node; None when
+    the root alone would not (a function of the inputs: the same budget on every run)."""
+    spare = planned_s - root_s(nonzeros)
+    return int(BUDGET_SHARE * spare / node_s(max(nonzeros, 1))) if spare > 0 else None
+
+
+def cbc_plan_s(limit_s: float, build_s: float) -> float:
+    """Seconds CBC plans for: 90% of the limit less the warm start's safety stop (20%) and the
+    model's planned build."""
+    return 0.7 * limit_s - build_s
+
+
+def _solve_cbc(model: MipModel, *, seconds: float, planned_s: float, hard_deadline: float,
+               seed: int, warm: bool) -> tuple[list | None, dict]:
+    """CBC with a node budget for ``planned_s`` (a share of the limit) and a safety stop
+    after ``seconds`` (what is really left)."""
+    nodes = node_budget(model.nonzeros, planned_s)
+    if nodes is None:
+        return None, {"result": "not run: its root node would not finish in the time planned "
+                                f"({model.nonzeros:,} nonzeros)", "not_run": True}
+    values, info = run_cbc(model.lp, start=warm, seconds=seconds, max_nodes=nodes,
+                           hard_deadline=hard_deadline, seed=seed)
+    info["node_budget"] = nodes
+    if values is None:
+        return None, info
+    model.lp.assignVarsVals(values)
+    return model.choices(), info
+
+
 def solve_mip(cat: Catalog, *, time_limit_s: float, seed: int = 0, start=None,
               parts=CW_PARTS, types=None, solver: str = "cbc", t_start: float | None = None
               ) -> MipResult:
     """Build and solve the MIP of ``cat``'s problem within ``time_limit_s`` counted from
     ``t_start`` (default: now); ``start`` (choices) warm-starts it."""
     t0 = time.perf_counter() if t_start is None else t_start
-    model = MipModel(cat, parts=parts, types=types)
+    try:
+        model = MipModel(cat, parts=parts, types=types, deadline=t0 + 0.6 * time_limit_s)
+    except BuildTimeout:
+        built = time.perf_counter()
+        return MipResult(None, "build_timeout", None, None, None, solver, built - t0, 0.0,
+                         note="stopped by the clock while the model was built")
     if start is not None:
         model.set_start(start)
     built = time.perf_counter()
-    cbc_seconds = 0.93 * time_limit_s - (built - t0) - 0.1
-    if cbc_seconds < 0.05:
-        return MipResult(None, "no_time", None, None, None, solver, built - t0, 0.0,
-                         note=f"model build took {built - t0:.2f} s of a {time_limit_s:.2f} s "
-                              "limit; no time left to solve")
+    # the safety stop leaves time to read the solution back (~1 µs per nonzero)
+    seconds = 0.93 * time_limit_s - (built - t0) - 0.05 - 2e-6 * model.nonzeros
+    if seconds < 0.05:
+        return MipResult(None, "time_limit", None, None, None, solver, built - t0, 0.0,
+                         note="stopped by the clock: no time left to solve after the build")
     if solver == "highs":
-        choices, info = _solve_highs(model, seconds=cbc_seconds, seed=seed)
+        choices, info = _solve_highs(model, seconds=seconds, seed=seed)
     else:
-        choices, info = _solve_cbc(model, seconds=cbc_seconds,
-                                   hard_deadline=t0 + 1.07 * time_limit_s, seed=seed,
-                                   warm=start is not None)
-    solved = time.perf_counter()
-    result = info.get("result", "")
-    optimal = "optimal" in result.lower() and not info.get("killed")
+        planned = cbc_plan_s(time_limit_s, BUILD_S_PER_TERM * model.nonzeros)
+        choices, info = _solve_cbc(model, seconds=seconds, planned_s=planned,
+                                   seed=seed, warm=start is not None,
+                                   hard_deadline=t0 + 0.97 * time_limit_s)
+    return _result(cat, choices, info, solver, built - t0, time.perf_counter() - built)
+
+
+def _result(cat: Catalog, choices, info: dict, solver: str, build_s: float,
+            solve_s: float) -> MipResult:
+    status = _status(info)
     scale = 1.0 / (US * (1.0 + EPS * cat.n))
     bound = info.get("bound", info.get("best_possible"))
     bound_s = bound * scale if bound is not None else None
     objective_s = None
     if choices is not None:
         objective_s = float(cat.cost.rank_costs(cat.features(choices)).max())
-        if optimal:
+        if status == "optimal":
             bound_s = objective_s        # proved: CBC's gap tolerance is 1e-7
-    status = "optimal" if optimal else ("killed" if info.get("killed") else "time_limit")
     gap = None
     if objective_s is not None and bound_s is not None and objective_s > 0:
         gap = max(0.0, (objective_s - bound_s) / objective_s)
-        if optimal:
+        if status == "optimal":
             gap = 0.0 if gap < 1e-6 else gap
-    return MipResult(choices, status, objective_s, bound_s, gap, solver, built - t0,
-                     solved - built, note=result)
+    note = info.get("result", "") or status
+    if status in ("optimal", "node_limit", "no_time"):
+        if "node_budget" in info:
+            note += f" ({info.get('nodes', 0)} nodes of a budget of {info['node_budget']})"
+    else:      # where a safety stop caught it depends on machine speed: keep it out of the plan
+        bound_s = gap = None
+        note = "stopped by the clock" + (f" before its node budget ({info['node_budget']})"
+                                         if "node_budget" in info else "")
+    return MipResult(choices, status, objective_s, bound_s, gap, solver, build_s, solve_s,
+                     note=note)
 
 
 class MipPlanner:
@@ -214,40 +247,18 @@ class MipPlanner:
         types = self.types or (_TW, _CW, _RW, _DP, _TWRW)
         check_feasible(problem, types)
         cat = catalog(problem)
-        notes: list[str] = []
-        start = None
-        gnotes: list[str] = []
-        if self.warm_start:
-            greedy, gnotes = greedy_choices(cat, parts=self.parts)
-            if all(c is not None for c in greedy) and self._representable(cat, greedy, types,
-                                                                          self.parts):
-                start, info = improve_choices(cat, greedy, seed=seed,
-                                              time_limit_s=max(0.0, 0.2 * limit
-                                                               - (time.perf_counter() - t0)))
-                if not self._fits(cat, start) or not self._representable(cat, start, types,
-                                                                          self.parts):
-                    start = None
+        start, notes = self._warm_start(cat, types, limit, seed, t0)
         warm_s = time.perf_counter() - t0
-        parts = self._parts_for_budget(cat, types, limit - warm_s, notes)
+        parts, types = self._options_for_budget(cat, types, limit, notes)
         warm = start if start is not None and self._representable(cat, start, types,
                                                                    parts) else None
-        res = solve_mip(cat, time_limit_s=limit, seed=seed, start=warm, parts=parts,
-                        types=types, solver=self.solver, t_start=t0)
-        choices = res.choices
-        status = res.status
-        if status == "optimal" and parts != self.parts:
-            status = "optimal_reduced"       # proved over the options that fitted the budget
-        notes = list(gnotes if self.warm_start else ()) + notes
-        worse = choices is not None and start is not None and \
-            self._max(cat, start) < self._max(cat, choices)
-        if choices is None or worse:
-            if start is None:
-                raise SpecError(f"the MIP found no plan within {limit:g} s "
-                                f"({res.note or res.status})", source="--planner mip",
-                                fix="raise --time-limit or use --planner greedy")
-            notes.append(f"MIP returned no better plan ({res.status}); kept the warm start")
-            choices = start
-            status = "fallback"
+        if types:
+            res = solve_mip(cat, time_limit_s=limit, seed=seed, start=warm, parts=parts,
+                            types=types, solver=self.solver, t_start=t0)
+        else:
+            res = MipResult(None, "no_time", None, None, None, self.solver, 0.0, 0.0,
+                            note="no model builds within a quarter of the limit")
+        choices, status = self._pick(cat, res, start, parts, limit, notes)
         if res.note:
             notes.append(f"{res.solver}: {res.note}")
         objective = self._max(cat, choices)
@@ -263,27 +274,88 @@ class MipPlanner:
                                         ("solve_s", res.solve_s)))
         return make_plan(problem, cat.layouts(choices), self.name, stats)
 
-    #: seconds PuLP takes per model term (measured: ~13 µs on a 2-core CI machine)
-    BUILD_S_PER_TERM = 15e-6
+    def _warm_start(self, cat: Catalog, types, limit: float, seed: int,
+                    t0: float) -> tuple[list | None, list[str]]:
+        """Greedy improved by local search with a work budget planned for 10% of the limit
+        (safety stop at 20%); None when off, or when it is not a plan the MIP can take."""
+        if not self.warm_start:
+            return None, []
+        greedy, notes = greedy_choices(cat, parts=self.parts)
+        if not all(c is not None for c in greedy) or \
+                not self._representable(cat, greedy, types, self.parts):
+            return None, list(notes)
+        safety = min(0.2 * limit, 0.5 * limit - (time.perf_counter() - t0))
+        start, info = improve_choices(
+            cat, greedy, seed=seed, work_budget=BUDGET_SHARE * WARM_RANK_EVALS_PER_S * 0.2 * limit,
+            time_limit_s=max(0.0, safety))
+        notes = list(notes)
+        if info["timed_out"]:
+            notes.append("the warm start's local search hit its safety stop before its work "
+                         "budget: the plan may depend on machine speed")
+        if not self._fits(cat, start) or not self._representable(cat, start, types, self.parts):
+            return None, notes
+        return start, notes
 
-    def _parts_for_budget(self, cat: Catalog, types, remaining_s: float, notes: list) -> tuple:
-        """Drop the finest column splits while the model would take over 40% of the time left
-        to build (model build cannot be interrupted, and the limit covers it)."""
-        n = cat.n
-        parts = list(self.parts)
-        while True:
-            terms = 0
-            for t in range(cat.model.num_tables):
-                terms += 9 * n                                      # table-wise
-                terms += sum(2 * 9 * n + 3 * n for _ in cat.cw_parts(t, tuple(parts)))
-                terms += 9 * n * sum(cat.can(t, s) for s in (_RW, _DP))
-                if cat.can(t, _TWRW):
-                    terms += 9 * n * len(cat.problem.hosts)
-            if terms * self.BUILD_S_PER_TERM <= 0.4 * remaining_s or not parts:
-                break
-            notes.append(f"{parts[-1]} column parts left out: the model would not build in time")
-            parts.pop()
-        return tuple(parts)
+    def _pick(self, cat: Catalog, res: MipResult, start, parts, limit: float,
+              notes: list) -> tuple[list, str]:
+        """The MIP's plan when it is deterministic and no worse than the warm start, else the
+        warm start (status ``fallback``)."""
+        choices, status = res.choices, res.status
+        if status == "optimal" and parts != self.parts:
+            status = "optimal_reduced"       # proved over the options that fitted the budget
+        if start is None:
+            if choices is None:
+                raise SpecError(f"the MIP found no plan within {limit:g} s "
+                                f"({res.note or res.status})", source="--planner mip",
+                                fix="raise --time-limit or use --planner greedy")
+            if not res.deterministic:
+                notes.append("CBC was stopped by the clock: the plan may depend on machine "
+                             "speed")
+            return choices, status
+        if choices is not None and res.deterministic and \
+                self._max(cat, choices) <= self._max(cat, start):
+            return choices, status
+        why = "was stopped by the clock (what it had found depends on machine speed)" \
+            if not res.deterministic else f"returned no better plan ({res.status})"
+        notes.append(f"MIP {why}; kept the warm start")
+        return start, "fallback"
+
+    def _options_for_budget(self, cat: Catalog, types, limit_s: float,
+                            notes: list) -> tuple[tuple, tuple]:
+        """Drop the finest column splits, then table-row-wise, row-wise and data-parallel,
+        while the model would take over 25% of the limit to build, or its build and CBC's root
+        node would leave CBC under a quarter of its time for nodes (functions of the inputs
+        alone, so the same model every run); no types left when not even table-wise fits."""
+        parts, types = list(self.parts), list(types)
+
+        def too_big() -> bool:
+            terms = self._terms(cat, types, parts)
+            build = terms * BUILD_S_PER_TERM
+            return build > 0.25 * limit_s or root_s(terms) > 0.75 * cbc_plan_s(limit_s, build)
+        while types and too_big():
+            if _CW in types and parts:
+                notes.append(f"{parts.pop()} column parts left out: the model would not "
+                             "build and solve in time")
+                continue
+            drop = next((t for t in (_CW, _TWRW, _RW, _DP, _TW) if t in types))
+            types.remove(drop)
+            notes.append(f"{drop.value} left out of the MIP: the model would not build and "
+                         "solve in time")
+        return tuple(parts), tuple(types)
+
+    @staticmethod
+    def _terms(cat: Catalog, types, parts) -> int:
+        """Nonzeros the model of these options would have (its build time is ∝ them)."""
+        n, hosts, terms = cat.n, len(cat.problem.hosts), 0
+        for t in range(cat.model.num_tables):
+            if _TW in types:
+                terms += 9 * n
+            if _CW in types:
+                terms += (2 * 9 * n + 3 * n) * len(cat.cw_parts(t, tuple(parts)))
+            terms += 9 * n * sum(s in types and cat.can(t, s) for s in (_RW, _DP))
+            if _TWRW in types and cat.can(t, _TWRW):
+                terms += 9 * n * hosts
+        return terms
 
     @staticmethod
     def _max(cat: Catalog, choices) -> float:

@@ -25,6 +25,7 @@ work among equally balanced plans; the bound reported is converted back to the m
 from __future__ import annotations
 
 import math
+import time
 
 import pulp
 
@@ -35,13 +36,17 @@ from planner.model.tables.cost import F_BWD, F_DP, F_FWD, F_HRS, F_IDS, F_MEM, F
 from planner.model.tables.shards import ShardingType
 from planner.sharding.common import CW_PARTS, Catalog
 
-__all__ = ["EPS", "US", "MipModel"]
+__all__ = ["EPS", "US", "MipModel", "BuildTimeout"]
 
 _TW, _CW, _RW, _DP, _TWRW = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
                              ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL,
                              ShardingType.TABLE_ROW_WISE)
 US = 1e6          # the model works in microseconds
 EPS = 1e-6        # weight of the total-cost tie-breaker
+
+
+class BuildTimeout(Exception):
+    """The model was not built by its deadline (PuLP builds cannot be interrupted otherwise)."""
 
 
 def _lin(pairs) -> pulp.LpAffineExpression:
@@ -56,7 +61,10 @@ def _lin(pairs) -> pulp.LpAffineExpression:
 class MipModel:
     """The PuLP model of one problem and its variable ↔ choice mapping."""
 
-    def __init__(self, cat: Catalog, parts=CW_PARTS, types=None) -> None:
+    def __init__(self, cat: Catalog, parts=CW_PARTS, types=None,
+                 deadline: float = math.inf) -> None:
+        """Build the model; :class:`BuildTimeout` once ``time.perf_counter()`` passes
+        ``deadline`` (checked per table)."""
         self.cat = cat
         n = cat.n
         types = set(types or (_TW, _CW, _RW, _DP, _TWRW))
@@ -71,6 +79,8 @@ class MipModel:
         # per-rank feature terms: feats[r][f] = list of (var, coef)
         feats = [[[] for _ in range(8)] for _ in range(n)]
         for t in range(cat.model.num_tables):
+            if time.perf_counter() > deadline:
+                raise BuildTimeout(f"model build passed its deadline at table {t}")
             self._add_table(t, types, parts, feats)
         # memory
         for d in range(n):
@@ -78,6 +88,7 @@ class MipModel:
         a2a_terms, const = self._add_alltoalls(feats)
         group_terms = self._add_group_collectives(feats)
         self._add_objective(feats, a2a_terms, group_terms, const)
+        self.nonzeros = sum(len(c) for c in lp.constraints())
 
     # -- building the model -------------------------------------------------------------------
     def _add_table(self, t: int, types: set, parts, feats: list) -> None:

@@ -48,7 +48,6 @@ from typing import Sequence
 
 import numpy as np
 import yaml
-from scipy.optimize import nnls
 
 from simulator.errors import SpecError
 from simulator.fileio import atomic_write_text
@@ -272,6 +271,8 @@ def fit_kernel_profile(points: Sequence[dict]) -> dict:
     if not np.all(yt > 0):
         raise SpecError("a kernel point timed 0 s", source="calibrate embedding",
                         fix="rerun; check that the kernels ran")
+    from scipy.optimize import nnls          # here: importing it costs every `plan` ~0.3 s
+
     best = None
     weights = np.array([3.0, 2.0, 1.0, 1.0, 1.0, 1.0])
     for reach in REACH_GRID:

@@ -10,7 +10,6 @@ import math
 from typing import Sequence
 
 import numpy as np
-from scipy.optimize import nnls
 
 from planner.measure.tables.comm import GlooGroup
 
@@ -70,6 +69,8 @@ def measure_comm_points(worlds: Sequence[int], *, repeats: int = 9, warmup: int 
 
 def _fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     """alpha, Bps, mape of ``y = alpha + x / Bps`` (relative least squares, both ≥ 0)."""
+    from scipy.optimize import nnls          # here: importing it costs every `plan` ~0.3 s
+
     X = np.stack([np.ones_like(x), x], axis=1)
     w = 1.0 / y
     coef, _ = nnls(X * w[:, None], y * w)

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import pandas as pd
 
 from simulator.errors import SpecError
 
@@ -170,6 +169,8 @@ def load_locality_stats(file_set: str = "2021", path: str | None = None) -> Loca
     if file_set not in FILE_SETS:
         raise SpecError(f"unknown dlrm_datasets file set {file_set!r}", field="file_set",
                         fix=f"use one of: {', '.join(FILE_SETS)}")
+    import pandas as pd          # here: the plan command needs it only for synthetic tables
+
     df = pd.read_csv(path or locality_csv_path())
     rc = [c for c in df.columns if c.startswith("frac_unique_rows_reuse")]
     ac = [c for c in df.columns if c.startswith("frac_accesses_reuse")]
