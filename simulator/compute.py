@@ -27,10 +27,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import yaml
 
 from simulator.errors import SpecError
-from simulator.fileio import SAFE_LOADER
+from simulator.fileio import parse_yaml, read_text
 from simulator.hardware import GPUSpec, gpu_names, gpu_spec
 from simulator.units import parse_time
 
@@ -365,20 +364,11 @@ def _load_builtin(name: str) -> ComputeProfile:
 
 
 def _read(spec: GPUSpec, path: Path, label: str) -> ComputeProfile:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not path.exists():
         raise SpecError(f"no compute-efficiency file for GPU {spec.name!r}", source=label,
                         fix="run 'clusterplan calibrate' on that GPU, or copy a similar GPU's "
-                            "file from traces/efficiency/ and set its gpu: field") from None
-    except OSError as exc:
-        raise SpecError(f"cannot read the file: {exc.strerror}", source=label,
-                        fix="check the path") from None
-    try:
-        doc = yaml.load(text, Loader=SAFE_LOADER)
-    except yaml.YAMLError as exc:
-        raise SpecError(f"not valid YAML: {exc}".replace("\n", " "), source=label,
-                        fix="repair the YAML syntax") from None
+                            "file from traces/efficiency/ and set its gpu: field")
+    doc = parse_yaml(read_text(path), source=label)
     if not isinstance(doc, dict):
         raise SpecError(f"expected a mapping, got {type(doc).__name__}", source=label,
                         fix="write gpu:, source:, launch_overhead:, matmul:, memory:")

@@ -32,6 +32,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from simulator.errors import SpecError
+from simulator.fileio import read_json_file
 
 __all__ = ["FORMAT", "CostMatrix", "Sharing", "SharingLevel", "load_cost_matrix",
            "cost_matrix_from_dict", "MAX_RANKS"]
@@ -119,14 +120,8 @@ def load_cost_matrix(path: str | Path) -> CostMatrix:
     """Read and validate a cost-matrix JSON file (errors name the file and the field)."""
     p = Path(path)
     src = str(p)
-    if not p.is_file():
-        raise SpecError("file not found" if not p.exists() else "not a file", source=src,
-                        fix="pass a matrix written by `clusterplan probe --out FILE`")
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SpecError(f"not valid JSON ({exc.__class__.__name__})", source=src,
-                        fix="pass a matrix written by `clusterplan probe --out FILE`") from None
+    fix = "pass a matrix written by `clusterplan probe --out FILE`"
+    doc = read_json_file(p, field="matrix", missing_fix=fix, json_fix=fix)
     return cost_matrix_from_dict(doc, source=src)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.resources
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,9 @@ import yaml
 
 from simulator.errors import SpecError
 
-__all__ = ["parse_yaml", "check_writable", "atomic_write_text", "builtin_names",
-           "read_spec_mapping"]
+__all__ = ["parse_yaml", "parse_json", "read_text", "read_json_file", "check_input_file",
+           "check_writable", "atomic_write_text", "builtin_names", "read_spec_mapping",
+           "MAX_SPEC_BYTES", "MAX_TRACE_BYTES"]
 
 
 #: libyaml's safe loader where PyYAML was built with it (a 16,384-link topology in 0.85 s
@@ -72,6 +74,9 @@ def parse_yaml(text: str, *, source: str) -> Any:
             return loader.construct_document(node)
         finally:
             loader.dispose()
+    except RecursionError:
+        raise SpecError("the YAML document is nested too deeply", source=source,
+                        fix="flatten the document (a spec is a few levels deep)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
@@ -135,38 +140,85 @@ def builtin_names(package: str) -> list[str]:
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
-def read_text(path: str | Path) -> str:
-    """A spec file's text; SpecError (exit 2) for a directory, an unreadable or a binary file."""
-    path = Path(path)
-    if path.is_dir():
-        raise SpecError("is a directory, not a spec file", source=str(path) or ".",
-                        fix="pass the path of a YAML or CSV file")
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise SpecError("is not UTF-8 text", source=str(path),
-                        fix="pass a YAML or CSV text file") from None
-    except OSError as e:
-        raise SpecError(f"cannot read: {e.strerror}", source=str(path),
-                        fix="check the path and its permissions") from None
+#: the largest spec, plan or table file read (bytes): a 16,384-GPU topology is ~5 MB and a
+#: million-table CSV ~60 MB; more is a wrong file (or /dev/zero), refused before it is read
+MAX_SPEC_BYTES = 256 * 2**20
+#: the largest trace read (Perfetto / Kineto JSON of a whole training step)
+MAX_TRACE_BYTES = 2 * 2**30
 
 
-def read_json_file(path: str | Path, *, field: str, missing_fix: str, json_fix: str) -> Any:
-    """A JSON file's document; SpecError (exit 2) naming the file and ``field`` when it is
-    missing (``missing_fix``: how to make one), unreadable, or not JSON (``json_fix``)."""
-    source = str(path)
+def check_input_file(path: str | Path, *, max_bytes: int = MAX_SPEC_BYTES,
+                     field: str | None = None, missing_fix: str | None = None) -> Path:
+    """``path`` when it is a regular file of at most ``max_bytes``; else a SpecError (exit 2)
+    naming it: missing, a folder, a FIFO or device (which would block or never end), too big."""
+    p = Path(path)
+    source = str(p) or "."
     try:
-        text = Path(path).read_text()
+        st = p.stat()
     except FileNotFoundError:
-        raise SpecError("no such file", source=source, field=field, fix=missing_fix) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise SpecError(f"cannot read: {exc.__class__.__name__}", source=source, field=field,
-                        fix="pass a readable JSON file") from None
+        raise SpecError("no such file", source=source, field=field,
+                        fix=missing_fix or "check the path") from None
+    except OSError as e:
+        raise SpecError(f"cannot read: {e.strerror}", source=source, field=field,
+                        fix="check the path and its permissions") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise SpecError("is a directory, not a file", source=source, field=field,
+                        fix="pass the path of a file inside it")
+    if not stat.S_ISREG(st.st_mode):
+        raise SpecError("is not a regular file (a pipe, socket or device)", source=source,
+                        field=field, fix="save the input to a file and pass its path")
+    if st.st_size > max_bytes:
+        raise SpecError(f"is {st.st_size:,} bytes, over the {max_bytes:,}-byte limit for this "
+                        "kind of input", source=source, field=field,
+                        fix="check that this is the right file")
+    return p
+
+
+def read_text(path: str | Path, *, max_bytes: int = MAX_SPEC_BYTES, field: str | None = None,
+              missing_fix: str | None = None) -> str:
+    """A text input's contents through :func:`check_input_file`; SpecError (exit 2) for a file
+    that is not UTF-8 or cannot be read."""
+    p = check_input_file(path, max_bytes=max_bytes, field=field, missing_fix=missing_fix)
     try:
-        return json.loads(text)
+        with open(p, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as e:
+        raise SpecError(f"cannot read: {e.strerror}", source=str(p), field=field,
+                        fix="check the path and its permissions") from None
+    if len(data) > max_bytes:              # it grew after the check
+        raise SpecError(f"is over the {max_bytes:,}-byte limit for this kind of input",
+                        source=str(p), field=field, fix="check that this is the right file")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise SpecError(f"is not UTF-8 text (byte {e.start})", source=str(p), field=field,
+                        fix="pass a text file (YAML, JSON or CSV) saved as UTF-8") from None
+
+
+def parse_json(text: str, *, source: str, field: str | None = None,
+               fix: str = "pass a JSON file written by clusterplan") -> Any:
+    """``json.loads`` with a located SpecError for bad JSON, and for JSON nested too deep to
+    parse; NaN and Infinity are refused (not JSON)."""
+    def no_constant(name: str):
+        raise ValueError(f"{name} is not a JSON value")
+    try:
+        return json.loads(text, parse_constant=no_constant)
     except json.JSONDecodeError as exc:
         raise SpecError(f"not JSON: {exc.msg}", source=source,
-                        field=f"line {exc.lineno} column {exc.colno}", fix=json_fix) from None
+                        field=field or f"line {exc.lineno} column {exc.colno}", fix=fix) from None
+    except RecursionError:
+        raise SpecError("not JSON this program reads: nested too deeply", source=source,
+                        field=field, fix=fix) from None
+    except ValueError as exc:
+        raise SpecError(f"not JSON: {exc}", source=source, field=field, fix=fix) from None
+
+
+def read_json_file(path: str | Path, *, field: str, missing_fix: str, json_fix: str,
+                   max_bytes: int = MAX_SPEC_BYTES) -> Any:
+    """A JSON file's document; SpecError (exit 2) naming the file and ``field`` when it is
+    missing (``missing_fix``: how to make one), unreadable, or not JSON (``json_fix``)."""
+    text = read_text(path, max_bytes=max_bytes, field=field, missing_fix=missing_fix)
+    return parse_json(text, source=str(path), field=field, fix=json_fix)
 
 
 def read_spec_mapping(ref: str | Path, *, package: str, what: str, fix: str) -> tuple[dict, str]:

@@ -13,12 +13,11 @@ Busy time is the union of the rank's compute intervals (nested slices counted on
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from simulator.errors import SpecError
-from simulator.fileio import read_text
+from simulator.fileio import MAX_TRACE_BYTES, parse_json, read_text
 
 __all__ = ["busy_by_rank", "union_seconds"]
 
@@ -42,13 +41,9 @@ def union_seconds(intervals: list[tuple[float, float]]) -> float:
 
 
 def _load(path: str | Path) -> dict:
-    text = read_text(path)
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SpecError(f"not JSON ({e.msg} at line {e.lineno})", source=str(path),
-                        fix="pass a Chrome/Perfetto trace JSON (clusterplan --trace or "
-                            "torch.profiler export_chrome_trace)") from None
+    doc = parse_json(read_text(path, max_bytes=MAX_TRACE_BYTES), source=str(path),
+                     fix="pass a Chrome/Perfetto trace JSON (clusterplan --trace or "
+                         "torch.profiler export_chrome_trace)")
     if isinstance(doc, list):
         doc = {"traceEvents": doc}
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):

@@ -19,11 +19,11 @@ shardings (:mod:`.export`).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 
 from simulator.errors import SpecError
+from simulator.fileio import check_input_file
 from simulator.units import format_bytes, format_time
 
 from planner.dmt.compare import compare_flat_dmt
@@ -62,12 +62,10 @@ def add_dmt_arguments(p: argparse.ArgumentParser) -> None:
 def _load_coaccess(path: str | None, n_tables: int):
     if path is None:
         return None
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError("co-access file not found", source=path, fix="check the path")
+    p = check_input_file(path, field="--coaccess", missing_fix="check the path")
     try:
         a = np.load(p) if p.suffix == ".npy" else np.loadtxt(p, delimiter=",", ndmin=2)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, EOFError) as exc:
         raise SpecError(f"cannot read a numeric matrix: {exc}", source=path,
                         fix="write one row per sample, one column per table") from None
     if a.ndim != 2 or a.shape[1] != n_tables or not np.isfinite(a).all():

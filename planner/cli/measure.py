@@ -7,6 +7,7 @@ import argparse
 import json
 
 from simulator.errors import SpecError
+from simulator.fileio import read_json_file
 
 from planner.cli.output import write_json
 from planner.cli.tables import positive
@@ -46,17 +47,8 @@ def register(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``clusterplan measure``: load the spec and plan, measure, print."""
-    try:
-        with open(args.plan, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise SpecError(f"cannot read the plan: {exc.strerror or exc}", source=args.plan,
-                        fix="pass a plan written by clusterplan plan --out") from None
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise SpecError(f"not JSON: {exc}", source=args.plan,
-                        fix="pass a plan written by clusterplan plan --out") from None
+    doc = read_json_file(args.plan, field="PLAN", missing_fix="check the path",
+                         json_fix="pass a plan written by clusterplan plan --out")
     if not isinstance(doc, dict) or doc.get("format") != "clusterplan.sharding-plan":
         raise SpecError("not a clusterplan sharding plan", source=args.plan, field="format",
                         fix="pass a plan written by clusterplan plan TABLES --devices N --out")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from simulator.costmatrix import load_cost_matrix
 from simulator.errors import SpecError
-from simulator.fileio import atomic_write_text
+from simulator.fileio import atomic_write_text, read_json_file
 from simulator.topology.pairwise import cost_matrix_for
 from simulator.units import format_time, parse_bytes
 
@@ -109,12 +109,9 @@ def run(args) -> int:
             raise SpecError(f"{args.collective!r} is neither a collective nor a plan file",
                             field="--collective",
                             fix=f"use one of {', '.join(_KINDS)} or a plan JSON path")
-        try:
-            plan = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise SpecError("not valid JSON", source=str(path),
-                            fix="pass a plan written by `clusterplan plan MODEL --out plan.json`"
-                            ) from None
+        plan = read_json_file(path, field="--collective", missing_fix="check the path",
+                              json_fix="pass a plan written by `clusterplan plan MODEL --out "
+                                       "plan.json`")
         traffic = plan_traffic(plan, source=str(path))
         res = reorder_plan(cm, traffic, exact_max_n=args.exact_max,
                            time_limit_s=args.time_limit, seed=args.seed)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from simulator.engine import simulate
 from simulator.errors import SpecError
+from simulator.fileio import parse_json, read_text
 from simulator.topology import load_topology
 from simulator.units import format_time
 
@@ -48,11 +47,8 @@ def run(args) -> int:
     if args.chakra:
         groups = None
         if args.comm_groups:
-            try:
-                groups = json.loads(Path(args.comm_groups).read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise SpecError(f"cannot read the comm groups: {exc}", source=args.comm_groups,
-                                fix='write {"1": [0, 1, 2, 3]}') from None
+            groups = parse_json(read_text(args.comm_groups, field="--comm-groups"),
+                                source=args.comm_groups, fix='write {"1": [0, 1, 2, 3]}')
             if not isinstance(groups, dict) or not all(
                     isinstance(v, list) and all(isinstance(r, int) and 0 <= r < n for r in v)
                     for v in groups.values()):

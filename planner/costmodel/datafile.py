@@ -5,9 +5,11 @@ metadata beside it (``FILE.meta.json``). Written by ``clusterplan costmodel coll
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 from simulator.errors import SpecError
+from simulator.fileio import read_text
 
 COLUMNS = ("kind", "sample_id", "round", "hw", "n_tables", "tables", "fwd_ms", "bwd_ms",
            "total_ms", "total_min_ms", "dim_sums", "sleeps_ms", "comm_fwd_ms", "comm_bwd_ms")
@@ -20,13 +22,10 @@ def meta_path(data: str | Path) -> Path:
 def read_data(path: str | Path) -> list[dict]:
     """Rows of a data file as dicts (strings; see :data:`COLUMNS`)."""
     p = Path(path)
-    if not p.exists():
-        raise SpecError("no such data file", source=str(p),
-                        fix="collect one with `clusterplan costmodel collect --out FILE`")
+    text = read_text(p, missing_fix="collect one with `clusterplan costmodel collect --out FILE`")
     try:
-        with open(p, newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-    except (csv.Error, UnicodeDecodeError, OSError) as exc:
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
+    except csv.Error as exc:
         raise SpecError(f"cannot read the data file: {str(exc)[:120]}", source=str(p),
                         fix="pass a file written by `clusterplan costmodel collect`") from None
     if rows and set(COLUMNS) - set(rows[0]):

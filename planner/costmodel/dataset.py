@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.errors import SpecError
+from simulator.fileio import parse_json, read_text
 
 from planner.costmodel.datafile import meta_path, read_data
 from planner.costmodel.features import parse_table_records
@@ -38,7 +39,7 @@ class Dataset:
 def load_dataset(path) -> Dataset:
     rows = read_data(path)
     mp = meta_path(path)
-    meta = json.loads(mp.read_text()) if mp.exists() else {}
+    meta = parse_json(read_text(mp), source=str(mp)) if mp.exists() else {}
     batch = int(meta.get("config", {}).get("batch", 4096))
     comp: dict = {}
     cs, cw, cf, cb = [], [], [], []

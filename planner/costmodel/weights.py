@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from simulator.errors import SpecError
+from simulator.fileio import check_input_file, parse_json, read_text
 
 from planner.costmodel.features import FEATURE_NAMES, NUM_FEATURES, table_matrix
 from planner.costmodel.model import (
@@ -71,7 +72,11 @@ def device_kind(hardware: dict) -> str:
 
 def weights_device(path: str | Path) -> str:
     """The device kind the weights at ``path`` were trained on (from their ``.json``)."""
-    meta = json.loads(Path(path).with_suffix(".json").read_text())
+    mp = Path(path).with_suffix(".json")
+    meta = parse_json(read_text(mp), source=str(mp))
+    if not isinstance(meta, dict):
+        raise SpecError("expected a JSON object", source=str(mp),
+                        fix="pass weights written by `clusterplan costmodel train`")
     hardware = (meta.get("collection", {}).get("hardware") or [{}])[0]
     return device_kind(hardware)
 
@@ -234,12 +239,18 @@ def load_predictor(path=None, *, check_hardware: bool = True) -> Predictor:
         raise SpecError(f"cost-model weights or their {mp.name} not found",
                         source=str(path), fix="train some with `clusterplan costmodel train "
                                               "DATA.csv --out FILE.pt`")
-    meta = json.loads(mp.read_text())
-    if meta.get("format") != FORMAT:
-        raise SpecError(f"{mp}: not cost-model weights (format {meta.get('format')!r})",
+    meta = parse_json(read_text(mp), source=str(mp))
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise SpecError(f"{mp}: not cost-model weights (format {got!r})",
                         source=str(mp), field="format", fix="pass a file written by "
                                                               "`clusterplan costmodel train`")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(check_input_file(path), map_location="cpu", weights_only=True)
+    except (RuntimeError, OSError, EOFError, ValueError) as exc:
+        raise SpecError(f"not readable cost-model weights ({type(exc).__name__})",
+                        source=str(path), fix="pass a file written by `clusterplan costmodel "
+                                              "train`") from None
 
     def part(prefix):
         return {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + ".")}

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable
 import pandas as pd
 
 from simulator.errors import SpecError
+from simulator.fileio import read_text
 
 from planner.progress import track
 from planner.sweep.grid import Point, SweepSpec, points
@@ -125,11 +126,11 @@ def _read_checkpoint(path: Path) -> dict[str, dict]:
     done: dict[str, dict] = {}
     if not path.exists():
         return done
-    for line in path.read_text().splitlines():
+    for line in read_text(path, field="checkpoint").splitlines():
         try:
             rec = json.loads(line)
             done[rec["key"]] = rec["outcome"]
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (json.JSONDecodeError, RecursionError, KeyError, TypeError):
             continue                       # a line cut by the interruption: rerun that point
     return done
 

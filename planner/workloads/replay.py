@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from simulator.errors import SpecError
+from simulator.fileio import MAX_TRACE_BYTES, parse_json, read_text
 from simulator.workload import Workload
 
 __all__ = ["TraceCall", "RankTrace", "read_kineto", "kineto_workload", "read_chakra_json",
@@ -76,13 +77,8 @@ class RankTrace:
 
 
 def _load(path: Path) -> dict:
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SpecError("file not found", source=str(path), fix="check the path") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SpecError(f"not a JSON trace: {exc}", source=str(path),
-                        fix="pass the file torch.profiler's export_chrome_trace wrote") from None
+    doc = parse_json(read_text(path, max_bytes=MAX_TRACE_BYTES), source=str(path),
+                     fix="pass the file torch.profiler's export_chrome_trace wrote")
     if isinstance(doc, list):
         doc = {"traceEvents": doc}
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
@@ -273,10 +269,7 @@ def kineto_workload(ranks: Sequence[RankTrace]) -> Workload:
 
 # -- Chakra ---------------------------------------------------------------------------------
 def _chakra_messages(path: Path) -> list[dict]:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SpecError("file not found", source=str(path), fix="check the path") from None
+    text = read_text(path, max_bytes=MAX_TRACE_BYTES)
     dec, i, out = json.JSONDecoder(), 0, []
     while True:
         while i < len(text) and text[i].isspace():
@@ -285,8 +278,8 @@ def _chakra_messages(path: Path) -> list[dict]:
             break
         try:
             obj, i = dec.raw_decode(text, i)
-        except json.JSONDecodeError as exc:
-            raise SpecError(f"not a Chakra JSON view: {exc}", source=str(path),
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise SpecError(f"not a Chakra JSON view: {str(exc)[:120]}", source=str(path),
                             fix="write it with chakra_jsonizer (concatenated JSON messages)"
                             ) from None
         out.extend(obj if isinstance(obj, list) else [obj])

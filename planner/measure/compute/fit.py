@@ -32,6 +32,7 @@ import pandas as pd
 
 from simulator.compute import monotone_time_points
 from simulator.errors import SpecError
+from simulator.fileio import check_input_file
 from simulator.hardware import GPUSpec, gpu_spec
 
 __all__ = ["read_measurements", "profile_from_measurements"]
@@ -41,7 +42,7 @@ _COLUMNS = ("kind", "dtype", "flops", "bytes", "seconds")
 
 def read_measurements(path: str | Path) -> pd.DataFrame:
     """Read a measurement CSV (columns above; ``dtype``/``flops``/``bytes`` may be blank)."""
-    path = Path(path)
+    path = check_input_file(path, field="--measurements")
     try:
         df = pd.read_csv(path)
     except FileNotFoundError:

@@ -23,6 +23,7 @@ from scipy.optimize import least_squares
 
 from simulator.collectives import simulate_collective
 from simulator.errors import SpecError
+from simulator.fileio import check_input_file
 from simulator.topology import Topology
 
 __all__ = ["read_nccl_table", "fit_collective_profile", "FitResult", "with_comm"]
@@ -30,7 +31,7 @@ __all__ = ["read_nccl_table", "fit_collective_profile", "FitResult", "with_comm"
 
 def read_nccl_table(path: str | Path) -> pd.DataFrame:
     """Read an nccl-tests table; columns ``size_bytes``, ``time_s`` (first time column)."""
-    path = Path(path)
+    path = check_input_file(path, field="--table")
     try:
         raw = pd.read_csv(path, header=0)
     except (OSError, pd.errors.ParserError, UnicodeDecodeError) as exc:

@@ -20,7 +20,6 @@ says; its backward (sparse gradients, not a fused update) is not used.
 from __future__ import annotations
 
 import datetime
-import json
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ import yaml
 from scipy.optimize import least_squares
 
 from simulator.errors import SpecError
+from simulator.fileio import check_input_file, parse_json, read_text
 from simulator.hardware import gpu_spec
 
 __all__ = ["fit_gpu_embedding", "gpu_embedding_yaml", "MIN_TABLE_BYTES"]
@@ -49,7 +49,7 @@ def _read(folder: Path) -> tuple[pd.DataFrame, dict]:
                         fix="measure it on the GPU: python -m planner.measure.compute.gpu "
                             "--only embedding --out DIR")
     try:
-        df = pd.read_csv(csv)
+        df = pd.read_csv(check_input_file(csv, field="DIR"))
     except (OSError, ValueError) as e:
         raise SpecError(f"cannot read it ({e})", source=str(csv),
                         fix="re-measure the folder") from None
@@ -58,7 +58,7 @@ def _read(folder: Path) -> tuple[pd.DataFrame, dict]:
         raise SpecError(f"missing columns {', '.join(missing)}", source=str(csv),
                         fix="re-measure with planner.measure.compute.gpu")
     meta_path = folder / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    meta = parse_json(read_text(meta_path), source=str(meta_path)) if meta_path.is_file() else {}
     return df, meta
 
 

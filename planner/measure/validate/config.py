@@ -9,11 +9,11 @@ scaled spec, so what is compared is the same plan on the same model.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from simulator.errors import SpecError
+from simulator.fileio import read_json_file
 
 from planner.export._plan import check_plan
 from planner.model.llm.layout import Layout
@@ -108,11 +108,8 @@ def load_source(ref: str) -> tuple[LLMSpec, ParallelSpec | None, str, str]:
             raise SpecError("no such plan file", source=ref,
                             fix="pass a plan written by `clusterplan plan MODEL --out plan.json`"
                                 " or a model spec")
-        try:
-            plan = json.loads(path.read_text())
-        except ValueError as exc:
-            raise SpecError(f"not JSON: {exc}", source=ref,
-                            fix="pass the file written by `clusterplan plan ... --out`") from None
+        plan = read_json_file(path, field="PLAN", missing_fix="check the path",
+                              json_fix="pass the file written by `clusterplan plan ... --out`")
         plan = check_plan(plan, source=ref)
         try:
             spec = load_llm_spec(plan.get("model", ""))

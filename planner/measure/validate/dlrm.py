@@ -11,11 +11,11 @@ batches: :func:`step_batch` (seeded per step and table, from each table's access
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from simulator.errors import SpecError
+from simulator.fileio import read_json_file
 
 from planner.export.torchrec import empty_row_shards, export_torchrec_plan
 from planner.measure.tables.plans import cpu_topology_ref
@@ -35,8 +35,8 @@ def is_sharding_plan(ref: str) -> bool:
     if p.suffix != ".json" or not p.is_file():
         return False
     try:
-        doc = json.loads(p.read_text())
-    except (ValueError, OSError, UnicodeDecodeError):
+        doc = read_json_file(p, field="PLAN", missing_fix="", json_fix="")
+    except SpecError:
         return False
     return isinstance(doc, dict) and doc.get("format") == PLAN_FORMAT
 
@@ -86,7 +86,8 @@ class DLRMRunConfig:
 def load_dlrm_config(plan_path: str, *, tables: str | None = None, nproc: int | None = None,
                      batch_size: int | None = None, **kw) -> DLRMRunConfig:
     """Read the plan and its tables, check what a CPU run supports, export to TorchRec."""
-    doc = json.loads(Path(plan_path).read_text())
+    doc = read_json_file(plan_path, field="PLAN", missing_fix="check the path",
+                         json_fix="pass a plan written by `clusterplan plan TABLES --out`")
     model = plan_model(doc, plan_path, tables)
     devices = int(doc.get("devices") or 0)
     if nproc is not None and nproc != devices:

@@ -31,7 +31,7 @@ from importlib import resources
 from pathlib import Path
 
 from simulator.errors import SpecError
-from simulator.fileio import parse_yaml
+from simulator.fileio import parse_yaml, read_text
 
 __all__ = ["HostOverhead", "load_host_overhead", "host_overhead_for", "host_file_for"]
 
@@ -82,11 +82,14 @@ def load_host_overhead(name: str = DEFAULT) -> HostOverhead:
     path = Path(name) if ("/" in name or Path(name).exists()) else \
         resources.files("traces") / "calibration" / name
     where = str(path) if isinstance(path, Path) else f"traces/calibration/{name}"
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise SpecError(f"cannot read host-overhead file ({e.strerror})", source=where,
-                        fix="run `clusterplan calibrate host --out FILE`") from None
+    if isinstance(path, Path):
+        text = read_text(path, missing_fix="run `clusterplan calibrate host --out FILE`")
+    else:
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise SpecError(f"cannot read host-overhead file ({e.strerror})", source=where,
+                            fix="run `clusterplan calibrate host --out FILE`") from None
     doc = parse_yaml(text, source=where)
     try:
         per = doc["per_block_s"]

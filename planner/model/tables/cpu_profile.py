@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from simulator.errors import SpecError
-from simulator.fileio import parse_yaml
+from simulator.fileio import parse_yaml, read_text
 
 from planner.model.tables.comm_model import CommModel, SyncCommModel
 from planner.model.tables.gpu_lookup import FitRange
@@ -135,7 +135,7 @@ def load_cpu_profile(path: str | None = None) -> CpuProfile | None:
             raise SpecError("CPU profile not found", source=str(p),
                             fix="run `clusterplan calibrate embedding --out FILE` first")
         return None
-    doc = parse_yaml(p.read_text(encoding="utf-8"), source=str(p))
+    doc = parse_yaml(read_text(p), source=str(p))
     look = doc.get("lookup") if isinstance(doc, dict) else None
     if not isinstance(look, dict):
         raise SpecError("no 'lookup' section", source=str(p), field="lookup",

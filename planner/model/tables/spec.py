@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from simulator.errors import SpecError
-from simulator.fileio import parse_yaml
+from simulator.fileio import parse_yaml, read_text
 from simulator.validation import choice, number, whole
 
 from planner.model.tables.shards import ShardingType, parse_sharding_types
@@ -278,10 +278,7 @@ def load_model_spec(ref: str | Path) -> ModelSpec:
         source = f"planner/examples/{ref}.yaml"
     else:
         source = str(path)
-    if path.is_dir():
-        raise SpecError("is a directory, not a spec file", source=source,
-                        fix="give a YAML or CSV file")
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path) if source == str(path) else path.read_text(encoding="utf-8")
     if path.suffix.lower() == ".csv":
         tables = tables_from_csv_text(text, source=source)
         return ModelSpec(name=path.stem, tables=tables, source=source)
@@ -322,7 +319,7 @@ def _model_from_yaml(text: str, *, source: str, base: Path) -> ModelSpec:
         if not csv_path.exists():
             raise SpecError(f"table CSV not found: {raw_tables}", source=source, field="tables",
                             fix="give a path relative to the YAML file")
-        tables = tables_from_csv_text(csv_path.read_text(encoding="utf-8"),
+        tables = tables_from_csv_text(read_text(csv_path, field="tables"),
                                       source=str(csv_path), defaults=defaults)
     elif isinstance(raw_tables, list):
         if not raw_tables:
