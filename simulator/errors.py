@@ -5,7 +5,20 @@ The CLI turns a :class:`SpecError` into one line on stderr and exit code 2, neve
 
 from __future__ import annotations
 
-__all__ = ["ClusterplanError", "SpecError", "SimulationError"]
+__all__ = ["ClusterplanError", "SpecError", "SimulationError", "clip"]
+
+
+#: the longest part (place, message, fix) of an error line: a bad value is quoted, and a value
+#: can be a megabyte of text
+MAX_PART_CHARS = 400
+
+
+def clip(text: str, limit: int = MAX_PART_CHARS) -> str:
+    """``text`` up to ``limit`` characters, the rest replaced by a count."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit:,} more characters)"
 
 
 class ClusterplanError(Exception):
@@ -38,10 +51,10 @@ class SpecError(ClusterplanError):
         super().__init__(self.render())
 
     def render(self) -> str:
-        where = ": ".join(p for p in (self.source, self.field) if p)
-        text = f"{where}: {self.message}" if where else self.message
+        where = ": ".join(clip(p) for p in (self.source, self.field) if p)
+        text = f"{where}: {clip(self.message)}" if where else clip(self.message)
         if self.fix:
-            text += f" (fix: {self.fix})"
+            text += f" (fix: {clip(self.fix)})"
         return text
 
     def at(self, *, source: str | None = None, field_prefix: str | None = None) -> "SpecError":

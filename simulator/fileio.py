@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import math
 import os
 import stat
 import tempfile
@@ -19,7 +20,7 @@ import yaml
 
 from simulator.errors import SpecError
 
-__all__ = ["parse_yaml", "parse_json", "read_text", "read_json_file", "check_input_file",
+__all__ = ["parse_yaml", "parse_json", "dumps_json", "read_text", "read_json_file", "check_input_file",
            "check_writable", "atomic_write_text", "builtin_names", "read_spec_mapping",
            "MAX_SPEC_BYTES", "MAX_TRACE_BYTES"]
 
@@ -204,13 +205,42 @@ def parse_json(text: str, *, source: str, field: str | None = None,
     try:
         return json.loads(text, parse_constant=no_constant)
     except json.JSONDecodeError as exc:
-        raise SpecError(f"not JSON: {exc.msg}", source=source,
-                        field=field or f"line {exc.lineno} column {exc.colno}", fix=fix) from None
+        raise SpecError(f"not JSON: {exc.msg}", source=source,      # the place, not the flag
+                        field=f"line {exc.lineno} column {exc.colno}", fix=fix) from None
     except RecursionError:
         raise SpecError("not JSON this program reads: nested too deeply", source=source,
                         field=field, fix=fix) from None
     except ValueError as exc:
         raise SpecError(f"not JSON: {exc}", source=source, field=field, fix=fix) from None
+
+
+def _first_non_finite(doc: Any, path: str = "") -> str | None:
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return path or "(the document)"
+    if isinstance(doc, dict):
+        items = ((f"{path}.{k}" if path else str(k), v) for k, v in doc.items())
+    elif isinstance(doc, (list, tuple)):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(doc))
+    else:
+        return None
+    for p, v in items:
+        found = _first_non_finite(v, p)
+        if found:
+            return found
+    return None
+
+
+def dumps_json(doc: Any, *, source: str = "the result", **kw) -> str:
+    """``json.dumps(doc, **kw)`` that refuses NaN and Infinity (not JSON: most readers reject
+    them) with a SpecError naming the first such field, instead of writing them."""
+    try:
+        return json.dumps(doc, allow_nan=False, **kw)
+    except ValueError:
+        where = _first_non_finite(json.loads(json.dumps(doc, **kw)))
+        raise SpecError("a result is not a finite number (the inputs' magnitudes overflow "
+                        "the model)", source=source, field=where,
+                        fix="check the inputs for values far outside what training sees") \
+            from None
 
 
 def read_json_file(path: str | Path, *, field: str, missing_fix: str, json_fix: str,

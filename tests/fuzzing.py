@@ -2,8 +2,14 @@
 
 ``make_case(choice, tmp)`` builds one case from ``choice(seq)`` (a hypothesis draw in
 tests/test_fuzz.py, a seeded ``random.Random.choice`` in tests/bench/bench_fuzz.py) and returns
-the argv. ``run_case(argv)`` runs it in-process and returns ``(code, error)``: ``error`` is the
-traceback text when anything other than a clean exit (0, 1, 2) happened.
+the argv. The corpus covers every spec kind (model, topology, workload, tables YAML and CSV,
+sweep grid, cost matrix, LLM and sharding plans, traces, calibration tables, co-access
+matrices), whole-file faults given where any of them is expected (a folder, a FIFO,
+/dev/zero, a missing file, binary or non-UTF-8 bytes, a symlink loop, YAML or JSON nested
+100,000 deep, an alias bomb, 2 MB of junk), numeric flags at their extremes and outputs
+pointed at folders. ``run_case(argv)`` runs one case in a forked child and returns a
+:class:`Outcome`: its exit code, a traceback or hang when it ended other than with a clean
+exit (0, 1, 2), its wall time and the memory it added.
 """
 
 from __future__ import annotations
@@ -12,7 +18,13 @@ import contextlib
 import copy
 import io
 import json
+import os
+import signal
+import sys
+import tempfile
+import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -106,7 +118,18 @@ def make_case(choice, tmp: Path) -> list[str]:
     kind = choice(["topology", "collective", "simulate-model", "simulate-workload", "plan-tables",
                    "plan-model", "export", "mutated-model", "mutated-topology",
                    "mutated-workload", "mutated-csv", "gpus", "diagnose", "sweep", "reorder",
-                   "export-torchrec", "plan-dmt", "calibrate-compute"])
+                   "export-torchrec", "plan-dmt", "calibrate-compute", "file-fault",
+                   "file-fault", "file-fault", "extreme", "extreme", "extreme", "out-fault",
+                   "mutated-tables-yaml"])
+    if kind == "file-fault":
+        return _file_fault_case(choice, tmp)
+    if kind == "extreme":
+        return _extreme_case(choice, tmp)
+    if kind == "out-fault":
+        return _out_fault_case(choice, tmp)
+    if kind == "mutated-tables-yaml":
+        return ["plan", _mutated_file(_TABLES_YAML, choice, tmp, "tables.yaml"), "--devices",
+                choice(["2", "4"]), "--json"]
     if kind == "sweep":
         doc = {"command": ["collective", "allreduce"], "args": {"--topology": "dgx-a100"},
                "grid": {"--size": ["1MiB", "1GiB"], "--ranks": [2, 8]}, "keep": ["time_s"],
@@ -223,6 +246,141 @@ def make_case(choice, tmp: Path) -> list[str]:
     return ["plan", str(path), "--devices", choice(["2", "0", "x"]), "--json"]
 
 
+_TABLES_YAML = REPO / "planner" / "examples" / "criteo-dlrm.yaml"
+
+#: one anchor per level, each level nine aliases of the one below: 9**8 values from 300 bytes
+ALIAS_BOMB = "a0: &a0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]\n" for i in range(1, 9))
+
+FAULTS = ["folder", "fifo", "devzero", "missing", "binary", "latin1", "symlink-loop",
+          "deep-yaml", "deep-json", "alias-bomb", "junk-2mb", "empty", "nul", "deep-json-lines"]
+
+
+def fault_file(kind: str, tmp: Path, suffix: str) -> str:
+    """A path to a whole-file fault of ``kind`` (see :data:`FAULTS`) named ``fault<suffix>``."""
+    p = tmp / f"fault{suffix}"
+    if kind == "folder":
+        p.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "devzero":
+        return "/dev/zero"
+    elif kind == "binary":
+        p.write_bytes(bytes(range(256)) * 64)
+    elif kind == "latin1":
+        p.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    elif kind == "symlink-loop":
+        os.symlink(p, p)
+    elif kind == "deep-yaml":
+        p.write_text("a: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    elif kind in ("deep-json", "deep-json-lines"):
+        p.write_text(("[" * 100_000 + "]" * 100_000) * (2 if kind.endswith("lines") else 1))
+    elif kind == "alias-bomb":
+        p.write_text(ALIAS_BOMB)
+    elif kind == "junk-2mb":
+        p.write_text("x: " + "y" * 2_000_000 + "\n")
+    elif kind == "empty":
+        p.write_text("")
+    elif kind == "nul":
+        p.write_bytes(b"name: x\x00\x00\n")
+    return str(p)                                   # "missing": never created
+
+
+def _file_commands(f: str, out: Path) -> list[list[str]]:
+    """Every place a command reads a file, with ``f`` there."""
+    return [
+        ["simulate", f, "--topology", "dgx-a100", "--json"],
+        ["simulate", "dp-step", "--topology", f, "--json"],
+        ["topology", "show", f],
+        ["plan", f, "--devices", "2", "--json"],
+        ["plan", f, "--topology", "dgx-a100", "--top", "1"],
+        ["plan", "criteo-dlrm", "--devices", "16", "--topology", "h100-ib:nodes=2", "--dmt",
+         "--coaccess", f],
+        ["export", f, "--to", "megatron"],
+        ["export", f, "--to", "torchrec", "--out", str(out / "tr.json")],
+        ["reorder", f],
+        ["reorder", "--topology", "cloud-64", "--collective", f],
+        ["diagnose", f],
+        ["replay", f, "--topology", "dgx-a100"],
+        ["replay", f, "--chakra", "--topology", "dgx-a100"],
+        ["sweep", f, "--out", str(out / "r.csv")],
+        ["calibrate", "compute", "--gpu", "h100-sxm", "--measurements", f, "--out",
+         str(out / "eff.yaml")],
+        ["calibrate", "nccl", "--table", f"8={f}", "--topology", "dgx-a100"],
+        ["measure", f],
+        ["validate", f],
+    ]
+
+
+def _file_fault_case(choice, tmp: Path) -> list[str]:
+    suffix = choice([".yaml", ".json", ".csv", ".npy", ""])
+    f = fault_file(choice(FAULTS), tmp, suffix)
+    return choice(_file_commands(f, tmp))
+
+
+EXTREMES = ["0", "-1", "1e308", "inf", "nan", "1e-300", "99999999999999", "0.4", "abc", "",
+            "-0", "1e400"]
+
+
+def _extreme_case(choice, tmp: Path) -> list[str]:
+    """A numeric flag at an extreme, where it enters the CLI."""
+    x = choice(EXTREMES)
+    llm = ["simulate", "llama3-8b", "--topology", "dgx-a100", "--json"]
+    tables = ["plan", "criteo-dlrm", "--json"]
+    return choice([
+        llm + ["--parallel", "tp=8", "--global-batch", x],
+        llm + ["--parallel", "tp=8", "--global-batch", "8", "--micro-batch", x],
+        llm + ["--parallel", "tp=8", "--gpus", x],
+        llm + ["--parallel", f"tp={x}"],
+        llm + ["--parallel", choice(["tp=8,tp=2", "pp=2,pp=2", "tp=8,dp=1,dp=1"])],
+        llm + ["--parallel", "tp=8", "--global-batch", "8", "--trainer-set", f"seq_len={x}"],
+        ["simulate", "dp-step", "--topology", "dgx-a100:nodes=2", "--json", "--link-fault",
+         f"n0/nic0<->*={x}"],
+        ["simulate", "dp-step", "--topology", "dgx-a100:nodes=2", "--json", "--straggler",
+         f"1={x}"],
+        ["simulate", "dp-step", "--topology", "dgx-a100", "--json", "--mtbf", f"{x}h",
+         "--checkpoint-every", choice(["1h", f"{x}min"])],
+        ["collective", "allreduce", "--size", x, "--ranks", "8", "--topology", "dgx-a100"],
+        ["collective", "alltoall", "--size", "1MiB", "--ranks", x, "--topology", "dgx-a100"],
+        ["topology", "show", f"dgx-a100:nodes={x}"],
+        ["topology", "show", f"h100-ib:node.nic_bandwidth={x}Gb/s"],
+        tables + ["--devices", x],
+        tables + ["--devices", "4", "--memory", x],
+        tables + ["--devices", "4", "--batch-size", x],
+        tables + ["--devices", "4", "--planner", "mip", "--time-limit",
+                  choice([x, "1e-300", "0.3"])],
+        tables + ["--devices", "4", "--planner", "local_search", "--time-limit", x],
+        tables + ["--devices", "16", "--topology", "h100-ib:nodes=2", "--dmt", "--towers", x],
+        tables + ["--devices", "16", "--topology", "h100-ib:nodes=2", "--dmt", "--balance", x],
+        ["plan", "llama3-8b", "--topology", "dgx-a100", "--top", x],
+        ["reorder", "--topology", "cloud-64", "--collective", "allreduce", "--time-limit",
+         choice([x, "0.2"]), "--size", choice([x, "1MiB"])],
+    ])
+
+
+def _out_fault_case(choice, tmp: Path) -> list[str]:
+    """An output pointed at a folder, into a missing folder, or through a symlink."""
+    kind = choice(["folder", "missing", "symlink", "dangling"])
+    if kind == "folder":
+        out = str(tmp)
+    elif kind == "missing":
+        out = str(tmp / "no" / "such" / "x.json")
+    else:
+        target = tmp / "target.json"
+        if kind == "symlink":
+            target.write_text("{}")
+        out = str(tmp / "link.json")
+        os.symlink(target, out)
+    return choice([
+        ["plan", "criteo-dlrm", "--devices", "2", "--out", out],
+        ["simulate", "dp-step", "--topology", "dgx-a100", "--trace", out],
+        ["simulate", "llama3-8b", "--topology", "dgx-a100", "--parallel", "tp=8",
+         "--global-batch", "8", "--timings", out],
+        ["reorder", "--topology", "cloud-64", "--collective", "allreduce", "--out", out],
+        ["plan", "llama3-8b", "--topology", "dgx-a100", "--top", "1", "--out", out],
+    ])
+
+
 _PLAN_CACHE: dict = {}
 
 
@@ -230,40 +388,102 @@ def _sharding_plan() -> dict:
     """A valid 2-device sharding plan of criteo-dlrm (made once per process)."""
     if "plan" not in _PLAN_CACHE:
         import tempfile
-        with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
+        with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
             out = Path(d) / "plan.json"
             assert main(["plan", "criteo-dlrm", "--devices", "2", "--out", str(out)]) == 0
             _PLAN_CACHE["plan"] = json.loads(out.read_text())
     return _PLAN_CACHE["plan"]
 
 
-class CaseTimeout(Exception):
-    pass
+@dataclass
+class Outcome:
+    """How one case ended: ``error`` is set for a traceback, a hang (past the timeout), an exit
+    code other than 0, 1 or 2, or an exit 2 without a message; ``added_bytes`` is the peak
+    resident memory it added to the process it ran in."""
+
+    code: int
+    error: str | None
+    wall_s: float
+    added_bytes: int
 
 
-def run_case(argv: list[str], *, timeout_s: float = 60.0) -> tuple[int, str | None]:
-    """Run one case in-process; ``error`` is set when it ended other than exit 0, 1 or 2, or
-    ran longer than ``timeout_s`` (an input that makes the tool hang is a bug too)."""
-    import signal
+def _rss_bytes(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
 
-    def _alarm(_sig, _frame):
-        raise CaseTimeout(f"still running after {timeout_s:g} s")
 
-    out, err = io.StringIO(), io.StringIO()
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+def _child(argv: list[str], folder: str) -> int:
+    """Run one case in the forked child: streams to files, the traceback to ``tb``."""
+    os.setpgid(0, 0)                        # a hang is killed with everything it started
+    for fd, name in ((1, "out"), (2, "err")):
+        f = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(f, fd)
+        os.close(f)
+    # pytest's capture replaces the stream objects too: point them back at the descriptors
+    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
+    sys.stderr = open(2, "w", encoding="utf-8", closefd=False)
+    with contextlib.suppress(OSError):      # peak RSS counted from here (Linux ≥ 4.0)
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    start = _rss_bytes("VmRSS")
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(argv)
-    except SystemExit as e:                      # argparse: usage errors exit 2
+        code = main(argv)
+    except SystemExit as e:                 # argparse: usage errors exit 2
         code = e.code if isinstance(e.code, int) else 2
-    except Exception:                            # noqa: BLE001 — this is what we hunt
-        return -1, traceback.format_exc()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-    if code not in (0, 1, 2):
-        return code, f"exit code {code}\n{err.getvalue()[-2000:]}"
-    if code == 2 and not err.getvalue().strip():
-        return code, "exit 2 without a message on stderr"
-    return code, None
+    except BaseException:                   # noqa: BLE001 — this is what we hunt
+        with open(os.path.join(folder, "tb"), "w") as fh:
+            fh.write(traceback.format_exc())
+        code = 70
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with open(os.path.join(folder, "mem"), "w") as fh:
+        fh.write(str(max(0, _rss_bytes("VmHWM") - start)))
+    return code
+
+
+def run_case(argv: list[str], *, timeout_s: float = 10.0) -> Outcome:
+    """Run one case in a forked child (Linux): a crash, hang or memory blow-up of the case
+    cannot take the caller with it, and each case's memory is its own."""
+    with tempfile.TemporaryDirectory() as folder:
+        t0 = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:                                                  # pragma: no cover
+            code = 70
+            try:
+                code = _child(argv, folder)
+            finally:
+                os._exit(code if isinstance(code, int) and 0 <= code < 256 else 70)
+        hung = False
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.perf_counter() - t0 > timeout_s:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                _, status = os.waitpid(pid, 0)
+                hung = True
+                break
+            time.sleep(0.005)
+        wall = time.perf_counter() - t0
+        code = os.waitstatus_to_exitcode(status)
+        with contextlib.suppress(ProcessLookupError):               # what the case started
+            os.killpg(pid, signal.SIGKILL)
+        read = lambda n: (Path(folder) / n).read_text(errors="replace") \
+            if (Path(folder) / n).exists() else ""                    # noqa: E731
+        added = int(read("mem") or 0)
+        err = read("err")
+        if hung:
+            return Outcome(code, f"still running after {timeout_s:g} s", wall, added)
+        if read("tb"):
+            return Outcome(-1, read("tb"), wall, added)
+        if code not in (0, 1, 2):
+            return Outcome(code, f"exit code {code}\n{err[-2000:]}", wall, added)
+        if code == 2 and not err.strip():
+            return Outcome(code, "exit 2 without a message on stderr", wall, added)
+        return Outcome(code, None, wall, added)

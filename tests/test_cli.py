@@ -230,3 +230,41 @@ def test_gpus_prints_no_nan(capsys):
     assert main(["gpus"]) == 0
     out = capsys.readouterr().out
     assert "nan" not in out and "—" in out           # b200 has no fp32 peak in the catalog
+
+
+@pytest.mark.parametrize("text", ["name: x\ngpu: h100-sxm\nnodes: '{}'\n", "name: x\ngpu: '{}'\n"])
+def test_an_error_quotes_a_huge_value_by_its_start(tmp_path, capsys, text):
+    """A megabyte value in a spec gives one short error line, not a megabyte of stderr."""
+    path = tmp_path / "topo.yaml"
+    path.write_text(text.format("y" * 1_000_000))
+    assert main(["topology", "show", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err) < 2_000 and "more characters" in err and str(path) in err
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe name: x", b"[" * 100_000 + b"]" * 100_000])
+@pytest.mark.parametrize("command", [["topology", "show", "F"], ["export", "F", "--to", "megatron"],
+                                     ["reorder", "F"], ["diagnose", "F"],
+                                     ["simulate", "F", "--topology", "dgx-a100"]])
+def test_whole_file_faults_exit_2_naming_the_file(tmp_path, capsys, content, command):
+    path = tmp_path / "input.json"
+    path.write_bytes(content)
+    assert main([str(path) if a == "F" else a for a in command]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err and "fix:" in err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/dev/zero and mkfifo")
+@pytest.mark.parametrize("kind", ["fifo", "devzero", "folder"])
+def test_a_pipe_a_device_or_a_folder_is_refused_before_reading(tmp_path, capsys, kind):
+    import os
+    path = tmp_path / "spec.yaml"
+    if kind == "fifo":
+        os.mkfifo(path)                    # reading it would block for ever
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path = "/dev/zero"                 # reading it would never end
+    assert main(["simulate", str(path), "--topology", "dgx-a100"]) == 2
+    err = capsys.readouterr().err
+    assert "regular file" in err or "directory" in err

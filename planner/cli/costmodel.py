@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 
 from simulator.errors import SpecError
+from simulator.fileio import dumps_json
 
 from planner.costmodel.model import train
 from planner.costmodel.weights import save_weights
@@ -87,7 +87,7 @@ def _train(a: argparse.Namespace) -> int:
         save_weights(a.out, res, data_path=a.data, command="clusterplan " + " ".join(
             shlex.quote(x) for x in sys.argv[1:]))
     if a.json:
-        print(json.dumps(m, indent=1, sort_keys=True))
+        print(dumps_json(m, indent=1, sort_keys=True))
         return 0
     print(f"{m['samples']} combinations ({m['train']} train, {m['validation']} validation, "
           f"{m['test']} held-out test, batch {m['batch']})")

@@ -59,6 +59,11 @@ def add_dmt_arguments(p: argparse.ArgumentParser) -> None:
                         "id counts, spec order); default: a seeded synthetic sample")
 
 
+#: the largest --balance: a tower's cost over the mean, less 1; past towers - 1 it no longer
+#: constrains anything, and an infinite one cannot enter the MIP
+MAX_BALANCE = 100.0
+
+
 def _load_coaccess(path: str | None, n_tables: int):
     if path is None:
         return None
@@ -76,9 +81,9 @@ def _load_coaccess(path: str | None, n_tables: int):
 
 def dmt_section(args, task, plan) -> tuple[dict, object]:
     """The plan JSON's ``dmt`` section and the comparison behind it."""
-    if not (args.balance >= 0):
-        raise SpecError(f"--balance must be ≥ 0, got {args.balance}", source="--balance",
-                        fix="pass e.g. --balance 0.05")
+    if not 0 <= args.balance <= MAX_BALANCE:       # also refuses nan
+        raise SpecError(f"--balance must be in [0, {MAX_BALANCE:g}], got {args.balance}",
+                        source="--balance", fix="pass e.g. --balance 0.05 (5% over the mean)")
     kind = args.tower_module
     if kind == "auto":
         kind = "mix" if len({t.embedding_dim for t in task.model.tables}) == 1 else "linear"

@@ -13,14 +13,13 @@ command on its own (exit 2 and one line on bad input, as every clusterplan comma
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from simulator.errors import ClusterplanError, SpecError
-from simulator.fileio import read_json_file
+from simulator.fileio import dumps_json, read_json_file
 
 from planner.cli.output import atomic_write
 from planner.export import TARGETS, export_plan
@@ -143,7 +142,7 @@ def run(args) -> int:
             raise exc.at(source=exc.source or args.plan) from None
     written = write_files(files, args.out) if args.out else []
     if args.json:
-        print(json.dumps({"target": args.to, "plan": args.plan, "written": written,
+        print(dumps_json({"target": args.to, "plan": args.plan, "written": written,
                           "files": files}, indent=1))
     elif written:
         print(f"{args.to}: wrote " + ", ".join(written))

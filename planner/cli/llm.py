@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -11,7 +10,7 @@ import pandas as pd
 import yaml
 
 from simulator.errors import SpecError
-from simulator.fileio import atomic_write_text, read_spec_mapping
+from simulator.fileio import atomic_write_text, dumps_json, read_spec_mapping
 from simulator.units import format_bytes, format_time
 from simulator.validation import whole
 
@@ -204,7 +203,7 @@ def plan_model(args, spec: LLMSpec, topo, emit) -> int:
     doc["search"] = stats
     doc, timings = split_timings(doc)
     if args.out:
-        atomic_write_text(args.out, json.dumps(doc, indent=1))
+        atomic_write_text(args.out, dumps_json(doc, indent=1))
     lines = [f"{spec.model.name} on {topo.name} ({topo.num_gpus} × {topo.gpu.name}): "
              f"{stats['enumerated']} layouts, "
              + (f"{stats['excluded']} excluded by --constrain/--for, " if allow else "")

@@ -4,10 +4,9 @@ machine and print measured beside predicted."""
 from __future__ import annotations
 
 import argparse
-import json
 
 from simulator.errors import SpecError
-from simulator.fileio import read_json_file
+from simulator.fileio import dumps_json, read_json_file
 
 from planner.cli.output import write_json
 from planner.cli.tables import positive
@@ -77,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         write_json(args.out, out)
     if args.json:
-        print(json.dumps(out, indent=2, ensure_ascii=False))
+        print(dumps_json(out, indent=2, ensure_ascii=False))
     else:
         print(f"{model.name}: {model.num_tables} tables, batch {model.batch_size:,}, "
               f"{devices} ranks, plan by {doc.get('planner')}")

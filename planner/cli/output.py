@@ -8,7 +8,6 @@ Results never carry wall-clock time (same inputs, same bytes): the entries named
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from simulator.errors import SpecError
-from simulator.fileio import atomic_write_text, check_writable
+from simulator.fileio import atomic_write_text, check_writable, dumps_json
 
 __all__ = ["emit", "atomic_write", "write_json", "progress_line", "TIMING_KEYS",
            "split_timings", "report_timings", "add_timings_option"]
@@ -72,7 +71,7 @@ def report_timings(args: argparse.Namespace, timings: dict[str, Any]) -> None:
         return
     path = getattr(args, "timings", None)
     if path:
-        atomic_write_text(path, json.dumps(timings, indent=2, default=_jsonable) + "\n",
+        atomic_write_text(path, dumps_json(timings, indent=2, default=_jsonable) + "\n",
                           field="--timings")
         return
     flat = {k: v for k, v in timings.items() if isinstance(v, (int, float))}
@@ -86,7 +85,7 @@ def emit(args: argparse.Namespace, data: dict, human: str,
     entries, and ``timings`` split off earlier, go to :func:`report_timings`."""
     data, found = split_timings(data)
     if getattr(args, "json", False):
-        print(json.dumps(data, indent=2, default=_jsonable))
+        print(dumps_json(data, indent=2, default=_jsonable))
     else:
         print(human)
     report_timings(args, {**(timings or {}), **found})
@@ -109,7 +108,7 @@ def atomic_write(path: str | Path, text: str) -> None:
 
 def write_json(path: str | Path, doc: dict) -> None:
     """``doc`` as indented UTF-8 JSON with a final newline, written atomically."""
-    atomic_write_text(path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(path, dumps_json(doc, indent=2, ensure_ascii=False) + "\n")
 
 
 def progress_line(msg: str) -> None:

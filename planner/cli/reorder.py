@@ -4,13 +4,12 @@ measured or generated network."""
 from __future__ import annotations
 
 import argparse
-import json
 from collections import Counter
 from pathlib import Path
 
 from simulator.costmatrix import load_cost_matrix
 from simulator.errors import SpecError
-from simulator.fileio import atomic_write_text, read_json_file
+from simulator.fileio import atomic_write_text, dumps_json, read_json_file
 from simulator.topology.pairwise import cost_matrix_for
 from simulator.units import format_time, parse_bytes
 
@@ -119,14 +118,14 @@ def run(args) -> int:
                  "comm_after": plan_comm_time(cm, traffic, res.order)}
         what = f"plan {path.name} (TP/CP/DP/PP traffic per step)"
         if args.plan_out:
-            atomic_write_text(args.plan_out, json.dumps(
+            atomic_write_text(args.plan_out, dumps_json(
                 placed_plan(plan, res.order, cm.hostnames), indent=1) + "\n", field="--plan-out")
             extra["plan_out"] = args.plan_out
     data = res.to_dict() | {"source": source, "ranks": cm.n, "measured": dict(cm.measured),
                             "rank_map": rank_map(res.order, cm.hostnames)} | extra
     data, timings = split_timings(data)
     if args.out:
-        atomic_write_text(args.out, json.dumps(data, indent=1) + "\n")
+        atomic_write_text(args.out, dumps_json(data, indent=1) + "\n")
     rm = data["rank_map"]
     lines = [f"{what} over {cm.n} ranks ({source}):",
              f"  given order   {format_time(res.time_before_s)}",

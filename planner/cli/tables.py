@@ -21,12 +21,12 @@ Also here: ``clusterplan calibrate embedding``
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import replace
 from typing import Sequence
 
 from simulator.errors import ClusterplanError, SpecError
+from simulator.fileio import dumps_json
 from simulator.units import format_bytes, format_time, parse_bytes
 
 from planner.cli.dmt import add_dmt_arguments, dmt_section, format_dmt
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out and plan.valid:         # an invalid plan (exit 1) leaves --out as it was
         write_json(args.out, doc)
     if args.json:
-        print(json.dumps(doc, indent=2, ensure_ascii=False))
+        print(dumps_json(doc, indent=2, ensure_ascii=False))
     else:
         print(format_plan(plan, sim))
         if "dmt" in doc:
@@ -218,7 +218,7 @@ def run_calibrate_embedding(args: argparse.Namespace) -> int:
     data = {"out": args.out, "lookup": look, "lookup_fit": fit,
             "comm": doc["comm"]["worlds"]}
     if args.json:
-        print(json.dumps(data, indent=2))
+        print(dumps_json(data, indent=2))
         return 0
     lines = [f"wrote {args.out}",
              f"lookups ({doc['measured']['kernel']}, 1 thread, {fit['points']} configurations): "

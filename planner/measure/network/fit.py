@@ -34,7 +34,7 @@ def read_nccl_table(path: str | Path) -> pd.DataFrame:
     path = check_input_file(path, field="--table")
     try:
         raw = pd.read_csv(path, header=0)
-    except (OSError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise SpecError(f"cannot read table: {exc}", source=str(path),
                         fix="pass an nccl-tests CSV with size(B) and time(ns) columns") from None
     cols = list(raw.columns)

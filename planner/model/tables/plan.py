@@ -22,7 +22,6 @@ give the same bytes.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -30,7 +29,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from simulator.errors import SpecError
-from simulator.fileio import atomic_write_text
+from simulator.fileio import atomic_write_text, dumps_json
 
 from planner.model.tables.cost import BREAKDOWN_KEYS, F_MEM
 from planner.model.tables.shards import Shard, ShardingType, TableSharding, validate_sharding
@@ -189,7 +188,7 @@ class Plan:
 
     def to_json(self, *, stable: bool = False) -> str:
         """The plan as JSON text (``stable``: without wall-clock time, byte-reproducible)."""
-        return json.dumps(self.to_dict(stable=stable), indent=2, ensure_ascii=False) + "\n"
+        return dumps_json(self.to_dict(stable=stable), indent=2, ensure_ascii=False) + "\n"
 
     def write(self, path: str | os.PathLike, *, stable: bool = False) -> None:
         """Write the JSON atomically (a temporary file in the same folder, then a rename)."""

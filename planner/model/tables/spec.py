@@ -418,17 +418,22 @@ def _label(rec: Mapping[str, Any], i: int) -> str:
     return f"table {name!r}" if name not in (None, "") else f"table #{i}"
 
 
+#: the largest values a table may have: 2**40 rows (512 TB at dim 128 fp32), 65,536 columns,
+#: 100,000 ids per sample; past them a number is a typo, and its costs overflow to infinity
+MAX_ROWS, MAX_DIM, MAX_POOLING = 2**40, 65_536, 1e5
+
+
 def _int(value: Any, source: str, field: str, *, minimum: int, what: str,
-         label: str = "") -> int:
+         label: str = "", maximum: int = 2**62) -> int:
     """A whole number of a table spec (CSV cells are text): the shared validation layer."""
     return whole(value, source=source, field=field, minimum=minimum, label=label, lenient=True,
-                 what=field.rsplit(".", 1)[-1], maximum=2**62)
+                 what=field.rsplit(".", 1)[-1], maximum=maximum)
 
 
 def _float(value: Any, source: str, field: str, *, minimum: float, what: str,
-           label: str = "") -> float:
+           label: str = "", maximum: float | None = None) -> float:
     return number(value, source=source, field=field, minimum=minimum, label=label,
-                  lenient=True, what=field.rsplit(".", 1)[-1])
+                  lenient=True, what=field.rsplit(".", 1)[-1], maximum=maximum)
 
 
 def _choice(value: Any, choices: tuple[str, ...], source: str, field: str,
@@ -449,17 +454,17 @@ def _table(rec: Mapping[str, Any], i: int, source: str) -> TableSpec:
                             fix=f"add {key} to {label}"
                                 + (" or to table_defaults" if key == "embedding_dim" else ""))
     rows = _int(rec["num_embeddings"], source, f"{f}.num_embeddings", minimum=1,
-                what=f"the row count (hash size) of {label}", label=label)
+                what=f"the row count (hash size) of {label}", label=label, maximum=MAX_ROWS)
     dim = _int(rec["embedding_dim"], source, f"{f}.embedding_dim", minimum=1,
-               what=f"the embedding width of {label}", label=label)
+               what=f"the embedding width of {label}", label=label, maximum=MAX_DIM)
     pf = _float(rec.get("pooling_factor", 1.0), source, f"{f}.pooling_factor", minimum=0.0,
-                what=f"the mean ids per sample of {label}", label=label)
+                what=f"the mean ids per sample of {label}", label=label, maximum=MAX_POOLING)
     precision = _choice(rec.get("precision", "fp32"), tuple(PRECISION_BYTES), source,
                         f"{f}.precision", label)
     zipf = None
     if rec.get("zipf_exponent") not in (None, ""):
         zipf = _float(rec["zipf_exponent"], source, f"{f}.zipf_exponent", minimum=0.0,
-                      what=f"the Zipf exponent of {label}", label=label)
+                      what=f"the Zipf exponent of {label}", label=label, maximum=100.0)
     bins = None
     if rec.get("reuse_bins") is not None:
         raw = rec["reuse_bins"]
