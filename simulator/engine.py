@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from simulator.collectives import CollectivePlan, plan_collective, run_plan
@@ -33,6 +33,9 @@ from simulator.network import FlowNetwork, NetworkStats
 from simulator.topology import Topology
 from simulator.trace import chrome_trace, write_chrome_trace
 from simulator.workload import Workload
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["simulate", "SimResult"]
 
@@ -46,10 +49,12 @@ class SimResult:
 
     Attributes
     ----------
-    ops : pandas.DataFrame
-        One row per op: ``op, name, kind, category, stream, ranks`` (count), ``first_rank``,
-        ``device`` (of the first rank), ``start_s, end_s, duration_s`` (seconds), ``bytes``,
-        ``flops``, ``algorithm``. :meth:`per_device` expands collectives to one row per member.
+    table : dict of str to numpy.ndarray
+        The op table by column: ``op, name, kind, category, stream, ranks`` (count),
+        ``first_rank``, ``device`` (of the first rank), ``start_s, end_s, duration_s``
+        (seconds), ``bytes``, ``flops``, ``algorithm``. :attr:`ops` is the same as a pandas
+        DataFrame, made on first use (pandas costs ~0.3 s to import; a plain simulation does
+        without it); :meth:`per_device` expands collectives to one row per member.
     step_time_s : float
         Time at which the last op ended, seconds.
     events : int
@@ -59,7 +64,7 @@ class SimResult:
     network : NetworkStats
     """
 
-    ops: pd.DataFrame
+    table: dict
     step_time_s: float
     events: int
     wall_s: float
@@ -72,6 +77,17 @@ class SimResult:
     link_faults: tuple = ()                           # LinkFaults applied during the run
     link_bytes: object = field(repr=False, default=None)    # per link, when tracked
     link_busy_s: object = field(repr=False, default=None)   # per link: bytes / capacity
+
+    @cached_property
+    def ops(self) -> "pd.DataFrame":
+        """The op table (see :attr:`table`) as a DataFrame, one row per op."""
+        import pandas as pd
+
+        return pd.DataFrame(self.table, columns=_COLUMNS)
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.table["op"])
 
     def compute_busy_s(self) -> dict[int, float]:
         """Seconds of compute per rank that ran any (the input of straggler diagnosis)."""
@@ -91,7 +107,7 @@ class SimResult:
             df = df[df.kind == kind]
         return float(df.duration_s.sum())
 
-    def per_device(self, ranks=None) -> pd.DataFrame:
+    def per_device(self, ranks=None) -> "pd.DataFrame":
         """One row per (op, rank it ran on), with ``rank`` and ``device`` columns.
 
         ``ranks`` limits the expansion (a 16k-rank collective is 16k rows otherwise).
@@ -164,11 +180,11 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
     run = _OpRunner(env, net, topo, ops, profile, slow, measured_comm)
     run.run()
     _check_finished(ops, run.end)
-    df = _ops_frame(topo, ops, run.start, run.end, run.algo)
+    table = _op_table(topo, ops, run.start, run.end, run.algo)
     st = net.stats
     events = run.events + st.flows_started + st.flows_finished
     n = len(ops)
-    return SimResult(ops=df, step_time_s=float(np.nanmax(run.end)) if n else 0.0, events=events,
+    return SimResult(table=table, step_time_s=float(np.nanmax(run.end)) if n else 0.0, events=events,
                      wall_s=time.perf_counter() - t0, network=st, topology=topo.name,
                      mode=net.mode, workload=workload, device_names=topo.gpus,
                      slowdown={r: f for r, f in slow.items() if f != 1.0},
@@ -369,15 +385,16 @@ def _check_finished(ops, end: np.ndarray) -> None:
                               "on every member's stream")
 
 
-def _ops_frame(topo: Topology, ops, start: np.ndarray, end: np.ndarray, algo: list[str]
-               ) -> pd.DataFrame:
-    """One row per op (the :attr:`SimResult.ops` table); times in seconds."""
+def _op_table(topo: Topology, ops, start: np.ndarray, end: np.ndarray, algo: list[str]
+              ) -> dict[str, np.ndarray]:
+    """The :attr:`SimResult.table` columns, one entry per op; times in seconds."""
     n = len(ops)
-    return pd.DataFrame({
+    cols = {
         "op": np.arange(n), "name": [o.name for o in ops], "kind": [o.kind for o in ops],
         "category": [o.category for o in ops], "stream": [o.stream for o in ops],
         "ranks": [len(o.ranks) for o in ops], "first_rank": [o.ranks[0] for o in ops],
         "device": [topo.gpus[o.ranks[0]] for o in ops],
         "start_s": start, "end_s": end, "duration_s": end - start,
         "bytes": [o.bytes_moved for o in ops], "flops": [o.flops for o in ops],
-        "algorithm": algo}, columns=_COLUMNS)
+        "algorithm": algo}
+    return {k: np.asarray(v) for k, v in cols.items()}

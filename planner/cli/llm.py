@@ -1,13 +1,9 @@
-"""``clusterplan simulate MODEL.yaml`` for transformers and ``clusterplan fidelity``."""
+"""``clusterplan simulate MODEL.yaml`` and ``clusterplan plan MODEL.yaml`` for transformers."""
 
 from __future__ import annotations
 
 import sys
 from dataclasses import replace
-from pathlib import Path
-
-import pandas as pd
-import yaml
 
 from simulator.errors import SpecError
 from simulator.fileio import atomic_write_text, dumps_json, read_spec_mapping
@@ -16,14 +12,6 @@ from simulator.validation import whole
 
 from planner.cli.constraints import layout_filter
 from planner.cli.output import split_timings
-from planner.llm.fidelity import (
-    kendall_tau_by_group,
-    load_set,
-    row_command,
-    row_spec_document,
-    run_set,
-    set_info,
-)
 from planner.llm.metrics import simulate_llm
 from planner.llm.search import search
 from planner.model.llm.spec import (
@@ -39,7 +27,6 @@ from planner.model.reliability import (
     reliability_report,
     stragglers_from_args,
 )
-from planner.progress import progress
 
 __all__ = ["simulate_model", "fidelity"]
 
@@ -135,57 +122,6 @@ def trainer_line(t: TrainerSpec) -> str:
             f"{'overlapped' if t.pp_comm_overlap else 'blocking'}"
             + (f", {t.trim_first_last_stage} block(s) off the first and last stage"
                if t.trim_first_last_stage else ""))
-
-
-def fidelity(args, emit) -> int:
-    """Simulate the published sets' rows through the public spec path; print errors per row."""
-    sets = args.set or ["narayanan", "korthikanti", "vtrain"]
-    frames, info = [], {}
-    for name in sets:
-        rows = load_set(name, vtrain_dir=args.vtrain_dir)
-        if args.limit:
-            rows = rows[: args.limit]
-        if args.emit_specs:
-            _write_row_specs(rows, Path(args.emit_specs))
-        info[rows[0]["set"] if rows else name] = set_info(name)
-        with progress(len(rows), f"fidelity {name}") as advance:
-            frames.append(run_set(rows, progress=lambda k, n: advance()))
-    df = pd.concat(frames, ignore_index=True)
-    summary = {s: {"mape": float(g.error.abs().mean()), "mean_error": float(g.error.mean()),
-                   "rows": len(g), **info.get(s, {})}
-               for s, g in df.groupby("set", sort=False)}
-    if "vtrain" in summary:
-        summary["vtrain"]["kendall_tau_by_group"] = kendall_tau_by_group(df[df.set == "vtrain"])
-    lines = [f"{'set':<14}{'row':<38}{'measured':>11}{'predicted':>11}{'error':>9}"]
-    for r in df.itertuples():
-        lines.append(f"{r.set:<14}{r.row:<38}{r.measured_s:>10.3f}s{r.predicted_s:>10.3f}s"
-                     f"{r.error * 100:>8.1f}%")
-    for s, v in summary.items():
-        extra = ""
-        if "kendall_tau_by_group" in v:
-            extra = "  Kendall tau " + ", ".join(f"{g} {t:.2f}" for g, t in
-                                                  v["kendall_tau_by_group"].items())
-        lines.append(f"{s}: MAPE {v['mape'] * 100:.1f}% (mean {v['mean_error'] * 100:+.1f}%) "
-                     f"over {v['rows']} rows, trainer "
-                     f"{v.get('trainer', {}).get('preset', '?')} ({v.get('source', '')}){extra}")
-    if args.emit_specs:
-        lines.append(f"specs and commands: {args.emit_specs}/")
-    emit(args, {"rows": df.to_dict(orient="records"), "summary": summary}, "\n".join(lines))
-    return 0
-
-
-def _write_row_specs(rows: list[dict], folder: Path) -> None:
-    """Each row as a spec file plus its line in ``commands.sh``: the public path, by hand."""
-    folder.mkdir(parents=True, exist_ok=True)
-    lines = []
-    for r in rows:
-        name = f"{r['set']}-{r['row']}".replace(" ", "-").replace("/", "-") + ".yaml"
-        atomic_write_text(folder / name, yaml.safe_dump(row_spec_document(r), sort_keys=False),
-                          field="--emit-specs")
-        lines.append(row_command(r, str(folder / name)))
-    cmds = folder / "commands.sh"
-    old = cmds.read_text().splitlines() if cmds.exists() else []
-    atomic_write_text(cmds, "\n".join(dict.fromkeys(old + lines)) + "\n", field="--emit-specs")
 
 
 def plan_model(args, spec: LLMSpec, topo, emit) -> int:

@@ -82,39 +82,44 @@ class LLMResult:
             "memory": self.memory.to_dict(),
             "breakdown": self.breakdown(),
             "simulation": {"events": self.sim.events, "wall_s": self.sim.wall_s,
-                           "mode": self.sim.mode, "ops": len(self.sim.ops)},
+                           "mode": self.sim.mode, "ops": self.sim.num_ops},
         }
 
     sim_peak: float = 0.0
 
     def breakdown(self) -> dict:
         """Seconds on the busiest pipeline stage's critical rank, by kind."""
-        df = self.sim.ops
+        t = self.sim.table                  # numpy columns: no pandas on this path
+        is_compute = t["kind"] == "compute"
         best = None
         for s, r in enumerate(self.plan.representatives):
-            comp = df[(df.first_rank == r) & (df.kind == "compute")]
-            busy = float(comp.duration_s.sum())
+            mask = is_compute & (t["first_rank"] == r)
+            busy = float(t["duration_s"][mask].sum())
             if best is None or busy > best[0]:
-                best = (busy, s, r, comp)
-        busy, s, r, comp = best
+                best = (busy, s, r, mask)
+        busy, s, r, mask = best
+        cat, start, end = t["category"][mask], t["start_s"][mask], t["end_s"][mask]
+        dur = t["duration_s"][mask]
         tpc = sum(self.plan.tp_comm_s[s]) * self.plan.microbatches
         # EP all-to-alls (2 forward, 2 backward, 2 more under full recompute) are inside tpc
         passes = 6 if self.spec.training.activation_recompute == "full" else 4
         epc = (self.plan.info.get("ep_a2a_s", [0.0] * (s + 1))[s] * passes
                * sum(self.plan.info["chunk_layers"][s]) * self.plan.microbatches)
-        opt = float(comp[comp.category == "optimizer"].duration_s.sum())
+        is_opt = cat == "optimizer"
+        opt = float(dur[is_opt].sum())
         fb = busy - opt
-        last_b = float(comp[comp.category == "bwd"].end_s.max())
-        opt_start = float(comp[comp.category == "optimizer"].start_s.min())
+        last_b = float(end[cat == "bwd"].max()) if (cat == "bwd").any() else float("nan")
+        opt_start = float(start[is_opt].min()) if is_opt.any() else float("nan")
         dp_exposed = max(0.0, opt_start - last_b)
         st = self.step_time_s
-        idle = max(0.0, st - busy - dp_exposed - max(0.0, st - float(comp.end_s.max())))
+        last_end = float(end.max()) if end.size else float("nan")
+        idle = max(0.0, st - busy - dp_exposed - max(0.0, st - last_end))
         # idle time of a pipelined rank is its bubble; without PP it is waiting on FSDP gathers
         bubble = idle if self.parallel.pp > 1 else 0.0
         return {"stage": s, "compute_s": fb - tpc, "tp_cp_comm_s": tpc - epc, "ep_comm_s": epc,
                 "optimizer_s": opt, "dp_comm_exposed_s": dp_exposed,
                 "pipeline_bubble_s": bubble, "other_wait_s": idle - bubble,
-                "tail_after_stage_s": max(0.0, st - float(comp.end_s.max()))}
+                "tail_after_stage_s": max(0.0, st - last_end)}
 
 
 def simulate_llm(spec: LLMSpec, parallel: ParallelSpec, topo: Topology, *, mode: str = "auto",
