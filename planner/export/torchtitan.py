@@ -1,4 +1,7 @@
-"""torchtitan v0.2.x job TOML and the ``--parallelism.*`` overrides (formats.md §3).
+"""torchtitan job settings (formats.md §3): a v0.2.x job TOML, and the command-line overrides
+``--training.*`` / ``--parallelism.*`` after ``--module/--config`` that torchtitan 0.3.0 (the
+current release, whose configs are Python registries) reads; the overrides carry every setting
+of the plan (degrees, schedule, micro-batch, local and global batch, sequence length).
 
 torchtitan's mesh is ``["pp", "dp_replicate", "dp_shard", "cp", "tp"]`` outermost first, which is
 the physical layout of Megatron's ``tp-cp-dp-pp`` with dp = dp_shard (inner) x dp_replicate
@@ -20,7 +23,7 @@ from planner.export import _plan
 __all__ = ["export_torchtitan", "validate_torchtitan", "unsupported", "TOML_FILE", "ARGS_FILE",
            "TARGET_VERSION", "torchtitan_degrees"]
 
-TARGET_VERSION = "torchtitan v0.2.2 (TOML); overrides also valid after PR #2386"
+TARGET_VERSION = "torchtitan 0.3.0 (overrides) and v0.2.2 (TOML)"
 TOML_FILE = "torchtitan.toml"
 ARGS_FILE = "torchtitan.args"
 
@@ -123,9 +126,11 @@ def export_torchtitan(plan: dict, *, num_layers: int | None = None,
     args: list[str] = []
     if ms is not None:
         args += ["--module", ms[0], "--config", f"{ms[0]}_{ms[1].lower()}"]
+    for k, v in training.items():
+        args += [f"--training.{k}", str(v)]
+    if p["pp"] > 1:        # 0.3.0 refuses CUDA graphs with pipeline parallelism at start-up
+        args.append("--training.disable_cuda_graphs")
     for k, v in par.items():
-        if k == "pipeline_parallel_microbatch_size":
-            continue  # v0.2.2 only (replaced after the refactor)
         args += [f"--parallelism.{k}", str(v)]
     args_text = " ".join(shlex.quote(a) for a in args) + "\n"
     files = {TOML_FILE: toml_text, ARGS_FILE: args_text}
@@ -145,12 +150,14 @@ def validate_torchtitan(files: Mapping[str, str], plan: Mapping | None = None) -
                             fix="report this exporter bug")
         prod *= par[k]
     toks = shlex.split(files[ARGS_FILE])
-    over = {toks[i][len("--parallelism."):]: toks[i + 1] for i in range(len(toks) - 1)
-            if toks[i].startswith("--parallelism.")}
-    for k, v in over.items():
-        if str(par.get(k)) != v:
-            raise SpecError(f"override {k}={v} disagrees with the TOML ({par.get(k)!r})",
-                            source=ARGS_FILE, field=k, fix="report this exporter bug")
+    for section in ("parallelism", "training"):
+        over = {toks[i][len(section) + 3:]: toks[i + 1] for i in range(len(toks) - 1)
+                if toks[i].startswith(f"--{section}.") and not toks[i + 1].startswith("--")}
+        for k, v in over.items():
+            if str(doc[section].get(k)) != v:
+                raise SpecError(f"override {k}={v} disagrees with the TOML "
+                                f"({doc[section].get(k)!r})", source=ARGS_FILE, field=k,
+                                fix="report this exporter bug")
     if plan is not None:
         if prod != _plan.world(plan):
             raise SpecError(f"degrees multiply to {prod}, world is {_plan.world(plan)}",

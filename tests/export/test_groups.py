@@ -254,9 +254,21 @@ def test_torchtitan_batch_and_overrides():
     assert doc["model"] == {"name": "llama3", "flavor": "70B"}
     toks = shlex.split(files["torchtitan.args"])
     assert toks[:4] == ["--module", "llama3", "--config", "llama3_70b"]
-    over = dict(zip(toks[4::2], toks[5::2]))
+    over, rest = {}, toks[4:]
+    while rest:
+        flag, rest = rest[0], rest[1:]
+        if rest and not rest[0].startswith("--"):
+            over[flag], rest = rest[0], rest[1:]
+        else:
+            over[flag] = True
     assert over["--parallelism.tensor_parallel_degree"] == "2"
     assert over["--parallelism.pipeline_parallel_degree"] == "4"
+    # torchtitan 0.3.0 reads only these overrides: the batch, the micro-batch and the sequence
+    # length must be in them, and CUDA graphs off under pipeline parallelism
+    assert (over["--training.local_batch_size"], over["--training.global_batch_size"],
+            over["--training.seq_len"]) == ("32", "64", "4096")
+    assert over["--parallelism.pipeline_parallel_microbatch_size"] == "2"
+    assert over["--training.disable_cuda_graphs"] is True
     # no PP: gradient accumulation = global / (local * dp)
     doc = tomllib.loads(export_plan(make_plan(tp=2, dp=4, mbs=2, gbs=64),
                                     "torchtitan")["torchtitan.toml"])

@@ -66,19 +66,36 @@ def test_megatron_core_accepts_the_parallel_layout(layout):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
-def test_torchtitan_parses_the_parallelism_overrides(layout):
+def test_torchtitan_reads_every_setting_from_the_overrides(layout):
+    """The overrides after --module/--config parsed as torchtitan 0.3.0's ConfigManager parses
+    them (tyro, its registry) into its training and parallelism sections; then the start-up
+    checks of its Trainer.Config on batch, micro-batch and CUDA graphs."""
     pytest.importorskip("tyro", reason=f"tyro (torchtitan's parser) {HINT}")
     configs = pytest.importorskip("torchtitan.config.configs", reason=f"torchtitan {HINT}")
     import tyro
-    plan = make_plan(**layout)
-    args = shlex.split(export_torchtitan(plan, num_layers=32, seq_len=8192)["torchtitan.args"])
-    overrides = [a.replace("--parallelism.", "--") if a.startswith("--parallelism.") else a
-                 for a in args[args.index("--config") + 2:]]
-    cfg = tyro.cli(configs.ParallelismConfig, args=overrides)
-    p = plan["parallel"]
-    assert (cfg.tensor_parallel_degree, cfg.pipeline_parallel_degree,
-            cfg.context_parallel_degree) == (p["tp"], p["pp"], p["cp"])
-    assert cfg.data_parallel_replicate_degree * cfg.data_parallel_shard_degree == p["dp"]
+    from torchtitan.config.manager import custom_registry
+
+    job = dataclasses.make_dataclass("Job", [           # the two sections of Trainer.Config
+        (name, cls, dataclasses.field(default_factory=cls))
+        for name, cls in (("training", configs.TrainingConfig),
+                          ("parallelism", configs.ParallelismConfig))])
+    plan = make_plan(**layout, mbs=2, gbs=64 * layout["dp"], seq_len=8192)
+    args = shlex.split(export_torchtitan(plan, num_layers=32)["torchtitan.args"])
+    cfg = tyro.cli(job, args=args[args.index("--config") + 2:], registry=custom_registry)
+    t, par, p = cfg.training, cfg.parallelism, plan["parallel"]
+    assert (par.tensor_parallel_degree, par.pipeline_parallel_degree,
+            par.context_parallel_degree) == (p["tp"], p["pp"], p["cp"])
+    dp = par.data_parallel_replicate_degree * par.data_parallel_shard_degree
+    assert dp == p["dp"] and (t.global_batch_size, t.seq_len) == (plan["global_batch_size"], 8192)
+    assert t.global_batch_size % (t.local_batch_size * dp) == 0        # Trainer.Config's check
+    if p["pp"] > 1:
+        assert t.local_batch_size % par.pipeline_parallel_microbatch_size == 0
+        assert par.pipeline_parallel_microbatch_size == plan["micro_batch_size"]
+        assert t.disable_cuda_graphs, "torchtitan refuses CUDA graphs with PP at start-up"
+        if p["vpp"] > 1:
+            assert par.pipeline_parallel_layers_per_stage == 32 // (p["pp"] * p["vpp"])
+    else:
+        assert t.local_batch_size == plan["micro_batch_size"]
 
 
 class _DataParallelGroup:
