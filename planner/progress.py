@@ -24,7 +24,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-__all__ = ["enabled", "progress", "track", "Bar", "LINE_EVERY_S"]
+__all__ = ["enabled", "progress", "track", "stages", "Bar", "LINE_EVERY_S"]
 
 T = TypeVar("T")
 
@@ -78,6 +78,33 @@ def progress(total: int | None, description: str) -> Iterator[Callable[[int], No
     with Progress(*cols, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(description, total=total)
         yield lambda n=1: bar.advance(task, n)
+
+
+@contextmanager
+def stages(description: str, total: int, *, quiet: bool = False
+           ) -> Iterator[Callable[[str], None]]:
+    """Yield ``stage(name)`` for a job of ``total`` stages: on a terminal a bar naming the stage;
+    elsewhere one line per stage (``plan mip: 2/3 model build after 0.4 s``), unless ``quiet``
+    (a job known to be short) or progress is silenced."""
+    t0 = time.monotonic()
+    if not enabled():
+        count = [0]
+
+        def line(name: str) -> None:
+            count[0] += 1
+            if not quiet and not _silenced():
+                print(f"{description}: {count[0]}/{total} {name} after "
+                      f"{time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+        yield line
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=total)
+
+        def advance(name: str) -> None:
+            bar.update(task, description=f"{description}: {name}",
+                       completed=min(total, bar.tasks[0].completed + 1))
+        yield advance
 
 
 def track(items: Iterable[T], total: int | None, description: str) -> Iterator[T]:

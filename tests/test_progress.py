@@ -22,3 +22,26 @@ def test_short_work_and_silenced_work_print_nothing(monkeypatch, capsys):
     monkeypatch.setattr(P, "LINE_EVERY_S", 0.0)
     assert list(P.track(range(3), 3, "off")) == [0, 1, 2]
     assert capsys.readouterr().err == ""
+
+
+def test_stages_print_a_line_each_unless_quiet(monkeypatch, capsys):
+    monkeypatch.delenv("CLUSTERPLAN_PROGRESS", raising=False)
+    with P.stages("job", 2) as stage:
+        stage("first")
+        stage("second")
+    lines = capsys.readouterr().err.splitlines()
+    assert [x.split(" after")[0] for x in lines] == ["job: 1/2 first", "job: 2/2 second"]
+    with P.stages("short", 2, quiet=True) as stage:
+        stage("first")
+    monkeypatch.setenv("CLUSTERPLAN_PROGRESS", "0")
+    with P.stages("off", 1) as stage:
+        stage("only")
+    assert capsys.readouterr().err == ""
+
+
+def test_a_long_mip_plan_says_what_it_is_doing(capsys):
+    from planner.cli.main import main
+    assert main(["plan", "criteo-dlrm", "--devices", "4", "--planner", "mip",
+                 "--time-limit", "2", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert "plan mip: 1/2 warm start" in err and "plan mip: 2/2 model build and CBC" in err

@@ -33,6 +33,7 @@ from planner.model.tables.cost import F_MEM
 from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.task import ShardingTask, prepare
+from planner.progress import stages
 from planner.sharding.common import CW_PARTS, Catalog, catalog
 from planner.sharding.greedy import greedy_choices
 from planner.sharding.local_search import improve_choices
@@ -247,17 +248,20 @@ class MipPlanner:
         types = self.types or (_TW, _CW, _RW, _DP, _TWRW)
         check_feasible(problem, types)
         cat = catalog(problem)
-        start, notes = self._warm_start(cat, types, limit, seed, t0)
-        warm_s = time.perf_counter() - t0
-        parts, types = self._options_for_budget(cat, types, limit, notes)
-        warm = start if start is not None and self._representable(cat, start, types,
-                                                                   parts) else None
-        if types:
-            res = solve_mip(cat, time_limit_s=limit, seed=seed, start=warm, parts=parts,
-                            types=types, solver=self.solver, t_start=t0)
-        else:
-            res = MipResult(None, "no_time", None, None, None, self.solver, 0.0, 0.0,
-                            note="no model builds within a quarter of the limit")
+        with stages("plan mip", 2, quiet=limit < 2.0) as stage:     # short runs stay silent
+            stage("warm start (greedy, local search)")
+            start, notes = self._warm_start(cat, types, limit, seed, t0)
+            warm_s = time.perf_counter() - t0
+            parts, types = self._options_for_budget(cat, types, limit, notes)
+            warm = start if start is not None and self._representable(cat, start, types,
+                                                                       parts) else None
+            stage(f"model build and CBC (within {limit:g} s)" if types else "no model fits")
+            if types:
+                res = solve_mip(cat, time_limit_s=limit, seed=seed, start=warm, parts=parts,
+                                types=types, solver=self.solver, t_start=t0)
+            else:
+                res = MipResult(None, "no_time", None, None, None, self.solver, 0.0, 0.0,
+                                note="no model builds within a quarter of the limit")
         choices, status = self._pick(cat, res, start, parts, limit, notes)
         if res.note:
             notes.append(f"{res.solver}: {res.note}")
