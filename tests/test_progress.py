@@ -41,7 +41,7 @@ def test_stages_print_a_line_each_unless_quiet(monkeypatch, capsys):
 
 def test_a_long_mip_plan_says_what_it_is_doing(capsys):
     from planner.cli.main import main
-    assert main(["plan", "criteo-dlrm", "--devices", "4", "--planner", "mip",
-                 "--time-limit", "2", "--json"]) == 0
+    assert main(["plan", "criteo-dlrm", "--devices", "8", "--planner", "mip",
+                 "--time-limit", "3", "--json"]) == 0
     err = capsys.readouterr().err
     assert "plan mip: 1/2 warm start" in err and "plan mip: 2/2 model build and CBC" in err
