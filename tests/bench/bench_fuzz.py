@@ -20,8 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fuzzing import make_case, run_case  # noqa: E402
-from test_fuzz import MAX_ADDED_BYTES  # noqa: E402
+from fuzzing import MAX_ADDED_BYTES, make_case, run_case  # noqa: E402
 
 
 def main() -> int:

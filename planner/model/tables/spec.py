@@ -278,7 +278,7 @@ def load_model_spec(ref: str | Path) -> ModelSpec:
         source = f"planner/examples/{ref}.yaml"
     else:
         source = str(path)
-    text = read_text(path) if source == str(path) else path.read_text(encoding="utf-8")
+    text = read_text(path)
     if path.suffix.lower() == ".csv":
         tables = tables_from_csv_text(text, source=source)
         return ModelSpec(name=path.stem, tables=tables, source=source)
