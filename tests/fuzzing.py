@@ -18,6 +18,7 @@ import contextlib
 import copy
 import io
 import json
+import multiprocessing
 import os
 import signal
 import sys
@@ -396,6 +397,11 @@ def _sharding_plan() -> dict:
     return _PLAN_CACHE["plan"]
 
 
+#: the memory a case may add: the issue's 500 MB per case less the CLI's own import peak
+#: (measured ~80 MB)
+MAX_ADDED_BYTES = 420 * 2**20
+
+
 @dataclass
 class Outcome:
     """How one case ended: ``error`` is set for a traceback, a hang (past the timeout), an exit
@@ -416,8 +422,8 @@ def _rss_bytes(field: str) -> int:
     return 0
 
 
-def _child(argv: list[str], folder: str) -> int:
-    """Run one case in the forked child: streams to files, the traceback to ``tb``."""
+def _child(argv: list[str], folder: str, command) -> int:
+    """Run one case in the child: streams to files, the traceback to ``tb``."""
     os.setpgid(0, 0)                        # a hang is killed with everything it started
     for fd, name in ((1, "out"), (2, "err")):
         f = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -431,7 +437,7 @@ def _child(argv: list[str], folder: str) -> int:
             fh.write("5")
     start = _rss_bytes("VmRSS")
     try:
-        code = main(argv)
+        code = (command or main)(argv)
     except SystemExit as e:                 # argparse: usage errors exit 2
         code = e.code if isinstance(e.code, int) else 2
     except BaseException:                   # noqa: BLE001 — this is what we hunt
@@ -446,34 +452,54 @@ def _child(argv: list[str], folder: str) -> int:
     return code
 
 
-def run_case(argv: list[str], *, timeout_s: float = 10.0) -> Outcome:
-    """Run one case in a forked child (Linux): a crash, hang or memory blow-up of the case
-    cannot take the caller with it, and each case's memory is its own."""
+_SERVER: list = []
+
+
+def _context():
+    """A fork server started fresh (no torch, no OpenMP threads of the test process, which a
+    plain fork would copy half-initialised) with every CLI command imported (none imports
+    torch): each case is a fork of it, as quick to start as an in-process call."""
+    if not _SERVER:
+        import pkgutil
+
+        import planner.cli
+        commands = [f"planner.cli.{m.name}" for m in pkgutil.iter_modules(planner.cli.__path__)
+                    if m.name != "__main__"]
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["planner.cli.main", *commands, "fuzzing"])
+        from multiprocessing import forkserver
+        forkserver.ensure_running()            # started here, not inside a case's time
+        _SERVER.append(ctx)
+    return _SERVER[0]
+
+
+def _entry(argv: list[str], folder: str, command) -> None:      # pragma: no cover - child
+    code = 70
+    try:
+        code = _child(argv, folder, command)
+    finally:
+        os._exit(code if isinstance(code, int) and 0 <= code < 256 else 70)
+
+
+def run_case(argv: list[str], *, timeout_s: float = 10.0, command=None) -> Outcome:
+    """Run one case in a child forked from a clean fork server (Linux): a crash, hang or
+    memory blow-up of the case cannot take the caller with it, and each case's memory is its
+    own. ``command`` (a module-level function, default the CLI's ``main``) runs instead."""
     with tempfile.TemporaryDirectory() as folder:
         t0 = time.perf_counter()
-        pid = os.fork()
-        if pid == 0:                                                  # pragma: no cover
-            code = 70
-            try:
-                code = _child(argv, folder)
-            finally:
-                os._exit(code if isinstance(code, int) and 0 <= code < 256 else 70)
-        hung = False
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.perf_counter() - t0 > timeout_s:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
-                _, status = os.waitpid(pid, 0)
-                hung = True
-                break
-            time.sleep(0.005)
+        proc = _context().Process(target=_entry, args=(argv, folder, command))
+        proc.start()
+        proc.join(timeout_s)
+        hung = proc.is_alive()
+        if hung:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.kill()
+            proc.join()
         wall = time.perf_counter() - t0
-        code = os.waitstatus_to_exitcode(status)
-        with contextlib.suppress(ProcessLookupError):               # what the case started
-            os.killpg(pid, signal.SIGKILL)
+        code = proc.exitcode
+        with contextlib.suppress(ProcessLookupError, PermissionError):   # what it started
+            os.killpg(proc.pid, signal.SIGKILL)
         read = lambda n: (Path(folder) / n).read_text(errors="replace") \
             if (Path(folder) / n).exists() else ""                    # noqa: E731
         added = int(read("mem") or 0)
@@ -487,3 +513,19 @@ def run_case(argv: list[str], *, timeout_s: float = 10.0) -> Outcome:
         if code == 2 and not err.strip():
             return Outcome(code, "exit 2 without a message on stderr", wall, added)
         return Outcome(code, None, wall, added)
+
+
+# -- cases that must fail, for the harness's own test --------------------------------------
+def planted_crash(argv: list[str]) -> int:
+    raise ZeroDivisionError("planted")
+
+
+def planted_hang(argv: list[str]) -> int:
+    time.sleep(30)
+    return 0
+
+
+def planted_hog(argv: list[str]) -> int:
+    block = bytearray(600 * 2**20)
+    block[::4096] = b"x" * len(block[::4096])
+    return 0

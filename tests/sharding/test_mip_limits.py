@@ -46,11 +46,13 @@ def test_the_whole_call_keeps_the_limit_with_300_tables(tmp_path, devices):
 
 
 def test_a_time_limited_solve_gives_the_same_plan_every_run():
-    """The node budget and the local search's work budget are the stops, not the clock."""
+    """The node budget and the local search's work budget are the stops, not the clock (at
+    10 s the budgets plan for about a third of what the safety stops allow: a machine up to
+    ~3x slower than the calibration still stops on the budgets)."""
     task = neuroshard_tasks(3, 1, devices=8, table_range=(60, 60))[0].task(sharding_types=None)
     docs = []
     for _ in range(2):
-        plan = get_planner("mip").plan(task, 8, seed=0, time_limit_s=2.5)
+        plan = get_planner("mip").plan(task, 8, seed=0, time_limit_s=10.0)
         assert plan.stats.status in ("node_limit", "fallback"), plan.stats
         docs.append(split_timings(plan.to_dict())[0])
     assert docs[0] == docs[1]
