@@ -4,7 +4,9 @@ unless asked to."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata as md
+import json
 import os
 import platform
 from pathlib import Path
@@ -13,9 +15,14 @@ import numpy as np
 
 from simulator.errors import SpecError
 
-__all__ = ["INSTALL_HINT", "require_torch", "last_level_cache_bytes", "platform_description",
-           "cpu_description", "installed_description"]
+__all__ = ["INSTALL_HINT", "MMAP_THRESHOLD_BYTES", "require_torch", "last_level_cache_bytes",
+           "platform_description", "cpu_description", "installed_description", "cache_dir",
+           "host_fingerprint", "other_host"]
 
+
+#: glibc's largest dynamic mmap threshold on 64-bit (mallopt(3): DEFAULT_MMAP_THRESHOLD_MAX):
+#: a block above it is always mapped anew (page faults on first touch) and returned when freed
+MMAP_THRESHOLD_BYTES = 32 * 2 ** 20
 
 INSTALL_HINT = "install with `make setup-torchrec` (torch 2.13.0 CPU, fbgemm-gpu-cpu 1.8.0)"
 
@@ -91,3 +98,51 @@ def installed_description(threads: int = 1) -> dict:
     info["threads"] = int(threads)
     info["backend"] = "fbgemm" if "fbgemm_gpu" in info else "torch"
     return info
+
+
+#: what a host's timings depend on and a person cannot see change
+FINGERPRINT_KEYS = ("cpu_model", "cpu_count", "last_level_cache_bytes", "python", "torch",
+                    "fbgemm_gpu", "memory_bytes", "torchrec")
+
+
+def cache_dir() -> Path:
+    """Where this host's calibrations are kept: ``$CLUSTERPLAN_CACHE``, else
+    ``$XDG_CACHE_HOME/clusterplan``, else ``~/.cache/clusterplan``."""
+    root = os.environ.get("CLUSTERPLAN_CACHE")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "clusterplan"
+
+
+def host_fingerprint(world: int | None = None) -> str:
+    """12 hex digits naming this host's hardware and software (:data:`FINGERPRINT_KEYS`) and,
+    when given, the world size: a different host, an upgraded torch or another world size gets
+    its own calibration."""
+    info = installed_description()
+    try:
+        info["torchrec"] = md.version("torchrec")
+    except md.PackageNotFoundError:
+        info["torchrec"] = None
+    try:
+        info["memory_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        info["memory_bytes"] = None
+    fields = {k: info.get(k) for k in FINGERPRINT_KEYS}
+    if world is not None:
+        fields["world"] = int(world)
+    text = json.dumps(fields, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def other_host(machine: dict) -> str | None:
+    """How a recorded ``machine`` (CPU model, cores, last-level cache) differs from this host,
+    or None when it is this kind of host."""
+    here = platform_description()
+    here["last_level_cache_bytes"] = last_level_cache_bytes()
+    diffs = []
+    for key, unit in (("cpu_model", ""), ("cpu_count", " cores"),
+                      ("last_level_cache_bytes", " B last-level cache")):
+        if key in machine and key in here and machine[key] != here[key]:
+            diffs.append(f"{machine[key]}{unit} (this host: {here[key]}{unit})")
+    return "; ".join(diffs) or None

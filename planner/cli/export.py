@@ -1,10 +1,12 @@
 """``clusterplan export PLAN --to TARGET [--out DIR_OR_FILE]`` (torchtitan, megatron, deepspeed,
-hostfile, torchrec).
+hostfile, torchrec, torchrec-py).
 
 An LLM plan (``"kind": "llm-plan"``) goes to torchtitan, Megatron-LM, DeepSpeed or a host file;
 an embedding sharding plan (``"format": "clusterplan.sharding-plan"``) goes ``--to torchrec``
 (:mod:`planner.export.torchrec`: a versioned JSON that
-:func:`planner.export.torchrec_load.load_sharding_plan` turns into TorchRec's ``ShardingPlan``).
+:func:`planner.export.torchrec_load.load_sharding_plan` turns into TorchRec's ``ShardingPlan``)
+or ``--to torchrec-py`` (:mod:`planner.export.torchrec_py`: a Python module that builds the same
+plan with TorchRec alone).
 
 The lead wires :func:`add_arguments` and :func:`run` into ``planner.cli.main``; :func:`main` runs the
 command on its own (exit 2 and one line on bad input, as every clusterplan command).
@@ -25,14 +27,17 @@ from planner.cli.output import atomic_write
 from planner.export import TARGETS, export_plan
 from planner.export._plan import check_plan
 from planner.export.torchrec import export_torchrec_plan, is_sharding_plan, torchrec_plan_json
+from planner.export.torchrec_py import TORCHREC_PY_FILE, torchrec_plan_module
 from planner.model.llm.spec import builtin_model_names, load_llm_spec
 
 __all__ = ["register", "add_arguments", "run", "main", "load_plan", "read_plan_file", "write_files",
-           "TORCHREC", "TORCHREC_FILE"]
+           "TORCHREC", "TORCHREC_FILE", "TORCHREC_PY"]
 
 #: the target for embedding sharding plans (the others take LLM plans)
 TORCHREC = "torchrec"
 TORCHREC_FILE = "torchrec_plan.json"
+#: the same plan as a Python module that needs only torch and TorchRec
+TORCHREC_PY = "torchrec-py"
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -46,8 +51,10 @@ def register(p: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN", help="plan JSON from `clusterplan plan --out`")
-    parser.add_argument("--to", required=True, choices=list(TARGETS) + [TORCHREC],
-                        help="target framework (torchrec: an embedding sharding plan)")
+    parser.add_argument("--to", required=True, choices=list(TARGETS) + [TORCHREC, TORCHREC_PY],
+                        help="target framework (torchrec: an embedding sharding plan as JSON "
+                             "for clusterplan's loader; torchrec-py: as a Python module that "
+                             "needs only TorchRec)")
     parser.add_argument("--out", metavar="DIR_OR_FILE",
                         help="directory for the files (a file path if the target writes one); "
                              "default: print them")
@@ -128,11 +135,13 @@ def _export_torchrec(args) -> dict[str, str]:
     doc = read_plan_file(args.plan)
     out = export_torchrec_plan(doc, module_fqn=getattr(args, "module_fqn", "") or "",
                                device=getattr(args, "device", None), source=args.plan)
+    if args.to == TORCHREC_PY:
+        return {TORCHREC_PY_FILE: torchrec_plan_module(out, source=args.plan)}
     return {TORCHREC_FILE: torchrec_plan_json(out)}
 
 
 def run(args) -> int:
-    if args.to == TORCHREC:
+    if args.to in (TORCHREC, TORCHREC_PY):
         files = _export_torchrec(args)
     else:
         plan = load_plan(args.plan)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Sequence
 
 from simulator.errors import ClusterplanError, SpecError
@@ -34,6 +35,7 @@ from planner.cli.output import (add_timings_option, progress_line, report_timing
                                 split_timings, write_json)
 from planner.measure.tables.fit import calibrate, write_profile
 from planner.measure.tables.plans import cpu_topology_ref, format_measurement, measure_plan
+from planner.model.tables.cpu_profile import host_profile_path, load_cpu_profile
 from planner.model.tables.shards import parse_sharding_types
 from planner.model.tables.spec import OPTIMIZERS, load_model_spec
 from planner.model.tables.task import ShardingTask
@@ -179,9 +181,10 @@ def add_calibrate_embedding(csub) -> None:
                                     "CPU profile of the sharding cost model; writes YAML with the "
                                     "numbers, fit errors, raw points and how they were measured "
                                     "(see planner/measure/tables/fit.py).")
-    c.add_argument("--out", required=True, metavar="FILE",
-                   help="profile YAML to write (the committed one: "
-                        "traces/calibration/cpu-embedding.yaml)")
+    c.add_argument("--out", default=None, metavar="FILE",
+                   help="profile YAML to write (default: this host's, in the calibration cache "
+                        "folder, which plans and validations on localhost-gloo then read; the "
+                        "committed one is traces/calibration/cpu-embedding.yaml)")
     c.add_argument("--kernel-points", type=int, default=120, metavar="N",
                    help="kernel configurations to time (default 120)")
     c.add_argument("--worlds", default="2,4,8", metavar="LIST",
@@ -204,6 +207,9 @@ def run_calibrate_embedding(args: argparse.Namespace) -> int:
     if not worlds or any(w < 2 for w in worlds):
         raise SpecError(f"--worlds must list sizes ≥ 2, got {args.worlds!r}", source="--worlds",
                         fix="write e.g. 2,4,8")
+    if args.out is None:
+        args.out = str(host_profile_path())
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     command = "clusterplan calibrate embedding " + " ".join(
         [f"--kernel-points {args.kernel_points}", f"--worlds {args.worlds}",
          f"--repeats {args.repeats}", f"--rounds {args.rounds}", f"--seed {args.seed}",
@@ -214,6 +220,7 @@ def run_calibrate_embedding(args: argparse.Namespace) -> int:
                     backend=args.kernel, command=command,
                     progress=None if args.json else progress_line)
     write_profile(doc, args.out)
+    load_cpu_profile.cache_clear()
     look, fit = doc["lookup"], doc["lookup_fit"]
     data = {"out": args.out, "lookup": look, "lookup_fit": fit,
             "comm": doc["comm"]["worlds"]}
@@ -224,7 +231,7 @@ def run_calibrate_embedding(args: argparse.Namespace) -> int:
              f"lookups ({doc['measured']['kernel']}, 1 thread, {fit['points']} configurations): "
              f"{look['lookup_Bps'] / 1e9:.2f} GB/s per missed byte, overhead "
              f"{look['lookup_overhead_bytes']:.0f} B per lookup, repeat hit ratio "
-             f"{look['repeat_hit_ratio']:.2f}, backward × {look['backward_multiplier']:.2f}, "
+             f"{look['repeat_hit_ratio']:.2f}, backward/forward {look['backward_multiplier']:.2f}, "
              f"{look['shard_overhead_s'] * 1e6:.1f} µs per shard, "
              f"{look['kernel_launch_s'] * 1e6:.1f} µs per call"
              + (f", fp16 element = {look['element_bytes']['fp16']:.1f} B"

@@ -11,10 +11,12 @@ from pathlib import Path
 from simulator.errors import SpecError
 from simulator.gloo_profile import load_gloo_profile
 
-from planner.cli.output import emit, write_json
-from planner.measure.validate.cache import cached_calibration
+from planner.cli.output import emit, progress_line, write_json
+from planner.machine import installed_description
+from planner.measure.validate.cache import cached_calibration, ensure_host_profile
 from planner.measure.validate.calibrate import GlooCalibration, measure_gloo
 from planner.measure.validate.unseen import format_rows, run_cases, summarise, unseen_cases
+from planner.model.tables.cpu_profile import load_cpu_profile
 
 __all__ = ["run_unseen", "calibrations_for"]
 
@@ -25,6 +27,11 @@ def calibrations_for(worlds, explicit: str | None) -> dict:
     """Per world size the gloo profile that times its plans: ``--calibration`` for the world it
     was measured with, else this host's cached one, measured now when there is none."""
     out = {}
+    def announce() -> None:
+        print("clusterplan: no CPU embedding profile of this host yet: measuring it once (a few "
+              "minutes; `clusterplan calibrate embedding` refreshes it)", file=sys.stderr,
+              flush=True)
+    ensure_host_profile(worlds, progress=progress_line, announce=announce)
     given = load_gloo_profile(explicit) if explicit else None
     for world in sorted(set(worlds)):
         if given is not None and world in {n for _, n in given.comm}:
@@ -68,7 +75,10 @@ def run_unseen(args) -> int:
         rows = run_cases(cases, Path(tmp), steps=args.steps, warmup=args.warmup,
                          calibrations=cals, progress=progress)
     summary = summarise(rows)
+    profile = load_cpu_profile(None)
     doc = {"seed": args.seed, "sets": args.sets, "steps": args.steps, "warmup": args.warmup,
+           "machine": installed_description(),
+           "cpu_profile": profile.source if profile is not None else None,
            "calibrations": {str(w): getattr(c, "source", "") for w, c in cals.items()},
            "rows": rows, "summary": summary}
     if args.out:

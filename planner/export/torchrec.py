@@ -56,7 +56,7 @@ from planner.model.tables.shards import (
 __all__ = ["FORMAT", "SCHEMA_VERSION", "TORCHREC_VERSION", "SHARDING_PLAN_FORMAT",
            "SUPPORTED_TYPES", "KERNELS", "export_torchrec_plan", "check_torchrec_plan",
            "context_sha256", "placement", "parse_placement", "table_shapes",
-           "torchrec_plan_json", "is_sharding_plan", "empty_row_shards"]
+           "torchrec_plan_json", "is_sharding_plan", "empty_row_shards", "empty_shard_error"]
 
 FORMAT = "clusterplan.torchrec-plan"
 SCHEMA_VERSION = 1
@@ -542,3 +542,12 @@ def empty_row_shards(doc: Mapping[str, Any]) -> list[tuple[str, str, int, int]]:
                     if s["shard_sizes"][0] == 0:
                         out.append((fqn, name, k, p["ranks"][k]))
     return out
+
+
+def empty_shard_error(name: str, rank: int, *, source: str | None, field: str) -> SpecError:
+    """The refusal of a CPU plan with an empty row shard (see :func:`empty_row_shards`)."""
+    return SpecError(f"table {name!r} has an empty row shard on rank {rank}; FBGEMM 1.8.0's "
+                     "CPU kernel fails or trains the next table wrongly with one",
+                     source=source, field=field,
+                     fix="give the table table_wise, column_wise or data_parallel, or plan on "
+                         "fewer devices")

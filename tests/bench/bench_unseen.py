@@ -13,7 +13,8 @@ slowest rank) and predicted with this host's gloo calibration (cached per host a
 measured on first use; never fitted to these runs). Prints one row per plan, the MAPE, the
 worst error, the plans within 25% and Kendall's tau between plans of the same set, against the
 goals (MAPE ≤ 15%, every plan within 25%, tau ≥ 0.8), and writes everything to
-``traces/validate/unseen-<time>.json``. About 10-15 minutes for 12 sets on 2 cores.
+``traces/validate/unseen-<time>.json``. 10-45 minutes for 12 sets on 2 cores (the 2026-11-26
+Intel Xeon host's steps were up to twice the AMD EPYC host's), plus the first calibrations.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def main(argv=None) -> int:
         argv += ["--calibration", a.calibration]
     t0 = time.time()
     rc = clusterplan(argv)
-    print(f"wall {time.time() - t0:.0f} s; wrote {out}")
+    wrote = f"; wrote {out}" if Path(out).is_file() else "; nothing written"
+    print(f"wall {time.time() - t0:.0f} s{wrote}")
     return rc
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from isolation import NO_CLUSTERPLAN
+
 from simulator.errors import SpecError
 
 from planner.export.torchrec import (
@@ -325,6 +327,69 @@ def test_loader_builds_torchrec_objects_equal_to_the_file(tmp_path):
     gpu = load_sharding_plan(path, world_size=4, device="cuda")
     md = gpu.plan[""]["t0"].sharding_spec.shards[0]
     assert str(md.placement) == "rank:3/cuda:1"
+
+
+_TORCHREC_ONLY = NO_CLUSTERPLAN + """
+import json, sys
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+out = {}
+for kind, tables in json.loads(sys.argv[1]).items():
+    mod = __import__("plan_" + kind)
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(
+        name=n, num_embeddings=r, embedding_dim=d, feature_names=[n]) for n, r, d in tables],
+        device="meta")
+    got = {"plan": mod.sharding_plan(ebc, world_size=4)._serialize()["plan"]}
+    for bad in ("world", "shape"):
+        try:
+            if bad == "world":
+                mod.sharding_plan(ebc, world_size=2)
+            else:
+                mod.sharding_plan(EmbeddingBagCollection(tables=[EmbeddingBagConfig(
+                    name=n, num_embeddings=r + 1, embedding_dim=d, feature_names=[n])
+                    for n, r, d in tables], device="meta"))
+            got[bad] = "accepted"
+        except ValueError as e:
+            got[bad] = str(e)
+    out[kind] = got
+print(json.dumps(out))
+"""
+
+
+def test_python_module_builds_the_same_plan_with_torchrec_alone(tmp_path):
+    """``--to torchrec-py``: a module that imports no clusterplan (imports of planner and
+    simulator are made to fail) builds TorchRec ParameterShardings equal to the JSON export's,
+    for every sharding type, and refuses another world size or table shape."""
+    pytest.importorskip("torchrec")
+    from planner.export.torchrec_py import torchrec_plan_module
+    docs = {kind: export_torchrec_plan(sharding_plan(kind, 4)) for kind in KINDS}
+    for kind, doc in docs.items():
+        text = torchrec_plan_module(doc)
+        assert text == torchrec_plan_module(copy.deepcopy(doc))        # same plan, same bytes
+        assert "planner" not in text.split('"""', 2)[2] and "clusterplan" not in text.split(
+            '"""', 2)[2]
+        (tmp_path / f"plan_{kind}.py").write_text(text)
+    (tmp_path / "check.py").write_text(_TORCHREC_ONLY)
+    arg = json.dumps({kind: [list(t) for t in TABLES] for kind in docs})
+    r = subprocess.run([sys.executable, "-W", "ignore", "check.py", arg], cwd=tmp_path,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    for kind, doc in docs.items():
+        assert got[kind]["plan"] == doc["plan"], kind
+        assert "for 4 ranks, the trainer has 2" in got[kind]["world"]
+        assert "[rows, dim] in the plan" in got[kind]["shape"]
+
+
+def test_python_module_refuses_empty_cpu_row_shards():
+    from planner.export.torchrec_py import torchrec_plan_module
+    doc = export_torchrec_plan(sharding_plan("row_wise", 4, EMPTY_SHARD_TABLES), device="cpu")
+    with pytest.raises(SpecError, match="empty row shard on rank 3") as err:
+        torchrec_plan_module(doc, source="p.json")
+    assert err.value.source == "p.json" and "table_wise" in err.value.fix
+    gpu = export_torchrec_plan(sharding_plan("row_wise", 4, EMPTY_SHARD_TABLES), device="cuda")
+    assert "rank:3/cuda:1" in torchrec_plan_module(gpu)
 
 
 # --- CLI --------------------------------------------------------------------------------------

@@ -3,26 +3,26 @@ microbenchmarks on this machine.
 
 Two sweeps, neither of which looks at a benchmark task or a plan:
 
-1. **Kernels.** ``--kernel-points`` seeded single-rank configurations (:func:`kernel_configs`):
-   half structured — 1 to 16 tables, rows 10³…3·10⁶ (log-uniform), dims 4…128, pooling
-   factors 1…64 (log-uniform), batches 1,024…8,192, three access distributions (every lookup a
-   distinct row as far as the table allows; the dlrm_datasets reuse histogram; Zipf 1.05) —
-   and half synthetic shard sets of 1 to 24 generator tables (a quarter fp16), each timed as
-   one fused TBE
-   (forward, backward with the fused SGD update; one thread; caches flushed; median of
-   ``--repeats``), configurations interleaved so load from other processes spreads over all.
-   The cost model's lookup time of a configuration is (``p`` bytes per weight, ids 8 bytes,
-   pooled outputs 4 bytes) ::
+1. **Kernels.** ``--kernel-points`` seeded single-rank configurations (:func:`kernel_configs`)
+   over the ranges a plan meets: half structured (1 to 16 tables, rows 10³…10⁷ log-uniform,
+   dims 4…256, pooling factors 1…64 log-uniform, batches 1,024…65,536, three access
+   distributions: every lookup a distinct row as far as the table allows, the dlrm_datasets
+   reuse histogram, Zipf 1.05) and half synthetic shard sets of 1 to 24 generator tables (a
+   quarter fp16), each timed as one fused TBE (forward, backward with the fused SGD update; one
+   thread; caches flushed; median of ``--repeats``), configurations interleaved so load from
+   other processes spreads over all. The cost model's lookup time of a configuration is
+   (``p`` bytes per weight, ids 8 bytes, pooled outputs 4 bytes) ::
 
        fwd = launch + T·shard_overhead + Σ_tables [ids·(miss·dim·p + 8) + batch·dim·4] / BW
                  + Σ_tables [ids · overhead_bytes + distinct · walk_bytes · log2(bytes/reach)] / BW
-       bwd = 2·launch + T·shard_overhead + backward_multiplier · (fwd − launch − T·shard_overhead)
+       bwd = call + T·shard + Σ_tables [ids·(id_b + dim·grad_b) + distinct·(dim·update_b
+                 + walk_b · log2(bytes/reach))] / BW
 
    with ``miss = u + (1 − u)(1 − h)`` (``u`` distinct rows per lookup, ``h`` the repeat hit
-   ratio). The totals (forward + backward) give ``launch``, ``shard_overhead`` and the two
-   per-byte and per-id coefficients by non-negative least squares on relative errors for each
-   ``h`` on a grid of 0 … 1 (the lowest error wins); the forward times alone then split the
-   variable part into forward and backward (``backward_multiplier``).
+   ratio). The forward is fitted alone by non-negative least squares on relative errors for
+   each ``h`` and page reach on a grid (the lowest error wins); the backward then on its own
+   terms (FBGEMM's CPU backward sorts ids by row, gathers each id's fp32 output gradient and
+   updates each distinct row once: :class:`~planner.model.tables.cpu_profile.BackwardTerms`).
 2. **Collectives.** For each world size in ``--worlds`` (default 2, 4, 8) a gloo group of that
    many processes times all-to-alls (even and plan-like uneven splits, 4 B … 4 MiB per peer)
    and all-reduce, reduce-scatter and all-gather (4 KiB … 16 MiB); fitted per rank as
@@ -30,10 +30,12 @@ Two sweeps, neither of which looks at a benchmark task or a plan:
    :meth:`~planner.model.tables.comm_model.CommModel.a2a_times`) and ``alpha + bytes / Bps`` for
    the others (``calibrate_comm.py``).
 
-The result is a YAML file (default ``traces/calibration/cpu-embedding.yaml``) with the fitted
+The result is a YAML file (default: this host's, keyed by its fingerprint in the calibration
+cache folder; the committed one is ``traces/calibration/cpu-embedding.yaml``) with the fitted
 numbers, the fit errors, every measured point, and how it was measured (machine, versions,
 date, command). :func:`planner.model.tables.cpu_profile.load_cpu_profile` reads it; a plan on a CPU
-topology (``localhost-gloo``) is then costed with it.
+topology (``localhost-gloo``) is then costed with it, and says so when the profile it uses was
+measured on another kind of host.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ import yaml
 from simulator.errors import SpecError
 from simulator.fileio import atomic_write_text
 
-from planner.machine import cpu_description
+from planner.machine import MMAP_THRESHOLD_BYTES, cpu_description
 from planner.measure.tables.comm import oversubscription
 from planner.measure.tables.fit_comm import fit_comm_profile, measure_comm_points
 from planner.measure.tables.kernels import KernelTable, kernel_backend, time_ranks
@@ -69,6 +71,8 @@ DISTRIBUTIONS = ("distinct", "dlrm", "zipf")
 REACH_GRID = tuple(float(2 ** k) for k in (18, 19, 20, 21, 22, 23))
 ID_BYTES = 8
 OUT_BYTES = 4
+#: bytes of output gradient rows a core keeps in cache in the backward (the spill term's reach)
+GRAD_REACH_BYTES = 2.0 ** 18
 
 
 def _table(name: str, rows: int, dim: int, pooling: float, dist: str) -> TableSpec:
@@ -82,8 +86,8 @@ def _table(name: str, rows: int, dim: int, pooling: float, dist: str) -> TableSp
                      reuse_bins=tuple(default_reuse_bins()))
 
 
-def kernel_configs(n: int, *, seed: int = 0, max_lookups: int = 1_500_000,
-                   max_bytes: int = 256 * 2 ** 20) -> list[ModelSpec]:
+def kernel_configs(n: int, *, seed: int = 0, max_lookups: int = 4_000_000,
+                   max_bytes: int = 512 * 2 ** 20) -> list[ModelSpec]:
     """``n`` seeded single-rank configurations (see the module docstring), each a ModelSpec.
 
     Even-numbered ones are *structured*: 1–16 tables of log-uniform rows and pooling, random
@@ -96,9 +100,9 @@ def kernel_configs(n: int, *, seed: int = 0, max_lookups: int = 1_500_000,
     """
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xCA1B]))
     pool = synthesize_tables(512, seed=int(seed) + 0xCA1B0, prefix="k")
-    dims = (4, 8, 16, 32, 64, 128)
+    dims = (4, 8, 16, 32, 64, 128, 256)
     counts = (1, 2, 4, 8, 16)
-    batches = (1024, 2048, 4096, 8192)
+    batches = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
     out = []
     while len(out) < n:
         k = len(out)
@@ -108,7 +112,7 @@ def kernel_configs(n: int, *, seed: int = 0, max_lookups: int = 1_500_000,
             T = int(counts[(k // 2) % len(counts)])
             dist = DISTRIBUTIONS[(k // 2) % len(DISTRIBUTIONS)]
             for i in range(T):
-                rows = int(round(10 ** rng.uniform(3.0, 6.5)))
+                rows = int(round(10 ** rng.uniform(3.0, 7.0)))
                 dim = int(dims[rng.integers(len(dims))])
                 pooling = float(round(10 ** rng.uniform(0.0, math.log10(64.0)), 3))
                 tables.append(_table(f"c{k}t{i}", rows, dim, pooling, dist))
@@ -121,7 +125,8 @@ def kernel_configs(n: int, *, seed: int = 0, max_lookups: int = 1_500_000,
                 t = pool[int(j)]
                 tables.append(TableSpec(name=f"c{k}t{i}",
                                         num_embeddings=max(1, int(round(t.num_embeddings * scale))),
-                                        embedding_dim=16 if fp16 else int(dims[rng.integers(6)]),
+                                        embedding_dim=16 if fp16 else int(
+                                            dims[rng.integers(len(dims))]),
                                         pooling_factor=t.pooling_factor, reuse_bins=t.reuse_bins,
                                         precision="fp16" if fp16 else "fp32"))
             label = "synthetic-fp16" if fp16 else "synthetic"
@@ -252,64 +257,134 @@ def _design(points: Sequence[dict], h: float, reach: float = 2.0 ** 20) -> np.nd
     return np.array(rows)
 
 
-def fit_kernel_profile(points: Sequence[dict]) -> dict:
-    """Fit the lookup part of the CPU profile to kernel points (see the module docstring).
+def _backward_design(points: Sequence[dict], reach: float,
+                     grad_reach: float = GRAD_REACH_BYTES) -> np.ndarray:
+    """Columns ``[ids, grad_elements, update_elements, half_update_elements, walks, spills]``
+    of the backward (:class:`~planner.model.tables.cpu_profile.BackwardTerms`): ids; ids × dim
+    (each id reads its sample's fp32 gradient row); distinct rows × dim, fp32 and fp16/bf16
+    apart (each row read, updated, written once); distinct rows × log2(table bytes / reach);
+    ids × dim × log2(batch × dim × 4 / ``grad_reach``) (the gradient rows stop fitting in the
+    core's cache as the batch grows)."""
+    rows = []
+    for p in points:
+        m = _point_model(p)
+        B = m.batch_size
+        ids_t = grad = upd = half = walks = spills = 0.0
+        for t in m.tables:
+            ids = B * t.pooling_factor
+            unique = ids * _unique_fraction(t, B)
+            ids_t += ids
+            grad += ids * t.embedding_dim
+            if t.precision == "fp32":
+                upd += unique * t.embedding_dim
+            else:
+                half += unique * t.embedding_dim
+            walks += unique * math.log2(max(1.0, t.weight_bytes / reach))
+            spills += ids * t.embedding_dim * math.log2(
+                max(1.0, B * t.embedding_dim * OUT_BYTES / grad_reach))
+        rows.append([ids_t, grad, upd, half, walks, spills])
+    return np.array(rows)
 
-    The total (forward + backward) is what a rank's cost adds up, so it is fitted first:
-    ``3·launch + 2·T·shard_overhead + c·bytes + c16·half_elements + d·ids + cw·walks`` by
-    non-negative least squares on relative errors for every repeat hit ratio ``h`` and page
-    reach on a grid, keeping the best. The forward share ``k = 1 / (1 + backward_multiplier)`` of the variable part then
-    comes from the forward timings alone, which leaves the total unchanged. Half-precision rows
-    cost ``c16 / c`` byte-equivalents per element (``element_bytes``).
-    """
-    if len(points) < 6:
-        raise SpecError(f"{len(points)} kernel points are too few to fit",
-                        source="--kernel-points", fix="measure at least 6 (default 120)")
-    yf = np.array([p["fwd_s"] for p in points])
-    yb = np.array([p["bwd_s"] for p in points])
-    yt = yf + yb
-    if not np.all(yt > 0):
-        raise SpecError("a kernel point timed 0 s", source="calibrate embedding",
-                        fix="rerun; check that the kernels ran")
+
+def _fresh_bytes(points: Sequence[dict]) -> np.ndarray:
+    """Bytes of each point's new output tensors above glibc's mmap threshold: the fused
+    kernel's pooled output (batch × its columns × 4, one per precision group) is mapped anew,
+    and so is the output gradient its backward receives; their page faults are the step
+    model's to charge (:func:`planner.workloads.dlrm.torchrec.pooled_moves`), not the
+    kernel's, so the fit takes them out."""
+    out = []
+    for p in points:
+        m = _point_model(p)
+        tot = 0.0
+        for half in (False, True):
+            nbytes = m.batch_size * OUT_BYTES * sum(
+                t.embedding_dim for t in m.tables if (t.precision != "fp32") == half)
+            tot += nbytes if nbytes > MMAP_THRESHOLD_BYTES else 0.0
+        out.append(tot)
+    return np.array(out)
+
+
+def _mape(pred, meas) -> float:
+    return float(np.mean(np.abs(np.asarray(pred) / np.asarray(meas) - 1.0)))
+
+
+def _fit_forward(points: Sequence[dict], yf: np.ndarray, fresh: np.ndarray):
+    """Best forward fit over the (page reach, repeat hit ratio) grid: ``(err, h, reach, coef)``
+    with ``coef = [launch, shard_overhead, c, c16, d, cw, page_fault]`` (see :func:`_design`;
+    the last per byte of ``fresh``)."""
     from scipy.optimize import nnls          # here: importing it costs every `plan` ~0.3 s
 
     best = None
-    weights = np.array([3.0, 2.0, 1.0, 1.0, 1.0, 1.0])
+    w = 1.0 / yf
     for reach in REACH_GRID:
         for h in np.linspace(0.0, 1.0, 21):
-            X = _design(points, float(h), reach)
-            Xt = X * weights
-            w = 1.0 / yt
-            coef, _ = nnls(Xt * w[:, None], yt * w)
-            err = float(np.mean(np.abs((Xt @ coef) / yt - 1.0)))
+            X = np.column_stack([_design(points, float(h), reach), fresh])
+            coef, _ = nnls(X * w[:, None], yf * w)
+            err = _mape(X @ coef, yf)
             if best is None or err < best[0] - 1e-12:
                 best = (err, float(h), reach, coef)
-    _, h, reach, coef = best
-    launch, s0, c, c16, d, cw = (float(x) for x in coef)
+    return best
+
+
+def fit_kernel_profile(points: Sequence[dict]) -> dict:
+    """Fit the lookup part of the CPU profile to kernel points (see the module docstring).
+
+    The forward is fitted alone: ``launch + T·shard_overhead + c·bytes + c16·half_elements +
+    d·ids + cw·walks`` plus the page faults of its new output (:func:`_fresh_bytes`), by
+    non-negative least squares on relative errors for every repeat hit ratio ``h`` and page
+    reach on a grid, keeping the best. The backward is then fitted on its own terms
+    (:func:`_backward_design`, plus its fixed part and its own page faults), each coefficient
+    kept as byte-equivalents at the forward's bandwidth ``1 / c``. The page faults are reported
+    (``page_fault_Bps``) but left out of the lookup terms: the step model charges them.
+    ``backward_multiplier`` (the backward's variable part over the forward's, least squares) is
+    kept for readers without the terms. Half-precision rows cost ``c16 / c`` byte-equivalents per
+    element (``element_bytes``).
+    """
+    if len(points) < 9:
+        raise SpecError(f"{len(points)} kernel points are too few to fit",
+                        source="--kernel-points", fix="measure at least 9 (default 120)")
+    yf = np.array([p["fwd_s"] for p in points])
+    yb = np.array([p["bwd_s"] for p in points])
+    if not np.all(yf > 0) or not np.all(yb > 0):
+        raise SpecError("a kernel point timed 0 s", source="calibrate embedding",
+                        fix="rerun; check that the kernels ran")
+    from scipy.optimize import nnls
+
+    fresh = _fresh_bytes(points)
+    _, h, reach, coef = _fit_forward(points, yf, fresh)
+    launch, s0, c, c16, d, cw, fault_f = (float(x) for x in coef)
     if c <= 0:
         raise SpecError("the kernel fit found no per-byte cost (all timings flat?)",
                         source="calibrate embedding", fix="rerun on a quieter machine")
     X = _design(points, h, reach)
-    fixed_f = launch + X[:, 1] * s0
-    var_t = X[:, 2] * c + X[:, 3] * c16 + X[:, 4] * d + X[:, 5] * cw  # (1 + mult) × fwd part
-    w = 1.0 / yf
-    k = float(np.sum(w * w * var_t * (yf - fixed_f)) / max(np.sum((w * var_t) ** 2), 1e-30))
-    k = min(max(k, 0.05), 1.0)
-    mult = 1.0 / k - 1.0
-    pred_f = fixed_f + k * var_t
-    pred_b = 2 * launch + X[:, 1] * s0 + (1.0 - k) * var_t
-
-    def mape(p, m):
-        return float(np.mean(np.abs(np.asarray(p) / np.asarray(m) - 1.0)))
-
-    out = {"lookup_Bps": 1.0 / (c * k), "lookup_overhead_bytes": d / c,
+    Xb = np.column_stack([X[:, :2], _backward_design(points, reach), fresh])
+    w = 1.0 / yb
+    bcoef, _ = nnls(Xb * w[:, None], yb * w)
+    pred_f = X @ coef[:-1]
+    pred_b = Xb[:, :-1] @ bcoef[:-1]
+    var_f = pred_f - launch - X[:, 1] * s0
+    var_b = pred_b - bcoef[0] - X[:, 1] * bcoef[1]
+    mult = float(np.sum(var_f * var_b) / max(float(np.sum(var_f * var_f)), 1e-30))
+    b_id, b_grad, b_upd, b_half, b_walk, b_spill = (float(x) / c for x in bcoef[2:-1])
+    fault = [x for x in (fault_f, float(bcoef[-1])) if x > 0]
+    out = {"lookup_Bps": 1.0 / c, "lookup_overhead_bytes": d / c,
            "repeat_hit_ratio": h, "backward_multiplier": mult, "shard_overhead_s": s0,
-           "kernel_launch_s": launch, "row_walk_bytes": cw / c, "page_reach_bytes": reach}
+           "kernel_launch_s": launch, "row_walk_bytes": cw / c, "page_reach_bytes": reach,
+           "backward": {"call_s": float(bcoef[0]), "shard_s": float(bcoef[1]),
+                        "id_bytes": b_id, "grad_element_bytes": b_grad,
+                        "update_element_bytes": b_upd,
+                        "half_update_element_bytes": b_half if np.any(Xb[:, 5] > 0) else b_upd,
+                        "walk_bytes": b_walk, "spill_element_bytes": b_spill,
+                        "grad_reach_bytes": GRAD_REACH_BYTES},
+           "page_fault_Bps": float(len(fault) / sum(fault)) if fault else None}
     if np.any(X[:, 3] > 0):
         out["element_bytes"] = {"fp16": c16 / c, "bf16": c16 / c}
-    out["fit"] = {"points": len(points), "total_mape": mape(pred_f + pred_b, yt),
-                  "total_max_abs_error": float(np.max(np.abs((pred_f + pred_b) / yt - 1.0))),
-                  "fwd_mape": mape(pred_f, yf), "bwd_mape": mape(pred_b, yb)}
+    full_f, full_b = np.column_stack([X, fresh]) @ coef, Xb @ bcoef
+    yt = yf + yb
+    out["fit"] = {"points": len(points), "total_mape": _mape(full_f + full_b, yt),
+                  "total_max_abs_error": float(np.max(np.abs((full_f + full_b) / yt - 1.0))),
+                  "fwd_mape": _mape(full_f, yf), "bwd_mape": _mape(full_b, yb),
+                  "page_faults": "in the fitted times; left out of the lookup terms"}
     return out
 
 

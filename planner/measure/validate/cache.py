@@ -1,7 +1,9 @@
-"""This host's gloo calibration, measured once and kept: the first ``clusterplan validate`` that
-needs one measures it (``clusterplan calibrate gloo``'s microbenchmarks, never a validated
-run) with a progress bar and stores it under a fingerprint of the host; later runs read it, and
-``clusterplan calibrate gloo`` measures it again (refreshes it).
+"""This host's calibrations, measured once and kept: the first ``clusterplan validate unseen``
+that needs one measures it with a line of progress per stage and stores it under a fingerprint
+of the host (never from a validated run): the gloo calibration per world size (``clusterplan
+calibrate gloo``'s microbenchmarks) and the CPU embedding profile (``clusterplan calibrate
+embedding``'s kernel and collective sweeps). Later runs read them; the two ``calibrate``
+commands measure them again (refresh them).
 
 The fingerprint is what the timings depend on and a person cannot see change: CPU model and
 cores, last-level cache, memory, Python, torch, fbgemm_gpu and torchrec versions, and the world
@@ -11,48 +13,23 @@ size. A different host, an upgraded torch or another world size gets its own fil
 
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata as md
-import json
-import os
 from pathlib import Path
 
 import yaml
 
 from simulator.fileio import atomic_write_text
 
-from planner.machine import installed_description
+from planner.machine import cache_dir, host_fingerprint
+from planner.measure.tables.fit import calibrate, write_profile
+from planner.model.tables.cpu_profile import CPU_PROFILE_PATH, host_profile_path, load_cpu_profile
 
-__all__ = ["host_fingerprint", "cache_path", "cached_calibration", "store_calibration"]
-
-_KEYS = ("cpu_model", "cpu_count", "last_level_cache_bytes", "python", "torch", "fbgemm_gpu",
-         "memory_bytes")
-
-
-def host_fingerprint(world: int) -> str:
-    """12 hex digits naming this host's software and hardware and the world size."""
-    info = installed_description()
-    try:
-        info["torchrec"] = md.version("torchrec")
-    except md.PackageNotFoundError:
-        info["torchrec"] = None
-    try:
-        info["memory_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        info["memory_bytes"] = None
-    fields = {k: info.get(k) for k in _KEYS + ("torchrec",)}
-    fields["world"] = int(world)
-    text = json.dumps(fields, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+__all__ = ["host_fingerprint", "cache_path", "cached_calibration", "store_calibration",
+           "ensure_host_profile"]
 
 
 def cache_path(world: int) -> Path:
     """Where this host's calibration for ``world`` processes is kept."""
-    root = os.environ.get("CLUSTERPLAN_CACHE")
-    if not root:
-        xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        root = str(Path(xdg) / "clusterplan")
-    return Path(root) / f"gloo-{host_fingerprint(world)}-w{int(world)}.yaml"
+    return cache_dir() / f"gloo-{host_fingerprint(world)}-w{int(world)}.yaml"
 
 
 def store_calibration(doc: dict, world: int) -> Path:
@@ -74,3 +51,29 @@ def cached_calibration(world: int, *, measure=None) -> tuple[Path, bool]:
     if measure is None:
         raise FileNotFoundError(path)
     return store_calibration(measure(world), world), True
+
+
+def ensure_host_profile(worlds, *, kernel_points: int = 120, progress=None,
+                        announce=None) -> tuple[Path, bool]:
+    """This host's CPU embedding profile (kernel sweep and gloo collectives of ``worlds``):
+    the one kept under its fingerprint, else the committed one when it was measured on this kind
+    of host, else measured now (``clusterplan calibrate embedding``; a few minutes);
+    ``(path, measured_now)``; ``announce()`` is called just before measuring. Plans and
+    predictions on localhost-gloo read it from then on."""
+    path = host_profile_path()
+    if path.is_file():
+        return path, False
+    committed = load_cpu_profile(str(CPU_PROFILE_PATH)) if CPU_PROFILE_PATH.is_file() else None
+    if committed is not None and committed.other_host is None:
+        return CPU_PROFILE_PATH, False
+    if announce is not None:
+        announce()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ws = tuple(sorted({int(w) for w in worlds}))
+    doc = calibrate(kernel_points=kernel_points, worlds=ws, repeats=5, rounds=1,
+                    command=f"clusterplan calibrate embedding --kernel-points {kernel_points} "
+                            f"--worlds {','.join(map(str, ws))} --repeats 5 --rounds 1",
+                    progress=progress)
+    write_profile(doc, str(path))
+    load_cpu_profile.cache_clear()
+    return path, True

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from simulator.gloo_profile import CommTable, gloo_profile_from_dict
 from simulator.units import format_time
 
-from planner.machine import platform_description
+from planner.machine import MMAP_THRESHOLD_BYTES, platform_description
 from planner.measure.runner import init_group
 from planner.measure.validate.calibrate_dlrm import measure_torchrec, merge_torchrec
 from planner.measure.validate.comm import Recorder
@@ -79,9 +79,6 @@ HOST_SAMPLES = 31                                      # cold passes per host-ti
 MEMORY_BYTES = tuple(4096 * 4 ** i for i in range(8))  # per array, 4 KiB .. 64 MiB
 #: new tensors timed against reused ones (page faults above glibc's mmap threshold)
 FRESH_BYTES = (16 * 2 ** 20, 64 * 2 ** 20, 256 * 2 ** 20)
-#: glibc's largest dynamic mmap threshold on 64-bit (mallopt(3): DEFAULT_MMAP_THRESHOLD_MAX):
-#: a block above it is always mapped anew and returned to the kernel when freed
-MMAP_THRESHOLD_BYTES = 32 * 2 ** 20
 ATTN_HEADS = (2, 4, 8)                                 # causal SDPA, KV heads = heads / 4
 ATTN_SEQ = (32, 64, 128, 256)
 ATTN_HEAD_DIM = (32, 64)
@@ -134,14 +131,22 @@ def _rank_main(cfg: GlooCalibration, rank: int, rdzv: str, progress, report) -> 
                 out["comm"][(rnd, kind, size)] = _time_comm(dist, torch, kind, size, cfg.world,
                                                             rank, cfg.repeats)
         progress.end(rank)
-        progress.begin(rank, f"compute round {rnd}", rnd)
-        out["compute"][rnd] = _time_compute(dist, torch, _compute_sample_s(cfg), quick=cfg.quick)
+
+        def note(what: str, rnd: int = rnd) -> None:
+            """Publish progress: a probe phase may run minutes with 4 processes on 2 cores,
+            and the runner takes a rank silent past its timeout for a hung one."""
+            progress.begin(rank, f"{what} round {rnd}", rnd)
+            progress.end(rank)
+        out["compute"][rnd] = _time_compute(dist, torch, _compute_sample_s(cfg), quick=cfg.quick,
+                                            note=note)
+        note("host probes")
         out["host"][rnd] = _time_host(dist, torch, cfg.world, rank)
+        note("wake probes")
         out.setdefault("wake", {})[rnd] = _time_wake(dist, torch)
         if cfg.lookup:
+            note("lookup probe")
             out.setdefault("lookup", {})[rnd] = time_lookup_probe(
                 dist, repeats=3 if cfg.quick else 9)
-        progress.end(rank)
     out["cpu"] = [_proc_cpu() - t_cpu0, time.monotonic() - w0]
     dist.barrier()
     dist.destroy_process_group()
@@ -235,8 +240,9 @@ def _sync_time(dist, torch, fn, min_s: float, samples: int = 3) -> float:
     return statistics.median(out)
 
 
-def _time_compute(dist, torch, min_s: float, *, quick: bool = False) -> dict:
+def _time_compute(dist, torch, min_s: float, *, quick: bool = False, note=None) -> dict:
     import torch.nn.functional as F
+    note = note or (lambda what: None)
     rows = {"matmul": [], "memory": [], "launch": [], "attention": [], "attention_backward": [],
             "fresh": []}
     pick = (lambda xs: xs[::2]) if quick else (lambda xs: xs)
@@ -246,6 +252,7 @@ def _time_compute(dist, torch, min_s: float, *, quick: bool = False) -> dict:
                 flops = 2.0 * t * k * n
                 if flops > GEMM_MAX_FLOPS:
                     continue
+                note("matmul probes")
                 # operands a step reads from memory come from a pool larger than the caches,
                 # a new one each call: the weights (forward, input gradient) and the saved
                 # input (weight gradient) were evicted since their last use in a real step;
@@ -267,6 +274,7 @@ def _time_compute(dist, torch, min_s: float, *, quick: bool = False) -> dict:
         for seq in pick(ATTN_SEQ):
             for hd in pick(ATTN_HEAD_DIM):
                 kv = max(1, heads // 4)
+                note("attention probes")
                 q = torch.randn(1, heads, seq, hd, requires_grad=True)
                 kk, v = torch.randn(1, kv, seq, hd), torch.randn(1, kv, seq, hd)
                 flops = 2.0 * seq * seq * heads * hd    # the simulator's causal flash charge
@@ -283,12 +291,14 @@ def _time_compute(dist, torch, min_s: float, *, quick: bool = False) -> dict:
                 tfb = _sync_time(dist, torch, fwd_bwd, min_s)
                 rows["attention"].append((flops, tf))
                 rows["attention_backward"].append((2.5 * flops, max(tfb - tf, 1e-7)))
+    note("memory probes")
     for nbytes in pick(MEMORY_BYTES):
         a, b = torch.ones(nbytes // 4), torch.ones(nbytes // 4)
         c = torch.empty_like(a)
         rows["memory"].append((3.0 * nbytes, _sync_time(dist, torch,
                                                         lambda: torch.add(a, b, out=c), min_s)))
     for nbytes in pick(FRESH_BYTES):
+        note("new-tensor probes")
         keep = torch.empty(nbytes // 4)
         reuse = _sync_time(dist, torch, lambda: keep.fill_(1.0), min_s)
         fresh = _sync_time(dist, torch, lambda: torch.empty(nbytes // 4).fill_(1.0), min_s)

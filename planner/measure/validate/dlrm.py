@@ -17,7 +17,7 @@ from pathlib import Path
 from simulator.errors import SpecError
 from simulator.fileio import read_json_file
 
-from planner.export.torchrec import empty_row_shards, export_torchrec_plan
+from planner.export.torchrec import empty_row_shards, empty_shard_error, export_torchrec_plan
 from planner.measure.tables.plans import cpu_topology_ref
 from planner.measure.validate.config import MAX_PROCESSES, Fault
 from planner.measure.validate.dlrm_worker import run_rank
@@ -110,11 +110,7 @@ def load_dlrm_config(plan_path: str, *, tables: str | None = None, nproc: int | 
     empty = empty_row_shards(tr)
     if empty:
         _fqn, name, k, rank = empty[0]
-        raise SpecError(f"table {name!r} has an empty row shard on rank {rank}; FBGEMM 1.8.0's "
-                        "CPU kernel fails or trains the next table wrongly with one",
-                        source=plan_path, field=f"shards.{name}",
-                        fix="give the table table_wise, column_wise or data_parallel, or plan "
-                            "on fewer devices")
+        raise empty_shard_error(name, rank, source=plan_path, field=f"shards.{name}")
     # a validation run keeps the plan's tables but may use a smaller batch
     b = batch_size if batch_size is not None else model.batch_size
     if b < devices or b % devices:

@@ -23,9 +23,11 @@ lookup into a 4-wide table is not 32× cheaper than one into a 128-wide table.
 A first touch can also pay address translation: ``row_walk_bytes · log2(shard bytes /
 page_reach_bytes)`` per distinct row (0 on GPUs; fitted for CPUs, where a page walk per
 distinct row of a large table is measurable).
-**Backward** = ``backward_multiplier`` (2, TorchRec's) × the forward lookup time + the optimizer's
-state traffic (read and write the state of each distinct row touched: Adam 2·c·p, Adagrad c·p,
-row-wise Adagrad 4 bytes) + ``shard_overhead_s``. A data-parallel table instead gets a dense
+**Backward** = ``backward_multiplier`` (2, TorchRec's) × the forward lookup time (on a CPU
+profile with measured backward terms, its own terms instead: per id, per id and column, per
+distinct row and column, per distinct row's page walk; :class:`.cpu_profile.BackwardTerms`)
++ the optimizer's state traffic (read and write the state of each distinct row touched: Adam
+2·c·p, Adagrad c·p, row-wise Adagrad 4 bytes) + ``shard_overhead_s``. A data-parallel table instead gets a dense
 gradient and updates the whole table (weights, gradient and state streamed once).
 One TBE kernel launch forward and two backward per rank (the compute profile's launch overhead).
 
@@ -80,7 +82,7 @@ from simulator.topology import Topology
 from planner.model.llm.host import host_overhead_for
 from planner.model.tables.access import accesses_per_row, default_reuse_bins, zipf_reuse
 from planner.model.tables.comm_model import CommModel
-from planner.model.tables.cpu_profile import CpuProfile, load_cpu_profile
+from planner.model.tables.cpu_profile import BackwardTerms, CpuProfile, load_cpu_profile
 from planner.model.tables.dense import DenseTimes, dense_pass_times
 from planner.model.tables.gpu_lookup import FitRange, load_gpu_lookup
 from planner.model.tables.memory import shard_memory_bytes
@@ -135,6 +137,9 @@ class CostConfig:
         Multiplies every lookup time (bandwidth term, per-shard overhead and launch alike):
         the slowdown of lookups measured under the run's own conditions, e.g. ranks sharing
         cores and caches (:mod:`planner.measure.validate.calibrate_dlrm`'s lookup probe). 1.0 here.
+    backward : BackwardTerms or None
+        The backward lookup term by term (the CPU profile's; replaces ``backward_multiplier``
+        for sparse shards); None: ``backward_multiplier`` × the forward.
     """
 
     hbm_efficiency: float = 0.8
@@ -150,6 +155,7 @@ class CostConfig:
     page_reach_bytes: float = 1048576.0
     device_profile: str | None = "auto"
     lookup_time_scale: float = 1.0
+    backward: BackwardTerms | None = None
 
 
 def _device_profile(topo: Topology, cfg: CostConfig) -> CpuProfile | None:
@@ -207,7 +213,12 @@ class CostModel:
         if scale != 1.0:                 # every lookup term scales: bandwidth, overheads, launch
             self.hbm_Bps /= scale
             self.launch_s *= scale
-            self.config = cfg = replace(cfg, shard_overhead_s=cfg.shard_overhead_s * scale)
+            self.config = cfg = replace(
+                cfg, shard_overhead_s=cfg.shard_overhead_s * scale,
+                backward=None if cfg.backward is None else cfg.backward.scaled(scale))
+        #: fixed seconds of a rank's backward kernel calls
+        self.bwd_call_s = (2 * self.launch_s if cfg.backward is None
+                           else cfg.backward.call_s)
         self.out_bytes = PRECISION_BYTES[model.comm_precision]
         self.batch = model.batch_size
         self.local_batch = model.batch_size / n
@@ -268,7 +279,13 @@ class CostModel:
             walk = math.log2(max(1.0, rows * cols * p / cfg.page_reach_bytes))
             gather += min(ids / self.accesses_per_row[ti], rows) * cfg.row_walk_bytes * walk
         fwd = (gather + outputs * cols * o) / self.hbm_Bps + cfg.shard_overhead_s
-        bwd = cfg.backward_multiplier * (fwd - cfg.shard_overhead_s) + cfg.shard_overhead_s
+        if cfg.backward is not None:
+            walk = math.log2(max(1.0, rows * cols * p / cfg.page_reach_bytes)) if rows else 0.0
+            unique = min(ids / self.accesses_per_row[ti], rows)
+            bwd = cfg.backward.variable_bytes(ids, unique, cols, t.precision != "fp32", walk,
+                                              outputs) / self.hbm_Bps + cfg.backward.shard_s
+        else:
+            bwd = cfg.backward_multiplier * (fwd - cfg.shard_overhead_s) + cfg.shard_overhead_s
         if st == ShardingType.DATA_PARALLEL:
             state = self._state_bytes_per_row(t, cols) * rows
             bwd += (rows * cols * (2 * p + 2 * 4) + 2 * state) / self.hbm_Bps
@@ -313,7 +330,7 @@ class CostModel:
         b = self.local_batch
         c = self.comm
         out = {"lookup_fwd_s": F[..., F_FWD] + self.launch_s,
-               "lookup_bwd_s": F[..., F_BWD] + 2 * self.launch_s}
+               "lookup_bwd_s": F[..., F_BWD] + self.bwd_call_s}
         if self.n > 1:
             out["input_a2a_s"] = c.a2a_times(b * F[..., F_IDS])
             a2a = c.a2a_times(b * F[..., F_OUT])
@@ -339,8 +356,14 @@ class CostModel:
 
     def extrapolated(self) -> list[str]:
         """Where the lookup model is used outside what it was fitted to: one line per input
-        (dim, pooling, batch) outside the measured range, or a line saying the constants are
-        priors because this device kind was never measured."""
+        (dim, pooling, batch) outside the measured range, a line when the CPU profile was
+        measured on another kind of host, or a line saying the constants are priors because
+        this device kind was never measured."""
+        if self.device_profile is not None and self.device_profile.other_host:
+            return [f"the CPU profile {self.device_profile.source} was measured on another "
+                    f"host: {self.device_profile.other_host}; `clusterplan calibrate embedding` "
+                    "measures this one (a few minutes)"] + (
+                self.fit_range.outside(self.model) if self.fit_range is not None else [])
         if self.fit_range is not None:
             return self.fit_range.outside(self.model)
         if self.config.device_profile is None:

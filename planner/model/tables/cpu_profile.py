@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -16,18 +16,84 @@ import numpy as np
 from simulator.errors import SpecError
 from simulator.fileio import parse_yaml, read_text
 
+from planner.machine import cache_dir, host_fingerprint, other_host
 from planner.model.tables.comm_model import CommModel, SyncCommModel
 from planner.model.tables.gpu_lookup import FitRange
 
-__all__ = ["CpuProfile", "load_cpu_profile", "CPU_PROFILE_PATH"]
+__all__ = ["BackwardTerms", "CpuProfile", "load_cpu_profile", "CPU_PROFILE_PATH",
+           "host_profile_path"]
 
 
 #: the committed CPU profile (``clusterplan calibrate embedding --out`` rewrites it)
 CPU_PROFILE_PATH = (Path(__file__).resolve().parents[3] / "traces" / "calibration"
                     / "cpu-embedding.yaml")
 
+def host_profile_path() -> Path:
+    """Where ``clusterplan calibrate embedding`` keeps this host's profile (keyed by its
+    fingerprint, :func:`planner.machine.host_fingerprint`); the cost model prefers it to the
+    committed one on a CPU topology."""
+    return cache_dir() / f"cpu-embedding-{host_fingerprint()}.yaml"
+
+
 _LOOKUP_FIELDS = ("lookup_Bps", "lookup_overhead_bytes", "repeat_hit_ratio", "backward_multiplier",
                   "shard_overhead_s", "kernel_launch_s")
+
+
+@dataclass(frozen=True)
+class BackwardTerms:
+    """The backward lookup of a fused CPU TBE (exact SGD fused into it) term by term, each in
+    byte-equivalents at the forward lookup bandwidth, so what scales the forward scales it too.
+
+    FBGEMM's CPU backward sorts a shard's ids by row, then for every distinct row sums the
+    pooled-output gradients of the samples that looked it up and updates the row in place. Its
+    time therefore follows ids (the sort), ids × columns (each id reads its sample's fp32
+    gradient row) and distinct rows × columns (each row read, updated and written once), not a
+    multiple of the forward: the forward's per-id row gather is replaced by a per-id gradient
+    gather, whose cost per column differs (measured: backward/forward grows from ~1 at dim 4 to
+    ~5 at dim 64, batch 65,536).
+
+    Attributes
+    ----------
+    call_s, shard_s : float
+        Seconds per backward call of a rank's fused kernel and per shard in it.
+    id_bytes : float
+        Per id.
+    grad_element_bytes : float
+        Per id and column.
+    update_element_bytes, half_update_element_bytes : float
+        Per distinct row and column, fp32 rows and fp16/bf16 rows (converted both ways).
+    walk_bytes : float
+        Per distinct row and ``log2(shard bytes / page_reach_bytes)`` (address translation).
+    spill_element_bytes, grad_reach_bytes : float
+        Per id and column and ``log2(samples × columns × 4 / grad_reach_bytes)``: the output
+        gradient rows an id reads stop fitting in the core's cache as the batch grows.
+    """
+
+    call_s: float
+    shard_s: float
+    id_bytes: float
+    grad_element_bytes: float
+    update_element_bytes: float
+    half_update_element_bytes: float
+    walk_bytes: float
+    spill_element_bytes: float = 0.0
+    grad_reach_bytes: float = 2.0 ** 18
+
+    def scaled(self, factor: float) -> "BackwardTerms":
+        """The same terms with the seconds ones × ``factor`` (the byte ones follow the
+        bandwidth they are charged at)."""
+        return replace(self, call_s=self.call_s * factor, shard_s=self.shard_s * factor)
+
+    def variable_bytes(self, ids: float, unique: float, cols: int, half: bool,
+                       walk: float, samples: float) -> float:
+        """Byte-equivalents of one shard's backward: ``ids`` lookups of ``unique`` distinct
+        rows of ``cols`` columns for ``samples`` pooled outputs; ``walk`` = log2 of its bytes
+        over the page reach (≥ 0)."""
+        upd = self.half_update_element_bytes if half else self.update_element_bytes
+        spill = math.log2(max(1.0, samples * cols * 4.0 / self.grad_reach_bytes))
+        return (ids * (self.id_bytes + cols * (self.grad_element_bytes
+                                               + spill * self.spill_element_bytes))
+                + unique * (cols * upd + walk * self.walk_bytes))
 
 
 @dataclass(frozen=True)
@@ -43,6 +109,9 @@ class CpuProfile:
     element_bytes : Mapping[str, float]
         Byte-equivalents per element of fp16/bf16 rows in the lookup terms (a CPU converts
         half-precision rows, so they cost about what fp32 ones do, not half).
+    backward : BackwardTerms or None
+        The backward term by term (profiles before 2026-11-26 have none: the backward is then
+        ``backward_multiplier`` × the forward).
     row_walk_bytes, page_reach_bytes : float
         As in :class:`CostConfig`, fitted.
     comm : Mapping[int, Mapping[str, Any]]
@@ -64,10 +133,14 @@ class CpuProfile:
     row_walk_bytes: float = 0.0
     page_reach_bytes: float = 1048576.0
     fit_range: FitRange | None = None
+    backward: BackwardTerms | None = None
+    #: how the machine it was measured on differs from this host (None: this kind of host)
+    other_host: str | None = None
 
     def cost_overrides(self) -> dict:
         """The :class:`CostConfig` fields this profile sets."""
-        return {"lookup_overhead_bytes": self.lookup_overhead_bytes,
+        return {"backward": self.backward,
+                "lookup_overhead_bytes": self.lookup_overhead_bytes,
                 "repeat_hit_ratio": self.repeat_hit_ratio,
                 "backward_multiplier": self.backward_multiplier,
                 "shard_overhead_s": self.shard_overhead_s,
@@ -125,11 +198,36 @@ def _points_range(points: Any, name: str) -> FitRange | None:
                     pooling_factor=(min(pools), max(pools)), batch=(min(batches), max(batches)))
 
 
+def _backward_terms(sec: Any, source: str) -> BackwardTerms | None:
+    """The ``lookup.backward`` section, or None when the profile has none."""
+    if sec is None:
+        return None
+    names = [f.name for f in BackwardTerms.__dataclass_fields__.values()]
+    if not isinstance(sec, dict):
+        raise SpecError("lookup.backward must be a mapping", source=source,
+                        field="lookup.backward", fix="rewrite it with `clusterplan calibrate "
+                                                     "embedding`")
+    vals = {}
+    for k in names:
+        v = sec.get(k, BackwardTerms.__dataclass_fields__[k].default)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+            raise SpecError(f"{k} must be a non-negative number, got {v!r}", source=source,
+                            field=f"lookup.backward.{k}",
+                            fix="rewrite it with `clusterplan calibrate embedding`")
+        vals[k] = float(v)
+    return BackwardTerms(**vals)
+
+
 @functools.lru_cache(maxsize=8)
 def load_cpu_profile(path: str | None = None) -> CpuProfile | None:
-    """Read a CPU profile YAML (default :data:`CPU_PROFILE_PATH`); None when the default file is
-    absent. A bad or missing explicit file raises :class:`~simulator.errors.SpecError`."""
-    p = Path(path) if path else CPU_PROFILE_PATH
+    """Read a CPU profile YAML; by default this host's (:func:`host_profile_path`) when it was
+    measured, else the committed :data:`CPU_PROFILE_PATH`; None when neither exists. A bad or
+    missing explicit file raises :class:`~simulator.errors.SpecError`."""
+    if path:
+        p = Path(path)
+    else:
+        host = host_profile_path()
+        p = host if host.is_file() else CPU_PROFILE_PATH
     if not p.is_file():
         if path:
             raise SpecError("CPU profile not found", source=str(p),
@@ -181,7 +279,10 @@ def load_cpu_profile(path: str | None = None) -> CpuProfile | None:
                             field=f"lookup.{k}", fix="rewrite it with `clusterplan calibrate "
                                                     "embedding`")
         vals[k] = float(v)
+    vals["backward"] = _backward_terms(look.get("backward"), str(p))
     meas = doc.get("measured") or {}
     vals["fit_range"] = _points_range(doc.get("points"), p.name)
-    src = f"{p.name} (measured {meas.get('date', '?')} on {(meas.get('machine') or {}).get('cpu_model', '?')})"
+    machine = meas.get("machine") if isinstance(meas.get("machine"), dict) else {}
+    vals["other_host"] = other_host(machine)
+    src = f"{p.name} (measured {meas.get('date', '?')} on {machine.get('cpu_model', '?')})"
     return CpuProfile(comm=comm, source=src, element_bytes=elem, **vals)

@@ -145,7 +145,7 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
     for r in ranks:
         deps = [bottom_bwd[r]] + [x for x in (grad, rw_ag, host_ag.get(problem.cost.host_of[r]))
                                   if x is not None]
-        bwd.append(w.compute(r, "lookups_bwd", duration_s=float(F[r, F_BWD] + 2 * launch),
+        bwd.append(w.compute(r, "lookups_bwd", duration_s=float(F[r, F_BWD] + cm.bwd_call_s),
                              bytes_moved=float(F[r, F_BWD] * hbm), deps=deps,
                              category="emb_bwd"))
     dense_ar = None

@@ -373,7 +373,7 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     # measured profile: the autograd engine's order (the bottom MLP's nodes are newer than the
     # lookups', and the DDP hook's all-reduce blocks the backward thread), not any ready order
     after = dense_ar[-1:] if compute is not None else []
-    bwd = [w.compute(r, "lookups_bwd", duration_s=float(F[r, F_BWD] + 2 * launch + moves[r][3]),
+    bwd = [w.compute(r, "lookups_bwd", duration_s=float(F[r, F_BWD] + cm.bwd_call_s + moves[r][3]),
                      bytes_moved=float(F[r, F_BWD] * hbm), deps=[bottom_bwd[r]] + grads + after,
                      category="emb_bwd") for r in ranks]
     dp_ar: list[int] = []
