@@ -27,8 +27,9 @@ distinct row of a large table is measurable).
 profile with measured backward terms, its own terms instead: per id, per id and column, per
 distinct row and column, per distinct row's page walk; :class:`.cpu_profile.BackwardTerms`)
 + the optimizer's state traffic (read and write the state of each distinct row touched: Adam
-2·c·p, Adagrad c·p, row-wise Adagrad 4 bytes) + ``shard_overhead_s``. A data-parallel table instead gets a dense
-gradient and updates the whole table (weights, gradient and state streamed once).
+2·c·p, Adagrad c·p, row-wise Adagrad 4 bytes) + ``shard_overhead_s``. A data-parallel table
+instead gets a dense gradient and updates the whole table (weights, gradient and state
+streamed once).
 One TBE kernel launch forward and two backward per rank (the compute profile's launch overhead).
 
 **Communication (per rank).** Table- and column-wise shards join two all-to-alls: ids in
