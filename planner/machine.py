@@ -17,7 +17,7 @@ from simulator.errors import SpecError
 
 __all__ = ["INSTALL_HINT", "MMAP_THRESHOLD_BYTES", "require_torch", "last_level_cache_bytes",
            "platform_description", "cpu_description", "installed_description", "cache_dir",
-           "host_fingerprint", "other_host"]
+           "make_cache_dir", "host_fingerprint", "other_host"]
 
 
 #: glibc's largest dynamic mmap threshold on 64-bit (mallopt(3): DEFAULT_MMAP_THRESHOLD_MAX):
@@ -113,6 +113,19 @@ def cache_dir() -> Path:
         return Path(root)
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(xdg) / "clusterplan"
+
+
+def make_cache_dir() -> Path:
+    """:func:`cache_dir`, created when missing; a folder that cannot be made is a SpecError
+    naming it (exit 2), not a traceback."""
+    d = cache_dir()
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"cannot create the calibration cache folder {d}: {exc.strerror}",
+                        source=str(d), field="CLUSTERPLAN_CACHE",
+                        fix="set CLUSTERPLAN_CACHE to a writable folder, or pass --out") from None
+    return d
 
 
 def host_fingerprint(world: int | None = None) -> str:

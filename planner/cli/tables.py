@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Sequence
 
 from simulator.errors import ClusterplanError, SpecError
@@ -33,6 +32,7 @@ from simulator.units import format_bytes, format_time, parse_bytes
 from planner.cli.dmt import add_dmt_arguments, dmt_section, format_dmt
 from planner.cli.output import (add_timings_option, progress_line, report_timings,
                                 split_timings, write_json)
+from planner.machine import make_cache_dir
 from planner.measure.tables.fit import calibrate, write_profile
 from planner.measure.tables.plans import cpu_topology_ref, format_measurement, measure_plan
 from planner.model.tables.cpu_profile import host_profile_path, load_cpu_profile
@@ -208,8 +208,8 @@ def run_calibrate_embedding(args: argparse.Namespace) -> int:
         raise SpecError(f"--worlds must list sizes ≥ 2, got {args.worlds!r}", source="--worlds",
                         fix="write e.g. 2,4,8")
     if args.out is None:
+        make_cache_dir()
         args.out = str(host_profile_path())
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     command = "clusterplan calibrate embedding " + " ".join(
         [f"--kernel-points {args.kernel_points}", f"--worlds {args.worlds}",
          f"--repeats {args.repeats}", f"--rounds {args.rounds}", f"--seed {args.seed}",

@@ -112,3 +112,17 @@ def test_cli_refuses_bad_family_arguments(tmp_path):
                            capture_output=True, text=True, cwd=repo, timeout=120)
         assert r.returncode == 2, r.stderr
         assert field in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unwritable_cache_folder_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    """The host calibrations go to the cache folder; one that cannot be made exits 2 naming
+    it, before anything is measured."""
+    from planner.cli.main import main
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("CLUSTERPLAN_CACHE", str(blocker / "cache"))
+    assert main(["calibrate", "embedding", "--kernel-points", "9", "--worlds", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "CLUSTERPLAN_CACHE" in err and "Traceback" not in err
+    with pytest.raises(SpecError, match="calibration cache folder"):
+        cache.store_calibration({"format": "clusterplan.gloo-profile"}, 2)

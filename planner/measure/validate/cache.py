@@ -19,7 +19,7 @@ import yaml
 
 from simulator.fileio import atomic_write_text
 
-from planner.machine import cache_dir, host_fingerprint
+from planner.machine import cache_dir, host_fingerprint, make_cache_dir
 from planner.measure.tables.fit import calibrate, write_profile
 from planner.model.tables.cpu_profile import CPU_PROFILE_PATH, host_profile_path, load_cpu_profile
 
@@ -34,8 +34,8 @@ def cache_path(world: int) -> Path:
 
 def store_calibration(doc: dict, world: int) -> Path:
     """Keep ``doc`` (a ``calibrate gloo`` profile) as this host's calibration; its path."""
+    make_cache_dir()
     path = cache_path(world)
-    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, "# clusterplan calibrate gloo (cached for this host; see "
                             "planner/measure/validate/cache.py)\n"
                       + yaml.safe_dump(doc, sort_keys=False, width=100))
@@ -68,7 +68,7 @@ def ensure_host_profile(worlds, *, kernel_points: int = 120, progress=None,
         return CPU_PROFILE_PATH, False
     if announce is not None:
         announce()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_cache_dir()
     ws = tuple(sorted({int(w) for w in worlds}))
     doc = calibrate(kernel_points=kernel_points, worlds=ws, repeats=5, rounds=1,
                     command=f"clusterplan calibrate embedding --kernel-points {kernel_points} "
