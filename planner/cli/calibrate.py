@@ -4,6 +4,7 @@ kernel timings, this CPU, gloo, eager PyTorch's host time)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pandas as pd
 import yaml
@@ -20,7 +21,7 @@ from planner.measure.compute.cpu import measure_cpu_profile
 from planner.measure.compute.fit import profile_from_measurements, read_measurements
 from planner.measure.compute.host import host_overhead_yaml, measure_host_overhead
 from planner.measure.network.fit import fit_collective_profile, read_nccl_table
-from planner.measure.tables.fit_gpu import fit_gpu_embedding, gpu_embedding_yaml
+from planner.measure.tables.fit_gpu import fit_fused_tbe, fit_gpu_embedding, gpu_embedding_yaml
 from planner.measure.validate.cache import store_calibration
 from planner.measure.validate.calibrate import GlooCalibration, measure_gloo, summary_lines
 from planner.model.tables.gpu_lookup import gpu_lookup_file
@@ -72,8 +73,10 @@ def register(p: argparse.ArgumentParser) -> None:
     add_calibrate_steps(csub).set_defaults(func=run)
     e = csub.add_parser("gpu-embedding", help="fit a GPU's row-gather constants to its measured "
                                               "embedding lookups",
-                        description="Fit the lookup model's HBM efficiency and per-lookup bytes "
-                                    "of one GPU kind to DIR/embedding.csv (measured by python -m "
+                        description="Fit the lookup model of one GPU kind to DIR/tbe.csv (fused "
+                                    "lookups, forward and backward, measured by python -m "
+                                    "planner.measure.tables.gpu_dlrm) or else DIR/embedding.csv "
+                                    "(nn.EmbeddingBag forwards, python -m "
                                     "planner.measure.compute.gpu --only embedding) and write "
                                     "traces/calibration/embedding-<gpu>.yaml, which plans on that "
                                     "GPU then read (planner/measure/tables/fit_gpu.py).")
@@ -119,13 +122,17 @@ def run(args) -> int:
 
 
 def _calibrate_gpu_embedding(args) -> int:
-    doc = fit_gpu_embedding(args.folder, args.gpu)
+    fused = (Path(args.folder) / "tbe.csv").is_file()
+    doc = (fit_fused_tbe if fused else fit_gpu_embedding)(args.folder, args.gpu)
     out = args.out or f"traces/calibration/{gpu_lookup_file(args.gpu)}"
     atomic_write(out, gpu_embedding_yaml(doc))
     f = doc["fit"]
+    back = doc.get("fit_backward")
+    back = (f"; backward MAPE {100 * back['mape']:.1f}% (worst {100 * back['worst']:+.1f}%)"
+            if back else "")
     emit(args, doc, f"{args.gpu}: HBM efficiency {doc['hbm_efficiency']:.3f}, "
                     f"{doc['lookup_overhead_bytes']:.1f} B per lookup; {f['rows']} rows, MAPE "
-                    f"{100 * f['mape']:.1f}% (worst {100 * f['worst']:+.1f}%); wrote {out}")
+                    f"{100 * f['mape']:.1f}% (worst {100 * f['worst']:+.1f}%){back}; wrote {out}")
     return 0
 
 

@@ -188,6 +188,7 @@ class _SpttBuilder:
         self.off = 1.0 - np.eye(H)
         self.sub = _host_subplans(host_plans, G)
         self.launch = problem.cost.launch_s
+        self.bwd_call = problem.cost.bwd_call_s       # the backward's fixed cost, as the flat step
         self.hbm = problem.cost.hbm_Bps
         self.last: dict = {}            # per rank: its last backward op (lookups backward)
         self.dense_ar = None
@@ -352,7 +353,7 @@ class _SpttBuilder:
                 t = self.lookup_time(h, i, F_BWD)
                 deps = [bottom_bwd[r], tmb[r]] + [x for x in (gi, ag) if x is not None]
                 self.last[r] = w.compute(r, "lookups_bwd",
-                                         duration_s=t + 2 * self.launch if t else 0.0,
+                                         duration_s=t + self.bwd_call if t else 0.0,
                                          bytes_moved=t * self.hbm, deps=deps, category="emb_bwd")
 
 

@@ -114,3 +114,111 @@ def gpu_embedding_yaml(doc: dict) -> str:
     return ("# Row-gather constants of the lookup model on this GPU, MEASURED (see method);\n"
             "# read by planner/model/tables/gpu_lookup.py.\n"
             + yaml.safe_dump(doc, sort_keys=False, width=100))
+
+
+# -- the fused table-batched kernel (tbe.csv of planner.measure.tables.gpu_dlrm) ------------------
+_TBE_COLUMNS = ("tables", "rows", "dim", "pooling", "batch", "dtype", "lookups",
+                "distinct", "forward_s", "backward_s")
+_ELEMENT = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0}
+#: state bytes read and written per distinct row by the measured row-wise Adagrad (one fp32)
+_STATE_RW_BYTES = 8.0
+
+
+def _read_tbe(folder: Path) -> tuple[pd.DataFrame, dict]:
+    csv = folder / "tbe.csv"
+    try:
+        df = pd.read_csv(check_input_file(csv, field="DIR"))
+    except (OSError, ValueError) as e:
+        raise SpecError(f"cannot read it ({e})", source=str(csv),
+                        fix="re-measure the folder") from None
+    missing = [c for c in _TBE_COLUMNS if c not in df.columns]
+    if missing:
+        raise SpecError(f"missing columns {', '.join(missing)}", source=str(csv),
+                        fix="re-measure with python -m planner.measure.tables.gpu_dlrm")
+    meta_path = folder / "meta.json"
+    meta = parse_json(read_text(meta_path), source=str(meta_path)) if meta_path.is_file() else {}
+    if "kernel" not in df.columns:                  # the first runs were all PyTorch ops
+        df["kernel"] = "torch"
+    df = df[(df.rows * df.tables * df.dim * df.dtype.map(_ELEMENT) >= MIN_TABLE_BYTES)
+            & (df.lookups >= MIN_IDS)]
+    if len(df) < 8 or df.kernel.nunique() != 1:
+        raise SpecError(f"{len(df)} usable rows of {df.kernel.nunique()} kernels",
+                        source=str(csv), fix="measure one kernel with tables of ≥ 100 MB")
+    return df, meta
+
+
+def _fit_log(model, x0, lo, hi, meas):
+    fit = least_squares(lambda p: np.log(model(p) / meas), x0, bounds=(lo, hi))
+    err = model(fit.x) / meas - 1.0
+    stats = {"rows": int(len(meas)), "mape": round(float(np.mean(np.abs(err))), 4),
+             "worst": round(float(err[np.argmax(np.abs(err))]), 4)}
+    return [float(v) for v in fit.x], stats
+
+
+def fit_fused_tbe(folder: str | Path, gpu: str) -> dict:
+    """Fit the lookup model, forward and backward, to a fused kernel's ``folder/tbe.csv``.
+
+    Forward (every table's ids in one call; ``u`` = distinct rows / lookups measured, a repeat
+    hits L2 with probability ``h``)::
+
+        call_s + [ids·(miss·dim·p + overhead + 8) + bags·dim·p] / (HBM·eff),
+        miss = u + (1 − u)(1 − h)
+
+    Backward with row-wise Adagrad, in byte-equivalents at the same bandwidth::
+
+        call_s_b + [ids·(id_bytes + dim·grad_bytes·p/4) + distinct·(dim·update_bytes·p/4 + 8)]
+                   / (HBM·eff)
+
+    (gradients in the rows' precision, as measured; a half-precision row's update costs half an
+    fp32 one's, ``half_update_element_bytes``).
+    """
+    folder = Path(folder)
+    spec = gpu_spec(gpu, field="--gpu")
+    df, meta = _read_tbe(folder)
+    hbm = float(spec.hbm_bandwidth_Bps)
+    ids, dist = df.lookups.to_numpy(float), df.distinct.to_numpy(float)
+    dim, p = df.dim.to_numpy(float), df.dtype.map(_ELEMENT).to_numpy(float)
+    bags = (df.tables * df.batch).to_numpy(float)
+    u = dist / ids
+
+    def fwd(x):
+        eff, ovh, call_us, h = x
+        miss = u + (1 - u) * (1 - h)
+        return call_us * 1e-6 + (ids * (miss * dim * p + ovh + 8.0) + bags * dim * p) / (hbm * eff)
+    (eff, ovh, call_us, h), ffit = _fit_log(fwd, [0.7, 32.0, 5.0, 0.5], [0.05, 0.0, 0.0, 0.0],
+                                            [1.0, 4096.0, 1000.0, 1.0], df.forward_s.to_numpy(float))
+    bw = hbm * eff
+
+    def bwd(x):
+        call_us, id_b, g_b, u_b = x
+        return call_us * 1e-6 + (ids * (id_b + dim * g_b * p / 4)
+                                 + dist * (dim * u_b * p / 4 + _STATE_RW_BYTES)) / bw
+    (bcall_us, id_b, g_b, u_b), bfit = _fit_log(
+        bwd, [50.0, 50.0, 4.0, 8.0], [0.0] * 4, [5000.0, 1e4, 256.0, 256.0],
+        df.backward_s.to_numpy(float))
+    kernel = str(df.kernel.iloc[0])
+    return {
+        "gpu": gpu,
+        "method": (f"Fitted by `clusterplan calibrate gpu-embedding {folder}` on "
+                   f"{datetime.date.today().isoformat()} to {len(df)} fused lookups ({kernel} "
+                   f"kernels, planner/measure/tables/gpu_dlrm.py; uniform and Zipf ids) on "
+                   f"{meta.get('gpu', gpu)} (measured {meta.get('date_utc', '?')}, torch "
+                   f"{meta.get('torch', '?')}); tables of >= {MIN_TABLE_BYTES / 1e6:.0f} MB and "
+                   f"calls of >= {MIN_IDS} ids only. Forward and backward (sort, gradient sum, "
+                   "row-wise Adagrad of the distinct rows) fitted apart. Method: "
+                   "planner/measure/tables/fit_gpu.py."),
+        "kernel": f"fused table-batched lookup ({kernel})",
+        "hbm_efficiency": round(eff, 4),
+        "lookup_overhead_bytes": round(ovh, 2),
+        "call_overhead_s": float(f"{call_us * 1e-6:.4g}"),
+        "repeat_hit_ratio": round(h, 4),
+        "backward": {"call_s": float(f"{bcall_us * 1e-6:.4g}"), "id_bytes": round(id_b, 2),
+                     "grad_element_bytes": round(g_b, 3),
+                     "update_element_bytes": round(u_b, 3),
+                     "half_update_element_bytes": round(u_b / 2, 3)},
+        "fit": ffit,
+        "fit_backward": bfit,
+        "range": {"embedding_dim": [int(df.dim.min()), int(df.dim.max())],
+                  "pooling_factor": [float(df.pooling.min()), float(df.pooling.max())],
+                  "batch": [int(df.batch.min()), int(df.batch.max())]},
+    }

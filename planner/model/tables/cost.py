@@ -23,9 +23,11 @@ lookup into a 4-wide table is not 32× cheaper than one into a 128-wide table.
 A first touch can also pay address translation: ``row_walk_bytes · log2(shard bytes /
 page_reach_bytes)`` per distinct row (0 on GPUs; fitted for CPUs, where a page walk per
 distinct row of a large table is measurable).
-**Backward** = ``backward_multiplier`` (2, TorchRec's) × the forward lookup time (on a CPU
-profile with measured backward terms, its own terms instead: per id, per id and column, per
-distinct row and column, per distinct row's page walk; :class:`.cpu_profile.BackwardTerms`)
+**Backward** = ``backward_multiplier`` (2, TorchRec's) × the forward lookup time, unless the
+device has measured backward terms (the CPU profile; a GPU's fused-lookup file,
+:mod:`.gpu_lookup`): then its own terms, per id (the sort), per id and column (the gradient
+gather), per distinct row and column (the update), per distinct row's page walk
+(:class:`.cpu_profile.BackwardTerms`)
 + the optimizer's state traffic (read and write the state of each distinct row touched: Adam
 2·c·p, Adagrad c·p, row-wise Adagrad 4 bytes) + ``shard_overhead_s``. A data-parallel table
 instead gets a dense gradient and updates the whole table (weights, gradient and state
@@ -193,11 +195,13 @@ class CostModel:
             self.comm = comm = self.device_profile.comm_model(n, comm)
             self.fit_range = self.device_profile.fit_range
         elif self.config.device_profile is not None and topo.gpu.name != "cpu":
-            self.gpu_lookup = load_gpu_lookup(topo.gpu.name)
-            if self.gpu_lookup is not None:
-                self.config = replace(self.config, hbm_efficiency=self.gpu_lookup.hbm_efficiency,
-                                      lookup_overhead_bytes=self.gpu_lookup.lookup_overhead_bytes)
-                self.fit_range = self.gpu_lookup.range
+            self.gpu_lookup = gl = load_gpu_lookup(topo.gpu.name)
+            if gl is not None:
+                self.config = replace(self.config, **gl.cost_overrides())
+                if gl.backward is not None:
+                    self.config = replace(self.config, backward=BackwardTerms(
+                        shard_s=0.0, walk_bytes=0.0, **gl.backward))
+                self.fit_range = gl.range
         cfg = self.config
         self.hbm_Bps = float(topo.gpu.hbm_bandwidth_Bps) * cfg.hbm_efficiency
         #: byte-equivalents per weight element in the lookup terms (the CPU profile's fitted
@@ -365,6 +369,12 @@ class CostModel:
                     f"host: {self.device_profile.other_host}; `clusterplan calibrate embedding` "
                     "measures this one (a few minutes)"] + (
                 self.fit_range.outside(self.model) if self.fit_range is not None else [])
+        gl = self.gpu_lookup
+        if gl is not None and gl.transferred:
+            return [f"lookup constants measured on {gl.measured_on} ({gl.kernel}), applied as "
+                    f"fractions of {gl.gpu}'s HBM bandwidth: no lookup measurement of {gl.gpu} "
+                    "(measure one with python -m planner.measure.tables.gpu_dlrm and run "
+                    "`clusterplan calibrate gpu-embedding`)"] + self.fit_range.outside(self.model)
         if self.fit_range is not None:
             return self.fit_range.outside(self.model)
         if self.config.device_profile is None:
@@ -386,9 +396,11 @@ class CostModel:
         layout's outputs instead of the tables')."""
         gpu = self.topo.gpu.name
         eager = self.model.trainer.dispatch == "eager" and gpu != "cpu"
+        ew = self.model.trainer.elementwise_bytes if gpu != "cpu" else None
         return dense_pass_times(self.model.dense, list(dims), self.local_batch,
                                 optimizer=self.model.optimizer, profile=self.profile,
-                                host=host_overhead_for(gpu) if eager else None)
+                                host=host_overhead_for(gpu) if eager else None,
+                                elementwise_bytes=ew)
 
     def dense_costs(self) -> dict[str, float]:
         """Rank-independent dense part of a step, seconds: ``mlp_fwd_s``, ``mlp_bwd_s`` (op by

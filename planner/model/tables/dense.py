@@ -59,14 +59,17 @@ def fresh_alloc_s(nbytes: float, fresh: tuple[float, float] | None) -> float:
 
 def dense_pass_times(d, dims: Sequence[int], batch: float, *, optimizer: str,
                      profile: ComputeProfile, host: HostOverhead | None,
-                     fresh: tuple[float, float] | None = None) -> DenseTimes:
+                     fresh: tuple[float, float] | None = None,
+                     elementwise_bytes: float | None = None) -> DenseTimes:
     """Time the dense part ``d`` (a :class:`~planner.model.tables.spec.DenseSpec` or None) on
     one rank of ``batch`` samples, op by op (see the module docstring): each op
     ``max(kernel, host dispatch)`` with the kernel from ``profile``'s curves at the dense
-    dtype's element size; ``host=None``: no host floor (CUDA graphs, compiled)."""
+    dtype's element size (``elementwise_bytes`` for the ops without FLOPs when given: 4 under
+    autocast); ``host=None``: no host floor (CUDA graphs, compiled)."""
     if d is None:
         return DenseTimes({}, 0.0, 0, 0)
-    ops = dense_op_list(d, dims, batch, elem_bytes=ACTIVATION_BYTES.get(d.dtype, 4.0))
+    ops = dense_op_list(d, dims, batch, elem_bytes=ACTIVATION_BYTES.get(d.dtype, 4.0),
+                        elementwise_bytes=elementwise_bytes)
     passes: dict = {}
     bound = 0
     for block, phase, flops, nbytes, new in ops:
@@ -96,21 +99,25 @@ class DenseOp(NamedTuple):
     out_bytes: float
 
 
-def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float = 4.0
-                  ) -> list[DenseOp]:
+def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float = 4.0,
+                  elementwise_bytes: float | None = None) -> list[DenseOp]:
     """The dense part's ops as the validation model (:mod:`planner.measure.validate.dlrm_worker`)
     runs them eagerly on ``batch`` samples per rank (:class:`DenseOp`): every GEMM with its
     real shape, and the elementwise ops around them (bias, ReLU and their backward, DCNv2's
     products and sums, the concatenation, the loss), bytes read and written at ``elem_bytes``
     per element (4: fp32, as the CPU validation model runs; 2 for bf16/fp16 activations on a
-    GPU). Empty without a dense part."""
+    GPU). ``elementwise_bytes`` (default ``elem_bytes``) sizes the ops without FLOPs apart: 4
+    under autocast, where only GEMMs run in half precision. Empty without a dense part."""
     if dense is None:
         return []
-    B, e = float(batch), float(elem_bytes)
+    B = float(batch)
+    e_gemm = float(elem_bytes)
+    e_ew = float(elementwise_bytes if elementwise_bytes is not None else elem_bytes)
     out: list[DenseOp] = []
     ls = dense.layers(dims)
 
     def op(block, phase, flops, elems, new):
+        e = e_gemm if flops else e_ew
         out.append(DenseOp(block, phase, float(flops), e * elems, e * new))
 
     def mlp(block, layers, first_needs_grad):

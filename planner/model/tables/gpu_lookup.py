@@ -5,7 +5,10 @@ measured over.
 from a GPU's ``embedding.csv``, :mod:`planner.measure.tables.fit_gpu`) holds the fraction of HBM
 bandwidth an embedding gather reaches (``hbm_efficiency``) and its per-lookup cost in bytes
 (``lookup_overhead_bytes``), fitted to forward lookups of tables several times the GPU's L2.
-Where a GPU kind has no such file the cost model keeps its priors (0.8 and 64 bytes) and says so.
+A fused-kernel file (``calibrate gpu-embedding`` on the ``tbe.csv`` of
+:mod:`planner.measure.tables.gpu_dlrm`) also holds the L2 hit ratio of repeated rows, the
+kernel's fixed cost per call and the backward's terms. A GPU kind with no file of its own takes
+the fused constants of :data:`FUSED_REFERENCE`, and the output says so.
 
 :class:`FitRange` is what any fitted lookup model (this file, or the CPU profile) saw: the
 embedding dims, pooling factors and batches of its microbenchmarks. :meth:`FitRange.outside`
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any, Mapping
 
@@ -77,13 +80,42 @@ class FitRange:
 
 @dataclass(frozen=True)
 class GpuLookup:
-    """Fitted lookup constants of one GPU kind (see the module docstring)."""
+    """Fitted lookup constants of one GPU kind (see the module docstring).
+
+    ``measured_on`` is the GPU kind the file was measured on: the same as ``gpu``, or another
+    kind whose fused-kernel constants are used, as fractions of this kind's HBM bandwidth, for a
+    kind never measured (:func:`load_gpu_lookup`). ``backward`` holds the fused backward's terms
+    (``call_s``, ``id_bytes``, ``grad_element_bytes``, ``update_element_bytes``,
+    ``half_update_element_bytes``) when the file has them; ``repeat_hit_ratio`` and
+    ``call_overhead_s`` likewise (None: the cost model's priors).
+    """
 
     gpu: str
     hbm_efficiency: float
     lookup_overhead_bytes: float
     range: FitRange
     source: str
+    kernel: str = ""
+    measured_on: str = ""
+    repeat_hit_ratio: float | None = None
+    call_overhead_s: float | None = None
+    backward: Mapping[str, float] | None = None
+
+    @property
+    def transferred(self) -> bool:
+        """True when the constants were measured on another GPU kind."""
+        return bool(self.measured_on) and self.measured_on != self.gpu
+
+    def cost_overrides(self) -> dict[str, float]:
+        """The :class:`~planner.model.tables.cost.CostConfig` fields this file sets (the
+        backward terms apart: the cost model builds them)."""
+        out = {"hbm_efficiency": self.hbm_efficiency,
+               "lookup_overhead_bytes": self.lookup_overhead_bytes}
+        if self.repeat_hit_ratio is not None:
+            out["repeat_hit_ratio"] = self.repeat_hit_ratio
+        if self.call_overhead_s is not None:
+            out["kernel_launch_s"] = self.call_overhead_s
+        return out
 
 
 def gpu_lookup_file(gpu: str) -> str:
@@ -91,10 +123,26 @@ def gpu_lookup_file(gpu: str) -> str:
     return f"embedding-{gpu}.yaml"
 
 
-@functools.lru_cache(maxsize=16)
-def load_gpu_lookup(gpu: str) -> GpuLookup | None:
-    """The measured lookup constants of GPU kind ``gpu`` from ``traces/calibration/``, or None
-    when that kind was never measured. A malformed file raises :class:`SpecError`."""
+#: the GPU kind whose fused-kernel lookup constants stand in for a kind never measured
+FUSED_REFERENCE = "h200"
+
+_BACKWARD_KEYS = ("call_s", "id_bytes", "grad_element_bytes", "update_element_bytes",
+                  "half_update_element_bytes")
+
+
+def _number(doc: Mapping, key: str, where: str, hi: float = math.inf,
+            zero_ok: bool = False) -> float:
+    v = doc.get(key)
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (
+        0 <= v <= hi if zero_ok else 0 < v <= hi)
+    if not ok:
+        raise SpecError(f"{key} must be a {'non-negative' if zero_ok else 'positive'} number "
+                        f"(≤ {hi}), got {v!r}", source=where, field=key,
+                        fix="rewrite it with `clusterplan calibrate gpu-embedding`")
+    return float(v)
+
+
+def _read_file(gpu: str) -> GpuLookup | None:
     path = resources.files("traces") / "calibration" / gpu_lookup_file(gpu)
     if not path.is_file():
         return None
@@ -103,13 +151,37 @@ def load_gpu_lookup(gpu: str) -> GpuLookup | None:
     if not isinstance(doc, dict):
         raise SpecError("expected a mapping", source=where,
                         fix="rewrite it with `clusterplan calibrate gpu-embedding`")
-    vals = {}
-    for k, hi in (("hbm_efficiency", 1.0), ("lookup_overhead_bytes", math.inf)):
-        v = doc.get(k)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= hi:
-            raise SpecError(f"{k} must be a positive number (≤ {hi}), got {v!r}", source=where,
-                            field=k, fix="rewrite it with `clusterplan calibrate gpu-embedding`")
-        vals[k] = float(v)
+    eff = _number(doc, "hbm_efficiency", where, hi=1.0)
+    ovh = _number(doc, "lookup_overhead_bytes", where, zero_ok=True)
+    opt = {k: _number(doc, k, where, hi=hi, zero_ok=True)
+           for k, hi in (("repeat_hit_ratio", 1.0), ("call_overhead_s", 1.0)) if k in doc}
+    bwd = doc.get("backward")
+    if bwd is not None:
+        if not isinstance(bwd, dict):
+            raise SpecError("expected a mapping", source=where, field="backward",
+                            fix="rewrite it with `clusterplan calibrate gpu-embedding`")
+        bwd = {k: _number(bwd, k, where, zero_ok=True) for k in _BACKWARD_KEYS}
     rng = FitRange.from_mapping(doc.get("range") or {}, source=where)
-    return GpuLookup(gpu=gpu, range=rng, source=f"{where}: {doc.get('method', '')}".strip(),
-                     **vals)
+    return GpuLookup(gpu=gpu, hbm_efficiency=eff, lookup_overhead_bytes=ovh, range=rng,
+                     source=f"{where}: {doc.get('method', '')}".strip(),
+                     kernel=str(doc.get("kernel", "")), measured_on=gpu, backward=bwd, **opt)
+
+
+@functools.lru_cache(maxsize=16)
+def load_gpu_lookup(gpu: str) -> GpuLookup | None:
+    """The measured lookup constants of GPU kind ``gpu`` from ``traces/calibration/``.
+
+    A kind never measured gets the fused-kernel constants of :data:`FUSED_REFERENCE` (HBM
+    efficiency, per-lookup bytes, L2 repeat hits and backward terms are fractions of bandwidth
+    and byte-equivalents, so they carry over between GPUs of similar memory systems), marked
+    ``transferred`` so the output says so; None only when neither exists (``cpu``: never). A
+    malformed file raises :class:`SpecError`."""
+    if gpu == "cpu":
+        return None
+    own = _read_file(gpu)
+    if own is not None:
+        return own
+    ref = _read_file(FUSED_REFERENCE)
+    if ref is None or ref.backward is None:
+        return None
+    return replace(ref, gpu=gpu)
