@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.model.tables.cost import F_BWD, F_FWD, F_IDS, F_OUT
+from planner.model.tables.cost import F_BWD, F_FWD, F_IDS, F_OUT, CostConfig
 from planner.model.tables.shards import Shard, ShardingType
 from planner.model.tables.spec import ModelSpec, TableSpec, load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
@@ -36,8 +36,10 @@ def _one_table_model(**kw):
 
 
 def test_lookup_cost_terms():
-    hot = prepare(ShardingTask(model=_one_table_model(zipf_exponent=1.2)), 4).cost
-    flat = prepare(ShardingTask(model=_one_table_model(zipf_exponent=0.0)), 4).cost
+    """The priors (no measured lookup file: ``CostConfig(device_profile=None)``)."""
+    priors = CostConfig(device_profile=None)
+    hot = prepare(ShardingTask(model=_one_table_model(zipf_exponent=1.2), cost=priors), 4).cost
+    flat = prepare(ShardingTask(model=_one_table_model(zipf_exponent=0.0), cost=priors), 4).cost
     s = Shard(0, 0, 0, 1_000_000, 64)
     fh = hot.shard_features(0, s, ShardingType.TABLE_WISE)
     ff = flat.shard_features(0, s, ShardingType.TABLE_WISE)
@@ -52,8 +54,21 @@ def test_lookup_cost_terms():
     assert 0.5 * ff[F_FWD] < half[F_FWD] < ff[F_FWD]
     # row-wise: a quarter of the ids per rank, reduce-scatter instead of the pooled all-to-all
     rw = flat.sharding_features(catalog(prepare(ShardingTask(model=_one_table_model(
-        zipf_exponent=0.0)), 4)).layout(0, ("rw",)))
+        zipf_exponent=0.0), cost=priors), 4)).layout(0, ("rw",)))
     assert rw[:, F_FWD].max() < 0.5 * ff[F_FWD] and rw[:, F_OUT].sum() == 0
+
+
+def test_measured_backward_terms_on_a_gpu():
+    """With the measured fused-lookup file the backward is its terms: the sort per id, the
+    gradient per id and column, the update per distinct row and column, the state."""
+    cm = prepare(ShardingTask(model=_one_table_model(zipf_exponent=0.0)), 4).cost
+    b = cm.config.backward
+    assert b is not None and cm.gpu_lookup.transferred           # dgx-a100: H200's constants
+    ids, unique = 65536 * 10, min(65536 * 10 / cm.accesses_per_row[0], 1_000_000)
+    f = cm.shard_features(0, Shard(0, 0, 0, 1_000_000, 64), ShardingType.TABLE_WISE)
+    want = (ids * (b.id_bytes + 64 * b.grad_element_bytes) + unique * 64 * b.update_element_bytes
+            + 2 * unique * cm._state_bytes_per_row(cm.model.tables[0], 64)) / cm.hbm_Bps
+    assert f[F_BWD] == pytest.approx(want, rel=1e-9)
 
 
 def test_breakdown_sums_and_dense_part():

@@ -121,7 +121,8 @@ def test_cpu_profile_applies_to_cpu_targets_only():
     assert cpu.comm.a2a_alpha_s == fit["a2a_alpha_s"] and "gloo" in cpu.comm.source
     gpu = prepare(ShardingTask(model=_model([t])), 4).cost
     assert gpu.device_profile is None
-    assert gpu.hbm_Bps == pytest.approx(gpu.topo.gpu.hbm_bandwidth_Bps * 0.8)
+    assert gpu.hbm_Bps == pytest.approx(gpu.topo.gpu.hbm_bandwidth_Bps
+                                        * gpu.gpu_lookup.hbm_efficiency)
     off = prepare(ShardingTask(model=_model([t]), topology=cpu_topology_ref(4),
                                cost=CostConfig(device_profile=None)), 4).cost
     assert off.device_profile is None and off.hbm_Bps != prof.lookup_Bps

@@ -248,7 +248,7 @@ def measure_tbe(dev, *, quick: bool, samples: int, out: Path, deadline: float,
                                  iqr_rel_bwd=iqr_b))
         part_rows.add(key | _time_parts(ft, lk, grad, dev, samples))
         n += 1
-        del ft, lk, grad
+        ft = lk = grad = None                   # free the GPU memory now
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     main_rows.close()
@@ -357,8 +357,9 @@ def measure_step(dev, *, quick: bool, samples: int, out: Path, deadline: float,
                 print(f"step: budget spent after {n} rows", flush=True)
                 rows.close()
                 return n
-            del ft
-            torch.cuda.empty_cache() if dev.type == "cuda" else None
+            ft = None
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
             ft = FusedTables(tables, 128, batch, "fp32", dist, dev, seed=1)
             lk = lookup_kernels(ft, kernel, max(p for _, p in tables))
             model = _dcnv2_model(dev)
@@ -393,7 +394,8 @@ def measure_step(dev, *, quick: bool, samples: int, out: Path, deadline: float,
 
             for _ in range(3):
                 one_step(False)
-            torch.cuda.synchronize() if dev.type == "cuda" else None
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
             for _ in range(steps):
                 if dev.type != "cuda":
                     t0 = time.perf_counter()
@@ -413,8 +415,8 @@ def measure_step(dev, *, quick: bool, samples: int, out: Path, deadline: float,
                 step_iqr_rel=((q[2] - q[0]) / med["step_s"]) if q else float("nan"),
                 steps=steps))
             n += 1
-            del model, opt, lk
-        del ft
+            model = opt = lk = None
+        ft = None
     rows.close()
     return n
 
