@@ -55,11 +55,13 @@ def test_dense_ops_count_every_gemm_of_the_model():
 def test_dcnv2_elementwise_traffic_is_not_free_on_h100():
     """At 8,192 samples per GPU DCNv2's eager elementwise ops (3,456-wide activations) take more
     than half the GEMMs' time: a roofline of the FLOPs alone misses it. Under autocast (the
-    default) they move fp32 elements, with ``mixed_precision: pure`` bf16 ones."""
+    default) they move fp32 elements, with ``mixed_precision: pure`` bf16 ones (kernel times
+    only: ``dispatch: graphs``, no host floor)."""
     p = _problem()
     d, dims = p.model.dense, [t.embedding_dim for t in p.model.tables]
     prof = p.cost.profile
-    for trainer, ew in ((DlrmTrainer(), 4.0), (DlrmTrainer(mixed_precision="pure"), 2.0)):
+    for trainer, ew in ((DlrmTrainer(dispatch="graphs"), 4.0),
+                        (DlrmTrainer(dispatch="graphs", mixed_precision="pure"), 2.0)):
         ops = dense_op_list(d, dims, p.cost.local_batch, elem_bytes=ACTIVATION_BYTES["bf16"],
                             elementwise_bytes=ew)
         gemm = sum(op_time(prof, flops=o.flops, bytes_moved=o.bytes, dtype="bf16") for o in ops
@@ -116,22 +118,28 @@ def test_pipelined_input_dist_overlaps_the_lookups():
     assert piped.step_time_s < plain.step_time_s
 
 
-def test_gpu_lookup_constants_are_the_measured_fit():
-    """The shipped H200 file is the fit of the fused lookups measured there; a kind never
-    measured (H100, A100) takes its constants as fractions of its own HBM bandwidth."""
-    shipped = load_gpu_lookup("h200")
-    refit = fit_fused_tbe(REPO / "traces" / "measured" / "h200" / "dlrm-triton", "h200")
+@pytest.mark.parametrize("gpu", ["h100-sxm", "h200"])
+def test_gpu_lookup_constants_are_the_measured_fit(gpu):
+    """Each shipped file is the fit of the fused lookups measured on that GPU."""
+    shipped = load_gpu_lookup(gpu)
+    refit = fit_fused_tbe(REPO / "traces" / "measured" / gpu / "dlrm-triton", gpu)
     assert shipped.hbm_efficiency == pytest.approx(refit["hbm_efficiency"], abs=2e-3)
     assert shipped.repeat_hit_ratio == pytest.approx(refit["repeat_hit_ratio"], abs=2e-3)
     assert shipped.backward["id_bytes"] == pytest.approx(refit["backward"]["id_bytes"], rel=0.01)
     assert refit["fit"]["mape"] < 0.15 and refit["fit_backward"]["mape"] < 0.2
     assert not shipped.transferred
-    torch_fit = fit_gpu_embedding(REPO / "traces" / "measured" / "h100-sxm", "h100-sxm")
-    assert torch_fit["fit"]["mape"] < 0.15          # nn.EmbeddingBag's own file still fits
-    for gpu in ("h100-sxm", "a100-80gb"):
+
+
+def test_unmeasured_gpus_take_the_nearest_bandwidth_measured_constants():
+    """A100s (2.0 TB/s) take the H100's (3.35) fractions, a B200 (8 TB/s) the H200's (4.8)."""
+    for gpu, ref in (("a100-80gb", "h100-sxm"), ("a100-40gb", "h100-sxm"), ("b200", "h200")):
         gl = load_gpu_lookup(gpu)
-        assert gl.transferred and gl.measured_on == "h200" and gl.gpu == gpu
+        assert gl.transferred and gl.measured_on == ref and gl.gpu == gpu
+        assert gl.hbm_efficiency == load_gpu_lookup(ref).hbm_efficiency
+    torch_fit = fit_gpu_embedding(REPO / "traces" / "measured" / "h100-sxm", "h100-sxm")
+    assert torch_fit["fit"]["mape"] < 0.15          # nn.EmbeddingBag's own sweep still fits
     cm = _problem().cost
+    shipped = load_gpu_lookup("h100-sxm")
     assert cm.hbm_Bps == pytest.approx(cm.topo.gpu.hbm_bandwidth_Bps * shipped.hbm_efficiency)
     assert cm.config.backward is not None and cm.bwd_call_s == shipped.backward["call_s"]
     assert load_gpu_lookup("cpu") is None
@@ -148,9 +156,9 @@ def test_extrapolation_is_flagged():
     text = " ".join(lines)
     assert "embedding_dim of a (512)" in text and "pooling_factor of a (100)" in text
     assert "batch 131,072" in text and "embedding-h200.yaml" in text
-    for topo, gpu in (("dgx-h100", "h100-sxm"), ("dgx-a100", "a100-80gb")):
-        other = prepare(ShardingTask(model=within, topology=topo), 8).cost.extrapolated()
-        assert len(other) == 1 and "measured on h200" in other[0] and gpu in other[0]
+    assert prepare(ShardingTask(model=within, topology="dgx-h100"), 8).cost.extrapolated() == []
+    other = prepare(ShardingTask(model=within, topology="dgx-a100"), 8).cost.extrapolated()
+    assert len(other) == 1 and "measured on h100-sxm" in other[0] and "a100-80gb" in other[0]
 
 
 def test_cpu_profile_range_comes_from_its_points():
@@ -248,3 +256,21 @@ def test_cli_simulate_resimulates_a_sharding_plan(tmp_path):
     assert bad.returncode == 2 and "--trainer" in bad.stderr
     bad = _cli("simulate", "dp-step")
     assert bad.returncode == 2 and "--topology" in bad.stderr
+
+
+def test_autocast_casts_are_ops():
+    """Closed form: under autocast every weight and bias is copied to bf16 forward and its
+    gradient back to fp32 (8 MLP layers + 3 DCNv2 layers of two weights and a bias), and so
+    is each fp32 GEMM input: the dense features (no gradient), the top MLP's and every DCNv2
+    layer's 3,456-wide input."""
+    m = load_model_spec("mlperf-dcnv2")
+    d, dims, b = m.dense, [t.embedding_dim for t in m.tables], 8192
+    auto = dense_op_list(d, dims, b, elem_bytes=2.0, elementwise_bytes=4.0)
+    pure = dense_op_list(d, dims, b, elem_bytes=2.0, elementwise_bytes=2.0)
+    extra = len(auto) - len(pure)
+    fwd = 2 * 8 + 3 * 3 + 1 + 1 + 3           # params, then inputs: bottom, top, DCNv2
+    bwd = 2 * 8 + 3 * 3 + 1 + 3
+    assert extra == fwd + bwd
+    x = b * 27 * 128
+    big = [o for o in auto if o.bytes == pytest.approx(6.0 * x) and not o.flops]
+    assert len(big) == 2 * 4                  # x copied 4 times forward, 4 gradients back

@@ -107,7 +107,9 @@ def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float
     products and sums, the concatenation, the loss), bytes read and written at ``elem_bytes``
     per element (4: fp32, as the CPU validation model runs; 2 for bf16/fp16 activations on a
     GPU). ``elementwise_bytes`` (default ``elem_bytes``) sizes the ops without FLOPs apart: 4
-    under autocast, where only GEMMs run in half precision. Empty without a dense part."""
+    under autocast, where only GEMMs run in half precision; then autocast's casts are ops too
+    (each weight and bias, and each fp32 input of a GEMM, copied to the GEMM dtype forward and
+    its gradient copied back). Empty without a dense part."""
     if dense is None:
         return []
     B = float(batch)
@@ -120,9 +122,22 @@ def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float
         e = e_gemm if flops else e_ew
         out.append(DenseOp(block, phase, float(flops), e * elems, e * new))
 
+    def casts(block, *elems, grad=True):
+        """Autocast's copies into the GEMM dtype before a GEMM (weights, bias, an fp32 input)
+        and their backward copies of the gradients back to fp32; none when nothing is mixed."""
+        if e_ew == e_gemm:
+            return
+        for n in elems:
+            out.append(DenseOp(block, "fwd", 0.0, n * (e_ew + e_gemm), n * e_gemm))
+            if grad:
+                out.append(DenseOp(block, "bwd", 0.0, n * (e_ew + e_gemm), n * e_ew))
+
     def mlp(block, layers, first_needs_grad):
         for k, (i, o) in enumerate(layers):
             last = k == len(layers) - 1
+            casts(block, i * o, o)
+            if k == 0:
+                casts(block, B * i, grad=first_needs_grad)
             op(block, "fwd", 2 * B * i * o, B * i + i * o + 2 * B * o, B * o)
             if not last:
                 op(block, "fwd", 0.0, 2 * B * o, B * o)                             # relu
@@ -152,6 +167,7 @@ def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float
         op("top", "fwd", 0.0, 2 * x, x)                                             # cat
         op("top", "bwd", 0.0, 2 * x, 0.0)                                           # cat bwd
         for _ in range(dense.dcn_layers):
+            casts("top", top_in * p, top_in * p, top_in, x)         # both weights, bias, x
             op("top", "fwd", 2 * x * p, x + top_in * p + B * p, B * p)              # u
             op("top", "fwd", 2 * x * p, B * p + top_in * p + x, x)                  # v
             op("top", "fwd", 0.0, 2 * x, x)

@@ -8,7 +8,7 @@ bandwidth an embedding gather reaches (``hbm_efficiency``) and its per-lookup co
 A fused-kernel file (``calibrate gpu-embedding`` on the ``tbe.csv`` of
 :mod:`planner.measure.tables.gpu_dlrm`) also holds the L2 hit ratio of repeated rows, the
 kernel's fixed cost per call and the backward's terms. A GPU kind with no file of its own takes
-the fused constants of :data:`FUSED_REFERENCE`, and the output says so.
+the fused constants of the measured kind nearest in HBM bandwidth, and the output says so.
 
 :class:`FitRange` is what any fitted lookup model (this file, or the CPU profile) saw: the
 embedding dims, pooling factors and batches of its microbenchmarks. :meth:`FitRange.outside`
@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 from simulator.errors import SpecError
 from simulator.fileio import parse_yaml
+from simulator.hardware import gpu_spec
 
 __all__ = ["FitRange", "GpuLookup", "load_gpu_lookup", "gpu_lookup_file"]
 
@@ -123,8 +124,9 @@ def gpu_lookup_file(gpu: str) -> str:
     return f"embedding-{gpu}.yaml"
 
 
-#: the GPU kind whose fused-kernel lookup constants stand in for a kind never measured
-FUSED_REFERENCE = "h200"
+#: the GPU kinds whose fused-kernel lookups were measured (``traces/measured/<gpu>/dlrm-triton``)
+FUSED_MEASURED = ("h100-sxm", "h200")
+
 
 _BACKWARD_KEYS = ("call_s", "id_bytes", "grad_element_bytes", "update_element_bytes",
                   "half_update_element_bytes")
@@ -167,21 +169,32 @@ def _read_file(gpu: str) -> GpuLookup | None:
                      kernel=str(doc.get("kernel", "")), measured_on=gpu, backward=bwd, **opt)
 
 
+def _nearest_measured(gpu: str) -> GpuLookup | None:
+    """The fused-kernel file of the measured kind whose HBM bandwidth is nearest ``gpu``'s (in
+    ratio): a random-row gather reaches a larger fraction of a slower memory (measured: 0.75 of
+    an H100's 3.35 TB/s, 0.64 of an H200's 4.8 TB/s), so the nearest bandwidth transfers best."""
+    try:
+        bw = float(gpu_spec(gpu).hbm_bandwidth_Bps)
+    except SpecError:
+        return None
+    found = [(abs(math.log(bw / float(gpu_spec(k).hbm_bandwidth_Bps))), k, f)
+             for k in FUSED_MEASURED if (f := _read_file(k)) is not None and f.backward]
+    return min(found)[2] if found else None
+
+
 @functools.lru_cache(maxsize=16)
 def load_gpu_lookup(gpu: str) -> GpuLookup | None:
     """The measured lookup constants of GPU kind ``gpu`` from ``traces/calibration/``.
 
-    A kind never measured gets the fused-kernel constants of :data:`FUSED_REFERENCE` (HBM
-    efficiency, per-lookup bytes, L2 repeat hits and backward terms are fractions of bandwidth
-    and byte-equivalents, so they carry over between GPUs of similar memory systems), marked
-    ``transferred`` so the output says so; None only when neither exists (``cpu``: never). A
-    malformed file raises :class:`SpecError`."""
+    A kind never measured gets the fused-kernel constants of the measured kind nearest in HBM
+    bandwidth (:func:`_nearest_measured`; efficiency, per-lookup bytes, L2 repeat hits and
+    backward terms are fractions of bandwidth and byte-equivalents), marked ``transferred`` so
+    the output says so; None only when there is none (``cpu``: never). A malformed file raises
+    :class:`SpecError`."""
     if gpu == "cpu":
         return None
     own = _read_file(gpu)
     if own is not None:
         return own
-    ref = _read_file(FUSED_REFERENCE)
-    if ref is None or ref.backward is None:
-        return None
-    return replace(ref, gpu=gpu)
+    ref = _nearest_measured(gpu)
+    return None if ref is None else replace(ref, gpu=gpu)
