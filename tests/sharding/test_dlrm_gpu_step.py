@@ -274,3 +274,14 @@ def test_autocast_casts_are_ops():
     x = b * 27 * 128
     big = [o for o in auto if o.bytes == pytest.approx(6.0 * x) and not o.flops]
     assert len(big) == 2 * 4                  # x copied 4 times forward, 4 gradients back
+
+
+def test_cli_calibrate_gpu_embedding_rejects_bad_measurements(tmp_path):
+    head = "tables,rows,dim,pooling,batch,dtype,lookups,distinct,forward_s,backward_s\n"
+    out = tmp_path / "o.yaml"
+    for row, field in (("x,1,2,3,4,fp32,5,6,7,8", "tables"), ("1,1,2,3,4,fp8,5,6,7,8", "dtype"),
+                       ("1,1,2,3,4,fp32,5,6,nan,8", "forward_s")):
+        (tmp_path / "tbe.csv").write_text(head + row + "\n")
+        r = _cli("calibrate", "gpu-embedding", str(tmp_path), "--gpu", "h200", "--out", str(out))
+        assert r.returncode == 2 and field in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert not out.exists()

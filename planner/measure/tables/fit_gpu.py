@@ -42,6 +42,20 @@ MIN_IDS = 65536
 _COLUMNS = ("rows", "dim", "pooling", "batch", "forward_s")
 
 
+def _numeric(df: pd.DataFrame, cols, csv: Path) -> pd.DataFrame:
+    """``df`` with ``cols`` as positive finite numbers, or a SpecError naming the first column
+    and row that is not one."""
+    for c in cols:
+        v = pd.to_numeric(df[c], errors="coerce")
+        bad = ~(np.isfinite(v) & (v >= 0))
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            raise SpecError(f"{c} of data row {row + 1} is '{df[c].iloc[row]}', not a number ≥ 0",
+                            source=str(csv), field=c, fix="re-measure the folder")
+        df[c] = v
+    return df
+
+
 def _read(folder: Path) -> tuple[pd.DataFrame, dict]:
     csv = folder / "embedding.csv"
     if not csv.is_file():
@@ -57,6 +71,7 @@ def _read(folder: Path) -> tuple[pd.DataFrame, dict]:
     if missing:
         raise SpecError(f"missing columns {', '.join(missing)}", source=str(csv),
                         fix="re-measure with planner.measure.compute.gpu")
+    df = _numeric(df, _COLUMNS, csv)
     meta_path = folder / "meta.json"
     meta = parse_json(read_text(meta_path), source=str(meta_path)) if meta_path.is_file() else {}
     return df, meta
@@ -139,6 +154,11 @@ def _read_tbe(folder: Path) -> tuple[pd.DataFrame, dict]:
     meta = parse_json(read_text(meta_path), source=str(meta_path)) if meta_path.is_file() else {}
     if "kernel" not in df.columns:                  # the first runs were all PyTorch ops
         df["kernel"] = "torch"
+    df = _numeric(df, [c for c in _TBE_COLUMNS if c != "dtype"], csv)
+    unknown = sorted(set(df.dtype.astype(str)) - set(_ELEMENT))
+    if unknown:
+        raise SpecError(f"unknown dtype {unknown[0]!r}", source=str(csv), field="dtype",
+                        fix=f"use one of {', '.join(_ELEMENT)}")
     df = df[(df.rows * df.tables * df.dim * df.dtype.map(_ELEMENT) >= MIN_TABLE_BYTES)
             & (df.lookups >= MIN_IDS)]
     if len(df) < 8 or df.kernel.nunique() != 1:
@@ -185,8 +205,9 @@ def fit_fused_tbe(folder: str | Path, gpu: str) -> dict:
         eff, ovh, call_us, h = x
         miss = u + (1 - u) * (1 - h)
         return call_us * 1e-6 + (ids * (miss * dim * p + ovh + 8.0) + bags * dim * p) / (hbm * eff)
-    (eff, ovh, call_us, h), ffit = _fit_log(fwd, [0.7, 32.0, 5.0, 0.5], [0.05, 0.0, 0.0, 0.0],
-                                            [1.0, 4096.0, 1000.0, 1.0], df.forward_s.to_numpy(float))
+    (eff, ovh, call_us, h), ffit = _fit_log(
+        fwd, [0.7, 32.0, 5.0, 0.5], [0.05, 0.0, 0.0, 0.0], [1.0, 4096.0, 1000.0, 1.0],
+        df.forward_s.to_numpy(float))
     bw = hbm * eff
 
     def bwd(x):

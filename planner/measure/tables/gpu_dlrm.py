@@ -5,16 +5,16 @@ Run on the GPU machine (needs only torch and the standard library)::
 
     python -m planner.measure.tables.gpu_dlrm --out DIR [--quick] [--only step,tbe,gemm,memory]
 
-FBGEMM's fused table-batched embedding (TBE) is not on the GPU machines this project borrows, so
-the lookups are PyTorch's own kernels arranged the way a TBE works: every table's rows in one
-weight, all tables' bags in one ``F.embedding_bag`` call (one kernel for all tables, as TBE
-launches one), and a backward that does what TBE's fused backward does, step by step: sort the
-ids (``torch.unique``), sum each distinct row's gradient (``index_add_``), apply row-wise Adagrad
-to the distinct rows only. ``--kernel triton`` times the same lookups with fused Triton kernels shaped like FBGEMM's
-(:mod:`planner.measure.tables.gpu_tbe_triton`; checked against the PyTorch ops first, the result
-in ``meta.json``). Ids are uniform over the rows or Zipf-distributed (rank ``k`` drawn
-with probability ∝ ``k^-a``, ranks scattered over the table by a multiplicative hash, so hot rows
-are not neighbours).
+FBGEMM's fused table-batched embedding (TBE) is not on the GPU machines this project borrows, so the
+lookups are PyTorch's own kernels arranged the way a TBE works: every table's rows in one weight,
+all tables' bags in one ``F.embedding_bag`` call (one kernel for all tables, as TBE launches one),
+and a backward that does what TBE's fused backward does, step by step: sort the ids
+(``torch.unique``), sum each distinct row's gradient (``index_add_``), apply row-wise Adagrad to the
+distinct rows only. ``--kernel triton`` times the same lookups with fused Triton kernels shaped like
+FBGEMM's (:mod:`planner.measure.tables.gpu_tbe_triton`; checked against the PyTorch ops first, the
+result in ``meta.json``). Ids are uniform over the rows or Zipf-distributed (rank ``k`` drawn with
+probability ∝ ``k^-a``, ranks scattered over the table by a multiplicative hash, so hot rows are not
+neighbours).
 
 It writes, in ``DIR`` (each CSV row as soon as it is measured, so a run cut short keeps its rows):
 

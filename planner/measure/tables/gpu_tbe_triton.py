@@ -2,14 +2,17 @@
 kernel reaches on a GPU that has no FBGEMM (:mod:`planner.measure.tables.gpu_dlrm`).
 
 Forward: a program takes a block of bags (as TBE's kernels give each warp bags of its own) and
-gathers one row of each bag per step, a tile of rows in flight, then writes the pooled sums. Backward with
-row-wise Adagrad, as TBE's fused backward does it: sort the ids (radix sort), find each distinct
-row's run, and in one kernel per distinct row sum the gradients of the bags that looked it up,
-update its one fp32 accumulator and write the row (a block of distinct rows per program);
-nothing else of the table is touched. A hot row's run longer than ``chunk`` ids is first summed in chunks by many programs (as TBE splits
-long segments), so one row looked up a million times does not serialise the kernel.
+gathers one row of each bag per step, a tile of rows in flight, then writes the pooled sums.
+Backward with row-wise Adagrad, as TBE's fused backward does it: sort the ids (radix sort), find
+each distinct row's run, and in one kernel per distinct row sum the gradients of the bags that
+looked it up, update its one fp32 accumulator and write the row (a block of distinct rows per
+program); nothing else of the table is touched. A hot row's run longer than ``chunk`` ids is first
+summed in chunks by many programs (as TBE splits long segments), so one row looked up a million
+times does not serialise the kernel.
 
-Runs under ``TRITON_INTERPRET=1`` on CPU tensors too (how the tests check it against PyTorch).
+Runs under ``TRITON_INTERPRET=1`` on CPU tensors too (Triton 3.6's interpreter needs NumPy < 2.4):
+that is how it was checked against the PyTorch ops before any GPU run; on the GPU,
+``gpu_dlrm --kernel triton`` checks it again before timing. CI has no Triton and skips it.
 """
 
 from __future__ import annotations
