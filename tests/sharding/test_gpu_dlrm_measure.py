@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from planner.measure.tables.gpu_dlrm import FusedTables, draw_ids
+from planner.measure.tables.gpu_fused import FusedTables, draw_ids
 
 REPO = Path(__file__).resolve().parents[2]
 

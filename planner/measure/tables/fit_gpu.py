@@ -56,25 +56,30 @@ def _numeric(df: pd.DataFrame, cols, csv: Path) -> pd.DataFrame:
     return df
 
 
-def _read(folder: Path) -> tuple[pd.DataFrame, dict]:
-    csv = folder / "embedding.csv"
+def _read_measured(folder: Path, name: str, columns, command: str) -> tuple[pd.DataFrame, dict]:
+    """``folder/name`` as a DataFrame holding ``columns`` (checked) and ``folder/meta.json``."""
+    csv = folder / name
     if not csv.is_file():
-        raise SpecError("no embedding.csv in the folder", source=str(folder), field="DIR",
-                        fix="measure it on the GPU: python -m planner.measure.compute.gpu "
-                            "--only embedding --out DIR")
+        raise SpecError(f"no {name} in the folder", source=str(folder), field="DIR",
+                        fix=f"measure it on the GPU: {command} --out DIR")
     try:
         df = pd.read_csv(check_input_file(csv, field="DIR"))
     except (OSError, ValueError) as e:
         raise SpecError(f"cannot read it ({e})", source=str(csv),
                         fix="re-measure the folder") from None
-    missing = [c for c in _COLUMNS if c not in df.columns]
+    missing = [c for c in columns if c not in df.columns]
     if missing:
         raise SpecError(f"missing columns {', '.join(missing)}", source=str(csv),
-                        fix="re-measure with planner.measure.compute.gpu")
-    df = _numeric(df, _COLUMNS, csv)
+                        fix=f"re-measure with {command}")
     meta_path = folder / "meta.json"
     meta = parse_json(read_text(meta_path), source=str(meta_path)) if meta_path.is_file() else {}
     return df, meta
+
+
+def _read(folder: Path) -> tuple[pd.DataFrame, dict]:
+    df, meta = _read_measured(folder, "embedding.csv", _COLUMNS,
+                              "python -m planner.measure.compute.gpu --only embedding")
+    return _numeric(df, _COLUMNS, folder / "embedding.csv"), meta
 
 
 def fit_gpu_embedding(folder: str | Path, gpu: str) -> dict:
@@ -141,17 +146,8 @@ _STATE_RW_BYTES = 8.0
 
 def _read_tbe(folder: Path) -> tuple[pd.DataFrame, dict]:
     csv = folder / "tbe.csv"
-    try:
-        df = pd.read_csv(check_input_file(csv, field="DIR"))
-    except (OSError, ValueError) as e:
-        raise SpecError(f"cannot read it ({e})", source=str(csv),
-                        fix="re-measure the folder") from None
-    missing = [c for c in _TBE_COLUMNS if c not in df.columns]
-    if missing:
-        raise SpecError(f"missing columns {', '.join(missing)}", source=str(csv),
-                        fix="re-measure with python -m planner.measure.tables.gpu_dlrm")
-    meta_path = folder / "meta.json"
-    meta = parse_json(read_text(meta_path), source=str(meta_path)) if meta_path.is_file() else {}
+    df, meta = _read_measured(folder, "tbe.csv", _TBE_COLUMNS,
+                              "python -m planner.measure.tables.gpu_dlrm")
     if "kernel" not in df.columns:                  # the first runs were all PyTorch ops
         df["kernel"] = "torch"
     df = _numeric(df, [c for c in _TBE_COLUMNS if c != "dtype"], csv)

@@ -91,7 +91,7 @@ def _row_adagrad(W, state, G, uniq, run_start, run_end, bag_sorted, chunk_first,
 
 
 class TritonTables:
-    """The Triton kernels over a :class:`~planner.measure.tables.gpu_dlrm.FusedTables`'s weight,
+    """The Triton kernels over a :class:`~planner.measure.tables.gpu_fused.FusedTables`'s weight,
     state, ids and offsets (same inputs, same results as its PyTorch forward and backward)."""
 
     def __init__(self, ft, *, max_pooling: int, chunk: int = 64):
