@@ -63,3 +63,17 @@ def test_quick_run_writes_every_file(tmp_path):
         assert rows, name
     meta = json.loads((tmp_path / "meta.json").read_text())
     assert meta["step_rows"] == 2 and "gpu_dlrm" in meta["command"]
+
+
+def test_bad_arguments_exit_2_naming_the_flag(tmp_path):
+    (tmp_path / "file").write_text("")
+    for args, flag in ((["--only", "step,foo"], "--only"), (["--samples", "0"], "--samples"),
+                       (["--budget-s", "nan"], "--budget-s")):
+        r = subprocess.run([sys.executable, "-m", "planner.measure.tables.gpu_dlrm", "--out",
+                            str(tmp_path / "o"), "--device", "cpu", *args],
+                           capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert r.returncode == 2 and flag in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "planner.measure.tables.gpu_dlrm", "--out",
+                        str(tmp_path / "file" / "o"), "--device", "cpu", "--quick"],
+                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 2 and "--out" in r.stderr and "Traceback" not in r.stderr

@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import statistics
 import sys
 import time
@@ -60,6 +61,9 @@ from planner.measure.compute.gpu import _auto_time, _meta
 from planner.measure.tables.gpu_fused import _DTYPES, FusedTables, check_triton, lookup_kernels
 
 __all__ = ["main", "MLPERF_DCNV2_TABLES"]
+
+#: the parts ``--only`` may name
+_PARTS = ("step", "tbe", "gemm", "memory")
 
 #: (rows, multi-hot size) of MLPerf DLRM-DCNv2's 26 tables (planner/examples/mlperf-dcnv2.yaml)
 MLPERF_DCNV2_TABLES = [
@@ -382,9 +386,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="lookups by PyTorch ops (default) or the fused Triton kernels")
     args = ap.parse_args(argv)
     args.attention_backend = "n/a"
+    unknown = [p for p in args.only.split(",") if p not in _PARTS]
+    if unknown:
+        ap.error(f"--only: unknown part {unknown[0]!r}; use {', '.join(_PARTS)}")
+    for name, v in (("--samples", args.samples), ("--budget-s", args.budget_s),
+                    ("--max-table-gib", args.max_table_gib or 1.0)):
+        if not (math.isfinite(v) and v > 0):
+            ap.error(f"{name} must be a positive number, got {v}")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        ap.error(f"--out {args.out}: cannot create the folder ({e.strerror}); name a folder")
     torch = _torch()
     dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    args.out.mkdir(parents=True, exist_ok=True)
     meta = _meta(dev, args) | {"command": " ".join(
         ["python", "-m", "planner.measure.tables.gpu_dlrm", *(argv if argv is not None
                                                               else sys.argv[1:])])}
@@ -418,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
             elif part == "memory":
                 n = measure_memory(dev, **kw)
             else:
-                raise SystemExit(f"unknown part {part!r}: use step, tbe, gemm, memory")
+                raise AssertionError(part)          # checked with the arguments
         except Exception as exc:                    # keep the other parts' rows
             meta[f"{part}_error"] = repr(exc)[:400]
             print(f"{part}: failed: {exc!r}", flush=True)
