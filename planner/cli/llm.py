@@ -108,9 +108,27 @@ def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
         + f"bubble {format_time(bd['pipeline_bubble_s'])}, "
         f"exposed DP {format_time(bd['dp_comm_exposed_s'])}, optimizer "
         f"{format_time(bd['optimizer_s'])}",
-    ] + extra_lines
+    ] + documents_lines(d.get("documents")) + extra_lines
     emit(args, d, "\n".join(lines))
     return 0
+
+
+def documents_lines(docs: dict | None) -> list[str]:
+    """Lines of a packed-documents result: the sampled batches' step times and imbalance."""
+    if docs is None:
+        return []
+    spec = docs["documents"]
+    share = {k: f"{v:.0%}" for k, v in docs["token_delay_share"].items() if v >= 0.005}
+    cp = ", ".join(f"{k} {v}" for k, v in docs["cp_sharding"].items())
+    return [f"  documents {spec['lengths']}, packing {spec['packing']}, CP sharding "
+            f"{spec['cp_sharding']} ({cp} micro-batches): {docs['batches']} sampled batches",
+            f"    step time mean {format_time(docs['step_time_mean_s'])}, median "
+            f"{format_time(docs['step_time_p50_s'])}, p90 {format_time(docs['step_time_p90_s'])},"
+            f" max {format_time(docs['step_time_max_s'])} (timeline and breakdown: the slowest)",
+            "    imbalance (max/mean per global batch): packing "
+            f"{docs['packing_imbalance_mean']:.2f} (attention Σd²), attention on the busiest CP "
+            f"rank {docs['attention_imbalance_mean']:.2f}; tokens by iterations of delay: "
+            + ", ".join(f"{k}: {v}" for k, v in share.items())]
 
 
 def trainer_line(t: TrainerSpec) -> str:

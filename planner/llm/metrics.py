@@ -8,7 +8,7 @@ precision: ``palm`` (6N + 12·l·h·s FLOPs per token, N = non-embedding paramet
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from simulator.compute import ComputeProfile
@@ -16,6 +16,7 @@ from simulator.engine import SimResult, simulate
 from simulator.errors import SpecError
 from simulator.topology import Topology
 
+from planner.llm.packed import simulate_packed_steps
 from planner.model.llm.host import HostOverhead
 from planner.model.llm.kernels import block_model_flops, logits_model_flops
 from planner.model.llm.memory import MemoryEstimate, memory_per_gpu
@@ -25,10 +26,14 @@ from planner.workloads.llm.step import StepPlan, build_step, resolve_parallel
 __all__ = ["LLMResult", "simulate_llm", "model_flops"]
 
 
-def model_flops(spec: LLMSpec) -> dict[str, float]:
-    """FLOPs of one step in each convention (no recompute)."""
+def model_flops(spec: LLMSpec, attention_context: float | None = None) -> dict[str, float]:
+    """FLOPs of one step in each convention (no recompute). ``attention_context``: the keys
+    per query the conventions' attention terms count in place of ``seq_len`` (packed documents:
+    ``2·Σ d(d+1)/2 / Σ d``, which equals ``seq_len`` + 1 for one whole-sequence document)."""
     m, t = spec.model, spec.training
     tokens = t.global_batch_size * m.seq_len
+    if attention_context is not None:
+        m = replace(m, seq_len=attention_context)
     megatron = m.layers * block_model_flops(m, tokens=tokens) + logits_model_flops(m, tokens=tokens)
     # N counts the weights a token uses: for a mixture of experts the active (top_k) ones
     palm = tokens * (6 * m.active_non_embedding_params
@@ -52,6 +57,10 @@ class LLMResult:
 
     @property
     def step_time_s(self) -> float:
+        """The simulated step (s); with packed documents the mean over the sampled batches
+        (``sim`` is then the slowest batch's simulation)."""
+        if self.documents is not None:
+            return self.documents["step_time_mean_s"]
         return self.sim.step_time_s
 
     def to_dict(self) -> dict:
@@ -59,7 +68,8 @@ class LLMResult:
         st = self.step_time_s
         n = self.parallel.world()
         peak = self.sim_peak
-        tokens = t.global_batch_size * m.seq_len
+        tokens = (self.documents["tokens_per_step_mean"] if self.documents is not None
+                  else t.global_batch_size * m.seq_len)
         return {
             "model": m.name, "topology": self.sim.topology, "gpus": n,
             "parallel": {k: getattr(self.parallel, k) for k in ("tp", "cp", "pp", "dp", "vpp",
@@ -83,9 +93,11 @@ class LLMResult:
             "breakdown": self.breakdown(),
             "simulation": {"events": self.sim.events, "wall_s": self.sim.wall_s,
                            "mode": self.sim.mode, "ops": self.sim.num_ops},
-        }
+        } | ({"documents": self.documents} if self.documents is not None else {})
 
     sim_peak: float = 0.0
+    documents: dict | None = None     # packed documents: the sampled batches' summary
+
 
     def breakdown(self) -> dict:
         """Seconds on the busiest pipeline stage's critical rank, by kind."""
@@ -140,10 +152,14 @@ def simulate_llm(spec: LLMSpec, parallel: ParallelSpec, topo: Topology, *, mode:
     the files shipped for the topology's GPU kind); a calibration passes candidates here.
 """
     p = resolve_parallel(spec, parallel, topo.num_gpus)
-    plan = build_step(spec, p, topo, order=order, schedule_name=schedule_name, profile=profile,
-                      host=host)
     if mode == "auto":
         mode = "symmetric" if topo.num_gpus > 8192 else "explicit"
+    if spec.training.documents is not None:
+        return _simulate_documents(spec, p, topo, mode=mode, order=order,
+                                   schedule_name=schedule_name, profile=profile, host=host,
+                                   faulty=bool(slowdown or link_faults))
+    plan = build_step(spec, p, topo, order=order, schedule_name=schedule_name, profile=profile,
+                      host=host)
     rep_slow: dict[int, float] = {}
     for r, f in (slowdown or {}).items():
         if not 0 <= int(r) < p.world():
@@ -164,5 +180,25 @@ def simulate_llm(spec: LLMSpec, parallel: ParallelSpec, topo: Topology, *, mode:
                          trainer=spec.trainer, schedule_name=schedule_name)
     res = LLMResult(spec=spec, parallel=p, plan=plan, sim=sim, memory=mem,
                     flops=model_flops(spec))
+    res.sim_peak = topo.gpu.peak(spec.training.precision)
+    return res
+
+
+def _simulate_documents(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, mode: str,
+                        faulty: bool, schedule_name: str, **step_kw) -> LLMResult:
+    """:func:`simulate_llm` for packed documents: the sampled batches' mean step, the slowest
+    batch's simulation (timeline, breakdown)."""
+    if faulty:
+        raise SpecError("stragglers and link faults are not simulated with packed documents yet",
+                        source=spec.source, field="training.documents",
+                        fix="drop --straggler/--link-fault, or the documents: section")
+    out = simulate_packed_steps(spec, p, topo, mode=mode, schedule_name=schedule_name,
+                                **step_kw)
+    plan, sim = out["slowest"]
+    mem = memory_per_gpu(spec.model, spec.training, p, capacity_bytes=topo.gpu.hbm_bytes,
+                         trainer=spec.trainer, schedule_name=schedule_name)
+    res = LLMResult(spec=spec, parallel=p, plan=plan, sim=sim, memory=mem,
+                    flops=model_flops(spec, out["summary"]["attention_context_tokens"]),
+                    documents=out["summary"])
     res.sim_peak = topo.gpu.peak(spec.training.precision)
     return res

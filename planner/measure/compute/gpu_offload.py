@@ -121,7 +121,6 @@ def measure_pcie(dev, *, quick: bool, samples: int, deadline: float) -> list[dic
                 t, iqr = _event_time(launch, samples)
                 rows.append(dict(direction=direction, host=host, bytes=n, seconds=t,
                                  gbps=n / t / 1e9, iqr_rel=iqr))
-            del h_src, h_dst, d_src, d_dst
     return rows
 
 

@@ -5,7 +5,8 @@ Exactly these fields (MoE fields are an extension)::
     model: {kind: transformer, name, layers, hidden_size, ffn_hidden_size, num_heads,
             num_kv_heads, vocab_size, seq_len, ffn: swiglu|gelu}
     training: {global_batch_size (sequences), micro_batch_size, precision: bf16|fp16|fp8|fp32,
-               activation_recompute: none|selective|full}
+               activation_recompute: none|selective|full,
+               documents: {...}}   (packed variable-length documents: documents.py)
     parallel: {tp, cp, pp, dp, vpp, fsdp: none|zero1|zero2|zero3|hsdp}
     trainer: {preset, attention, sequence_parallel, ...}   (planner/model/llm/trainer.py)
 
@@ -27,6 +28,7 @@ from simulator.errors import SpecError
 from simulator.fileio import builtin_names, read_spec_mapping
 from simulator.validation import Fields
 
+from planner.model.llm.documents import DocumentSpec, parse_documents
 from planner.model.llm.trainer import TrainerSpec, trainer_from_mapping
 
 __all__ = ["ModelSpec", "TrainingSpec", "ParallelSpec", "LLMSpec", "load_llm_spec",
@@ -115,6 +117,7 @@ class TrainingSpec:
     micro_batch_size: int = 1
     precision: str = "bf16"
     activation_recompute: str = "none"
+    documents: DocumentSpec | None = None     # packed variable-length documents (documents.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,8 +154,12 @@ def spec_document(spec: LLMSpec, parallel: ParallelSpec | None = None) -> dict[s
     ``trainer:``): :func:`parse_llm_spec` reads it back to an equal spec. ``parallel``
     replaces the spec's own layout (a plan's chosen one)."""
     par = parallel if parallel is not None else spec.parallel
+    training = asdict(spec.training)
+    training.pop("documents")
+    if spec.training.documents is not None:
+        training["documents"] = spec.training.documents.to_dict()
     doc: dict[str, Any] = {"model": {"kind": "transformer", **asdict(spec.model)},
-                           "training": asdict(spec.training)}
+                           "training": training}
     if par is not None:
         doc["parallel"] = asdict(par)
     doc["trainer"] = spec.trainer.to_dict()
@@ -199,12 +206,22 @@ def parse_llm_spec(doc: Mapping[str, Any], *, source: str) -> LLMSpec:
         raise m.err("num_kv_heads", f"num_heads {model.num_heads} is not a multiple of "
                     f"num_kv_heads {model.num_kv_heads}", "use a divisor of num_heads")
     t = f.sub("training", required=True)
-    t.check_keys({"global_batch_size", "micro_batch_size", "precision", "activation_recompute"})
+    t.check_keys({"global_batch_size", "micro_batch_size", "precision", "activation_recompute",
+                  "documents"})
+    docs = None
+    if t.has("documents"):
+        base = Path(source).parent if Path(source).is_file() else None
+        docs = parse_documents(t.sub("documents"), seq_len=model.seq_len, base=base)
     training = TrainingSpec(
         global_batch_size=t.int("global_batch_size", required=True, minimum=1),
         micro_batch_size=t.int("micro_batch_size", 1, minimum=1),
         precision=t.str("precision", "bf16", choices=PRECISIONS),
-        activation_recompute=t.str("activation_recompute", "none", choices=RECOMPUTE))
+        activation_recompute=t.str("activation_recompute", "none", choices=RECOMPUTE),
+        documents=docs)
+    if docs is not None and training.micro_batch_size != 1:
+        raise t.err("micro_batch_size", f"micro_batch_size {training.micro_batch_size} with "
+                    "packed documents: a micro-batch is one packed sequence",
+                    "set micro_batch_size: 1 (documents are packed into each sequence)")
     parallel = None
     if f.has("parallel"):
         pf = f.sub("parallel")

@@ -122,8 +122,15 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
                sequence_parallel: bool | None = None, expand_collectives: bool = False,
                p2p_scatter_gather: bool | None = None,
                host: "HostOverhead | None | str" = "measured",
-               host_serial: bool = False, grad_bytes: int | None = None) -> StepPlan:
+               host_serial: bool = False, grad_bytes: int | None = None,
+               mb_scales: list[tuple[float, float]] | None = None) -> StepPlan:
     """Build the workload of one step; ``p`` must be resolved (see :func:`resolve_parallel`).
+
+    ``mb_scales``: packed variable-length documents (planner/llm/packed.py). Micro-batch ``j``
+    of the simulated pipeline runs ``(tokens, attention)`` times the work of one sequence of
+    ``seq_len`` tokens holding one document: every pass's non-attention time scales with its
+    tokens, its attention kernels (forward, backward, recompute) with the busiest CP rank's
+    attention work. ``None``: every micro-batch is one whole-sequence document.
 
     ``expand_collectives``: every TP/CP collective becomes an op on its real group (see the
     module docstring) instead of simulated time folded into the block; parameters per rank
@@ -188,7 +195,9 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
                          weight_bytes=e_w, grad_bytes=grad_bytes, dp_buckets=dp_buckets,
                          act_bytes=act, p2p_gather=p2p_gather, emit=emit,
                          expanded=expand_collectives, pp_blocking=not tr.pp_comm_overlap,
-                         reduce_after=tr.grad_reduce == "after_backward" and dp_buckets == 1)
+                         reduce_after=tr.grad_reduce == "after_backward" and dp_buckets == 1,
+                         mb_times=_mb_times(fwd_s, bwd_s, detail, chunk_layers, mb_scales,
+                                            spec.training.activation_recompute))
     steps.fsdp_gathers()
     steps.passes({s: schedule(schedule_name, p.pp, micro, s, p.vpp) for s in range(p.pp)})
     steps.optimizer_steps()
@@ -206,7 +215,8 @@ class _StepBuilder:
                  reps: list[int], chunk_layers: list, fwd_s: list, bwd_s: list, *, micro: int,
                  weight_bytes: int, grad_bytes: int, dp_buckets: int, act_bytes: float,
                  p2p_gather: bool, emit: PassEmitter | None, expanded: bool,
-                 pp_blocking: bool = False, reduce_after: bool = False) -> None:
+                 pp_blocking: bool = False, reduce_after: bool = False,
+                 mb_times: list | None = None) -> None:
         self.w, self.spec, self.p, self.reps = w, spec, p, reps
         self.chunk_layers, self.fwd_s, self.bwd_s, self.micro = chunk_layers, fwd_s, bwd_s, micro
         self.e_w, self.grad_bytes, self.dp_buckets = weight_bytes, grad_bytes, dp_buckets
@@ -231,6 +241,12 @@ class _StepBuilder:
         self.sent: dict[tuple[str, int, int], int] = {}
         self.pp_blocking = pp_blocking
         self.blocked: dict[int, int] = {}
+        self.mb_times = mb_times        # per micro-batch (fwd_s, bwd_s) tables, or None
+
+    def pass_s(self, kind: str, s: int, c: int, mb: int) -> float:
+        """Seconds of pass ``kind`` (F/B) of micro-batch ``mb`` on chunk ``c`` of stage ``s``."""
+        fwd, bwd = self.mb_times[mb] if self.mb_times else (self.fwd_s, self.bwd_s)
+        return (fwd if kind == "F" else bwd)[s][c]
 
     def chunk_params(self, s: int, c: int) -> float:
         """Parameters held per rank in chunk ``c`` of stage ``s`` (DP traffic, optimizer)."""
@@ -324,7 +340,7 @@ class _StepBuilder:
         deps += self.gathered.get((s, c, "F"), [])
         if emit:
             return emit.forward(s, c, mb, deps, gather=self.p2p_gather and vs > 0)
-        return w.compute(self.reps[s], f"F mb{mb} c{c}", duration_s=self.fwd_s[s][c],
+        return w.compute(self.reps[s], f"F mb{mb} c{c}", duration_s=self.pass_s("F", s, c, mb),
                          deps=deps, category="fwd")
 
     def _backward(self, s: int, c: int, mb: int) -> int:
@@ -345,7 +361,7 @@ class _StepBuilder:
             return self._expanded_backward(s, c, mb, deps, last_mb)
         if last_mb and p.dp * p.cp > 1 and not self.reduce_after:
             return self._bucketed_backward(s, c, mb, deps)
-        return w.compute(self.reps[s], f"B mb{mb} c{c}", duration_s=self.bwd_s[s][c],
+        return w.compute(self.reps[s], f"B mb{mb} c{c}", duration_s=self.pass_s("B", s, c, mb),
                          deps=deps, category="bwd")
 
     def _expanded_backward(self, s: int, c: int, mb: int, deps: list[int],
@@ -372,7 +388,7 @@ class _StepBuilder:
         prev = None
         for j in range(k):
             oid = self.w.compute(self.reps[s], f"B mb{mb} c{c} bucket{j}",
-                                 duration_s=self.bwd_s[s][c] / k,
+                                 duration_s=self.pass_s("B", s, c, mb) / k,
                                  deps=deps if prev is None else [prev], category="bwd")
             prev = oid
             self.dp_ops[s] += self.dp_collectives(self.dp_reduce, s,
@@ -447,7 +463,7 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
     kprof = replace(prof, launch_overhead_s=0.0) if host_serial and host else prof
     blk_f, blk_b = kernels_time(kprof, blk), kernels_time(kprof, blk, backward=True)
     attn = [k for k in blk if k.name.startswith("attention")]
-    attn_f = kernels_time(prof, attn)
+    attn_f, attn_b = kernels_time(prof, attn), kernels_time(prof, attn, backward=True)
     # the attention half of a block (QKV, attention, output projection): its share of the
     # block's kernel time, forward and backward (the host time splits the same way)
     half = [k for k in blk if k.name in ("qkv", "attn_out") or k.name.startswith("attention")]
@@ -474,6 +490,7 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
             if include_comm else (0.0, 0.0, 0.0)
         if detail is not None:   # EP all-to-all seconds per micro-batch and layer, per stage
             detail.setdefault("ep_a2a_s", []).append(ep_a2a)
+            detail.setdefault("layer_attention_s", []).append((attn_f, attn_b))
             detail.setdefault("layer_attn_frac_f", []).append(frac_f)
             detail.setdefault("layer_attn_frac_b", []).append(frac_b)
         tp_x = _tp_exposed(tp_ar, beside, p.tp)
@@ -515,6 +532,24 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
         tpc_s.append(c_row)
 
     return fwd_s, bwd_s, tpc_s, chunk_layers
+
+
+def _mb_times(fwd_s: list, bwd_s: list, detail: dict, chunk_layers: list,
+              scales: list[tuple[float, float]] | None, recompute: str) -> list | None:
+    """Per micro-batch ``(fwd_s, bwd_s)`` tables of :func:`build_step`'s ``mb_scales``."""
+    if scales is None:
+        return None
+    out = []
+    for lin, att in scales:
+        fwd, bwd = [], []
+        for s, (f_row, b_row) in enumerate(zip(fwd_s, bwd_s)):
+            a_f, a_b = detail["layer_attention_s"][s]
+            a_b += a_f if recompute in ("selective", "full") else 0.0
+            n = chunk_layers[s]
+            fwd.append([(f - k * a_f) * lin + k * a_f * att for f, k in zip(f_row, n)])
+            bwd.append([(b - k * a_b) * lin + k * a_b * att for b, k in zip(b_row, n)])
+        out.append((fwd, bwd))
+    return out
 
 
 def _stage_collectives(spec: LLMSpec, p: ParallelSpec, lay: Layout, rep: int,
