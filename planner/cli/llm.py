@@ -108,9 +108,19 @@ def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
         + f"bubble {format_time(bd['pipeline_bubble_s'])}, "
         f"exposed DP {format_time(bd['dp_comm_exposed_s'])}, optimizer "
         f"{format_time(bd['optimizer_s'])}",
-    ] + documents_lines(d.get("documents")) + extra_lines
+    ] + documents_lines(d.get("documents")) + offload_lines(d.get("offload")) + extra_lines
     emit(args, d, "\n".join(lines))
     return 0
+
+
+def offload_lines(o: dict | None) -> list[str]:
+    """The line of a token-wise activation swap (MEMO): what it moves and what set alpha."""
+    if o is None:
+        return []
+    return [f"  offload: alpha {o['alpha']:.3f} ({o['bound']}), "
+            f"{format_bytes(o['swap_bytes_per_layer'])} per block each way at "
+            f"{o['copy_Bps'] / 1e9:.1f} GB/s ({format_time(o['swap_s_per_layer'])}), host "
+            f"{format_bytes(o['host_bytes'])} of {format_bytes(o['host_bytes_per_gpu'])} per GPU"]
 
 
 def documents_lines(docs: dict | None) -> list[str]:

@@ -93,7 +93,9 @@ class LLMResult:
             "breakdown": self.breakdown(),
             "simulation": {"events": self.sim.events, "wall_s": self.sim.wall_s,
                            "mode": self.sim.mode, "ops": self.sim.num_ops},
-        } | ({"documents": self.documents} if self.documents is not None else {})
+        } | ({"documents": self.documents} if self.documents is not None else {}) \
+          | ({"offload": self.plan.info["offload"].to_dict()}
+             if "offload" in self.plan.info else {})
 
     sim_peak: float = 0.0
     documents: dict | None = None     # packed documents: the sampled batches' summary
@@ -102,7 +104,8 @@ class LLMResult:
     def breakdown(self) -> dict:
         """Seconds on the busiest pipeline stage's critical rank, by kind."""
         t = self.sim.table                  # numpy columns: no pandas on this path
-        is_compute = t["kind"] == "compute"
+        # host copies (activation offload) run on their own streams beside the compute
+        is_compute = (t["kind"] == "compute") & (t["category"] != "offload")
         best = None
         for s, r in enumerate(self.plan.representatives):
             mask = is_compute & (t["first_rank"] == r)
@@ -177,7 +180,8 @@ def simulate_llm(spec: LLMSpec, parallel: ParallelSpec, topo: Topology, *, mode:
                    track_links=track_links, compute=profile)
     plan.info["stragglers"] = {int(r): float(f) for r, f in (slowdown or {}).items()}
     mem = memory_per_gpu(spec.model, spec.training, p, capacity_bytes=topo.gpu.hbm_bytes,
-                         trainer=spec.trainer, schedule_name=schedule_name)
+                         trainer=spec.trainer, schedule_name=schedule_name,
+                         offload=plan.info.get("offload"))
     res = LLMResult(spec=spec, parallel=p, plan=plan, sim=sim, memory=mem,
                     flops=model_flops(spec))
     res.sim_peak = topo.gpu.peak(spec.training.precision)

@@ -217,7 +217,9 @@ def _build_generated(f: Fields, *, gpu: GPUSpec, comm: CommProfile,
 
     hier = _hierarchy(node, nodes, bld.count, hosts, levels, ports)
     params = {"nodes": nodes, "gpus_per_node": node.gpus, "nics_per_node": node.nics,
-              "buildings": bld.count, "rail_optimized": rail_opt}
+              "buildings": bld.count, "rail_optimized": rail_opt,
+              "host_memory_bytes": node.host_memory, "host_links": node.host_links,
+              "pcie_Bps": node.pcie_Bps}
     if routing.ecmp:
         params["routing"] = routing.to_dict()
     if bld.count > 1:
@@ -234,14 +236,16 @@ class _NodeSpec:
     (bytes/s) and latency (seconds) of its GPU-switch, PCIe and NIC links."""
 
     __slots__ = ("fields", "gpus", "interconnect", "intra_Bps", "intra_latency_s", "intra_kind",
-                 "pcie_Bps", "pcie_latency_s", "nics", "nic_Bps", "nic_latency_s", "reduces")
+                 "pcie_Bps", "pcie_latency_s", "nics", "nic_Bps", "nic_latency_s", "reduces",
+                 "host_memory", "host_links")
 
     def __init__(self, f: Fields, nodes: int, gpu: GPUSpec) -> None:
         """Read and check ``node:`` for ``nodes`` hosts per building (``f``: the whole mapping)."""
         nf = self.fields = f.sub("node", required=True)
         nf.check_keys({"gpus", "interconnect", "nvlink_bandwidth", "nvlink_latency",
                        "pcie_bandwidth", "pcie_latency", "loopback_bandwidth", "loopback_latency",
-                       "nics", "nic_bandwidth", "nic_latency", "in_switch_reduction"})
+                       "nics", "nic_bandwidth", "nic_latency", "in_switch_reduction",
+                       "host_memory", "host_links"})
         G = self.gpus = nf.int("gpus", required=True, minimum=1, maximum=1024)
         if nodes * G > MAX_GPUS:
             raise f.err("nodes", f"{nodes:,} nodes × {G} GPUs = {nodes * G:,} GPUs in a building "
@@ -260,6 +264,10 @@ class _NodeSpec:
         self.nic_Bps = nf.bandwidth("nic_bandwidth", required=R > 0) if R else 0.0
         self.nic_latency_s = nf.time("nic_latency", "1 us")
         self.reduces = nf.bool("in_switch_reduction", False)
+        # host memory (bytes per node; 0: not stated) and the PCIe uplinks to it that the GPUs
+        # share for copies to and from host memory (activation offload)
+        self.host_memory = nf.bytes("host_memory", 0.0)
+        self.host_links = nf.int("host_links", G, minimum=1, maximum=G)
         if self.reduces and inter != "nvswitch":
             raise nf.err("in_switch_reduction", "in-switch reduction needs an NVSwitch",
                          "set interconnect: nvswitch or in_switch_reduction: false")

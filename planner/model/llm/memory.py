@@ -26,7 +26,8 @@ pass: a forward of chunk ``c`` adds what its blocks keep for one micro-batch (pl
 embedding's ids on the first virtual stage and the final norm, output layer and fp32 loss on the
 last), a backward frees it. The peak over the walk is the stage's activation memory, taken at
 the moment it happens: after a forward (plus the logits alive while the loss runs, on the last
-virtual stage) or during a backward (plus the gradients of one block's MLP interior). A
+virtual stage) or during a backward (plus the gradients of one block's MLP interior, and with
+full recompute what the recomputed block keeps until its backward ends). A
 stage's output is not held: Megatron frees it once sent (``deallocate_pipeline_outputs``), and
 Llama 3 does the same (Llama Team 2024, §3.3.2). This is exact for GPipe, 1F1B and interleaved
 1F1B, e.g. with as many micro-batches as stages interleaving holds every micro-batch once.
@@ -43,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
 from planner.model.llm import activations as act
+from planner.model.llm.offload import OffloadPlan
 from planner.model.llm.schedule import schedule
 from planner.model.llm.spec import ModelSpec, ParallelSpec, TrainingSpec
 from planner.model.llm.stages import chunk_layer_counts
@@ -228,6 +230,11 @@ def _chunk_activations(m: ModelSpec, t: TrainingSpec, p: ParallelSpec, trainer: 
     per_block = act.block_bytes(m, **kw, sequence_parallel=sp, attention=trainer.attention,
                                 recompute=t.activation_recompute, precision=t.precision)
     bwd = act.backward_transient_bytes(m, **kw, precision=t.precision)
+    if t.activation_recompute == "full":
+        # the block being recomputed holds what it would have kept, until its backward ends
+        # (Megatron's CheckpointFunction re-runs its forward right before its backward)
+        bwd += act.block_bytes(m, **kw, sequence_parallel=sp, attention=trainer.attention,
+                               recompute="none", precision=t.precision) - per_block
     nv = p.pp * p.vpp
     kept, fwd, back = [], [], []
     for c, n in enumerate(rows[stage]):
@@ -246,14 +253,37 @@ def _chunk_activations(m: ModelSpec, t: TrainingSpec, p: ParallelSpec, trainer: 
     return kept, fwd, back, per_block
 
 
+def _offload_peak(m: ModelSpec, t: TrainingSpec, p: ParallelSpec, trainer: TrainerSpec,
+                  o: OffloadPlan) -> dict:
+    """Activation peak of one stage under MEMO's swap (pp = 1, one micro-batch at a time):
+    at the end of the forward the last two blocks whole and the swap buffer still draining
+    (a block starts only once the buffer two blocks back has drained, so one is in flight);
+    during a backward one reloaded-and-recomputed block, the buffer being filled for the next
+    and the gradients of one block's MLP interior. The embedding, final norm, output layer and
+    loss keep theirs."""
+    kw = {"seq": m.seq_len, "batch": t.micro_batch_size, "tp": p.tp, "cp": p.cp}
+    sp = trainer.sequence_parallel and p.tp > 1
+    ends = sum(act.first_stage_terms(m, **kw, sequence_parallel=sp).values()) + sum(
+        act.last_stage_terms(m, **kw, sequence_parallel=sp, precision=t.precision).values())
+    bwd = act.backward_transient_bytes(m, **kw, precision=t.precision)
+    after_fwd = 2 * o.full_bytes + o.swap_bytes \
+        + act.loss_transient_bytes(m, **kw, precision=t.precision)
+    in_bwd = o.full_bytes + o.swap_bytes + bwd
+    moment = "forward" if after_fwd >= in_bwd else "backward"
+    return {"bytes": ends + max(after_fwd, in_bwd), "microbatches": 1, "chunk_passes": 1,
+            "moment": f"offload {moment}"}
+
+
 def memory_per_gpu(m: ModelSpec, t: TrainingSpec, p: ParallelSpec, *, capacity_bytes: float,
                    trainer: TrainerSpec | None = None, schedule_name: str = "1f1b",
-                   reserve: Reserve = DEFAULT_RESERVE) -> MemoryEstimate:
+                   reserve: Reserve = DEFAULT_RESERVE,
+                   offload: OffloadPlan | None = None) -> MemoryEstimate:
     """Peak memory of every pipeline stage (bytes) and the most loaded one's breakdown.
 
     ``capacity_bytes`` is the device memory (the catalog's ``hbm_bytes``); ``reserve`` what the
     runtime keeps from it; ``schedule_name`` the pipeline schedule the step runs (``1f1b``,
-    ``gpipe``, ``interleaved``; ``vpp > 1`` interleaves, as in the step).
+    ``gpipe``, ``interleaved``; ``vpp > 1`` interleaves, as in the step). ``offload``: the
+    step's token-wise swap (:func:`_offload_peak`).
     """
     trainer = trainer or TrainerSpec()
     rows = chunk_layer_counts(m.layers, p.pp, p.vpp, trainer.trim_first_last_stage)
@@ -265,7 +295,8 @@ def memory_per_gpu(m: ModelSpec, t: TrainingSpec, p: ParallelSpec, *, capacity_b
         prm = stage_params(m, p, sum(rows[i]), first=i == 0, last=i == p.pp - 1)
         state = _state_bytes(m, t, p, trainer, prm)
         kept, fwd, back, per_block = _chunk_activations(m, t, p, trainer, rows, i)
-        peak = activation_peak(_passes(schedule_name, p.pp, walk_m, i, p.vpp), kept, fwd, back)
+        peak = _offload_peak(m, t, p, trainer, offload) if offload is not None else \
+            activation_peak(_passes(schedule_name, p.pp, walk_m, i, p.vpp), kept, fwd, back)
         frag = reserve.fragmentation * peak["bytes"]
         total = state["weights"] + state["gradients"] + state["optimizer"] + peak["bytes"] + frag
         stages.append({

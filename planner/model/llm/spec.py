@@ -6,7 +6,8 @@ Exactly these fields (MoE fields are an extension)::
             num_kv_heads, vocab_size, seq_len, ffn: swiglu|gelu}
     training: {global_batch_size (sequences), micro_batch_size, precision: bf16|fp16|fp8|fp32,
                activation_recompute: none|selective|full,
-               documents: {...}}   (packed variable-length documents: documents.py)
+               documents: {...},   (packed variable-length documents: documents.py)
+               offload: {alpha}}   (token-wise activation swap: offload.py)
     parallel: {tp, cp, pp, dp, vpp, fsdp: none|zero1|zero2|zero3|hsdp}
     trainer: {preset, attention, sequence_parallel, ...}   (planner/model/llm/trainer.py)
 
@@ -29,6 +30,7 @@ from simulator.fileio import builtin_names, read_spec_mapping
 from simulator.validation import Fields
 
 from planner.model.llm.documents import DocumentSpec, parse_documents
+from planner.model.llm.offload import OffloadSpec, parse_offload
 from planner.model.llm.trainer import TrainerSpec, trainer_from_mapping
 
 __all__ = ["ModelSpec", "TrainingSpec", "ParallelSpec", "LLMSpec", "load_llm_spec",
@@ -118,6 +120,7 @@ class TrainingSpec:
     precision: str = "bf16"
     activation_recompute: str = "none"
     documents: DocumentSpec | None = None     # packed variable-length documents (documents.py)
+    offload: OffloadSpec | None = None        # token-wise activation swap (offload.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,8 +159,11 @@ def spec_document(spec: LLMSpec, parallel: ParallelSpec | None = None) -> dict[s
     par = parallel if parallel is not None else spec.parallel
     training = asdict(spec.training)
     training.pop("documents")
+    training.pop("offload")
     if spec.training.documents is not None:
         training["documents"] = spec.training.documents.to_dict()
+    if spec.training.offload is not None:
+        training["offload"] = spec.training.offload.to_dict()
     doc: dict[str, Any] = {"model": {"kind": "transformer", **asdict(spec.model)},
                            "training": training}
     if par is not None:
@@ -207,7 +213,7 @@ def parse_llm_spec(doc: Mapping[str, Any], *, source: str) -> LLMSpec:
                     f"num_kv_heads {model.num_kv_heads}", "use a divisor of num_heads")
     t = f.sub("training", required=True)
     t.check_keys({"global_batch_size", "micro_batch_size", "precision", "activation_recompute",
-                  "documents"})
+                  "documents", "offload"})
     docs = None
     if t.has("documents"):
         base = Path(source).parent if Path(source).is_file() else None
@@ -217,7 +223,7 @@ def parse_llm_spec(doc: Mapping[str, Any], *, source: str) -> LLMSpec:
         micro_batch_size=t.int("micro_batch_size", 1, minimum=1),
         precision=t.str("precision", "bf16", choices=PRECISIONS),
         activation_recompute=t.str("activation_recompute", "none", choices=RECOMPUTE),
-        documents=docs)
+        documents=docs, offload=parse_offload(t.sub("offload")) if t.has("offload") else None)
     if docs is not None and training.micro_batch_size != 1:
         raise t.err("micro_batch_size", f"micro_batch_size {training.micro_batch_size} with "
                     "packed documents: a micro-batch is one packed sequence",

@@ -8,6 +8,7 @@ from simulator.workload import Workload
 
 from planner.model.llm.kernels import bytes_per_element
 from planner.model.llm.layout import Layout
+from planner.model.llm.offload import OffloadPlan
 from planner.model.llm.spec import LLMSpec, ParallelSpec
 from planner.workloads.llm.partition import vstage_layer_offsets
 
@@ -39,7 +40,7 @@ class PassEmitter:
 
     def __init__(self, w: Workload, spec: LLMSpec, p: ParallelSpec, lay: Layout,
                  reps: list[int], detail: dict, chunk_layers: list[list[int]], *,
-                 sequence_parallel: bool) -> None:
+                 sequence_parallel: bool, offload: OffloadPlan | None = None) -> None:
         m, t = spec.model, spec.training
         self.w, self.p, self.reps, self.d = w, p, reps, detail
         e = bytes_per_element("bf16" if t.precision == "fp8" else t.precision)
@@ -54,6 +55,13 @@ class PassEmitter:
         self.chunk_layers = chunk_layers
         self.offsets = vstage_layer_offsets(chunk_layers, p.pp, p.vpp)
         self.nv = p.pp * p.vpp
+        self.offload = offload
+        self.d2h: dict[tuple[str, int], int] = {}    # (pass tag, layer) -> its swap-out op
+        self.b_end: dict[tuple[str, int], int] = {}  # (pass tag, layer) -> its backward's end
+
+    def _swapped(self, layer: int) -> bool:
+        """Whether ``layer`` is offloaded: all but the last two blocks (MEMO, pp = 1)."""
+        return self.offload is not None and 0 <= layer < self.offload.layers - 2
 
     def _layers(self, s: int, c: int) -> range:
         first = self.offsets[c * self.p.pp + s]
@@ -117,6 +125,18 @@ class PassEmitter:
         else:
             self._coll(s, ch, "tp", "allreduce", self.act, f"tp attn {at}")
 
+    def _swap_in(self, s: int, ch: _Chain, tag: str, layer: int) -> None:
+        """Load ``layer``'s offloaded tensors once the backward two blocks later has freed their
+        buffer, then recompute its dropped tokens (no attention) before its backward."""
+        o = self.offload
+        deps = [self.d2h[(tag, layer)]] + ([self.b_end[(tag, layer + 2)]]
+                                           if (tag, layer + 2) in self.b_end else [])
+        h2d = self.w.compute(self.reps[s], f"H2D {tag} l{layer}", duration_s=o.swap_s,
+                             stream="h2d", deps=deps, category="offload")
+        ch.deps = ch.deps + [h2d]
+        linear = max(0.0, self.d["layer_fwd_s"][s] - self.d["layer_attention_s"][s][0])
+        self._comp(s, ch, f"R {tag} l{layer} tokens", (1.0 - o.alpha) * linear, "bwd")
+
     def forward(self, s: int, c: int, mb: int, deps: list[int], *, gather: bool) -> int:
         vs, tag = c * self.p.pp + s, f"mb{mb} c{c}"
         ch = _Chain(deps)
@@ -128,7 +148,13 @@ class PassEmitter:
             self._coll(s, ch, "tp", "reducescatter" if self.sp else "allreduce", self.act,
                        f"{'sp' if self.sp else 'tp'} embed F {tag}")
         for layer in self._layers(s, c):
+            if self._swapped(layer - 2):          # its buffer is drained two blocks later
+                ch.deps = ch.deps + [self.d2h[(tag, layer - 2)]]
             self._block_forward(s, ch, "F", tag, layer)
+            if self._swapped(layer):
+                self.d2h[(tag, layer)] = self.w.compute(
+                    self.reps[s], f"D2H {tag} l{layer}", duration_s=self.offload.swap_s,
+                    stream="d2h", deps=[ch.last], category="offload")
         if vs == self.nv - 1:
             if self.sp:
                 self._coll(s, ch, "tp", "allgather", self.act, f"sp logits in F {tag}")
@@ -163,7 +189,10 @@ class PassEmitter:
         reduced: list[int] = []
         j = 0
         for i, layer in enumerate(layers, 1):
+            if self._swapped(layer):
+                self._swap_in(s, ch, tag, layer)
             self._block_backward(s, ch, tag, layer)
+            self.b_end[(tag, layer)] = ch.last
             if i in ends and i < len(layers):
                 reduced += reduce(j, ch.last)
                 j += 1

@@ -30,9 +30,17 @@ from simulator.errors import SpecError
 from simulator.topology import Topology
 from simulator.workload import Workload
 
+from planner.model.llm.activations import block_terms
 from planner.model.llm.host import HostOverhead, host_overhead_for
 from planner.model.llm.kernels import block_kernels, bytes_per_element, kernels_time, logits_kernels
 from planner.model.llm.layout import Layout
+from planner.model.llm.offload import (
+    OffloadPlan,
+    alpha_closed_form,
+    check_offload,
+    host_copy_Bps,
+    skeletal_split,
+)
 from planner.model.llm.schedule import schedule
 from planner.model.llm.spec import LLMSpec, ParallelSpec
 from planner.model.llm.stages import chunk_layer_counts
@@ -168,6 +176,9 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
         raise SpecError("expand_collectives does not list mixture-of-experts all-to-alls yet",
                         source=spec.source, field="model.num_experts",
                         fix="use a dense model, or simulate without expanded collectives")
+    if t.offload is not None:
+        check_offload(spec.source, t.activation_recompute, p.pp)
+        expand_collectives = True           # the swap is issued block by block
     prof = profile or load_compute_profile(topo.gpu)
     lay = Layout(p.tp, p.cp, p.dp, p.pp, order)
     b = t.micro_batch_size
@@ -189,8 +200,11 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
     act, p2p_gather = p2p_activation_bytes(spec, p, sequence_parallel=sequence_parallel,
                                            scatter_gather=p2p_scatter_gather,
                                            expanded=expand_collectives)
+    offload = _offload_plan(spec, p, topo, detail, sequence_parallel, attention) \
+        if t.offload is not None else None
     emit = PassEmitter(w, spec, p, lay, reps, detail, chunk_layers,
-                       sequence_parallel=sequence_parallel) if expand_collectives else None
+                       sequence_parallel=sequence_parallel,
+                       offload=offload) if expand_collectives else None
     steps = _StepBuilder(w, spec, p, lay, reps, chunk_layers, fwd_s, bwd_s, micro=micro,
                          weight_bytes=e_w, grad_bytes=grad_bytes, dp_buckets=dp_buckets,
                          act_bytes=act, p2p_gather=p2p_gather, emit=emit,
@@ -203,7 +217,8 @@ def build_step(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, order: str = "
     steps.optimizer_steps()
     return StepPlan(workload=w, layout=lay, parallel=p, microbatches=micro, fwd_s=fwd_s,
                     bwd_s=bwd_s, tp_comm_s=tpc_s, representatives=reps,
-                    info={"chunk_layers": chunk_layers, **detail})
+                    info={"chunk_layers": chunk_layers, **detail,
+                          **({"offload": offload} if offload is not None else {})})
 
 
 class _StepBuilder:
@@ -532,6 +547,33 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
         tpc_s.append(c_row)
 
     return fwd_s, bwd_s, tpc_s, chunk_layers
+
+
+def _offload_plan(spec: LLMSpec, p: ParallelSpec, topo: Topology, detail: dict,
+                  sequence_parallel: bool, attention: str) -> OffloadPlan:
+    """MEMO's swap for one block of this step (planner/model/llm/offload.py): its skeletal
+    tensors, the host copy bandwidth and memory of the topology, ``alpha`` as given or MEMO's
+    closed form from the block's forward time."""
+    m, t = spec.model, spec.training
+    terms = block_terms(m, seq=m.seq_len, batch=t.micro_batch_size, tp=p.tp, cp=p.cp,
+                        sequence_parallel=sequence_parallel and p.tp > 1, attention=attention,
+                        recompute="none", precision=t.precision)
+    s_in, s_attn, s_oth = skeletal_split(terms)
+    params = topo.params
+    copy = host_copy_Bps(params, topo.comm.efficiency.get("pcie", 1.0))
+    host = float(params.get("host_memory_bytes", 0.0)) / int(params.get("gpus_per_node", 1))
+    if copy <= 0 or host <= 0:
+        raise SpecError(f"topology {topo.name} states no host memory or PCIe bandwidth for "
+                        "activation offload", source=topo.source, field="node.host_memory",
+                        fix="set node.host_memory (bytes per node) and node.pcie_bandwidth")
+    if t.offload.alpha is None:
+        alpha, bound = alpha_closed_form(copy_Bps=copy, layer_s=detail["layer_fwd_s"][0],
+                                         host_bytes=host, layers=m.layers, s_in=s_in,
+                                         s_attn=s_attn, s_oth=s_oth)
+    else:
+        alpha, bound = t.offload.alpha, "given"
+    return OffloadPlan(alpha=alpha, bound=bound, s_in=s_in, s_attn=s_attn, s_oth=s_oth,
+                       copy_Bps=copy, host_bytes_per_gpu=host, layers=m.layers)
 
 
 def _mb_times(fwd_s: list, bwd_s: list, detail: dict, chunk_layers: list,
