@@ -72,6 +72,12 @@ def is_model(ref: str) -> bool:
     return isinstance(doc, dict) and "model" in doc and doc.get("kind") != "llm-plan"
 
 
+def is_het(ref: str) -> bool:
+    """True when ``ref`` is a parameter-server spec with worker caches (``kind: het``)."""
+    doc = _peek(ref)
+    return isinstance(doc, dict) and doc.get("kind") == "het"
+
+
 def is_llm_plan(ref: str) -> bool:
     """True when ``ref`` is a plan written by ``clusterplan plan MODEL`` (``kind: llm-plan``)."""
     doc = _peek(ref)

@@ -12,6 +12,7 @@ from simulator.workload_spec import load_workload
 
 from planner.cli.llm import load_plan_spec, simulate_model
 from planner.cli.options import (
+    is_het,
     is_llm_plan,
     is_model,
     topology_arguments,
@@ -20,6 +21,7 @@ from planner.cli.options import (
     with_trainer,
 )
 from planner.cli.output import add_timings_option, emit
+from planner.cli.simulate_het import simulate_het
 from planner.cli.simulate_sharding import simulate_sharding_plan
 from planner.measure.validate.dlrm import is_sharding_plan
 from planner.model.llm.spec import load_llm_spec
@@ -40,7 +42,8 @@ def register(p: argparse.ArgumentParser) -> None:
     """Add this command's description and arguments to its parser ``p``."""
     p.description = ("Simulate one training step: a transformer spec (model:, "
                      "training:, parallel:; see planner/model/llm/spec.py) or a workload "
-                     "YAML (an op DAG; see simulator/workload_spec.py), by path or "
+                     "YAML (an op DAG; see simulator/workload_spec.py), a parameter-server "
+                     "spec with worker caches (kind: het; planner/workloads/het.py), by path or "
                      "built-in name (llama3-405b, gpt3-175b, dp-step ...), or a plan.json "
                      "from `plan` (a sharding plan on its own topology unless --topology).")
     p.add_argument("workload", metavar="MODEL|WORKLOAD|PLAN",
@@ -90,6 +93,8 @@ def run(args) -> int:
     if is_llm_plan(args.workload):
         return _simulate_plan(args)
     topo = topology_from_args(args)
+    if is_het(args.workload):
+        return simulate_het(args, topo, emit)
     if is_model(args.workload):
         return simulate_model(args, with_trainer(load_llm_spec(args.workload), args), topo, emit)
     if args.trainer or args.trainer_set:
