@@ -29,6 +29,7 @@ the defaults below (no dense part). ::
       dcn_projection: 512        # dcnv2 only (low-rank projection dim)
       dtype: fp32                # compute precision of the MLPs
     trainer: {pipeline: sparse_dist, dispatch: eager}   # planner/model/tables/trainer.py
+    a2a_compression: {error_bound: 0.01}   # planner/model/tables/compression.py (optional)
     tables:                      # a list of mappings, or the path of a CSV beside the file
       - {name: t0, num_embeddings: 1000000, pooling_factor: 3.2, zipf_exponent: 1.05}
       - {name: t1, num_embeddings: 5000, embedding_dim: 64, reuse_bins: [0.4, 0.2, ...]}
@@ -61,6 +62,7 @@ from simulator.errors import SpecError
 from simulator.fileio import parse_yaml, read_text
 from simulator.validation import choice, number, whole
 
+from planner.model.tables.compression import A2ACompression, parse_compression
 from planner.model.tables.shards import ShardingType, parse_sharding_types
 from planner.model.tables.trainer import DlrmTrainer, dlrm_trainer_from_mapping
 
@@ -79,6 +81,7 @@ OPTIONAL_COLUMNS = ("precision", "zipf_exponent", "sharding_types") + BIN_COLUMN
 _TABLE_KEYS = set(REQUIRED_COLUMNS) | {"precision", "zipf_exponent", "sharding_types",
                                        "reuse_bins"}
 _TOP_KEYS = {"name", "description", "source", "batch_size", "optimizer", "comm_precision",
+             "a2a_compression",
              "trainer", "table_defaults", "dense", "tables"}
 _DENSE_KEYS = {"num_dense_features", "bottom_mlp", "top_mlp", "interaction", "dcn_layers",
                "dcn_projection", "dtype"}
@@ -194,6 +197,7 @@ class ModelSpec:
     source: str = ""
     description: str = ""
     trainer: DlrmTrainer = field(default_factory=DlrmTrainer)
+    compression: A2ACompression | None = None      # the all-to-all's (compression.py)
 
     @property
     def num_tables(self) -> int:
@@ -224,6 +228,8 @@ class ModelSpec:
                "tables": [tab(t) for t in self.tables]}
         if self.trainer != DlrmTrainer():       # hashes of specs without a trainer: unchanged
             doc["trainer"] = self.trainer.to_dict()
+        if self.compression is not None:
+            doc["a2a_compression"] = self.compression.to_dict()
         return doc
 
     def sha256(self) -> str:
@@ -345,10 +351,14 @@ def _model_from_yaml(text: str, *, source: str, base: Path) -> ModelSpec:
         raise SpecError(f"expected a list of tables or a CSV path, got {type(raw_tables).__name__}",
                         source=source, field="tables", fix="write a list of tables")
     dense = _dense(doc.get("dense"), source) if doc.get("dense") is not None else None
+    comp = parse_compression(doc["a2a_compression"], source=source,
+                             table_names={t.name for t in tables}) \
+        if doc.get("a2a_compression") is not None else None
     return ModelSpec(name=str(name), tables=tables, dense=dense, batch_size=batch,
                      optimizer=optimizer, comm_precision=comm, source=source,
                      description=str(doc.get("description") or ""),
-                     trainer=dlrm_trainer_from_mapping(doc.get("trainer"), source=source))
+                     trainer=dlrm_trainer_from_mapping(doc.get("trainer"), source=source),
+                     compression=comp)
 
 
 def tables_from_csv_text(text: str, *, source: str,

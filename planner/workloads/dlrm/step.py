@@ -23,6 +23,11 @@ DCNv2 layers and both backward products on the measured GEMM curve, the elementw
 memory curve, each no faster than the host's dispatch when the trainer is eager), followed by
 one fused optimizer step over the dense parameters. Collectives share the network with each
 other, so the dense all-reduce competes with the gradient all-to-all for links.
+
+With the model's ``a2a_compression`` (planner/model/tables/compression.py) the pooled all-to-all
+(and, with ``backward``, the gradients') carries its bytes over the tables' compression ratio,
+each sender compressing what it sends and each receiver decompressing what it gets first, as
+compute ops at the codec's calibrated throughput (category ``compress``).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from planner.workloads.dlrm.torchrec import build_torchrec_step_workload, torchr
 __all__ = ["StepSimulation", "build_step_workload", "simulate_step", "simulate_plan"]
 
 CATEGORIES = ("a2a", "emb_fwd", "emb_bwd", "mlp_fwd", "mlp_bwd", "rw_comm", "dense_allreduce",
-              "dp_allreduce", "optimizer")
+              "dp_allreduce", "optimizer", "compress")
 
 
 @dataclass
@@ -87,11 +92,33 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
     launch = cm.launch_s
     hbm = cm.hbm_Bps
 
-    def a2a(name: str, mat: np.ndarray, deps) -> int | None:
+    comp = problem.model.compression
+
+    def a2a(name: str, mat: np.ndarray, deps, packed: bool = False) -> int | None:
+        """The all-to-all of ``mat``; ``packed``: compressed first (one op per sender) and
+        decompressed after (one per receiver), on each rank's compute stream."""
         if n < 2:
             return None
-        return w.collective("alltoall", ranks, float(mat.sum(axis=1).max()), name=name,
-                            splits=mat, deps=deps, stream="comm", category="a2a")
+        if not packed:
+            return w.collective("alltoall", ranks, float(mat.sum(axis=1).max()), name=name,
+                                splits=mat, deps=deps, stream="comm", category="a2a")
+        ratio, (c_Bps, d_Bps) = comp_ratio, comp.throughput_Bps(device)
+        sent = mat.sum(axis=1) - np.diag(mat)
+        got = mat.sum(axis=0) - np.diag(mat)
+        zipped = [w.compute(r, f"compress {name}", duration_s=float(sent[r] / c_Bps),
+                            deps=[deps[r]], category="compress")
+                  for r in ranks]
+        small = mat / ratio
+        op = w.collective("alltoall", ranks, float(small.sum(axis=1).max()), name=name,
+                          splits=small, deps=zipped, stream="comm", category="a2a")
+        return [w.compute(r, f"decompress {name}", duration_s=float(got[r] / d_Bps),
+                          deps=[op], category="compress") for r in ranks]
+
+    if comp is not None:
+        device = "cpu" if problem.topology.gpu.name == "cpu" else "gpu"
+        comp_ratio = comp.effective_ratio([(t.name, t.embedding_dim)
+                                           for t in problem.model.tables],
+                                          value_bytes=cm.out_bytes)
 
     def dense(r: int, name: str, block: str, phase: str, flops: float, deps=None) -> int:
         return w.compute(r, name, flops=flops, dtype=dtype, deps=deps,
@@ -107,7 +134,7 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
     fwd = [w.compute(r, "lookups_fwd", duration_s=float(F[r, F_FWD] + launch),
                      bytes_moved=float(F[r, F_FWD] * hbm), deps=look_deps,
                      category="emb_fwd") for r in ranks]
-    out = a2a("output_a2a_fwd", mats["output_fwd"], fwd)
+    out = a2a("output_a2a_fwd", mats["output_fwd"], fwd, packed=comp is not None)
     rw_rs = None
     if F[0, F_RW] > 0 and n > 1:
         rw_rs = w.collective("reducescatter", ranks, float(F[0, F_RW]), name="rw_reducescatter",
@@ -121,13 +148,15 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
                                       category="rw_comm")
     top_fwd, top_bwd, bottom_bwd, bwd = [], [], [], []
     for r in ranks:
-        deps = [fwd[r]] + [x for x in (out, rw_rs, bottom[r], host_rs.get(
+        got = out[r] if isinstance(out, list) else out     # a rank's own decompression
+        deps = [fwd[r]] + [x for x in (got, rw_rs, bottom[r], host_rs.get(
             problem.cost.host_of[r])) if x is not None]
         top_fwd.append(dense(r, "interaction_top_mlp_fwd", "top", "fwd", fl["top"], deps))
     for r in ranks:
         top_bwd.append(dense(r, "top_mlp_interaction_bwd", "top", "bwd", 2 * fl["top"],
                              [top_fwd[r]]))
-    grad = a2a("output_a2a_bwd", mats["output_bwd"], top_bwd)
+    grad = a2a("output_a2a_bwd", mats["output_bwd"], top_bwd,
+               packed=comp is not None and comp.backward)
     rw_ag = None
     if F[0, F_RW] > 0 and n > 1:
         rw_ag = w.collective("allgather", ranks, float(F[0, F_RW]), name="rw_allgather",
@@ -143,7 +172,8 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
         bottom_bwd.append(dense(r, "bottom_mlp_bwd", "bottom", "bwd", 2 * fl["bottom"],
                                 [top_bwd[r]]) if fl["bottom"] else top_bwd[r])
     for r in ranks:
-        deps = [bottom_bwd[r]] + [x for x in (grad, rw_ag, host_ag.get(problem.cost.host_of[r]))
+        back = grad[r] if isinstance(grad, list) else grad
+        deps = [bottom_bwd[r]] + [x for x in (back, rw_ag, host_ag.get(problem.cost.host_of[r]))
                                   if x is not None]
         bwd.append(w.compute(r, "lookups_bwd", duration_s=float(F[r, F_BWD] + cm.bwd_call_s),
                              bytes_moved=float(F[r, F_BWD] * hbm), deps=deps,
