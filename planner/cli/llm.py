@@ -120,7 +120,9 @@ def offload_lines(o: dict | None) -> list[str]:
     return [f"  offload: alpha {o['alpha']:.3f} ({o['bound']}), "
             f"{format_bytes(o['swap_bytes_per_layer'])} per block each way at "
             f"{o['copy_Bps'] / 1e9:.1f} GB/s ({format_time(o['swap_s_per_layer'])}), host "
-            f"{format_bytes(o['host_bytes'])} of {format_bytes(o['host_bytes_per_gpu'])} per GPU"]
+            f"{format_bytes(o['host_bytes'])} of {format_bytes(o['host_bytes_per_gpu'])} per GPU",
+            f"  memory layout: planned {o['planned_fragmentation']:.1%} over the live bytes "
+            f"(a best-fit caching allocator: {o['caching_allocator_fragmentation']:.1%})"]
 
 
 def documents_lines(docs: dict | None) -> list[str]:

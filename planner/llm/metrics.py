@@ -94,7 +94,9 @@ class LLMResult:
             "simulation": {"events": self.sim.events, "wall_s": self.sim.wall_s,
                            "mode": self.sim.mode, "ops": self.sim.num_ops},
         } | ({"documents": self.documents} if self.documents is not None else {}) \
-          | ({"offload": self.plan.info["offload"].to_dict()}
+          | ({"offload": self.plan.info["offload"].to_dict() | {
+              k: self.memory.stages[self.memory.stage][k]
+              for k in ("planned_fragmentation", "caching_allocator_fragmentation")}}
              if "offload" in self.plan.info else {})
 
     sim_peak: float = 0.0

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
 from planner.model.llm import activations as act
+from planner.model.llm.allocator import layout_report, offload_requests
 from planner.model.llm.offload import OffloadPlan
 from planner.model.llm.schedule import schedule
 from planner.model.llm.spec import ModelSpec, ParallelSpec, TrainingSpec
@@ -260,7 +261,9 @@ def _offload_peak(m: ModelSpec, t: TrainingSpec, p: ParallelSpec, trainer: Train
     (a block starts only once the buffer two blocks back has drained, so one is in flight);
     during a backward one reloaded-and-recomputed block, the buffer being filled for the next
     and the gradients of one block's MLP interior. The embedding, final norm, output layer and
-    loss keep theirs."""
+    loss keep theirs. Fragmentation is the planned layout's over the forward's live bytes
+    (MEMO allocates from a plan: :mod:`.allocator`), beside what a best-fit caching allocator
+    would lose (``online_fragmentation``)."""
     kw = {"seq": m.seq_len, "batch": t.micro_batch_size, "tp": p.tp, "cp": p.cp}
     sp = trainer.sequence_parallel and p.tp > 1
     ends = sum(act.first_stage_terms(m, **kw, sequence_parallel=sp).values()) + sum(
@@ -270,8 +273,14 @@ def _offload_peak(m: ModelSpec, t: TrainingSpec, p: ParallelSpec, trainer: Train
         + act.loss_transient_bytes(m, **kw, precision=t.precision)
     in_bwd = o.full_bytes + o.swap_bytes + bwd
     moment = "forward" if after_fwd >= in_bwd else "backward"
+    # MEMO allocates from a planned layout, not the caching allocator: its fragmentation
+    layout = layout_report(offload_requests(m, layers=m.layers, alpha=o.alpha, seq=m.seq_len,
+                                            batch=t.micro_batch_size, tp=p.tp, cp=p.cp,
+                                            precision=t.precision, sequence_parallel=sp),
+                           mip=False)
     return {"bytes": ends + max(after_fwd, in_bwd), "microbatches": 1, "chunk_passes": 1,
-            "moment": f"offload {moment}"}
+            "moment": f"offload {moment}", "fragmentation": layout["planned_fragmentation"],
+            "online_fragmentation": layout["online_fragmentation"]}
 
 
 def memory_per_gpu(m: ModelSpec, t: TrainingSpec, p: ParallelSpec, *, capacity_bytes: float,
@@ -297,7 +306,7 @@ def memory_per_gpu(m: ModelSpec, t: TrainingSpec, p: ParallelSpec, *, capacity_b
         kept, fwd, back, per_block = _chunk_activations(m, t, p, trainer, rows, i)
         peak = _offload_peak(m, t, p, trainer, offload) if offload is not None else \
             activation_peak(_passes(schedule_name, p.pp, walk_m, i, p.vpp), kept, fwd, back)
-        frag = reserve.fragmentation * peak["bytes"]
+        frag = peak.get("fragmentation", reserve.fragmentation) * peak["bytes"]
         total = state["weights"] + state["gradients"] + state["optimizer"] + peak["bytes"] + frag
         stages.append({
             "stage": i, "blocks": list(rows[i]), "microbatches": micro,
@@ -309,6 +318,9 @@ def memory_per_gpu(m: ModelSpec, t: TrainingSpec, p: ParallelSpec, *, capacity_b
             "unsharded_gradient_unit_bytes": state["unsharded_gradient_unit"],
             "optimizer_bytes": state["optimizer"], "activations_bytes": peak["bytes"],
             "fragmentation_bytes": frag, "total_bytes": total,
+            **({"caching_allocator_fragmentation": peak["online_fragmentation"],
+                "planned_fragmentation": peak["fragmentation"]}
+               if "online_fragmentation" in peak else {}),
             "overflow_bytes": max(0.0, total - usable)})
     worst = max(stages, key=lambda s: s["total_bytes"])
     sp = trainer.sequence_parallel and p.tp > 1
