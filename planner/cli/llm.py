@@ -177,15 +177,20 @@ def plan_model(args, spec: LLMSpec, topo, emit) -> int:
              f"{stats['estimated']} estimated, {stats['simulated']} simulated",
              "  " + trainer_line(spec.trainer),
              f"  {'#':>2} {'tp':>3}{'cp':>3}{'pp':>4}{'dp':>5}{'ep':>4}{'vpp':>4}{'mbs':>4} {'fsdp':<6}"
-             f"{'step':>11}{'MFU':>7}{'memory':>12}{'bubble':>12}{'exposed DP':>12}  order"]
+             f"{'step':>11}{'MFU':>7}{'memory':>12}{'bubble':>12}{'exposed DP':>12}"
+             f"  {'activations':<14}order"]
     for i, r in enumerate(results, 1):
         d = r.to_dict()
         p, bd = d["parallel"], d["breakdown"]
-        lines.append(f"  {i:>2} {p['tp']:>3}{p['cp']:>3}{p['pp']:>4}{p['dp']:>5}{p['ep']:>4}{p['vpp']:>4}"
-                     f"{d['micro_batch_size']:>4} {p['fsdp']:<6}{format_time(d['step_time_s']):>11}"
+        acts = (f"swap α={d['offload']['alpha']:.2f}" if "offload" in d
+                else r.spec.training.activation_recompute)
+        lines.append(f"  {i:>2} {p['tp']:>3}{p['cp']:>3}{p['pp']:>4}{p['dp']:>5}{p['ep']:>4}"
+                     f"{p['vpp']:>4}{d['micro_batch_size']:>4} {p['fsdp']:<6}"
+                     f"{format_time(d['step_time_s']):>11}"
                      f"{d['mfu']:>7.1%}{format_bytes(d['memory_per_gpu_bytes']):>12}"
                      f"{format_time(bd['pipeline_bubble_s']):>12}"
-                     f"{format_time(bd['dp_comm_exposed_s']):>12}  {r.plan.layout.order}")
+                     f"{format_time(bd['dp_comm_exposed_s']):>12}  {acts:<14}"
+                     f"{r.plan.layout.order}")
     sa = stats.get("scale_across")
     if sa:
         lines.append(f"  across {sa['buildings']} buildings: "

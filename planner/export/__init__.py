@@ -45,5 +45,13 @@ def export_plan(plan: dict, target: str, **options: Any) -> dict[str, str]:
     if target not in TARGETS:
         raise SpecError(f"unknown target {target!r}", field="--to",
                         fix=f"use one of {', '.join(TARGETS)}")
+    training = ((plan.get("spec") or {}).get("training") or {}) if isinstance(plan, dict) else {}
+    for key, what in (("offload", "token-wise activation swap (MEMO)"),
+                      ("documents", "variable-length document packing (WLB-LLM)")):
+        if training.get(key) and target != "hostfile":
+            raise SpecError(f"the plan trains with {what}, which {target} cannot express",
+                            field=f"spec.training.{key}",
+                            fix=f"re-plan with --target {target} (only what it runs), or run the "
+                                "plan with a trainer that has it")
     kw = {k: v for k, v in options.items() if k in _OPTIONS[target] and v is not None}
     return TARGETS[target](plan, **kw)

@@ -5,7 +5,10 @@
    allowed) but at most the layer count, vpp ∈ {1, 2, 4} where the interleaved schedule applies,
    micro-batch ∈ {1, 2, 4, 8}, FSDP level ∈ {none, zero1, zero3}, and for a mixture of experts
    the expert-parallel degree ep ∈ {1, 2, 4, …} dividing both the experts and dp.
-2. **Prune** layouts that break a divisibility rule or do not fit in memory.
+2. **Prune** layouts that break a divisibility rule or do not fit in memory. When the spec
+   asks for MEMO's token-wise activation swap (``training.offload``), every layout is tried
+   with full recompute instead, and layouts of one pipeline stage also with the swap (when the
+   topology states host memory): the plan says which it chose.
 3. **Estimate** each survivor in closed form from its per-micro-batch pass times (the same
    kernel and collective models the simulator uses): ``(m + (pp − 1)/vpp) · W`` with ``W`` the
    busiest stage's forward + backward per micro-batch, plus its last gradient bucket's reduction
@@ -29,9 +32,10 @@ from planner.llm.metrics import LLMResult, simulate_llm
 from planner.llm.placement import crossing_axes, stages_per_building
 from planner.model.llm.layout import Layout
 from planner.model.llm.memory import memory_per_gpu
+from planner.model.llm.offload import OffloadSpec
 from planner.model.llm.spec import LLMSpec, ParallelSpec
 from planner.progress import track
-from planner.workloads.llm.step import pass_times, resolve_parallel
+from planner.workloads.llm.step import offload_plan_for, pass_times, resolve_parallel
 
 __all__ = ["Candidate", "search"]
 
@@ -43,6 +47,7 @@ class Candidate:
     estimate_s: float
     memory_bytes: float
     order: str = "tp-cp-dp-pp"
+    offload: bool = False          # MEMO's token-wise swap instead of the spec's recompute
 
     @property
     def crossing_axis(self) -> str:
@@ -124,6 +129,10 @@ def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8
              "simulated": 0}
     cands: list[Candidate] = []
     layouts = enumerate_layouts(spec, topo.num_gpus, topo.gpus_per_node)
+    swapping = spec.training.offload is not None
+    if swapping:                       # each layout without the swap: MEMO's baseline
+        spec = replace(spec, training=replace(spec.training, offload=None,
+                                              activation_recompute="full"))
     for par, mbs in track(layouts, None, f"plan {spec.model.name}: layouts enumerated"):
         stats["enumerated"] += 1
         s = replace(spec, training=replace(spec.training, micro_batch_size=mbs))
@@ -139,6 +148,12 @@ def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8
         mem = memory_per_gpu(s.model, s.training, p, capacity_bytes=topo.gpu.hbm_bytes,
                              trainer=s.trainer,
                              schedule_name="interleaved" if p.vpp > 1 else "1f1b")
+        swap = _offload_candidate(s, p, topo, prof, cache, kept[0]) \
+            if swapping and _can_offload(s, p, topo) else None
+        if swap is not None:
+            cands.append(swap)
+            stats["estimated"] += 1
+            stats["offload_candidates"] = stats.get("offload_candidates", 0) + 1
         if not mem.fits:
             stats["out_of_memory"] += 1
             continue
@@ -165,6 +180,8 @@ def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8
     sims: dict[Candidate, LLMResult] = {}
     for c in track(chosen, len(chosen), f"simulating {len(chosen)} layouts"):
         s = replace(spec, training=replace(spec.training, micro_batch_size=c.micro_batch_size))
+        if c.offload:
+            s = _with_offload(s)
         sims[c] = simulate_llm(s, c.parallel, topo, order=c.order,
                                schedule_name="interleaved" if c.parallel.vpp > 1 else "1f1b")
         stats["simulated"] += 1
@@ -188,6 +205,34 @@ def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8
         }
     stats["wall_s"] = time.perf_counter() - t0
     return results[:top], stats
+
+
+def _can_offload(spec: LLMSpec, p: ParallelSpec, topo: Topology) -> bool:
+    """Whether MEMO's swap applies to layout ``p``: one pipeline stage, a dense model, no
+    packed documents, and a topology that states host memory."""
+    return (p.pp == 1 and not spec.model.is_moe and spec.training.documents is None
+            and float(topo.params.get("host_memory_bytes", 0) or 0) > 0)
+
+
+def _with_offload(spec: LLMSpec) -> LLMSpec:
+    return replace(spec, training=replace(spec.training, activation_recompute="none",
+                                          offload=OffloadSpec()))
+
+
+def _offload_candidate(spec: LLMSpec, p: ParallelSpec, topo: Topology, prof, cache: dict,
+                       order: str) -> Candidate | None:
+    """Layout ``p`` with the swap (alpha from MEMO's closed form) if it fits then; its estimate
+    is the step without recompute plus each block's token-wise recompute and swap stall."""
+    s = _with_offload(spec)
+    plan, extra = offload_plan_for(s, p, topo, prof, cache)
+    mem = memory_per_gpu(s.model, s.training, p, capacity_bytes=topo.gpu.hbm_bytes,
+                         trainer=s.trainer, offload=plan)
+    if not mem.fits or plan.host_bytes > plan.host_bytes_per_gpu:
+        return None
+    micro = s.training.global_batch_size // (s.training.micro_batch_size * p.dp)
+    est = _estimate(s, p, topo, prof, cache, order) + micro * s.model.layers * extra
+    return Candidate(p, spec.training.micro_batch_size, est, mem.total_bytes, order,
+                     offload=True)
 
 
 def _estimate(spec: LLMSpec, p: ParallelSpec, topo: Topology, prof, cache: dict, order: str) -> float:

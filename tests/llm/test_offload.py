@@ -184,3 +184,39 @@ def test_token_wise_swap_fragments_an_online_allocator():
     m = _spec(seq=131072, layers=16).model
     r = layout_report(offload_requests(m, layers=16, alpha=0.5, seq=131072, tp=8), mip=False)
     assert r["online_fragmentation"] > 0.05 and r["planned_fragmentation"] < 0.01
+
+
+def test_the_planner_chooses_the_swap_and_exports_refuse_it(tmp_path):
+    """A 7B model at 512k tokens on one DGX H100 fits with full recompute, but the swap skips
+    the recompute: asked for the swap, the plan search tries every layout both ways and ranks
+    the swap first; without the spec asking, it plans no swap; an export of a plan that swaps
+    says which field it cannot express."""
+    from planner.llm.search import search
+    doc = {"model": {"kind": "transformer", "name": "memo-7b", "layers": 32,
+                     "hidden_size": 4096, "ffn_hidden_size": 16384, "num_heads": 32,
+                     "vocab_size": 50257, "seq_len": 524288, "ffn": "gelu"},
+           "training": {"global_batch_size": 1, "offload": {"alpha": "auto"}}}
+    spec = parse_llm_spec(doc, source="memo.yaml")
+    topo = load_topology("dgx-h100")
+    results, stats = search(spec, topo, top=4)
+    assert stats["offload_candidates"] >= 1
+    best = results[0]
+    assert best.spec.training.offload is not None and "offload" in best.to_dict()
+    assert any(r.spec.training.offload is None for r in results)
+    full = min(r.step_time_s for r in results if r.spec.training.offload is None)
+    assert best.step_time_s < full
+    plain = parse_llm_spec({**doc, "training": {"global_batch_size": 1,
+                                                "activation_recompute": "full"}},
+                           source="memo.yaml")
+    assert all(r.spec.training.offload is None for r in search(plain, topo, top=4)[0])
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(doc))
+    plan = tmp_path / "plan.json"
+    r = subprocess.run([sys.executable, "-m", "planner.cli", "plan", str(path), "--topology",
+                        "dgx-h100", "--gpus", "8", "--out", str(plan)], capture_output=True,
+                       text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "planner.cli", "export", str(plan), "--to",
+                        "megatron", "--out", str(tmp_path / "meg")], capture_output=True,
+                       text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 2 and "spec.training.offload" in r.stderr

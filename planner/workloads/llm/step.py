@@ -51,7 +51,8 @@ from planner.workloads.llm.partition import (
     rank_params,
 )
 
-__all__ = ["StepPlan", "build_step", "resolve_parallel", "pass_times", "MAX_MICROBATCHES"]
+__all__ = ["StepPlan", "build_step", "resolve_parallel", "pass_times", "offload_plan_for",
+           "MAX_MICROBATCHES"]
 
 #: micro-batches per pipeline in one step at most: each is a few ops per stage and chunk, so a
 #: step of millions would take minutes and gigabytes to build (real steps have tens to thousands)
@@ -547,6 +548,21 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
         tpc_s.append(c_row)
 
     return fwd_s, bwd_s, tpc_s, chunk_layers
+
+
+def offload_plan_for(spec: LLMSpec, p: ParallelSpec, topo: Topology, prof: ComputeProfile,
+                     comm_cache: dict | None = None) -> tuple[OffloadPlan, float]:
+    """The swap :func:`build_step` would run for ``spec.training.offload`` on layout ``p``
+    (the planner checks memory with it before simulating), and what it adds to one block's
+    pass in seconds: the token-wise recompute and any swap-out longer than the block."""
+    tr = spec.trainer
+    detail: dict = {}
+    sp = tr.sequence_parallel
+    pass_times(spec, p, topo, Layout(p.tp, p.cp, p.dp, p.pp), prof, comm_cache, detail=detail,
+               include_comm=False, sequence_parallel=sp)
+    plan = _offload_plan(spec, p, topo, detail, sp, tr.attention)
+    fwd, attn = detail["layer_fwd_s"][0], detail["layer_attention_s"][0][0]
+    return plan, (1 - plan.alpha) * max(0.0, fwd - attn) + max(0.0, plan.swap_s - fwd)
 
 
 def _offload_plan(spec: LLMSpec, p: ParallelSpec, topo: Topology, detail: dict,
