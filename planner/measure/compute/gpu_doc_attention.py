@@ -32,14 +32,14 @@ Timing as :mod:`planner.measure.compute.gpu` (CUDA events, median of ``--samples
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
-import sys
 import time
-from pathlib import Path
 
-from planner.measure.compute.gpu import _auto_time, _flash_ctx, _meta, _write_csv
+from planner.measure.compute.gpu import (
+    _auto_time,
+    _flash_ctx,
+    open_driver,
+    run_parts,
+)
 
 __all__ = ["main", "doc_lengths", "chunk_shapes"]
 
@@ -126,42 +126,9 @@ def measure_chunks(dev, *, quick: bool, samples: int, deadline: float) -> list[d
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m planner.measure.compute.gpu_doc_attention",
-                                 description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, type=Path, help="directory to write the CSVs to")
-    ap.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run, any device)")
-    ap.add_argument("--device", default=None, help="cuda (default when available) or cpu")
-    ap.add_argument("--samples", type=int, default=5, help="samples per measurement (median)")
-    ap.add_argument("--budget-s", type=float, default=150.0,
-                    help="wall seconds for both parts; a part stops adding rows past its share")
-    args = ap.parse_args(argv)
-    for name, v in (("--samples", args.samples), ("--budget-s", args.budget_s)):
-        if not (math.isfinite(v) and v > 0):
-            ap.error(f"{name} must be a positive number, got {v}")
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        ap.error(f"--out {args.out}: cannot create the folder ({e.strerror}); name a folder")
-    args.attention_backend = "flash"
-    torch = _torch()
-    dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    meta = _meta(dev, args) | {"command": " ".join(
-        ["python", "-m", "planner.measure.compute.gpu_doc_attention",
-         *(argv if argv is not None else sys.argv[1:])])}
-    start = time.monotonic()
-    for part, fn, share in (("chunks", measure_chunks, 0.35), ("docs", measure_docs, 1.0)):
-        t0 = time.monotonic()
-        left = max(0.0, args.budget_s - (t0 - start))
-        rows = fn(dev, quick=args.quick, samples=args.samples, deadline=t0 + share * left)
-        _write_csv(args.out / f"{part}.csv", rows)
-        meta[f"{part}_rows"] = len(rows)
-        meta[f"{part}_wall_s"] = round(time.monotonic() - t0, 1)
-        print(f"{part}: {len(rows)} rows in {meta[f'{part}_wall_s']} s", flush=True)
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-    meta["wall_s"] = round(time.monotonic() - start, 1)
-    (args.out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    args, dev, meta = open_driver("planner.measure.compute.gpu_doc_attention", __doc__, argv, samples=5,
+                                  budget_s=150.0, attention_backend="flash")
+    run_parts(dev, args, meta, (("chunks", measure_chunks, 0.35), ("docs", measure_docs, 1.0)))
     return 0
 
 

@@ -28,15 +28,15 @@ range over the median. A CPU run (``--device cpu``) has no copies to time and wr
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
 import statistics
-import sys
 import time
 from pathlib import Path
 
-from planner.measure.compute.gpu import _flash_ctx, _meta, _write_csv
+from planner.measure.compute.gpu import (
+    _flash_ctx,
+    open_driver,
+    run_parts,
+)
 
 __all__ = ["main", "copy_sizes"]
 
@@ -224,44 +224,13 @@ def _host_memory_bytes() -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m planner.measure.compute.gpu_offload",
-                                 description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, type=Path, help="directory to write the CSVs to")
-    ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    ap.add_argument("--device", default=None, help="cuda (default when available) or cpu")
-    ap.add_argument("--samples", type=int, default=7, help="samples per measurement (median)")
-    ap.add_argument("--budget-s", type=float, default=120.0,
-                    help="wall seconds for both parts; a part stops adding rows past its share")
-    args = ap.parse_args(argv)
-    for name, v in (("--samples", args.samples), ("--budget-s", args.budget_s)):
-        if not (math.isfinite(v) and v > 0):
-            ap.error(f"{name} must be a positive number, got {v}")
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        ap.error(f"--out {args.out}: cannot create the folder ({e.strerror}); name a folder")
-    args.attention_backend = "flash"
-    torch = _torch()
-    dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    meta = _meta(dev, args) | {
-        "command": " ".join(["python", "-m", "planner.measure.compute.gpu_offload",
-                             *(argv if argv is not None else sys.argv[1:])]),
-        "host_memory_bytes": _host_memory_bytes()}
-    start = time.monotonic()
-    if dev.type == "cuda":
-        for part, fn, share in (("pcie", measure_pcie, 0.6), ("overlap", measure_overlap, 1.0)):
-            t0 = time.monotonic()
-            left = max(0.0, args.budget_s - (t0 - start))
-            rows = fn(dev, quick=args.quick, samples=args.samples, deadline=t0 + share * left)
-            _write_csv(args.out / f"{part}.csv", rows)
-            meta[f"{part}_rows"] = len(rows)
-            meta[f"{part}_wall_s"] = round(time.monotonic() - t0, 1)
-            print(f"{part}: {len(rows)} rows in {meta[f'{part}_wall_s']} s", flush=True)
-    else:
+    args, dev, meta = open_driver("planner.measure.compute.gpu_offload", __doc__, argv, samples=7,
+                                  budget_s=120.0, attention_backend="flash")
+    meta["host_memory_bytes"] = _host_memory_bytes()
+    if dev.type != "cuda":
         meta["note"] = "no CUDA device: nothing to copy over PCIe"
-    meta["wall_s"] = round(time.monotonic() - start, 1)
-    (args.out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    run_parts(dev, args, meta, (("pcie", measure_pcie, 0.6), ("overlap", measure_overlap, 1.0))
+              if dev.type == "cuda" else ())
     return 0
 
 

@@ -48,16 +48,14 @@ back-to-back calls to last ~20 ms); ``iqr_rel`` the samples' inter-quartile rang
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
-import math
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from planner.measure.compute.gpu import _auto_time, _meta
+from planner.measure.compute.gpu import _auto_time, _meta, check_driver_args, driver_parser
 from planner.measure.tables.gpu_fused import _DTYPES, FusedTables, check_triton, lookup_kernels
 
 __all__ = ["main", "MLPERF_DCNV2_TABLES"]
@@ -370,16 +368,8 @@ def measure_memory(dev, *, quick: bool, samples: int, out: Path, deadline: float
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m planner.measure.tables.gpu_dlrm",
-                                 description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, type=Path, help="directory to write the CSVs to")
-    ap.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run, any device)")
-    ap.add_argument("--device", default=None, help="cuda (default when available) or cpu")
-    ap.add_argument("--samples", type=int, default=5, help="samples per measurement (median)")
+    ap = driver_parser("planner.measure.tables.gpu_dlrm", __doc__, samples=5, budget_s=400.0)
     ap.add_argument("--only", default="step,tbe,gemm", help="comma-separated parts, in order")
-    ap.add_argument("--budget-s", type=float, default=400.0,
-                    help="wall seconds for all parts; a part stops adding rows past its share")
     ap.add_argument("--max-table-gib", type=float, default=None,
                     help="cap on the step's large tables together (default: 72%% of GPU memory)")
     ap.add_argument("--kernel", default="torch", choices=("torch", "triton"),
@@ -389,14 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in args.only.split(",") if p not in _PARTS]
     if unknown:
         ap.error(f"--only: unknown part {unknown[0]!r}; use {', '.join(_PARTS)}")
-    for name, v in (("--samples", args.samples), ("--budget-s", args.budget_s),
-                    ("--max-table-gib", args.max_table_gib or 1.0)):
-        if not (math.isfinite(v) and v > 0):
-            ap.error(f"{name} must be a positive number, got {v}")
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        ap.error(f"--out {args.out}: cannot create the folder ({e.strerror}); name a folder")
+    check_driver_args(ap, args, ("--max-table-gib", args.max_table_gib or 1.0))
     torch = _torch()
     dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     meta = _meta(dev, args) | {"command": " ".join(

@@ -25,14 +25,13 @@ bytes/s), ``max_abs_error, iqr_rel``) and ``meta.json``. Timing as
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
-import sys
 import time
-from pathlib import Path
 
-from planner.measure.compute.gpu import _auto_time, _meta, _write_csv
+from planner.measure.compute.gpu import (
+    _auto_time,
+    open_driver,
+    run_parts,
+)
 
 __all__ = ["main", "CODECS"]
 
@@ -118,36 +117,10 @@ def measure_quant(dev, *, quick: bool, samples: int, deadline: float) -> list[di
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m planner.measure.tables.gpu_quant",
-                                 description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, type=Path, help="directory to write the CSVs to")
-    ap.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run, any device)")
-    ap.add_argument("--device", default=None, help="cuda (default when available) or cpu")
-    ap.add_argument("--samples", type=int, default=5, help="samples per measurement (median)")
-    ap.add_argument("--budget-s", type=float, default=60.0, help="wall seconds for the sweep")
-    args = ap.parse_args(argv)
-    for name, v in (("--samples", args.samples), ("--budget-s", args.budget_s)):
-        if not (math.isfinite(v) and v > 0):
-            ap.error(f"{name} must be a positive number, got {v}")
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        ap.error(f"--out {args.out}: cannot create the folder ({e.strerror}); name a folder")
-    args.attention_backend = "n/a"
-    torch = _torch()
-    dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    meta = _meta(dev, args) | {"command": " ".join(
-        ["python", "-m", "planner.measure.tables.gpu_quant",
-         *(argv if argv is not None else sys.argv[1:])]), "uniform_eb_bound": EB}
-    t0 = time.monotonic()
-    rows = measure_quant(dev, quick=args.quick, samples=args.samples,
-                         deadline=t0 + args.budget_s)
-    _write_csv(args.out / "quant.csv", rows)
-    meta["quant_rows"] = len(rows)
-    meta["wall_s"] = round(time.monotonic() - t0, 1)
-    print(f"quant: {len(rows)} rows in {meta['wall_s']} s", flush=True)
-    (args.out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    args, dev, meta = open_driver("planner.measure.tables.gpu_quant", __doc__, argv, samples=5,
+                                  budget_s=60.0, attention_backend="n/a")
+    meta["uniform_eb_bound"] = EB
+    run_parts(dev, args, meta, (("quant", measure_quant, 1.0),))
     return 0
 
 
