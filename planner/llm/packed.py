@@ -66,6 +66,10 @@ def packed_batches(spec: LLMSpec, p: ParallelSpec) -> tuple[list[PackedBatch], l
     the packer's batches (documents per micro-batch)."""
     docs = spec.training.documents
     seq = spec.model.seq_len
+    if spec.training.micro_batch_size != 1:
+        raise SpecError(f"micro_batch_size {spec.training.micro_batch_size} with packed "
+                        "documents: a micro-batch is one packed sequence", source=spec.source,
+                        field="training.micro_batch_size", fix="set micro_batch_size: 1")
     micro = spec.training.global_batch_size // p.dp
     work = work_per_document(spec)
     batches = pack(docs, length_sampler(docs), seq=seq, n=micro * p.dp, batches=docs.batches,

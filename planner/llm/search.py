@@ -135,6 +135,9 @@ def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8
                                               activation_recompute="full"))
     for par, mbs in track(layouts, None, f"plan {spec.model.name}: layouts enumerated"):
         stats["enumerated"] += 1
+        if spec.training.documents is not None and mbs != 1:
+            stats["invalid"] += 1          # a micro-batch is one packed sequence
+            continue
         s = replace(spec, training=replace(spec.training, micro_batch_size=mbs))
         try:
             p = resolve_parallel(s, par, topo.num_gpus)
