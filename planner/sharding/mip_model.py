@@ -165,7 +165,9 @@ class MipModel:
         a2a_terms: list[list[tuple]] = [[] for _ in range(n)]
         const = [0.0] * n
         if n > 1:
-            for f_idx, mult, name in ((F_IDS, 1.0, "ids"), (F_OUT, 2.0, "out")):
+            # the pooled outputs cross twice: forward, and their gradients back (compressed or
+            # not: CostModel.grad_scale)
+            for f_idx, mult, name in ((F_IDS, 1.0, "ids"), (F_OUT, 1.0 + cm.grad_scale, "out")):
                 P = [variable(lp, f"P{name}_{d}") for d in range(n)]
                 for d in range(n):
                     lp += _lin(feats[d][f_idx] + [(P[d], -1.0)]) == 0

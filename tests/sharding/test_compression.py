@@ -142,3 +142,23 @@ def test_bad_settings_name_the_field(tmp_path, section, field):
                         "--topology", "dgx-h100"], capture_output=True, text=True, cwd=REPO,
                        timeout=120)
     assert r.returncode == 2 and field in r.stderr
+
+
+def test_the_planners_cost_carries_compression():
+    """The analytic cost the planners minimise: the forward all-to-all shrinks by the ratio,
+    the gradients' all-to-all stays as it was without ``backward`` (one bound for all tables:
+    exact), and each rank's lookups pay its shards' compression and its decompression; a MIP
+    plan made under compression is valid."""
+    m, topo, n, sh = _case()
+    plain = prepare(ShardingTask(model=m, topology=topo), n).cost
+    comp = A2ACompression(error_bound=0.01)
+    cm = prepare(ShardingTask(model=replace(m, compression=comp), topology=topo), n).cost
+    a, b = plain.components(plain.plan_features(sh)), cm.components(cm.plan_features(sh))
+    assert np.all(b["output_a2a_fwd_s"] < a["output_a2a_fwd_s"])
+    np.testing.assert_allclose(b["output_a2a_bwd_s"], a["output_a2a_bwd_s"], rtol=1e-9)
+    codec_f, _ = cm.plan_codec_s(sh)
+    np.testing.assert_allclose(b["lookup_fwd_s"] - a["lookup_fwd_s"],
+                               codec_f + cm.decompress_fwd_s, rtol=1e-9)
+    task = ShardingTask(model=replace(m, compression=comp), topology=topo)
+    plan = get_planner("mip").plan(task, n, time_limit_s=5)
+    assert plan.valid

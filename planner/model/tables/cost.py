@@ -227,6 +227,7 @@ class CostModel:
         self.out_bytes = PRECISION_BYTES[model.comm_precision]
         self.batch = model.batch_size
         self.local_batch = model.batch_size / n
+        self._codec_setup(model, topo)
         self.accesses_per_row = np.array([self._apr(t) for t in model.tables])
         u = 1.0 / self.accesses_per_row
         h = cfg.repeat_hit_ratio
@@ -235,6 +236,53 @@ class CostModel:
         self.host_of = np.empty(n, dtype=int)
         for k, hr in enumerate(self.hosts):
             self.host_of[list(hr)] = k
+
+    # -- all-to-all compression --------------------------------------------------------------
+    def _codec_setup(self, model: ModelSpec, topo: Topology) -> None:
+        """Per-table compression ratios and codec rates of ``model.compression`` (ratio 1 and
+        no codec without it), and each rank's fixed codec seconds: decompressing the pooled
+        outputs it receives from the other ranks (its local batch of every table) and, with
+        ``backward``, compressing the gradients it sends back."""
+        comp = model.compression
+        self.codec_Bps = comp.throughput_Bps("cpu" if topo.gpu.name == "cpu" else "gpu") \
+            if comp is not None else (math.inf, math.inf)
+        self.out_ratio = np.array([comp.ratio(comp.bound(t.name), value_bytes=self.out_bytes)
+                                   if comp is not None else 1.0 for t in model.tables])
+        # what crosses to other ranks: a rank keeps its own local share uncompressed
+        self.sent_share = (self.n - 1) / self.n
+        pooled = self.local_batch * sum(t.embedding_dim for t in model.tables) * self.out_bytes \
+            * self.sent_share
+        c_Bps, d_Bps = self.codec_Bps
+        self.decompress_fwd_s = pooled / d_Bps if comp is not None else 0.0
+        #: the gradients' all-to-all bytes over the (compressed) forward's: 1 when both are
+        #: compressed alike or neither is; else the tables' bytes-weighted ratio, which undoes
+        #: the forward's compression exactly when every table has the same bound
+        self.grad_scale = 1.0 if comp is None or comp.backward else comp.effective_ratio(
+            [(t.name, t.embedding_dim) for t in model.tables], value_bytes=self.out_bytes)
+        self.compress_bwd_s = pooled / c_Bps if comp is not None and comp.backward else 0.0
+
+    def shard_codec_s(self, ti: int, shard: Shard, st: ShardingType) -> tuple[float, float]:
+        """(forward, backward) codec seconds one shard adds on its rank: compressing the pooled
+        outputs it sends, and with ``backward`` decompressing the gradients it gets back."""
+        comp = self.model.compression
+        if comp is None or st not in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
+                                      ShardingType.TABLE_ROW_WISE):
+            return 0.0, 0.0
+        g = len(self.hosts[self.host_of[shard.rank]]) if st == ShardingType.TABLE_ROW_WISE \
+            else 1
+        raw = self.batch * shard.cols * self.out_bytes / g * self.sent_share
+        c_Bps, d_Bps = self.codec_Bps
+        return raw / c_Bps, (raw / d_Bps if comp.backward else 0.0)
+
+    def plan_codec_s(self, shardings) -> tuple[np.ndarray, np.ndarray]:
+        """Per rank, the (forward, backward) codec seconds inside its lookup features."""
+        fwd, bwd = np.zeros(self.n), np.zeros(self.n)
+        for ts in shardings:
+            for sh in ts.shards:
+                c_f, c_b = self.shard_codec_s(ts.table, sh, ts.sharding_type)
+                fwd[sh.rank] += c_f
+                bwd[sh.rank] += c_b
+        return fwd, bwd
 
     # -- per-table statistics --------------------------------------------------------------
     def _apr(self, t: TableSpec) -> float:
@@ -300,8 +348,12 @@ class CostModel:
             bwd += 2 * unique * self._state_bytes_per_row(t, cols) / self.hbm_Bps
         f[F_FWD] = fwd
         f[F_BWD] = bwd
+        r = self.out_ratio[ti]                   # the all-to-all's compression of this table
+        c_fwd, c_bwd = self.shard_codec_s(ti, shard, st)
+        f[F_FWD] += c_fwd
+        f[F_BWD] += c_bwd
         if st in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE):
-            f[F_OUT] = cols * o
+            f[F_OUT] = cols * o / r
             f[F_IDS] = L * cfg.id_bytes + cfg.length_bytes
         elif st == ShardingType.ROW_WISE:
             f[F_IDS] = L * cfg.id_bytes * rows / t.num_embeddings + cfg.length_bytes
@@ -309,7 +361,7 @@ class CostModel:
         elif st == ShardingType.TABLE_ROW_WISE:
             g = len(self.hosts[self.host_of[shard.rank]])
             f[F_IDS] = L * cfg.id_bytes * rows / t.num_embeddings + cfg.length_bytes / g
-            f[F_OUT] = cols * o / g
+            f[F_OUT] = cols * o / g / r
             f[F_HRS] = self.batch * cols * o
         f[F_MEM] = shard_memory_bytes(t, rows, cols, st, self.model.optimizer)
         return f
@@ -334,13 +386,14 @@ class CostModel:
         F = np.asarray(F, dtype=float)
         b = self.local_batch
         c = self.comm
-        out = {"lookup_fwd_s": F[..., F_FWD] + self.launch_s,
-               "lookup_bwd_s": F[..., F_BWD] + self.bwd_call_s}
+        out = {"lookup_fwd_s": F[..., F_FWD] + self.launch_s + self.decompress_fwd_s,
+               "lookup_bwd_s": F[..., F_BWD] + self.bwd_call_s + self.compress_bwd_s}
         if self.n > 1:
             out["input_a2a_s"] = c.a2a_times(b * F[..., F_IDS])
             a2a = c.a2a_times(b * F[..., F_OUT])
             out["output_a2a_fwd_s"] = a2a
-            out["output_a2a_bwd_s"] = a2a
+            out["output_a2a_bwd_s"] = a2a if self.grad_scale == 1.0 else \
+                c.a2a_times(b * F[..., F_OUT] * self.grad_scale)
         else:
             z = np.zeros(F.shape[:-1])
             out["input_a2a_s"] = out["output_a2a_fwd_s"] = out["output_a2a_bwd_s"] = z
@@ -424,4 +477,4 @@ class CostModel:
         off = 1.0 - np.eye(n)
         ids = (b * np.asarray(F)[:, F_IDS])[None, :] * off        # i sends ids for j's shards
         out = (b * np.asarray(F)[:, F_OUT])[:, None] * off        # i sends its pooled outputs
-        return {"input": ids, "output_fwd": out, "output_bwd": out.T.copy()}
+        return {"input": ids, "output_fwd": out, "output_bwd": out.T * self.grad_scale}

@@ -25,9 +25,10 @@ one fused optimizer step over the dense parameters. Collectives share the networ
 other, so the dense all-reduce competes with the gradient all-to-all for links.
 
 With the model's ``a2a_compression`` (planner/model/tables/compression.py) the pooled all-to-all
-(and, with ``backward``, the gradients') carries its bytes over the tables' compression ratio,
-each sender compressing what it sends and each receiver decompressing what it gets first, as
-compute ops at the codec's calibrated throughput (category ``compress``).
+(and, with ``backward``, the gradients') carries each table's bytes over its compression ratio
+(the cost model's features, so the planners see it too), each sender compressing what it sends
+and each receiver decompressing what it gets, as compute ops at the codec's calibrated
+throughput (category ``compress``).
 """
 
 from __future__ import annotations
@@ -93,32 +94,19 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
     hbm = cm.hbm_Bps
 
     comp = problem.model.compression
+    codec_f, codec_b = cm.plan_codec_s(shardings)
 
-    def a2a(name: str, mat: np.ndarray, deps, packed: bool = False) -> int | None:
-        """The all-to-all of ``mat``; ``packed``: compressed first (one op per sender) and
-        decompressed after (one per receiver), on each rank's compute stream."""
+    def a2a(name: str, mat: np.ndarray, deps) -> int | None:
         if n < 2:
             return None
-        if not packed:
-            return w.collective("alltoall", ranks, float(mat.sum(axis=1).max()), name=name,
-                                splits=mat, deps=deps, stream="comm", category="a2a")
-        ratio, (c_Bps, d_Bps) = comp_ratio, comp.throughput_Bps(device)
-        sent = mat.sum(axis=1) - np.diag(mat)
-        got = mat.sum(axis=0) - np.diag(mat)
-        zipped = [w.compute(r, f"compress {name}", duration_s=float(sent[r] / c_Bps),
-                            deps=[deps[r]], category="compress")
-                  for r in ranks]
-        small = mat / ratio
-        op = w.collective("alltoall", ranks, float(small.sum(axis=1).max()), name=name,
-                          splits=small, deps=zipped, stream="comm", category="a2a")
-        return [w.compute(r, f"decompress {name}", duration_s=float(got[r] / d_Bps),
-                          deps=[op], category="compress") for r in ranks]
+        return w.collective("alltoall", ranks, float(mat.sum(axis=1).max()), name=name,
+                            splits=mat, deps=deps, stream="comm", category="a2a")
 
-    if comp is not None:
-        device = "cpu" if problem.topology.gpu.name == "cpu" else "gpu"
-        comp_ratio = comp.effective_ratio([(t.name, t.embedding_dim)
-                                           for t in problem.model.tables],
-                                          value_bytes=cm.out_bytes)
+    def codec(what: str, seconds, deps) -> list[int]:
+        """One codec op per rank (``seconds[r]``) after ``deps[r]`` (one op, or one per rank)."""
+        return [w.compute(r, what, duration_s=float(seconds[r]),
+                          deps=[deps[r] if isinstance(deps, list) else deps],
+                          category="compress") for r in ranks]
 
     def dense(r: int, name: str, block: str, phase: str, flops: float, deps=None) -> int:
         return w.compute(r, name, flops=flops, dtype=dtype, deps=deps,
@@ -131,10 +119,14 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
     look_deps = None if problem.model.trainer.pipelined or ids is None else [ids]
     bottom = [dense(r, "bottom_mlp_fwd", "bottom", "fwd", fl["bottom"]) if fl["bottom"] else None
               for r in ranks]
-    fwd = [w.compute(r, "lookups_fwd", duration_s=float(F[r, F_FWD] + launch),
-                     bytes_moved=float(F[r, F_FWD] * hbm), deps=look_deps,
+    fwd = [w.compute(r, "lookups_fwd", duration_s=float(F[r, F_FWD] - codec_f[r] + launch),
+                     bytes_moved=float((F[r, F_FWD] - codec_f[r]) * hbm), deps=look_deps,
                      category="emb_fwd") for r in ranks]
-    out = a2a("output_a2a_fwd", mats["output_fwd"], fwd, packed=comp is not None)
+    # compressed: each sender compresses its pooled outputs, each receiver decompresses
+    sent = codec("compress output_a2a_fwd", codec_f, fwd) if comp is not None else fwd
+    out = a2a("output_a2a_fwd", mats["output_fwd"], sent)
+    if comp is not None and out is not None:
+        out = codec("decompress output_a2a_fwd", [cm.decompress_fwd_s] * n, out)
     rw_rs = None
     if F[0, F_RW] > 0 and n > 1:
         rw_rs = w.collective("reducescatter", ranks, float(F[0, F_RW]), name="rw_reducescatter",
@@ -155,8 +147,12 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
     for r in ranks:
         top_bwd.append(dense(r, "top_mlp_interaction_bwd", "top", "bwd", 2 * fl["top"],
                              [top_fwd[r]]))
-    grad = a2a("output_a2a_bwd", mats["output_bwd"], top_bwd,
-               packed=comp is not None and comp.backward)
+    packed = comp is not None and comp.backward
+    grad = a2a("output_a2a_bwd", mats["output_bwd"],
+               codec("compress output_a2a_bwd", [cm.compress_bwd_s] * n, top_bwd)
+               if packed else top_bwd)
+    if packed and grad is not None:
+        grad = codec("decompress output_a2a_bwd", codec_b, grad)
     rw_ag = None
     if F[0, F_RW] > 0 and n > 1:
         rw_ag = w.collective("allgather", ranks, float(F[0, F_RW]), name="rw_allgather",
@@ -175,8 +171,9 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
         back = grad[r] if isinstance(grad, list) else grad
         deps = [bottom_bwd[r]] + [x for x in (back, rw_ag, host_ag.get(problem.cost.host_of[r]))
                                   if x is not None]
-        bwd.append(w.compute(r, "lookups_bwd", duration_s=float(F[r, F_BWD] + cm.bwd_call_s),
-                             bytes_moved=float(F[r, F_BWD] * hbm), deps=deps,
+        bwd.append(w.compute(r, "lookups_bwd",
+                             duration_s=float(F[r, F_BWD] - codec_b[r] + cm.bwd_call_s),
+                             bytes_moved=float((F[r, F_BWD] - codec_b[r]) * hbm), deps=deps,
                              category="emb_bwd"))
     dense_ar = None
     if fl["params"] > 0 and n > 1:
