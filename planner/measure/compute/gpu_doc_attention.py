@@ -34,12 +34,8 @@ from __future__ import annotations
 
 import time
 
-from planner.measure.compute.gpu import (
-    _auto_time,
-    _flash_ctx,
-    open_driver,
-    run_parts,
-)
+from planner.measure.compute.driver import open_driver, run_parts
+from planner.measure.compute.gpu import _auto_time, _flash_ctx
 
 __all__ = ["main", "doc_lengths", "chunk_shapes"]
 

@@ -32,11 +32,8 @@ import statistics
 import time
 from pathlib import Path
 
-from planner.measure.compute.gpu import (
-    _flash_ctx,
-    open_driver,
-    run_parts,
-)
+from planner.measure.compute.driver import open_driver, run_parts
+from planner.measure.compute.gpu import _flash_ctx
 
 __all__ = ["main", "copy_sizes"]
 

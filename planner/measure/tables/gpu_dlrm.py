@@ -55,7 +55,8 @@ import sys
 import time
 from pathlib import Path
 
-from planner.measure.compute.gpu import _auto_time, _meta, check_driver_args, driver_parser
+from planner.measure.compute.driver import check_driver_args, driver_parser
+from planner.measure.compute.gpu import _auto_time, _meta
 from planner.measure.tables.gpu_fused import _DTYPES, FusedTables, check_triton, lookup_kernels
 
 __all__ = ["main", "MLPERF_DCNV2_TABLES"]

@@ -27,11 +27,8 @@ from __future__ import annotations
 
 import time
 
-from planner.measure.compute.gpu import (
-    _auto_time,
-    open_driver,
-    run_parts,
-)
+from planner.measure.compute.driver import open_driver, run_parts
+from planner.measure.compute.gpu import _auto_time
 
 __all__ = ["main", "CODECS"]
 
