@@ -16,7 +16,6 @@ from simulator.engine import SimResult, simulate
 from simulator.errors import SpecError
 from simulator.topology import Topology
 
-from planner.llm.packed import simulate_packed_steps
 from planner.model.llm.host import HostOverhead
 from planner.model.llm.kernels import block_model_flops, logits_model_flops
 from planner.model.llm.memory import MemoryEstimate, memory_per_gpu
@@ -198,6 +197,7 @@ def _simulate_documents(spec: LLMSpec, p: ParallelSpec, topo: Topology, *, mode:
         raise SpecError("stragglers and link faults are not simulated with packed documents yet",
                         source=spec.source, field="training.documents",
                         fix="drop --straggler/--link-fault, or the documents: section")
+    from planner.llm.packed import simulate_packed_steps     # only for packed documents
     out = simulate_packed_steps(spec, p, topo, mode=mode, schedule_name=schedule_name,
                                 **step_kw)
     plan, sim = out["slowest"]

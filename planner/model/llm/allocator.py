@@ -28,9 +28,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pulp
-
-from planner.lp import cbc, variable
 from planner.model.llm import activations as act
 from planner.model.llm.spec import ModelSpec
 
@@ -115,6 +112,9 @@ def optimal_peak(reqs: list[Request], *, time_limit_s: float = 10.0) -> dict:
     """The §6.4 MIP by CBC: ``{"peak", "status", "gap"}``. Status ``optimal`` when CBC proves
     it, else ``time limit`` with the best layout found (never worse than the planned one, whose
     peak is the big M) and its gap to the live-bytes bound."""
+    import pulp                       # only here: simulating a step never solves the MIP
+
+    from planner.lp import cbc, variable
     lp = pulp.LpProblem("dsa", pulp.LpMinimize)
     cap = planned_peak(reqs)          # the heuristic's layout bounds the optimum: the big M
     m = variable(lp, "M", 0, cap)
