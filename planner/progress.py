@@ -24,7 +24,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-__all__ = ["enabled", "progress", "track", "stages", "Bar", "LINE_EVERY_S"]
+__all__ = ["enabled", "progress", "track", "stages", "each", "Bar", "LINE_EVERY_S"]
 
 T = TypeVar("T")
 
@@ -113,6 +113,17 @@ def track(items: Iterable[T], total: int | None, description: str) -> Iterator[T
         for item in items:
             yield item
             advance(1)
+
+
+def each(items: Iterable[T], description: str, label: Callable[[T], str] = str) -> Iterator[T]:
+    """Iterate ``items`` as the stages of a job (:func:`stages`): a line naming each one
+    (``label(item)``) as it starts, elapsed seconds included, also where there is no terminal
+    (a notebook, a log): for sweeps whose points take seconds to minutes each."""
+    items = list(items)
+    with stages(description, len(items)) as stage:
+        for item in items:
+            stage(label(item))
+            yield item
 
 
 class Bar:

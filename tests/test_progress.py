@@ -39,6 +39,14 @@ def test_stages_print_a_line_each_unless_quiet(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_each_names_every_item_as_it_starts(monkeypatch, capsys):
+    monkeypatch.delenv("CLUSTERPLAN_PROGRESS", raising=False)
+    seen = []
+    for x in P.each([4, 8], "sweep", lambda n: f"{n} GPUs"):
+        seen.append((x, capsys.readouterr().err.split(" after")[0]))
+    assert seen == [(4, "sweep: 1/2 4 GPUs"), (8, "sweep: 2/2 8 GPUs")]
+
+
 def test_a_long_mip_plan_says_what_it_is_doing(capsys):
     from planner.cli.main import main
     assert main(["plan", "criteo-dlrm", "--devices", "8", "--planner", "mip",

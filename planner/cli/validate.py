@@ -88,6 +88,10 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="random table sets, up to 4 plans each (12)")
     u.add_argument("--seed", type=int, default=0, help="seed of the family (0)")
     u.add_argument("--out", metavar="FILE", help="write every row and the summary as JSON")
+    u.add_argument("--repredict", metavar="FILE.json",
+                   help="run nothing: predict the plans of a recorded run (its --out file, "
+                        "made on this kind of host) again with the current model and this "
+                        "host's calibrations, beside its measured times")
     p.set_defaults(func=run)
 
 

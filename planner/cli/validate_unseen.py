@@ -15,7 +15,8 @@ from planner.cli.output import emit, progress_line, write_json
 from planner.machine import installed_description
 from planner.measure.validate.cache import cached_calibration, ensure_host_profile
 from planner.measure.validate.calibrate import GlooCalibration, measure_gloo
-from planner.measure.validate.unseen import format_rows, run_cases, summarise, unseen_cases
+from planner.measure.validate.unseen import (format_rows, repredict_rows, run_cases, summarise,
+                                             unseen_cases)
 from planner.model.tables.cpu_profile import load_cpu_profile
 
 __all__ = ["run_unseen", "calibrations_for"]
@@ -59,6 +60,8 @@ def run_unseen(args) -> int:
     if args.out:
         from simulator.fileio import check_writable
         check_writable(args.out)
+    if getattr(args, "repredict", None):
+        return _repredict(args)
     cases = unseen_cases(args.sets, seed=args.seed)
     cals = calibrations_for([c.ranks for c in cases], args.calibration)
 
@@ -74,14 +77,54 @@ def run_unseen(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         rows = run_cases(cases, Path(tmp), steps=args.steps, warmup=args.warmup,
                          calibrations=cals, progress=progress)
+    doc = {"seed": args.seed, "sets": args.sets, "steps": args.steps, "warmup": args.warmup}
+    return _finish(args, doc, rows, cals)
+
+
+def _finish(args, doc: dict, rows: list, cals: dict, header: str = "") -> int:
     summary = summarise(rows)
     profile = load_cpu_profile(None)
-    doc = {"seed": args.seed, "sets": args.sets, "steps": args.steps, "warmup": args.warmup,
-           "machine": installed_description(),
+    doc = {**doc, "machine": installed_description(),
            "cpu_profile": profile.source if profile is not None else None,
            "calibrations": {str(w): getattr(c, "source", "") for w, c in cals.items()},
            "rows": rows, "summary": summary}
     if args.out:
         write_json(args.out, doc)
-    emit(args, json.loads(json.dumps(doc)), format_rows(rows, summary))
+    emit(args, json.loads(json.dumps(doc)), header + format_rows(rows, summary))
     return 0 if all(r.get("structure_match") for r in rows) else 1
+
+
+def _repredict(args) -> int:
+    """``--repredict FILE``: the recorded run's measurements, predicted again here."""
+    src = args.repredict
+    try:
+        rec = json.loads(Path(src).read_text())
+        seed, sets, steps, warmup = (int(rec[k]) for k in ("seed", "sets", "steps", "warmup"))
+        recorded, machine = list(rec["rows"]), dict(rec["machine"])
+    except OSError as e:
+        raise SpecError(f"cannot read it: {e.strerror}", source=src, field="--repredict",
+                        fix="pass a file written by `validate unseen --out`") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise SpecError(f"not a `validate unseen --out` file ({e})", source=src,
+                        field="--repredict", fix="pass a file written by `validate unseen "
+                        "--out`") from None
+    here = installed_description()
+    if machine.get("cpu_model") != here.get("cpu_model"):
+        raise SpecError(f"measured on {machine.get('cpu_model')!r}, this host is "
+                        f"{here.get('cpu_model')!r}: this host's calibrations would not time "
+                        "that machine's runs", source=src, field="machine.cpu_model",
+                        fix="re-predict on the kind of host that ran it, or run the family "
+                            "here (`validate unseen`)")
+    cases = unseen_cases(sets, seed=seed)
+    cals = calibrations_for([c.ranks for c in cases], args.calibration)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = repredict_rows(cases, recorded, Path(tmp), steps=steps, warmup=warmup,
+                              calibrations=cals)
+    doc = {"seed": seed, "sets": sets, "steps": steps, "warmup": warmup,
+           "repredicted_from": {"file": src, "machine": machine,
+                                "summary": rec.get("summary")}}
+    before = rec.get("summary") or {}
+    header = (f"re-predicted from {src} (measured on {machine.get('cpu_model')}; predictions "
+              f"there: MAPE {before.get('mape', float('nan')):.1%}, tau "
+              f"{before.get('kendall_tau_within_sets') or float('nan'):.2f})\n")
+    return _finish(args, doc, rows, cals, header)

@@ -126,3 +126,24 @@ def test_unwritable_cache_folder_is_a_clear_error(tmp_path, monkeypatch, capsys)
     assert "CLUSTERPLAN_CACHE" in err and "Traceback" not in err
     with pytest.raises(SpecError, match="calibration cache folder"):
         cache.store_calibration({"format": "clusterplan.gloo-profile"}, 2)
+
+
+def test_repredict_refuses_a_missing_file_or_another_kind_of_host(tmp_path):
+    """``--repredict`` names the file and field, exit 2, before any calibration is measured."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[2]
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"seed": 0, "sets": 1, "steps": 10, "warmup": 3, "rows": [],
+                                 "machine": {"cpu_model": "a CPU this host is not"}}))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"seed": 0}')
+    for path, field in ((tmp_path / "missing.json", "--repredict"), (bad, "--repredict"),
+                        (other, "machine.cpu_model")):
+        r = subprocess.run([sys.executable, "-m", "planner.cli", "validate", "unseen",
+                            "--repredict", str(path)], capture_output=True, text=True,
+                           cwd=repo, timeout=120)
+        assert r.returncode == 2, r.stderr
+        assert field in r.stderr and str(path) in r.stderr and "Traceback" not in r.stderr

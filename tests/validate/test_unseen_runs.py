@@ -20,7 +20,8 @@ pytest.importorskip("torchrec")
 from simulator.gloo_profile import gloo_profile_from_dict  # noqa: E402
 
 from planner.measure.validate.calibrate import GlooCalibration, measure_gloo  # noqa: E402
-from planner.measure.validate.unseen import run_cases, summarise, unseen_cases  # noqa: E402
+from planner.measure.validate.unseen import (repredict_rows, run_cases, summarise,  # noqa: E402
+                                             unseen_cases)
 
 SEED = 7                      # a seed no model was developed on
 TOLERANCE = 0.25
@@ -33,7 +34,7 @@ def _reduced_set():
 
 
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory):
+def run(tmp_path_factory):
     cases = _reduced_set()
     assert len(cases) >= 4
     cal = gloo_profile_from_dict(measure_gloo(GlooCalibration(world=2, rounds=2)),
@@ -41,7 +42,26 @@ def rows(tmp_path_factory):
     folder = tmp_path_factory.mktemp("unseen")
     out = run_cases(cases, folder, steps=10, warmup=3, calibrations={2: cal})
     shutil.rmtree(folder, ignore_errors=True)
-    return out
+    return cases, cal, out
+
+
+@pytest.fixture(scope="module")
+def rows(run):
+    return run[2]
+
+
+def test_repredict_reproduces_the_run_predictions(run, tmp_path):
+    """``validate unseen --repredict`` predicts recorded plans again through the same path as
+    the run: with the same calibration and model, the same seconds, measured times kept."""
+    cases, cal, rows = run
+    again = repredict_rows(cases, rows, tmp_path, steps=10, warmup=3, calibrations={2: cal})
+    assert [(r["set"], r["plan"]) for r in again] == [(r["set"], r["plan"]) for r in rows]
+    for old, new in zip(rows, again):
+        assert new["predicted_s"] == pytest.approx(old["predicted_s"], rel=1e-9)
+        assert new["measured_s"] == old["measured_s"]
+        assert new["per_kind"]["compute"]["predicted_s"] == pytest.approx(
+            old["per_kind"]["compute"]["predicted_s"], rel=1e-9)
+        assert set(new["predicted_parts"]) >= {"emb_fwd", "emb_bwd", "mlp_fwd", "mlp_bwd"}
 
 
 def test_reduced_unseen_set_runs_and_matches_structure(rows):

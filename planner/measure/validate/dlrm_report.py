@@ -27,7 +27,8 @@ from planner.model.tables.cost import CostConfig
 from planner.model.tables.task import ShardingTask, prepare
 from planner.workloads.dlrm.torchrec import build_torchrec_step_workload, rank_events
 
-__all__ = ["measured_channels", "compare_dlrm", "validate_dlrm", "format_dlrm_report"]
+__all__ = ["measured_channels", "compare_dlrm", "validate_dlrm", "format_dlrm_report",
+           "per_kind_rows", "predicted"]
 
 FWD_KINDS = {"torchrec_host": "TorchRec host work", "a2a": "embedding all-to-all", "rw_comm": "reduce-scatter/all-gather",
              "dense_allreduce": "dense all-reduce", "dp_allreduce": "data-parallel all-reduce"}
@@ -211,7 +212,7 @@ def measure(cfg: DLRMRunConfig, res: RunResult) -> dict:
             "critical_rank": critical, "loss": loss, "per_kind": per_kind}
 
 
-def _per_kind(pred: dict, meas: dict) -> dict:
+def per_kind_rows(pred: dict, meas: dict) -> dict:
     """``{kind: {predicted_s, measured_s}}``: compute (lookups and MLPs) and each kind of
     communication, per step; measured on the slowest rank where it can be (the DDP all-reduces,
     blocking in their hooks; None for compute and TorchRec's asynchronous calls)."""
@@ -235,7 +236,7 @@ def validate_dlrm(cfg: DLRMRunConfig, *, result: RunResult | None = None,
     return {"config": cfg.to_dict(), "structure": structure,
             "predicted_step_time_s": p, "measured_step_time_s": m,
             "relative_error": p / m - 1.0 if m > 0 else None,
-            "per_kind": _per_kind(pred["per_kind"], meas["per_kind"]),
+            "per_kind": per_kind_rows(pred["per_kind"], meas["per_kind"]),
             "critical_rank": meas["critical_rank"], "steps_s": meas["steps_s"],
             "loss": meas["loss"], "run_wall_s": res.wall_s, "processes": cfg.world,
             "cores": cores, "oversubscription": cfg.world / cores,

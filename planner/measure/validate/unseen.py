@@ -44,7 +44,7 @@ from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.planners import get_planner
 
 __all__ = ["UnseenCase", "unseen_cases", "write_case", "kendall_tau_within", "summarise",
-           "MAX_SET_BYTES", "MAX_LOOKUPS"]
+           "repredict_rows", "MAX_SET_BYTES", "MAX_LOOKUPS"]
 
 #: weights of one table (bytes) and of one set, so 4 ranks fit in this machine's memory
 MAX_TABLE_BYTES = 256 * 2 ** 20
@@ -252,6 +252,36 @@ def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: 
                     progress(len(rows), len(cases), row)
         finally:
             pool.close()
+    return rows
+
+
+def repredict_rows(cases: Sequence[UnseenCase], recorded: Sequence[dict], folder: Path, *,
+                   steps: int, warmup: int, calibrations: dict) -> list[dict]:
+    """``recorded``'s rows (a run of the same family) with their measured times kept and each
+    plan predicted again by the current model with ``calibrations``: how a model change moves
+    the predictions of runs already made, without running them again. A recorded row whose
+    plan is not among ``cases`` raises :class:`SpecError`; failed rows stay failed."""
+    from planner.measure.validate.dlrm import load_dlrm_config
+    from planner.measure.validate.dlrm_report import per_kind_rows, predicted
+    by_key = {(c.set_name, c.plan_kind): c for c in cases}
+    rows = []
+    for r in recorded:
+        case = by_key.get((r.get("set"), r.get("plan")))
+        if case is None:
+            raise SpecError(f"recorded plan {r.get('set')!r} / {r.get('plan')!r} is not in the "
+                            "family of this seed and number of sets", field="rows",
+                            fix="re-predict a file written by this version's "
+                                "`validate unseen --out`")
+        if "error" in r:
+            rows.append(dict(r))
+            continue
+        cfg = load_dlrm_config(str(write_case(case, folder)), nproc=case.ranks, steps=steps,
+                               warmup=warmup)
+        pred = predicted(cfg, warmup, calibrations[case.ranks])
+        measured = {k: v.get("measured_s") for k, v in r.get("per_kind", {}).items()}
+        per_kind = per_kind_rows(pred["per_kind"], measured)
+        rows.append({**r, "predicted_s": pred["step_time_s"], "per_kind": per_kind,
+                     "predicted_parts": pred["per_kind"], "predicted_before_s": r["predicted_s"]})
     return rows
 
 
