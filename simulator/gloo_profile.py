@@ -126,6 +126,9 @@ class GlooProfile:
     #: page faults of new tensors: ``(threshold bytes, bytes per second)`` (``fresh_alloc:``);
     #: None when the profile predates the probe
     fresh_alloc: tuple[float, float] | None = None
+    #: FBGEMM's pooled-embedding permute timed by shape (``permute_pooled:``, read by the
+    #: planner's DLRM validation); None when the profile predates the probe
+    permute_pooled: Mapping[str, Any] | None = None
 
     def comm_time_s(self, kind: str, nranks: int, nbytes: float, gap_s: float = 0.0
                     ) -> float | None:
@@ -217,7 +220,9 @@ def gloo_profile_from_dict(doc: Mapping[str, Any], *, source: str = "<dict>") ->
                        torchrec=doc.get("torchrec") if isinstance(doc.get("torchrec"), Mapping)
                        else None,
                        lookup=doc.get("lookup") if isinstance(doc.get("lookup"), Mapping)
-                       else None, fresh_alloc=_fresh_alloc(doc.get("fresh_alloc"), source))
+                       else None, fresh_alloc=_fresh_alloc(doc.get("fresh_alloc"), source),
+                       permute_pooled=doc.get("permute_pooled")
+                       if isinstance(doc.get("permute_pooled"), Mapping) else None)
 
 
 def load_gloo_profile(path: str | Path) -> GlooProfile:

@@ -31,7 +31,9 @@ same time (as in a step, so shared caches and memory bandwidth are loaded as the
   step, where GEMMs and collectives run between a block's host work);
 - **lookups under the run's conditions**: one fused embedding kernel on every rank at once
   (:func:`planner.measure.validate.dlrm_probes.time_lookup_probe`), whose ratio to the CPU
-  embedding profile scales the lookups of validated DLRM plans.
+  embedding profile scales the lookups of validated DLRM plans;
+- **TorchRec's reorder of column-wise pooled embeddings** (FBGEMM's permute, forward and
+  backward) at a few shapes on every rank at once (:mod:`planner.measure.validate.dlrm_permute`).
 
 Everything is measured ``rounds`` times (2 by default); the profile keeps the per-entry median
 over rounds and records the spread between rounds beside it (``noise``). The machine's load
@@ -60,6 +62,7 @@ from planner.measure.validate.dlrm_probes import (
     predicted_lookup_s,
     time_lookup_probe,
 )
+from planner.measure.validate.dlrm_permute import permute_section, time_permute_probe
 from planner.measure.validate.load import LoadMeter
 from planner.measure.validate.runner import Pool
 from planner.measure.validate.worker import pin_main_thread, unpin
@@ -147,6 +150,9 @@ def _rank_main(cfg: GlooCalibration, rank: int, rdzv: str, progress, report) -> 
             note("lookup probe")
             out.setdefault("lookup", {})[rnd] = time_lookup_probe(
                 dist, repeats=3 if cfg.quick else 9)
+            note("permute probe")
+            out.setdefault("permute", {})[rnd] = time_permute_probe(
+                dist, repeats=3 if cfg.quick else 7)
     out["cpu"] = [_proc_cpu() - t_cpu0, time.monotonic() - w0]
     dist.barrier()
     dist.destroy_process_group()
@@ -498,6 +504,8 @@ def profile_document(ranks: list[dict], cfg: GlooCalibration, *, load: dict | No
                     "attention_fp32": attn["attention"],
                     "attention_backward_fp32": attn["attention_backward"]},
         **({"lookup": _lookup_section(ranks, rounds)} if "lookup" in ranks[0] else {}),
+        **({"permute_pooled": permute_section([r["permute"] for r in ranks])}
+           if "permute" in ranks[0] else {}),
         **({"fresh_alloc": _fresh_section(ranks, rounds)}
            if ranks[0]["compute"][0].get("fresh") else {}),
         "host_block_s": host["swiglu"],
@@ -599,7 +607,7 @@ def _renumbered(rank_rows: list[dict], rounds: list[int]) -> dict:
     for rows, n in zip(rank_rows, rounds):
         for (rnd, kind, size), v in rows["comm"].items():
             out["comm"][(base + rnd, kind, size)] = v
-        for key in ("compute", "host", "wake", "lookup"):
+        for key in ("compute", "host", "wake", "lookup", "permute"):
             for rnd, v in rows.get(key, {}).items():
                 out.setdefault(key, {})[base + rnd] = v
         out["cpu"] = [a + b for a, b in zip(out["cpu"], rows["cpu"])]

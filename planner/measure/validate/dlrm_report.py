@@ -20,6 +20,7 @@ from planner.measure.tables.plans import cpu_topology_ref
 from planner.measure.validate.compare import Mismatch
 from planner.measure.validate.dlrm import DLRMRunConfig
 from planner.measure.validate.dlrm_ops import expected_ops
+from planner.measure.validate.dlrm_permute import permute_costs
 from planner.measure.validate.dlrm_probes import host_costs, lookup_scale, size_measure
 from planner.measure.validate.report import verdict_lines
 from planner.measure.validate.runner import RunResult, run
@@ -126,7 +127,8 @@ def predicted(cfg: DLRMRunConfig, step: int, calibration=None) -> dict:
                     - base * max(0, len(types) - 1) for r in range(cfg.world)]
         w = build_torchrec_step_workload(problem, cfg.shardings, ops,
                                          compute=calibration.compute, host_s=host,
-                                         fresh=calibration.fresh_alloc)
+                                         fresh=calibration.fresh_alloc,
+                                         reorder=permute_costs(calibration))
         res = simulate(problem.topology, w, compute=calibration.compute,
                        measured_comm=calibration)
     per = res.per_device()
@@ -168,7 +170,8 @@ def _host_costs(calibration, world: int) -> dict:
             w = build_torchrec_step_workload(problem, cfg.shardings,
                                              expected_ops(cfg, cfg.warmup),
                                              compute=calibration.compute, host_s=host,
-                                             fresh=calibration.fresh_alloc)
+                                             fresh=calibration.fresh_alloc,
+                                             reorder=permute_costs(calibration))
             return simulate(problem.topology, w, compute=calibration.compute,
                             measured_comm=calibration).step_time_s
         _HOST_COSTS[key] = (calibration, host_costs(calibration, world, sim))

@@ -365,7 +365,7 @@ def timed_steps(rec: Recorder, run_step, cfg, rank: int) -> tuple[list, str | No
     if cfg.trace_dir:
         from torch.profiler import ProfilerActivity, profile
         rec.barrier()
-        with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             run_step(n_steps)
         os.makedirs(cfg.trace_dir, exist_ok=True)
         trace = os.path.join(cfg.trace_dir, f"rank{rank}.trace.json")

@@ -49,7 +49,7 @@ from planner.model.tables.dense import dense_op_list, fresh_alloc_s
 from planner.workloads.dlrm.dense import mlp_flops
 
 __all__ = ["CommOp", "torchrec_comm_ops", "rank_events", "build_torchrec_step_workload",
-           "pooled_moves",
+           "pooled_moves", "cw_reorders",
            "ddp_buckets", "INPUT_DIST_ORDER", "KJT_SPLITS"]
 
 #: int64 entries per rank pair in KJTAllToAll's first (splits) all-to-all
@@ -284,7 +284,8 @@ def rank_events(ops: Sequence[CommOp], rank: int) -> dict[str, list[tuple]]:
 def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], ops: Sequence[CommOp],
                                  *, compute=None, host_s: Sequence[float] | None = None,
                                  dense_op_s: float = 0.0,
-                                 fresh: tuple[float, float] | None = None) -> Workload:
+                                 fresh: tuple[float, float] | None = None,
+                                 reorder=None) -> Workload:
     """The step's :class:`Workload` with ``ops`` as its collectives and the compute of
     :func:`planner.workloads.dlrm.step.build_step_workload` (lookups, MLPs) between them.
 
@@ -296,7 +297,7 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     bytes per second): what a new tensor above glibc's mmap threshold costs in page faults on a
     CPU (:func:`~planner.model.tables.dense.fresh_alloc_s`), charged to every op that allocates
     one, and, with ``compute``, the copies TorchRec makes of the pooled embeddings
-    (:func:`pooled_moves`)."""
+    (:func:`pooled_moves`; ``reorder``: its permute of column-wise slices)."""
     cm = problem.cost
     n = problem.devices
     F = cm.plan_features(shardings)
@@ -312,7 +313,7 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
                 d, [t.embedding_dim for t in problem.model.tables], cm.local_batch):
             dur[(block, phase)] = dur.get((block, phase), 0.0) + dense_op_s + op_time(
                 compute, flops=flops, bytes_moved=nbytes, dtype=dtype) + fresh_alloc_s(new, fresh)
-    moves = pooled_moves(problem, shardings, compute, fresh)
+    moves = pooled_moves(problem, shardings, compute, fresh, reorder)
 
     def mlp_op(r, name, block, phase, flops, deps=None):
         cat = "mlp_fwd" if phase == "fwd" else "mlp_bwd"
@@ -383,17 +384,50 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     return w
 
 
+def cw_reorders(shardings: Sequence[TableSharding], n: int) -> list[tuple[int, int]]:
+    """``(slices, columns)`` of the column-wise group when its pooled embeddings TorchRec must
+    reorder after the output all-to-all (``PermutePooledEmbeddingsSplit``, forward and, on the
+    gradient, backward): the all-to-all returns every rank's slices rank by rank, TorchRec
+    wants each table's slices together in column order, and skips the reorder only when the
+    two orders agree (one table split over the ranks, say)."""
+    group = [ts for ts in shardings if ts.sharding_type == ShardingType.COLUMN_WISE]
+    arrived = [(ts.table, s.col_offset, s.cols) for r in range(n) for ts in group
+               for s in ts.shards if s.rank == r]
+    first = {t: i for i, (t, _, _) in reversed(list(enumerate(arrived)))}
+    order = sorted(range(len(arrived)), key=lambda i: (first[arrived[i][0]], arrived[i][1]))
+    if order == list(range(len(arrived))):
+        return []
+    return [(len(arrived), sum(c for _, _, c in arrived))]
+
+
+def _reorder_s(coef: tuple[float, float, float], samples: float, slices: int, cols: int
+               ) -> float:
+    a, per_byte, per_block = coef
+    return a + per_byte * FLOAT_BYTES * samples * cols + per_block * samples * slices
+
+
 def pooled_moves(problem, shardings: Sequence[TableSharding], compute,
-                 fresh: tuple[float, float] | None) -> list[tuple[float, float, float, float]]:
+                 fresh: tuple[float, float] | None, reorder=None
+                 ) -> list[tuple[float, float, float, float]]:
     """Per rank, seconds of the memory traffic around the pooled embeddings that no kernel
     curve holds: ``(lookup output, forward recat, backward cat, gradient receive)``. The fused
     lookup's output (batch × the rank's pooled columns) and the gradient received for it are
     new tensors (page faults only); the all-to-all's receive buffer is reordered into the
     local batch × every table's columns (a copy into a new tensor), and its gradient is
-    concatenated the other way before the backward all-to-all. Zeros without ``compute``."""
+    concatenated the other way before the backward all-to-all. With ``reorder`` (forward and
+    backward ``(s, s per byte, s per block)`` of FBGEMM's permute on this host,
+    :mod:`planner.measure.validate.dlrm_permute`, timed as a step runs it, page faults
+    included) the reorder of column-wise slices (:func:`cw_reorders`) is added to the forward
+    recat and the backward cat. Zeros without ``compute``."""
     n = problem.devices
     if compute is None:
         return [(0.0, 0.0, 0.0, 0.0)] * n
+    extra_f = extra_b = 0.0
+    if reorder is not None:
+        b = problem.cost.local_batch
+        for slices, cols in cw_reorders(shardings, n):
+            extra_f += _reorder_s(reorder[0], b, slices, cols)
+            extra_b += _reorder_s(reorder[1], b, slices, cols)
     B, b = float(problem.model.batch_size), problem.cost.local_batch
     cols = [0.0] * n
     for ts in shardings:
@@ -405,8 +439,9 @@ def pooled_moves(problem, shardings: Sequence[TableSharding], compute,
 
     def copy(nbytes: float) -> float:
         return op_time(compute, flops=0.0, bytes_moved=2 * nbytes) + fresh_alloc_s(nbytes, fresh)
-    return [(fresh_alloc_s(FLOAT_BYTES * B * c, fresh), copy(local) + fresh_alloc_s(local, fresh),
-             copy(local), fresh_alloc_s(FLOAT_BYTES * B * c, fresh)) for c in cols]
+    return [(fresh_alloc_s(FLOAT_BYTES * B * c, fresh),
+             copy(local) + fresh_alloc_s(local, fresh) + extra_f,
+             copy(local) + extra_b, fresh_alloc_s(FLOAT_BYTES * B * c, fresh)) for c in cols]
 
 
 def torchrec_step_ops(problem, shardings: Sequence[TableSharding], *, seed: int = 0,
