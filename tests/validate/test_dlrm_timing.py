@@ -76,3 +76,29 @@ def test_probe_host_costs_reproduce_the_probes():
     _HOST_COSTS.clear()
     p = predicted(probe_config("table_wise", "large", 2), 5, cal)
     assert p["per_kind"]["torchrec_host"] > 0
+
+
+def test_without_a_dense_part_the_step_runs_the_workers_loss():
+    """A spec with no dense part still runs the validation worker's loss (a product and a sum
+    per table forward, the product's gradient backward): the simulated step's MLP time is those
+    ops on the memory curve, nothing for the planner's own no-dense step (no profile)."""
+    from simulator.compute import op_time
+    from simulator.gloo_profile import gloo_profile_from_dict
+
+    from planner.model.tables.dense import weighted_sum_loss_ops
+    cal = gloo_profile_from_dict(BASE)
+    cfg = probe_config("table_wise", "large", 2)
+    dims = [t.embedding_dim for t in cfg.model.tables]
+    b = cfg.model.batch_size / 2
+    ops = weighted_sum_loss_ops(dims, b)
+    assert len(ops) == 3 * len(dims)
+    e = 4.0 * b * sum(dims)
+    assert sum(op.bytes for op in ops if op.phase == "fwd") == pytest.approx(4 * e)
+    assert sum(op.bytes for op in ops if op.phase == "bwd") == pytest.approx(2 * e)
+    assert sum(op.out_bytes for op in ops) == pytest.approx(2 * e)
+    pk = predicted(cfg, cfg.warmup, cal)["per_kind"]
+    for phase in ("fwd", "bwd"):
+        want = sum(op_time(cal.compute, flops=0.0, bytes_moved=op.bytes) for op in ops
+                   if op.phase == phase)
+        assert pk[f"mlp_{phase}"] == pytest.approx(want, rel=1e-9)
+    assert predicted(cfg, cfg.warmup, None)["per_kind"]["mlp_fwd"] == 0.0

@@ -45,7 +45,7 @@ from simulator.workload import Workload
 from planner.model.tables.cost import F_BWD, F_FWD
 from planner.model.tables.ids import table_ids
 from planner.model.tables.shards import ShardingType, TableSharding
-from planner.model.tables.dense import dense_op_list, fresh_alloc_s
+from planner.model.tables.dense import dense_op_list, fresh_alloc_s, weighted_sum_loss_ops
 from planner.workloads.dlrm.dense import mlp_flops
 
 __all__ = ["CommOp", "torchrec_comm_ops", "rank_events", "build_torchrec_step_workload",
@@ -292,8 +292,9 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     With ``compute`` (a measured :class:`simulator.compute.ComputeProfile`) the dense part is
     timed op by op (:func:`dense_op_list`: each GEMM at its own size on the matmul curve, the
     elementwise ops on the memory curve, each op's dispatch, plus ``dense_op_s`` of eager host
-    time per op); ``host_s`` (seconds per rank): TorchRec's host work per step, run before the
-    input dist (:mod:`planner.measure.validate.calibrate_dlrm`); ``fresh`` (threshold bytes,
+    time per op; without a dense part, the validation model's loss,
+    :func:`~planner.model.tables.dense.weighted_sum_loss_ops`); ``host_s`` (seconds per
+    rank): TorchRec's host work per step, run before the input dist (:mod:`planner.measure.validate.calibrate_dlrm`); ``fresh`` (threshold bytes,
     bytes per second): what a new tensor above glibc's mmap threshold costs in page faults on a
     CPU (:func:`~planner.model.tables.dense.fresh_alloc_s`), charged to every op that allocates
     one, and, with ``compute``, the copies TorchRec makes of the pooled embeddings
@@ -308,9 +309,11 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     w = Workload(name=f"dlrm-torchrec-step:{problem.model.name}")
     launch, hbm = cm.launch_s, cm.hbm_Bps
     dur: dict[tuple[str, str], float] = {}
-    if compute is not None and d is not None:
-        for block, phase, flops, nbytes, new in dense_op_list(
-                d, [t.embedding_dim for t in problem.model.tables], cm.local_batch):
+    if compute is not None:
+        dims = [t.embedding_dim for t in problem.model.tables]
+        for block, phase, flops, nbytes, new in (
+                dense_op_list(d, dims, cm.local_batch) if d is not None
+                else weighted_sum_loss_ops(dims, cm.local_batch)):
             dur[(block, phase)] = dur.get((block, phase), 0.0) + dense_op_s + op_time(
                 compute, flops=flops, bytes_moved=nbytes, dtype=dtype) + fresh_alloc_s(new, fresh)
     moves = pooled_moves(problem, shardings, compute, fresh, reorder)
