@@ -125,6 +125,6 @@ def _repredict(args) -> int:
                                 "summary": rec.get("summary")}}
     before = rec.get("summary") or {}
     header = (f"re-predicted from {src} (measured on {machine.get('cpu_model')}; predictions "
-              f"there: MAPE {before.get('mape', float('nan')):.1%}, tau "
+              f"there: MAPE {before.get('mape') or float('nan'):.1%}, tau "
               f"{before.get('kendall_tau_within_sets') or float('nan'):.2f})\n")
     return _finish(args, doc, rows, cals, header)

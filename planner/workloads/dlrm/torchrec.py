@@ -56,6 +56,8 @@ __all__ = ["CommOp", "torchrec_comm_ops", "rank_events", "build_torchrec_step_wo
 KJT_SPLITS = 3
 ID_BYTES = 8          # int64 lengths and ids
 FLOAT_BYTES = 4       # fp32 pooled embeddings and gradients
+#: forward and backward ``(s, s per byte, s per sample-slice)`` of TorchRec's column-wise reorder
+Reorder = tuple[tuple[float, float, float], tuple[float, float, float]]
 DENSE_BUCKET_BYTES = 25 * 1024 * 1024       # DMP's DDP (bucket_cap_mb=25 for every bucket)
 DP_FIRST_BUCKET_BYTES = 1024 * 1024         # ShardedEBC's DDP of data-parallel lookups: defaults
 DP_BUCKET_BYTES = 25 * 1024 * 1024
@@ -285,7 +287,7 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
                                  *, compute=None, host_s: Sequence[float] | None = None,
                                  dense_op_s: float = 0.0,
                                  fresh: tuple[float, float] | None = None,
-                                 reorder=None) -> Workload:
+                                 reorder: Reorder | None = None) -> Workload:
     """The step's :class:`Workload` with ``ops`` as its collectives and the compute of
     :func:`planner.workloads.dlrm.step.build_step_workload` (lookups, MLPs) between them.
 
@@ -294,7 +296,8 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     elementwise ops on the memory curve, each op's dispatch, plus ``dense_op_s`` of eager host
     time per op; without a dense part, the validation model's loss,
     :func:`~planner.model.tables.dense.weighted_sum_loss_ops`); ``host_s`` (seconds per
-    rank): TorchRec's host work per step, run before the input dist (:mod:`planner.measure.validate.calibrate_dlrm`); ``fresh`` (threshold bytes,
+    rank): TorchRec's host work per step, run before the input dist
+    (:mod:`planner.measure.validate.calibrate_dlrm`); ``fresh`` (threshold bytes,
     bytes per second): what a new tensor above glibc's mmap threshold costs in page faults on a
     CPU (:func:`~planner.model.tables.dense.fresh_alloc_s`), charged to every op that allocates
     one, and, with ``compute``, the copies TorchRec makes of the pooled embeddings
@@ -410,7 +413,7 @@ def _reorder_s(coef: tuple[float, float, float], samples: float, slices: int, co
 
 
 def pooled_moves(problem, shardings: Sequence[TableSharding], compute,
-                 fresh: tuple[float, float] | None, reorder=None
+                 fresh: tuple[float, float] | None, reorder: Reorder | None = None
                  ) -> list[tuple[float, float, float, float]]:
     """Per rank, seconds of the memory traffic around the pooled embeddings that no kernel
     curve holds: ``(lookup output, forward recat, backward cat, gradient receive)``. The fused
