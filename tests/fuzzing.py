@@ -455,10 +455,17 @@ def _child(argv: list[str], folder: str, command) -> int:
 _SERVER: list = []
 
 
+_LAZY_LIBRARIES = ["pandas", "sklearn.cluster", "sklearn.ensemble", "scipy.optimize",
+                   "scipy.stats", "pulp", "networkx"]
+
+
 def _context():
     """A fork server started fresh (no torch, no OpenMP threads of the test process, which a
     plain fork would copy half-initialised) with every CLI command imported (none imports
-    torch): each case is a fork of it, as quick to start as an in-process call."""
+    torch), and the libraries commands import only when a case needs them (KMeans for DMT
+    towers, pandas, the MIP solver): each case is a fork of it, as quick to start as an
+    in-process call. Without them the first case of a kind pays their import from a cold disk
+    (12 s once on a fresh CI clone), which is not a hang of ours."""
     if not _SERVER:
         import pkgutil
 
@@ -466,7 +473,7 @@ def _context():
         commands = [f"planner.cli.{m.name}" for m in pkgutil.iter_modules(planner.cli.__path__)
                     if m.name != "__main__"]
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["planner.cli.main", *commands, "fuzzing"])
+        ctx.set_forkserver_preload(["planner.cli.main", *commands, *_LAZY_LIBRARIES, "fuzzing"])
         from multiprocessing import forkserver
         forkserver.ensure_running()            # started here, not inside a case's time
         _SERVER.append(ctx)
