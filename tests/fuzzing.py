@@ -139,8 +139,9 @@ def make_case(choice, tmp: Path) -> list[str]:
             doc = _junk_leaf(doc, choice) if choice([True, False]) else _mutate(doc, choice)
         grid = tmp / "grid.yaml"
         grid.write_text(yaml.safe_dump(doc, sort_keys=False))
-        return ["sweep", str(grid), "--workers", "1", "--out", str(tmp / choice(["r.csv", "r.txt"])),
-                "--restart"] + choice([[], ["--plot", str(tmp / "r.png")]])
+        out = str(tmp / choice(["r.csv", "r.txt"]))
+        return ["sweep", str(grid), "--workers", "1", "--out", out, "--restart"] \
+            + choice([[], ["--plot", str(tmp / "r.png")]])
     if kind == "reorder":
         n = 4
         doc = {"format": "clusterplan.cost-matrix", "schema_version": 1, "ranks": n,

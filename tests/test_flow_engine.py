@@ -123,3 +123,27 @@ def test_symmetric_equals_explicit_on_concurrent_rings():
         env.run()
         times[mode] = sorted(ends)
     assert times["symmetric"] == pytest.approx(times["explicit"], rel=1e-3)
+
+
+def test_batches_of_one_shape_share_an_analysis_and_keep_their_own_links():
+    """The DP rings of eight rails have one shape over different links: reduced in turn in one
+    space they share one analysis, and each gives exactly the rows a reduction from scratch
+    gives (same classes, coefficients and multiplicities), on its own links' classes."""
+    from simulator.network.symmetric import ClassSpace, symmetric_reduce
+    topo = load_topology("llama3-h100-24k", gpus=256)
+    batches = [plan_collective(topo, "allreduce", list(range(r, 256, 8)), 2**28,
+                               algo="ring").phases[0] for r in range(8)]
+    shared, fresh = ClassSpace(topo), ClassSpace(topo)
+    links = []
+    for ph in batches:
+        nbytes = np.broadcast_to(np.asarray(ph.nbytes, float), (ph.routes.n_flows,))
+        got = symmetric_reduce(ph.routes, nbytes, shared)
+        fresh.shapes.clear()
+        want = symmetric_reduce(ph.routes, nbytes, fresh)
+        for f in ("n_flows", "flow", "link", "frac", "latency_s"):
+            assert np.array_equal(getattr(got[0], f), getattr(want[0], f)), f
+        assert np.array_equal(got[1], want[1]) and np.array_equal(got[2], want[2])
+        assert got[2].sum() == ph.routes.n_flows          # every flow stands in a row
+        links.append(frozenset(got[0].link.tolist()))
+    assert len(shared.shapes) == 1
+    assert len(set(links)) == len(batches)                 # no two rails share a class row

@@ -13,6 +13,7 @@ a lookup and a relabelling of its batch-private classes, not a new reduction.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
@@ -86,6 +87,7 @@ class ClassSpace:
         self.size = cap.size
         self.refined: dict[tuple, int] = {}
         self._cache: OrderedDict[tuple, _Reduced] = OrderedDict()
+        self.shapes: OrderedDict[tuple, _Shape] = OrderedDict()
 
     @property
     def capacity(self) -> np.ndarray:
@@ -155,56 +157,121 @@ def symmetric_reduce(routes: Routes, nbytes: np.ndarray, space: ClassSpace, *, p
     overlap only in part do not see each other: use explicit mode for such traffic. Coefficients are
     ``multiplicity × fraction / links in the (sub)class``, so one class row stands for all its
     flows under the even-spread assumption.
+
+    Batches of the same shape (the TP groups of every node, the DP groups of every rail: the
+    same flows, bytes and fractions over links of the same classes, only other links) share
+    one analysis; each still gets the class ids of its own links.
     """
     private = private or space.new_class
-    n = routes.n_flows
-    cls = space.base
-    # everything below is per link the batch touches, never per link of the fabric
-    touched_links, at = np.unique(routes.link, return_inverse=True)
+    touched, at = np.unique(routes.link, return_inverse=True)
     at = at.ravel()
-    load = np.bincount(at, weights=routes.frac * nbytes[routes.flow], minlength=touched_links.size)
-    cnt = np.bincount(at, weights=routes.frac, minlength=touched_links.size)
-    tcls = cls[touched_links]                 # class of each touched link, refined below
-    order = np.argsort(tcls, kind="stable")
-    bounds = np.flatnonzero(np.diff(tcls[order])) + 1
-    cap = space.capacity
-    for grp in np.split(order, bounds):
-        links = touched_links[grp]
-        ld, ct = load[grp], cnt[grp]
-        c = int(cls[links[0]])
-        # a class row stands for load spread over exactly these links: batches touching the
-        # same link set share it, batches on other links of the same kind do not
-        if np.ptp(ld) <= 1e-9 * ld.max() and np.ptp(ct) <= 1e-9 * ct.max():
-            tcls[grp] = space.refine(("set", c, hash(links.tobytes())), float(cap[c]))
-            continue
-        key_l = np.round(ld / max(ld.max(), 1e-300), 9)
-        key_c = np.round(ct, 9)
-        for kl, kc in sorted(set(zip(key_l.tolist(), key_c.tolist()))):
-            sel = grp[(key_l == kl) & (key_c == kc)]
-            tcls[sel] = private(float(cap[c]))
-    lc = tcls[at]
-    # links per (sub)class in this batch, and a compact id per (sub)class for the signatures
-    _, cid, count = np.unique(tcls, return_inverse=True, return_counts=True)
-    hid = cid.ravel()[at]
+    key = _shape_key(routes, nbytes, at, space.base[touched])
+    shape = space.shapes.get(key)
+    if shape is None:
+        shape = _Shape.of(routes, nbytes, touched, at, space)
+        space.shapes[key] = shape
+        if len(space.shapes) > CACHE_ENTRIES:
+            space.shapes.popitem(last=False)
+    else:
+        space.shapes.move_to_end(key)
+    ids = np.array([space.refine(("set", c, hash(touched[pos].tobytes())), cap) if c >= 0
+                    else private(cap) for c, cap, pos in shape.parts], dtype=np.int64)
+    rank = np.argsort(np.argsort(ids))
+    rows = shape.rows.get(rank.tobytes())
+    if rows is None:
+        rows = shape.rows[rank.tobytes()] = _rows(routes, nbytes, shape, at, rank)
+    keep, cflow, coef, rep, mult = rows
+    link = ids[shape.part_of[at[keep]]]
+    return (Routes(len(rep), cflow, link, coef, routes.latency_s[rep]),
+            np.asarray(nbytes, dtype=float)[rep], mult)
+
+
+def _shape_key(routes: Routes, nbytes: np.ndarray, at: np.ndarray, touched_cls: np.ndarray
+               ) -> tuple:
+    """What a reduction depends on besides which links: flows, bytes, fractions, which entries
+    share a link, and the class of each link (a 16-byte digest of them)."""
+    h = hashlib.blake2b(digest_size=16)
+    for a in (routes.flow, at, touched_cls):
+        h.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
+    for a in (routes.frac, nbytes):
+        h.update(np.ascontiguousarray(a, dtype=float).tobytes())
+    return routes.n_flows, at.size, touched_cls.size, h.digest()
+
+
+@dataclass
+class _Shape:
+    """The analysis of a batch's shape. ``parts``: (base class, capacity, positions among the
+    touched links) in the order their class ids are made; base class ``-1`` marks a part of
+    this batch alone (uneven load). ``part_of``: part of each touched link. ``rows``: the class
+    rows, by the order of the parts' ids (it decides the rows' order)."""
+
+    parts: list[tuple[int, float, np.ndarray]]
+    part_of: np.ndarray
+    rows: dict[bytes, tuple]
+
+    @classmethod
+    def of(cls_, routes: Routes, nbytes: np.ndarray, touched: np.ndarray, at: np.ndarray,
+           space: ClassSpace) -> _Shape:
+        cls = space.base
+        load = np.bincount(at, weights=routes.frac * nbytes[routes.flow], minlength=touched.size)
+        cnt = np.bincount(at, weights=routes.frac, minlength=touched.size)
+        tcls = cls[touched]
+        order = np.argsort(tcls, kind="stable")
+        bounds = np.flatnonzero(np.diff(tcls[order])) + 1
+        cap = space.capacity
+        starts = np.concatenate([[0], bounds])
+        even = _even(load[order], starts) & _even(cnt[order], starts)
+        parts: list[tuple[int, float, np.ndarray]] = []
+        for grp, is_even in zip(np.split(order, bounds), even.tolist()):
+            c = int(cls[touched[grp[0]]])
+            # a class row stands for load spread over exactly these links: batches touching
+            # the same link set share it, batches on other links of the same kind do not
+            if is_even:
+                parts.append((c, float(cap[c]), grp))
+                continue
+            ld, ct = load[grp], cnt[grp]
+            key_l = np.round(ld / max(ld.max(), 1e-300), 9)
+            key_c = np.round(ct, 9)
+            for kl, kc in sorted(set(zip(key_l.tolist(), key_c.tolist()))):
+                parts.append((-1, float(cap[c]), grp[(key_l == kl) & (key_c == kc)]))
+        part_of = np.empty(touched.size, dtype=np.int64)
+        for i, (_, _, pos) in enumerate(parts):
+            part_of[pos] = i
+        return cls_(parts, part_of, {})
+
+
+def _rows(routes: Routes, nbytes: np.ndarray, shape: _Shape, at: np.ndarray, rank: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(entries kept, their class row, coefficient, representative flows, multiplicity): flows
+    with equal bytes over the same multiset of (sub)classes are one row. ``rank``: the order of
+    the parts' class ids, which numbers the (sub)classes in the flows' signatures."""
+    n = routes.n_flows
+    hid = rank[shape.part_of[at]]
+    count = np.bincount(shape.part_of, minlength=len(shape.parts))[np.argsort(rank)]
     per_class = count[hid].astype(float)
     if n == 1:                              # one flow (a pipeline send): its own class row
-        return (Routes(1, routes.flow, lc, routes.frac / per_class, routes.latency_s),
-                nbytes.astype(float), np.ones(1, dtype=np.int64))
+        return (np.ones(at.size, dtype=bool), routes.flow, routes.frac / per_class,
+                np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64))
     h1, h2 = _class_hashes(int(count.size))
     q = np.round(routes.frac * 1e6).astype(np.int64) % (2**31)
     s1 = np.bincount(routes.flow, weights=(h1[hid] * q % (2**31)).astype(float), minlength=n)
     s2 = np.bincount(routes.flow, weights=(h2[hid] * ((q + 7) % (2**31)) % (2**31)).astype(float),
                      minlength=n)
-    sig = np.stack([s1, s2, nbytes.astype(float)], axis=1)
+    sig = np.stack([s1, s2, np.asarray(nbytes, dtype=float)], axis=1)
     rep, inv, mult = _unique_rows(sig)
     is_rep = np.zeros(n, dtype=bool)
     is_rep[rep] = True
     keep = is_rep[routes.flow]
     cflow = inv[routes.flow[keep]]
-    clink = lc[keep]
     coef = mult[cflow] * routes.frac[keep] / per_class[keep]
-    return (Routes(len(rep), cflow, clink, coef, routes.latency_s[rep]),
-            nbytes[rep].astype(float), mult)
+    return keep, cflow, coef, rep, mult
+
+
+def _even(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Per run of ``values`` beginning at ``starts``: are its values equal (to 1e-9 of its
+    largest)?"""
+    hi = np.maximum.reduceat(values, starts)
+    return hi - np.minimum.reduceat(values, starts) <= 1e-9 * hi
 
 
 def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -223,7 +290,12 @@ def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 @lru_cache(maxsize=64)
 def _class_hashes(n_cls: int) -> tuple[np.ndarray, np.ndarray]:
-    """Two seeded random weights per class id (flow signatures of :func:`symmetric_reduce`)."""
-    rng = np.random.default_rng(12345)
-    return (rng.integers(1, 2**31, size=n_cls + 1, dtype=np.int64),
-            rng.integers(1, 2**31, size=n_cls + 1, dtype=np.int64))
+    """Two pseudo-random weights in [1, 2**31) per class id (flow signatures of
+    :func:`symmetric_reduce`): splitmix64 of the id, which needs no ``numpy.random`` (its
+    import alone costs a small run ~15 ms)."""
+    i = np.arange(2 * (n_cls + 1), dtype=np.uint64)
+    x = (i + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    w = ((x ^ (x >> np.uint64(31))) % np.uint64(2**31 - 1)).astype(np.int64) + 1
+    return w[:n_cls + 1], w[n_cls + 1:]
