@@ -129,6 +129,9 @@ class GlooProfile:
     #: FBGEMM's pooled-embedding permute timed by shape (``permute_pooled:``, read by the
     #: planner's DLRM validation); None when the profile predates the probe
     permute_pooled: Mapping[str, Any] | None = None
+    #: what the measured processes' C heap did with freed memory (``measured.heap``:
+    #: ``retain`` or ``system``; profiles that predate the setting ran with ``system``)
+    heap: str = "system"
 
     def comm_time_s(self, kind: str, nranks: int, nbytes: float, gap_s: float = 0.0
                     ) -> float | None:
@@ -222,7 +225,17 @@ def gloo_profile_from_dict(doc: Mapping[str, Any], *, source: str = "<dict>") ->
                        lookup=doc.get("lookup") if isinstance(doc.get("lookup"), Mapping)
                        else None, fresh_alloc=_fresh_alloc(doc.get("fresh_alloc"), source),
                        permute_pooled=doc.get("permute_pooled")
-                       if isinstance(doc.get("permute_pooled"), Mapping) else None)
+                       if isinstance(doc.get("permute_pooled"), Mapping) else None,
+                       heap=_heap(doc, source))
+
+
+def _heap(doc: Mapping, source: str) -> str:
+    measured = doc.get("measured")
+    heap = measured.get("heap", "system") if isinstance(measured, Mapping) else "system"
+    if heap not in ("retain", "system"):
+        raise SpecError(f"heap {heap!r} is not retain or system", source=source,
+                        field="measured.heap", fix="write it again with clusterplan calibrate gloo")
+    return heap
 
 
 def load_gloo_profile(path: str | Path) -> GlooProfile:

@@ -17,6 +17,7 @@ from planner.cli.calibrate_steps import add_parser as add_calibrate_steps, run_s
 from planner.cli.options import topology_arguments, topology_from_args
 from planner.cli.output import atomic_write, emit
 from planner.cli.tables import add_calibrate_embedding, run_calibrate_embedding
+from planner.measure.heap import DEFAULT_HEAP, HEAP_HELP, HEAP_POLICIES
 from planner.measure.compute.cpu import measure_cpu_profile
 from planner.measure.compute.fit import profile_from_measurements, read_measurements
 from planner.measure.compute.host import host_overhead_yaml, measure_host_overhead
@@ -109,6 +110,7 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="profile YAML to write (default %(default)s)")
     g.add_argument("--nproc", type=int, default=2, help="processes (default 2)")
     g.add_argument("--rounds", type=int, default=2, help="measurement rounds (default 2)")
+    g.add_argument("--heap", choices=HEAP_POLICIES, default=DEFAULT_HEAP, help=HEAP_HELP)
     g.add_argument("--json", action="store_true")
     g.set_defaults(func=run)
 
@@ -214,7 +216,8 @@ def _calibrate_gloo(args) -> int:
     if not 1 <= args.rounds <= 10:
         raise SpecError(f"--rounds {args.rounds} is outside 1..10", field="--rounds",
                         fix="use --rounds 2 or 3")
-    doc = measure_gloo(GlooCalibration(world=args.nproc, rounds=args.rounds))
+    doc = measure_gloo(GlooCalibration(world=args.nproc, rounds=args.rounds,
+                                       heap=getattr(args, "heap", DEFAULT_HEAP)))
     atomic_write(args.out, "# clusterplan calibrate gloo: see planner/measure/validate/calibrate.py\n"
                   + yaml.safe_dump(doc, sort_keys=False, width=100))
     cached = store_calibration(doc, args.nproc)      # what `validate unseen` reads on this host

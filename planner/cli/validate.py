@@ -17,6 +17,7 @@ from simulator.gloo_profile import load_gloo_profile
 
 from planner.cli.output import emit
 from planner.cli.validate_unseen import run_unseen
+from planner.measure.heap import DEFAULT_HEAP, HEAP_HELP, HEAP_POLICIES
 from planner.measure.validate.config import SCHEDULES, Scale, load_source, parse_fault, run_config
 from planner.measure.validate.dlrm import is_sharding_plan, load_dlrm_config
 from planner.measure.validate.dlrm_report import format_dlrm_report, validate_dlrm
@@ -77,6 +78,7 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="time the prediction with this machine's measured gloo profile "
                         "(`clusterplan calibrate gloo --out FILE`; default: the "
                         "localhost-gloo priors and the CPU compute profile)")
+    p.add_argument("--heap", choices=HEAP_POLICIES, default=DEFAULT_HEAP, help=HEAP_HELP)
     p.add_argument("--json", action="store_true", help="print JSON")
     d = p.add_argument_group("sharding plans (DLRM, TorchRec DistributedModelParallel)")
     d.add_argument("--tables", metavar="TABLES",
@@ -139,6 +141,7 @@ def run(args) -> int:
                      recompute=args.recompute, steps=args.steps, warmup=args.warmup,
                      dp_buckets=args.dp_buckets, p2p_scatter_gather=args.p2p_scatter_gather,
                      timeout_s=args.timeout, fault=fault)
+    cfg = replace(cfg, heap=args.heap)
     if fault is not None and fault.rank >= cfg.world:
         raise SpecError(f"rank {fault.rank} is outside 0..{cfg.world - 1}",
                         field="--inject-fault", fix=f"name a rank below {cfg.world}")
@@ -169,7 +172,7 @@ def _run_dlrm(args) -> int:
     calibration = load_calibration(getattr(args, "calibration", None))
     cfg = load_dlrm_config(args.source, tables=args.tables, nproc=args.nproc,
                            batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
-                           timeout_s=args.timeout, fault=fault)
+                           timeout_s=args.timeout, fault=fault, heap=args.heap)
     if fault is not None and fault.rank >= cfg.world:
         raise SpecError(f"rank {fault.rank} is outside 0..{cfg.world - 1}",
                         field="--inject-fault", fix=f"name a rank below {cfg.world}")

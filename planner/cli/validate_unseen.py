@@ -13,8 +13,10 @@ from simulator.gloo_profile import load_gloo_profile
 
 from planner.cli.output import emit, progress_line, write_json
 from planner.machine import installed_description
+from planner.measure.heap import DEFAULT_HEAP
 from planner.measure.validate.cache import cached_calibration, ensure_host_profile
 from planner.measure.validate.calibrate import GlooCalibration, measure_gloo
+from planner.measure.validate.dlrm_report import heap_notes
 from planner.measure.validate.unseen import (format_rows, repredict_rows, run_cases, summarise,
                                              unseen_cases)
 from planner.model.tables.cpu_profile import load_cpu_profile
@@ -24,9 +26,10 @@ __all__ = ["run_unseen", "calibrations_for"]
 MAX_SETS = 200
 
 
-def calibrations_for(worlds, explicit: str | None) -> dict:
+def calibrations_for(worlds, explicit: str | None, heap: str = DEFAULT_HEAP) -> dict:
     """Per world size the gloo profile that times its plans: ``--calibration`` for the world it
-    was measured with, else this host's cached one, measured now when there is none."""
+    was measured with, else this host's cached one for the heap policy ``heap``, measured now
+    when there is none."""
     out = {}
     def announce() -> None:
         print("clusterplan: no CPU embedding profile of this host yet: measuring it once (a few "
@@ -42,8 +45,8 @@ def calibrations_for(worlds, explicit: str | None) -> dict:
             print(f"clusterplan: no gloo calibration of this host for {w} processes yet: "
                   "measuring it once (about a minute; `clusterplan calibrate gloo` refreshes "
                   "it)", file=sys.stderr, flush=True)
-            return measure_gloo(GlooCalibration(world=w, rounds=2))
-        path, _ = cached_calibration(world, measure=measure)
+            return measure_gloo(GlooCalibration(world=w, rounds=2, heap=heap))
+        path, _ = cached_calibration(world, measure=measure, heap=heap)
         out[world] = load_gloo_profile(str(path))
     return out
 
@@ -63,7 +66,7 @@ def run_unseen(args) -> int:
     if getattr(args, "repredict", None):
         return _repredict(args)
     cases = unseen_cases(args.sets, seed=args.seed)
-    cals = calibrations_for([c.ranks for c in cases], args.calibration)
+    cals = calibrations_for([c.ranks for c in cases], args.calibration, args.heap)
 
     def progress(i, n, row):
         if "error" in row:
@@ -76,8 +79,9 @@ def run_unseen(args) -> int:
               flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         rows = run_cases(cases, Path(tmp), steps=args.steps, warmup=args.warmup,
-                         calibrations=cals, progress=progress)
-    doc = {"seed": args.seed, "sets": args.sets, "steps": args.steps, "warmup": args.warmup}
+                         calibrations=cals, progress=progress, heap=args.heap)
+    doc = {"seed": args.seed, "sets": args.sets, "steps": args.steps, "warmup": args.warmup,
+           "heap": args.heap}
     return _finish(args, doc, rows, cals)
 
 
@@ -90,7 +94,11 @@ def _finish(args, doc: dict, rows: list, cals: dict, header: str = "") -> int:
            "rows": rows, "summary": summary}
     if args.out:
         write_json(args.out, doc)
-    emit(args, json.loads(json.dumps(doc)), header + format_rows(rows, summary))
+    notes = []
+    for cal in cals.values():
+        notes += [n for n in heap_notes(doc["heap"], cal) if n not in notes]
+    notes = "".join(f"note: {n}\n" for n in notes)
+    emit(args, json.loads(json.dumps(doc)), header + notes + format_rows(rows, summary))
     return 0 if all(r.get("structure_match") for r in rows) else 1
 
 
@@ -101,6 +109,7 @@ def _repredict(args) -> int:
         rec = json.loads(Path(src).read_text())
         seed, sets, steps, warmup = (int(rec[k]) for k in ("seed", "sets", "steps", "warmup"))
         recorded, machine = list(rec["rows"]), dict(rec["machine"])
+        heap = str(rec.get("heap", "system"))      # runs before --heap kept glibc's defaults
     except OSError as e:
         raise SpecError(f"cannot read it: {e.strerror}", source=src, field="--repredict",
                         fix="pass a file written by `validate unseen --out`") from None
@@ -116,11 +125,11 @@ def _repredict(args) -> int:
                         fix="re-predict on the kind of host that ran it, or run the family "
                             "here (`validate unseen`)")
     cases = unseen_cases(sets, seed=seed)
-    cals = calibrations_for([c.ranks for c in cases], args.calibration)
+    cals = calibrations_for([c.ranks for c in cases], args.calibration, heap)
     with tempfile.TemporaryDirectory() as tmp:
         rows = repredict_rows(cases, recorded, Path(tmp), steps=steps, warmup=warmup,
                               calibrations=cals)
-    doc = {"seed": seed, "sets": sets, "steps": steps, "warmup": warmup,
+    doc = {"seed": seed, "sets": sets, "steps": steps, "warmup": warmup, "heap": heap,
            "repredicted_from": {"file": src, "machine": machine,
                                 "summary": rec.get("summary")}}
     before = rec.get("summary") or {}

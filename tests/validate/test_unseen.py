@@ -82,6 +82,8 @@ def test_calibration_is_cached_per_host_and_world(tmp_path, monkeypatch):
     assert again == path and not fresh2 and calls == [2]
     with pytest.raises(FileNotFoundError):
         cache.cached_calibration(4)
+    with pytest.raises(FileNotFoundError):          # one per heap policy too
+        cache.cached_calibration(2, heap="system")
 
 
 def test_fresh_allocation_section_and_cost():

@@ -20,6 +20,7 @@ import yaml
 from simulator.fileio import atomic_write_text
 
 from planner.machine import cache_dir, host_fingerprint, make_cache_dir
+from planner.measure.heap import DEFAULT_HEAP
 from planner.measure.tables.fit import calibrate, write_profile
 from planner.model.tables.cpu_profile import CPU_PROFILE_PATH, host_profile_path, load_cpu_profile
 
@@ -27,30 +28,34 @@ __all__ = ["host_fingerprint", "cache_path", "cached_calibration", "store_calibr
            "ensure_host_profile"]
 
 
-def cache_path(world: int) -> Path:
-    """Where this host's calibration for ``world`` processes is kept."""
-    return cache_dir() / f"gloo-{host_fingerprint(world)}-w{int(world)}.yaml"
+def cache_path(world: int, heap: str = DEFAULT_HEAP) -> Path:
+    """Where this host's calibration for ``world`` processes with the heap policy ``heap``
+    (:mod:`planner.measure.heap`) is kept."""
+    return cache_dir() / f"gloo-{host_fingerprint(world)}-w{int(world)}-{heap}.yaml"
 
 
-def store_calibration(doc: dict, world: int) -> Path:
-    """Keep ``doc`` (a ``calibrate gloo`` profile) as this host's calibration; its path."""
+def store_calibration(doc: dict, world: int, heap: str | None = None) -> Path:
+    """Keep ``doc`` (a ``calibrate gloo`` profile) as this host's calibration for the heap
+    policy it was measured with (``heap`` when given); its path."""
     make_cache_dir()
-    path = cache_path(world)
+    path = cache_path(world, heap or (doc.get("measured") or {}).get("heap", "system"))
     atomic_write_text(path, "# clusterplan calibrate gloo (cached for this host; see "
                             "planner/measure/validate/cache.py)\n"
                       + yaml.safe_dump(doc, sort_keys=False, width=100))
     return path
 
 
-def cached_calibration(world: int, *, measure=None) -> tuple[Path, bool]:
-    """The path of this host's calibration for ``world`` processes, measuring it first with
-    ``measure(world) -> dict`` when there is none; ``(path, measured_now)``."""
-    path = cache_path(world)
+def cached_calibration(world: int, *, measure=None, heap: str = DEFAULT_HEAP
+                       ) -> tuple[Path, bool]:
+    """The path of this host's calibration for ``world`` processes and heap policy ``heap``,
+    measuring it first with ``measure(world) -> dict`` when there is none; ``(path,
+    measured_now)``."""
+    path = cache_path(world, heap)
     if path.is_file():
         return path, False
     if measure is None:
         raise FileNotFoundError(path)
-    return store_calibration(measure(world), world), True
+    return store_calibration(measure(world), world, heap), True
 
 
 def ensure_host_profile(worlds, *, kernel_points: int = 120, progress=None,

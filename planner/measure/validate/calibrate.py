@@ -53,6 +53,7 @@ from simulator.gloo_profile import CommTable, gloo_profile_from_dict
 from simulator.units import format_time
 
 from planner.machine import MMAP_THRESHOLD_BYTES, platform_description
+from planner.measure.heap import DEFAULT_HEAP
 from planner.measure.runner import init_group
 from planner.measure.validate.calibrate_dlrm import measure_torchrec, merge_torchrec
 from planner.measure.validate.comm import Recorder
@@ -103,6 +104,7 @@ class GlooCalibration:
     torchrec: bool = True                # TorchRec probe plans (calibrate_dlrm.py) if installed
     torchrec_rounds: int | None = None   # runs per probe (None: 2, 1 when quick)
     lookup: bool = True                  # the co-running lookup probe (calibrate_dlrm.py)
+    heap: str = DEFAULT_HEAP             # the ranks' heap policy (planner/measure/heap.py)
     steps: int = 1                       # the runner's progress bar: one "step"
     warmup: int = 0
     trace_dir: str | None = None
@@ -110,7 +112,8 @@ class GlooCalibration:
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"world": self.world, "rounds": self.rounds, "repeats": self.repeats}
+        return {"world": self.world, "rounds": self.rounds, "repeats": self.repeats,
+                "heap": self.heap}
 
     def rank_main(self, rank: int, rdzv: str, progress, report, state: dict) -> dict:
         return _rank_main(self, rank, rdzv, progress, report)
@@ -492,6 +495,7 @@ def profile_document(ranks: list[dict], cfg: GlooCalibration, *, load: dict | No
         "what": "torch.distributed gloo on this machine, measured by clusterplan calibrate gloo",
         "measured": {"date": datetime.datetime.now().isoformat(timespec="seconds"),
                      "machine": _machine(), "processes": world, "threads_per_process": 1,
+                     "heap": cfg.heap,
                      "rounds": rounds, "repeats": cfg.repeats, "wall_s": _sig(wall),
                      "our_cpu_s": _sig(cpu_used), **(load or {})},
         "shared_core": True,
@@ -591,7 +595,7 @@ def measure_gloo_raw(cfg: GlooCalibration | None = None, *, pool=None) -> dict:
                                              rounds=cfg.torchrec_rounds)
                             if cfg.torchrec else None)
     if pool is None:
-        with Pool(cfg.world) as p:
+        with Pool(cfg.world, cfg.heap) as p:
             res, torchrec = both(p)
     else:
         res, torchrec = both(pool)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import importlib.util
 import statistics
+from dataclasses import replace
 
 from planner.measure.validate.dlrm_probes import PROBE_TYPES, probe_config
 from planner.measure.validate.dlrm_report import measure
@@ -64,7 +65,8 @@ def measure_torchrec(pool, world: int, *, quick: bool = False, rounds: int | Non
     for _ in range(rounds):
         for kind in PROBE_TYPES:
             for size in ("small", "large"):
-                cfg = probe_config(kind, size, world, steps=steps, warmup=warmup)
+                cfg = replace(probe_config(kind, size, world, steps=steps, warmup=warmup),
+                              heap=pool.heap)
                 m = measure(cfg, pool.run(cfg))
                 got.setdefault((kind, size), []).append((m["step_time_s"], _spread(m["steps_s"])))
     rows = [{"sharding_type": kind, "size": size,

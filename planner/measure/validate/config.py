@@ -16,6 +16,7 @@ from simulator.errors import SpecError
 from simulator.fileio import read_json_file
 
 from planner.export._plan import check_plan
+from planner.measure.heap import DEFAULT_HEAP
 from planner.model.llm.layout import Layout
 from planner.model.llm.spec import (
     LLMSpec,
@@ -77,6 +78,7 @@ class RunConfig:
     trace_dir: str | None = None
     fault: Fault | None = None
     backend: str = "gloo"
+    heap: str = DEFAULT_HEAP        # what the ranks' C heap does with freed memory
     extra: dict = field(default_factory=dict)
 
     @property
@@ -95,7 +97,7 @@ class RunConfig:
                 "order": self.order, "schedule": self.schedule, "steps": self.steps,
                 "warmup": self.warmup, "dp_buckets": self.dp_buckets,
                 "p2p_scatter_gather": self.p2p_scatter_gather, "timeout_s": self.timeout_s,
-                "backend": self.backend, "processes": self.world,
+                "backend": self.backend, "heap": self.heap, "processes": self.world,
                 "microbatches": self.microbatches}
 
 

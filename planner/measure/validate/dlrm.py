@@ -5,7 +5,7 @@ with its table spec (``--tables``, default the plan's ``task.source``) becomes a
 :class:`DLRMRunConfig`: the model spec (batch size from the plan, or ``--batch-size``), the
 shardings, the plan exported to TorchRec (:func:`planner.export.torchrec.
 export_torchrec_plan`) and the run's settings. Every rank and the simulator draw the same
-batches: :func:`step_batch` (seeded per step and table, from each table's access distribution,
+batches: :func:`planner.measure.validate.dlrm_ops.step_batch` (seeded per step and table, from each table's access distribution,
 :func:`planner.measure.tables.plans.table_ids`).
 """
 
@@ -18,13 +18,14 @@ from simulator.errors import SpecError
 from simulator.fileio import read_json_file
 
 from planner.export.torchrec import empty_row_shards, empty_shard_error, export_torchrec_plan
+from planner.measure.heap import DEFAULT_HEAP
 from planner.measure.tables.plans import cpu_topology_ref
 from planner.measure.validate.config import MAX_PROCESSES, Fault
 from planner.measure.validate.dlrm_worker import run_rank
 from planner.model.tables.plan import plan_model, read_plan_json
 from planner.model.tables.task import ShardingTask, prepare
 
-__all__ = ["DLRMRunConfig", "is_sharding_plan", "load_dlrm_config", "step_batch"]
+__all__ = ["DLRMRunConfig", "is_sharding_plan", "load_dlrm_config"]
 
 PLAN_FORMAT = "clusterplan.sharding-plan"
 
@@ -59,6 +60,7 @@ class DLRMRunConfig:
     trace_dir: str | None = None
     fault: Fault | None = None
     backend: str = "gloo"
+    heap: str = DEFAULT_HEAP        # what the ranks' C heap does with freed memory
     extra: dict = field(default_factory=dict)
 
     @property
@@ -76,7 +78,7 @@ class DLRMRunConfig:
                 "sharding_types": sorted({ts.sharding_type.value for ts in self.shardings}),
                 "processes": self.world, "local_world_size": self.local_world,
                 "steps": self.steps, "warmup": self.warmup, "timeout_s": self.timeout_s,
-                "backend": self.backend, "seed": self.seed}
+                "backend": self.backend, "heap": self.heap, "seed": self.seed}
 
     def rank_main(self, rank: int, port: int, progress, report, state: dict) -> dict:
         """The rank's run (called by :func:`planner.measure.validate.worker.worker_main`)."""

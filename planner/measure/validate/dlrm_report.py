@@ -246,9 +246,25 @@ def validate_dlrm(cfg: DLRMRunConfig, *, result: RunResult | None = None,
             "topology": pred["topology"],
             "calibration": getattr(calibration, "source", None) if calibration is not None
             else None,
+            "heap": heap_notes(cfg.heap, calibration),
             "traces": sorted(r["trace"] for r in res.ranks if r.get("trace")),
             "real": {"model": "TorchRec DistributedModelParallel (EmbeddingBagCollection + "
                               "dense MLPs), gloo, fused exact SGD"}}
+
+
+def heap_notes(heap: str, calibration) -> list[str]:
+    """What a reader must know of the run's heap policy (:mod:`planner.measure.heap`): the
+    faults ``system`` adds to every step, and a calibration measured under the other policy."""
+    notes = []
+    if heap == "system":
+        notes.append("--heap system: each step page-faults back the heap glibc trimmed at the "
+                     "end of the one before, which the prediction does not model (20-45% of a "
+                     "step measured on a 2-core EPYC VM)")
+    other = getattr(calibration, "heap", heap) if calibration is not None else heap
+    if other != heap:
+        notes.append(f"the calibration was measured with --heap {other}, this run with --heap "
+                     f"{heap}: its probes saw other page faults (calibrate gloo --heap {heap})")
+    return notes
 
 
 def format_dlrm_report(d: dict) -> str:
@@ -272,6 +288,7 @@ def format_dlrm_report(d: dict) -> str:
     if d["oversubscription"] > 1:
         lines.append(f"  note: {d['processes']} processes share {d['cores']} cores: measured "
                      "times include waiting for a core")
+    lines += [f"  note: {n}" for n in d.get("heap", [])]
     if d.get("calibration"):
         lines.append(f"  timed with {d['calibration']} (collective tables, one core's curves, "
                      "TorchRec probe plans); the benchmark: tests/bench/bench_validate.py")

@@ -25,13 +25,14 @@ from dataclasses import dataclass, field
 
 from simulator.errors import ClusterplanError
 
+from planner.measure.heap import DEFAULT_HEAP
 from planner.measure.runner import SPAWN, end_processes, rendezvous, start_processes, wait
 from planner.measure.validate.comm import Progress
 from planner.measure.validate.config import RunConfig
 from planner.measure.validate.worker import worker_main
 from planner.progress import Bar
 
-__all__ = ["RunFailed", "RunResult", "Pool", "run", "run_many"]
+__all__ = ["RunFailed", "RunResult", "Pool", "heap_of", "run", "run_many"]
 
 
 class RunFailed(ClusterplanError):
@@ -57,10 +58,12 @@ class RunResult:
 
 class Pool:
     """``size`` spawned rank processes that run jobs one after the other (torch is imported
-    once per process). After a failed job the pool is closed: every process is ended."""
+    once per process), each with the :mod:`planner.measure.heap` policy ``heap``. After a
+    failed job the pool is closed: every process is ended."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, heap: str = DEFAULT_HEAP) -> None:
         self.size = size
+        self.heap = heap
         self.progress = Progress(SPAWN, size)
         self.out = SPAWN.Queue()
         self.inboxes = [SPAWN.Queue() for _ in range(size)]
@@ -70,7 +73,8 @@ class Pool:
         self.jobs = 0
         try:
             self.procs = start_processes(
-                worker_main, [(r, self.inboxes[r], self.progress, self.out) for r in range(size)],
+                worker_main, [(r, self.inboxes[r], self.progress, self.out, heap)
+                              for r in range(size)],
                 name="clusterplan-validate-rank{rank}")
         except BaseException:
             self.close()
@@ -84,6 +88,8 @@ class Pool:
             raise RunFailed("the process pool is closed (an earlier run failed)")
         if cfg.world > self.size:
             raise RunFailed(f"a run of {cfg.world} ranks on a pool of {self.size}")
+        if getattr(cfg, "heap", self.heap) != self.heap:
+            raise RunFailed(f"a run with heap {cfg.heap!r} on a pool of heap {self.heap!r}")
         self.jobs += 1
         job, rdzv = self.jobs, rendezvous()
         for r in range(cfg.world):
@@ -124,21 +130,28 @@ class Pool:
         self.close()
 
 
+def heap_of(cfg) -> str:
+    """The heap policy a run's processes take (:mod:`planner.measure.heap`)."""
+    return getattr(cfg, "heap", DEFAULT_HEAP)
+
+
 def run(cfg: RunConfig, **kw) -> RunResult:
     """Run ``cfg`` on ``cfg.world`` fresh processes; all of them have ended on return."""
-    with Pool(cfg.world) as pool:
+    with Pool(cfg.world, heap_of(cfg)) as pool:
         return pool.run(cfg, **kw)
 
 
 def run_many(cfgs: list[RunConfig], **kw) -> list:
-    """Run several configurations on one pool (a new one after a failure); per config its
-    :class:`RunResult` or the :class:`RunFailed` it raised."""
+    """Run several configurations on one pool (a new one after a failure or for another heap
+    policy); per config its :class:`RunResult` or the :class:`RunFailed` it raised."""
     out: list = []
     pool = None
     try:
         for cfg in cfgs:
+            if pool is not None and not pool.closed and pool.heap != heap_of(cfg):
+                pool.close()
             if pool is None or pool.closed:
-                pool = Pool(max(c.world for c in cfgs))
+                pool = Pool(max(c.world for c in cfgs), heap_of(cfg))
             try:
                 out.append(pool.run(cfg, **kw))
             except RunFailed as exc:

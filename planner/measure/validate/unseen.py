@@ -36,6 +36,7 @@ import yaml
 
 from simulator.errors import SpecError
 
+from planner.measure.heap import DEFAULT_HEAP
 import planner.model.tables.shards as sh
 from planner.model.tables.plan import PlannerStats, make_plan
 from planner.model.tables.shards import ShardingType
@@ -228,25 +229,27 @@ def summarise(rows: Sequence[dict]) -> dict:
 
 
 def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: int,
-              calibrations: dict, timeout_s: float = 300.0, progress=None) -> list[dict]:
+              calibrations: dict, timeout_s: float = 300.0, progress=None,
+              heap: str = DEFAULT_HEAP) -> list[dict]:
     """Run every case for real and predict it with the calibration of its world size; one row
     per case (see :func:`summarise`). Each table set gets fresh processes (a pool that ran big
-    tables keeps its memory); a plan whose run fails is a row with its ``error`` and the run
-    goes on."""
+    tables keeps its memory) with the heap policy ``heap`` (:mod:`planner.measure.heap`); a
+    plan whose run fails is a row with its ``error`` and the run goes on."""
     from planner.measure.validate.runner import Pool, RunFailed
     rows: list[dict] = []
     for name in dict.fromkeys(c.model.name for c in cases):
         group = [c for c in cases if c.model.name == name]
-        pool = Pool(group[0].ranks)
+        pool = Pool(group[0].ranks, heap)
         try:
             for case in group:
                 try:
                     row = _run_case(case, folder, pool, steps=steps, warmup=warmup,
-                                    calibration=calibrations[case.ranks], timeout_s=timeout_s)
+                                    calibration=calibrations[case.ranks], timeout_s=timeout_s,
+                                    heap=heap)
                 except RunFailed as e:
                     row = _row(case, error=str(e))
                     pool.close()
-                    pool = Pool(case.ranks)
+                    pool = Pool(case.ranks, heap)
                 rows.append(row)
                 if progress is not None:
                     progress(len(rows), len(cases), row)
@@ -292,12 +295,12 @@ def _row(case: UnseenCase, **kw) -> dict:
 
 
 def _run_case(case: UnseenCase, folder: Path, pool, *, steps: int, warmup: int, calibration,
-              timeout_s: float) -> dict:
+              timeout_s: float, heap: str) -> dict:
     from planner.measure.validate.dlrm import load_dlrm_config
     from planner.measure.validate.dlrm_report import validate_dlrm
     plan = write_case(case, folder)
     cfg = load_dlrm_config(str(plan), nproc=case.ranks, steps=steps, warmup=warmup,
-                           timeout_s=timeout_s)
+                           timeout_s=timeout_s, heap=heap)
     d = validate_dlrm(cfg, result=pool.run(cfg), calibration=calibration)
     return _row(case, predicted_s=d["predicted_step_time_s"],
                 measured_s=d["measured_step_time_s"], steps_s=d["steps_s"],

@@ -27,6 +27,7 @@ import sys
 import time
 import traceback
 
+from planner.measure.heap import DEFAULT_HEAP, apply_heap_policy
 from planner.measure.runner import init_group
 from planner.measure.validate.comm import CommError, GroupBroken, Progress, Recorder
 from planner.measure.validate.config import RunConfig
@@ -41,13 +42,15 @@ from planner.workloads.llm.partition import (
 __all__ = ["worker_main"]
 
 
-def worker_main(slot: int, inbox, progress: Progress, outbox) -> None:
+def worker_main(slot: int, inbox, progress: Progress, outbox, heap: str = DEFAULT_HEAP) -> None:
     """Entry point of a spawned pool process (importable by name, as spawn needs).
 
     Runs jobs ``(job, cfg, rdzv)`` from ``inbox`` as rank ``slot`` until ``None`` arrives;
     the parent sends a job only to the slots below its world size. After a failure the
-    process reports and ends at once (``os._exit``), leaving its groups alone."""
+    process reports and ends at once (``os._exit``), leaving its groups alone. ``heap``: the
+    process's :mod:`planner.measure.heap` policy, set before torch allocates anything."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    apply_heap_policy(heap)
     _die_with_parent()
     while True:
         msg = inbox.get()
