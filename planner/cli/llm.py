@@ -28,7 +28,7 @@ from planner.model.reliability import (
     stragglers_from_args,
 )
 
-__all__ = ["simulate_model", "fidelity"]
+__all__ = ["simulate_model", "plan_model", "load_plan_spec"]
 
 
 def simulate_model(args, spec: LLMSpec, topo, emit) -> int:
