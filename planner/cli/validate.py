@@ -89,6 +89,9 @@ def register(p: argparse.ArgumentParser) -> None:
     u.add_argument("--sets", type=int, default=12, metavar="N",
                    help="random table sets, up to 4 plans each (12)")
     u.add_argument("--seed", type=int, default=0, help="seed of the family (0)")
+    u.add_argument("--rounds", type=int, default=1, metavar="K",
+                   help="run the family K times, one after the other, and keep each plan's "
+                        "median round (1; a shared host's speed drifts over an hour)")
     u.add_argument("--out", metavar="FILE", help="write every row and the summary as JSON")
     u.add_argument("--repredict", metavar="FILE.json",
                    help="run nothing: predict the plans of a recorded run (its --out file, "

@@ -26,6 +26,10 @@ __all__ = ["run_unseen", "calibrations_for"]
 MAX_SETS = 200
 
 
+#: rounds of ``validate unseen --rounds``: each is a whole run of the family (10-45 minutes)
+MAX_ROUNDS = 5
+
+
 def calibrations_for(worlds, explicit: str | None, heap: str = DEFAULT_HEAP) -> dict:
     """Per world size the gloo profile that times its plans: ``--calibration`` for the world it
     was measured with, else this host's cached one for the heap policy ``heap``, measured now
@@ -60,6 +64,10 @@ def run_unseen(args) -> int:
     for flag, v, lo in (("--steps", args.steps, 1), ("--warmup", args.warmup, 0)):
         if v < lo:
             raise SpecError(f"{v} is below {lo}", field=flag, fix=f"pass {flag} {lo} or more")
+    rounds = getattr(args, "rounds", 1)
+    if not 1 <= rounds <= MAX_ROUNDS:
+        raise SpecError(f"--rounds {rounds} is outside 1..{MAX_ROUNDS}", field="--rounds",
+                        fix="pass e.g. --rounds 3")
     if args.out:
         from simulator.fileio import check_writable
         check_writable(args.out)
@@ -79,9 +87,9 @@ def run_unseen(args) -> int:
               flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         rows = run_cases(cases, Path(tmp), steps=args.steps, warmup=args.warmup,
-                         calibrations=cals, progress=progress, heap=args.heap)
+                         calibrations=cals, progress=progress, heap=args.heap, rounds=rounds)
     doc = {"seed": args.seed, "sets": args.sets, "steps": args.steps, "warmup": args.warmup,
-           "heap": args.heap}
+           "heap": args.heap, "rounds": rounds}
     return _finish(args, doc, rows, cals)
 
 

@@ -3,7 +3,7 @@ sets nothing was fitted to (issue 22's first goal).
 
     python tests/bench/bench_unseen.py [--sets 12] [--seed 0] [--steps 10] [--warmup 3]
                                        [--calibration FILE] [--out FILE.json]
-                                       [--heap retain|system]
+                                       [--heap retain|system] [--rounds K]
 
 Runs ``clusterplan validate unseen`` (``planner/measure/validate/unseen.py``): ``--sets`` seeded
 random table sets (2 or 4 ranks, 4-40 tables, dims 16-256, pooling 1-60, rows 10³-10⁷ within
@@ -37,13 +37,16 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--calibration", default=None, metavar="FILE")
     ap.add_argument("--out", default=None, metavar="FILE.json")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="whole runs of the family, each plan's median round kept")
     ap.add_argument("--heap", default="retain", choices=("retain", "system"),
                     help="the ranks' heap policy (planner/measure/heap.py)")
     a = ap.parse_args(argv)
     from planner.cli.main import main as clusterplan
     out = a.out or str(ROOT / "traces" / "validate" / f"unseen-{time.strftime('%Y%m%d-%H%M%S')}.json")
     argv = ["validate", "unseen", "--sets", str(a.sets), "--seed", str(a.seed), "--steps",
-            str(a.steps), "--warmup", str(a.warmup), "--out", out, "--heap", a.heap]
+            str(a.steps), "--warmup", str(a.warmup), "--out", out, "--heap", a.heap,
+            "--rounds", str(a.rounds)]
     if a.calibration:
         argv += ["--calibration", a.calibration]
     t0 = time.time()

@@ -16,6 +16,7 @@ from planner.measure.validate.unseen import (
     MAX_SET_BYTES,
     PLAN_KINDS,
     kendall_tau_within,
+    merge_rounds,
     summarise,
     unseen_cases,
 )
@@ -109,6 +110,7 @@ def test_cli_refuses_bad_family_arguments(tmp_path):
     from pathlib import Path
     repo = Path(__file__).resolve().parents[2]
     for args, field in ((["--sets", "0"], "--sets"), (["--steps", "0"], "--steps"),
+                        (["--rounds", "0"], "--rounds"),
                         (["--out", str(tmp_path / "missing" / "x.json")], "--out")):
         r = subprocess.run([sys.executable, "-m", "planner.cli", "validate", "unseen", *args],
                            capture_output=True, text=True, cwd=repo, timeout=120)
@@ -149,3 +151,19 @@ def test_repredict_refuses_a_missing_file_or_another_kind_of_host(tmp_path):
                            cwd=repo, timeout=120)
         assert r.returncode == 2, r.stderr
         assert field in r.stderr and str(path) in r.stderr and "Traceback" not in r.stderr
+
+
+def test_rounds_keep_each_plans_median_round_and_every_step():
+    def row(plan, measured, steps, **kw):
+        return {"set": "s", "plan": plan, "predicted_s": 1.0, "measured_s": measured,
+                "steps_s": steps, **kw}
+    rounds = [[row("a", 3.0, [3.0]), row("b", 1.0, [1.0])],
+              [row("a", 1.0, [1.0]), row("b", 2.0, [2.0]), ],
+              [row("a", 2.0, [2.0, 2.1]), {"set": "s", "plan": "b", "error": "boom"}]]
+    a, b = merge_rounds(rounds)
+    assert a["measured_s"] == 2.0 and a["rounds_s"] == [3.0, 1.0, 2.0]
+    assert a["steps_s"] == [3.0, 1.0, 2.0, 2.1]
+    assert b == {"set": "s", "plan": "b", "error": "boom"}       # failed once: failed
+    two = merge_rounds(rounds[:2])                                # even: the lower middle
+    assert [r["measured_s"] for r in two] == [1.0, 1.0]
+    assert merge_rounds(rounds[:1]) == rounds[0]

@@ -45,7 +45,8 @@ from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.planners import get_planner
 
 __all__ = ["UnseenCase", "unseen_cases", "write_case", "kendall_tau_within", "summarise",
-           "repredict_rows", "MAX_SET_BYTES", "MAX_LOOKUPS"]
+           "run_cases", "merge_rounds", "repredict_rows", "format_rows", "MAX_SET_BYTES",
+           "MAX_LOOKUPS"]
 
 #: weights of one table (bytes) and of one set, so 4 ranks fit in this machine's memory
 MAX_TABLE_BYTES = 256 * 2 ** 20
@@ -230,11 +231,48 @@ def summarise(rows: Sequence[dict]) -> dict:
 
 def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: int,
               calibrations: dict, timeout_s: float = 300.0, progress=None,
-              heap: str = DEFAULT_HEAP) -> list[dict]:
+              heap: str = DEFAULT_HEAP, rounds: int = 1) -> list[dict]:
     """Run every case for real and predict it with the calibration of its world size; one row
     per case (see :func:`summarise`). Each table set gets fresh processes (a pool that ran big
     tables keeps its memory) with the heap policy ``heap`` (:mod:`planner.measure.heap`); a
-    plan whose run fails is a row with its ``error`` and the run goes on."""
+    plan whose run fails is a row with its ``error`` and the run goes on. ``rounds`` > 1 runs
+    the whole family that many times, one round after the other, and keeps per plan the
+    median round (:func:`merge_rounds`): a shared host's speed drifts by tens of percent over
+    an hour, which one run per plan cannot tell from a model error."""
+    per_round: list[list[dict]] = []
+    for k in range(rounds):
+        def tell(i, n, row, k=k):
+            if progress is not None:
+                progress(k * len(cases) + i, rounds * len(cases), row)
+        per_round.append(_run_round(cases, folder, steps=steps, warmup=warmup,
+                                    calibrations=calibrations, timeout_s=timeout_s,
+                                    progress=tell, heap=heap))
+    return merge_rounds(per_round)
+
+
+def merge_rounds(per_round: Sequence[Sequence[dict]]) -> list[dict]:
+    """One row per plan from several rounds' rows (same plans, same order): the round whose
+    measured step is the median (the lower middle one of an even count), with every round's
+    measured step in ``rounds_s`` and all their steps in ``steps_s``; a plan that failed in
+    any round is that round's failed row."""
+    out = []
+    for rows in zip(*per_round):
+        failed = [r for r in rows if "error" in r]
+        if failed:
+            out.append(failed[0])
+            continue
+        if len(rows) == 1:
+            out.append(rows[0])
+            continue
+        order = sorted(rows, key=lambda r: r["measured_s"])
+        mid = order[(len(order) - 1) // 2]
+        out.append({**mid, "rounds_s": [r["measured_s"] for r in rows],
+                    "steps_s": [s for r in rows for s in r["steps_s"]]})
+    return out
+
+
+def _run_round(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: int,
+               calibrations: dict, timeout_s: float, progress, heap: str) -> list[dict]:
     from planner.measure.validate.runner import Pool, RunFailed
     rows: list[dict] = []
     for name in dict.fromkeys(c.model.name for c in cases):
@@ -251,8 +289,7 @@ def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: 
                     pool.close()
                     pool = Pool(case.ranks, heap)
                 rows.append(row)
-                if progress is not None:
-                    progress(len(rows), len(cases), row)
+                progress(len(rows), len(cases), row)
         finally:
             pool.close()
     return rows
