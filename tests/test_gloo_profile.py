@@ -121,3 +121,13 @@ def test_missing_section_is_a_located_error():
     with pytest.raises(SpecError) as e:
         gloo_profile_from_dict(doc, source="p.yaml")
     assert "p.yaml" in str(e.value) and "calibrate gloo" in str(e.value)
+
+
+def test_heap_policy_is_read_and_a_bad_one_named():
+    """``measured.heap`` (planner/measure/heap.py): absent in profiles that predate it (glibc's
+    defaults then), read when present, refused with its field when unknown."""
+    assert gloo_profile_from_dict(profile_doc()).heap == "system"
+    assert gloo_profile_from_dict(profile_doc(measured={"heap": "retain"})).heap == "retain"
+    with pytest.raises(SpecError) as e:
+        gloo_profile_from_dict(profile_doc(measured={"heap": "jemalloc"}), source="p.yaml")
+    assert e.value.field == "measured.heap" and "calibrate gloo" in e.value.fix

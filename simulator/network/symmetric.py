@@ -210,12 +210,12 @@ class _Shape:
     rows: dict[bytes, tuple]
 
     @classmethod
-    def of(cls_, routes: Routes, nbytes: np.ndarray, touched: np.ndarray, at: np.ndarray,
+    def of(cls, routes: Routes, nbytes: np.ndarray, touched: np.ndarray, at: np.ndarray,
            space: ClassSpace) -> _Shape:
-        cls = space.base
+        base = space.base
         load = np.bincount(at, weights=routes.frac * nbytes[routes.flow], minlength=touched.size)
         cnt = np.bincount(at, weights=routes.frac, minlength=touched.size)
-        tcls = cls[touched]
+        tcls = base[touched]
         order = np.argsort(tcls, kind="stable")
         bounds = np.flatnonzero(np.diff(tcls[order])) + 1
         cap = space.capacity
@@ -223,7 +223,7 @@ class _Shape:
         even = _even(load[order], starts) & _even(cnt[order], starts)
         parts: list[tuple[int, float, np.ndarray]] = []
         for grp, is_even in zip(np.split(order, bounds), even.tolist()):
-            c = int(cls[touched[grp[0]]])
+            c = int(base[touched[grp[0]]])
             # a class row stands for load spread over exactly these links: batches touching
             # the same link set share it, batches on other links of the same kind do not
             if is_even:
@@ -237,7 +237,7 @@ class _Shape:
         part_of = np.empty(touched.size, dtype=np.int64)
         for i, (_, _, pos) in enumerate(parts):
             part_of[pos] = i
-        return cls_(parts, part_of, {})
+        return cls(parts, part_of, {})
 
 
 def _rows(routes: Routes, nbytes: np.ndarray, shape: _Shape, at: np.ndarray, rank: np.ndarray
