@@ -140,6 +140,13 @@ class GlooProfile:
         table = self.comm.get((kind, nranks))
         return None if table is None else table.time_s(nbytes) + self.wake_s(gap_s)
 
+    def beyond_measured(self, kind: str, nranks: int, nbytes: float) -> float | None:
+        """The largest size measured for ``kind`` on ``nranks`` processes, bytes, when a call
+        of ``nbytes`` is above it (its time is then extrapolated at the last interval's rate),
+        else None."""
+        table = self.comm.get((kind, nranks))
+        return table.sizes[-1] if table is not None and nbytes > table.sizes[-1] else None
+
     def wake_s(self, gap_s: float) -> float:
         """Extra seconds of a call after ``gap_s`` seconds without communication."""
         pts = self.wake_penalty_s

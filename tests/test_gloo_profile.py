@@ -39,6 +39,26 @@ def test_table_interpolates_log_log_and_extrapolates_by_the_last_bandwidth():
     assert t.time_s(2 * 1048576) == pytest.approx(1.2e-3 + 1048576 * per_byte)
 
 
+def test_calls_above_the_largest_measured_size_are_told_apart_and_listed():
+    from planner.measure.validate.dlrm_report import comm_extrapolations
+    p = gloo_profile_from_dict(profile_doc())
+    assert p.beyond_measured("allreduce", 2, 1048576) is None     # the last point itself
+    assert p.beyond_measured("allreduce", 2, 1048577) == 1048576
+    assert p.beyond_measured("allreduce", 4, 1e12) is None        # no table: not timed by it
+    w = Workload()
+    w.collective("allreduce", [0, 1], 1024)
+    w.collective("allreduce", [0, 1], 3e6)
+    w.collective("allreduce", [0, 1], 5e6)
+    w.sendrecv(0, 1, 2e6)
+    notes = comm_extrapolations(w, p)
+    assert len(notes) == 2
+    assert notes[0].startswith("allreduce of up to 5.0 MB on 2 processes") and "1.0 MB" in notes[0]
+    assert notes[1].startswith("sendrecv of up to 2.0 MB on 2 processes")
+    small = Workload()
+    small.collective("allreduce", [0, 1], 1024)
+    assert comm_extrapolations(small, p) == []
+
+
 def test_wake_cost_is_zero_back_to_back_and_clamped_after_the_longest_gap():
     p = gloo_profile_from_dict(profile_doc())
     assert p.wake_s(0.0) == 0.0

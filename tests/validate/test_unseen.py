@@ -15,6 +15,7 @@ from planner.measure.validate.unseen import (
     MAX_LOOKUPS,
     MAX_SET_BYTES,
     PLAN_KINDS,
+    format_rows,
     kendall_tau_within,
     merge_rounds,
     summarise,
@@ -151,6 +152,20 @@ def test_repredict_refuses_a_missing_file_or_another_kind_of_host(tmp_path):
                            cwd=repo, timeout=120)
         assert r.returncode == 2, r.stderr
         assert field in r.stderr and str(path) in r.stderr and "Traceback" not in r.stderr
+
+
+def test_extrapolated_plans_are_marked_and_their_calls_listed_once():
+    note = "allgather of up to 80.0 MB on 4 processes: above ..."
+    rows = [{"set": "s", "plan": p, "ranks": 4, "tables": 3, "batch": 64, "predicted_s": 1.0,
+             "measured_s": 1.1, "structure_match": True, "extrapolated": ex}
+            for p, ex in (("a", [note]), ("b", [note]), ("c", []))]
+    s = summarise(rows)
+    assert s["extrapolated"] == 2
+    text = format_rows(rows, s)
+    lines = text.splitlines()
+    assert [ln.endswith("extrapolated (*)") for ln in lines[1:4]] == [True, True, False]
+    assert lines.count(f"(*) extrapolated: {note}") == 1
+    assert "2 plan(s) extrapolated (*)" in text
 
 
 def test_rounds_keep_each_plans_median_round_and_every_step():

@@ -21,6 +21,7 @@ from simulator.fileio import atomic_write_text
 
 from planner.machine import cache_dir, host_fingerprint, make_cache_dir
 from planner.measure.heap import DEFAULT_HEAP
+from planner.measure.validate.calibrate import SIZES
 from planner.measure.tables.fit import calibrate, write_profile
 from planner.model.tables.cpu_profile import CPU_PROFILE_PATH, host_profile_path, load_cpu_profile
 
@@ -30,8 +31,11 @@ __all__ = ["host_fingerprint", "cache_path", "cached_calibration", "store_calibr
 
 def cache_path(world: int, heap: str = DEFAULT_HEAP) -> Path:
     """Where this host's calibration for ``world`` processes with the heap policy ``heap``
-    (:mod:`planner.measure.heap`) is kept."""
-    return cache_dir() / f"gloo-{host_fingerprint(world)}-w{int(world)}-{heap}.yaml"
+    (:mod:`planner.measure.heap`) is kept. The name holds the largest collective size measured
+    (:data:`~planner.measure.validate.calibrate.SIZES`), so that a calibration made before the
+    sizes grew is measured again rather than extrapolated from."""
+    top = SIZES[-1] // 2 ** 20
+    return cache_dir() / f"gloo-{host_fingerprint(world)}-w{int(world)}-{heap}-{top}MiB.yaml"
 
 
 def store_calibration(doc: dict, world: int, heap: str | None = None) -> Path:

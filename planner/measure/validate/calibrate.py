@@ -72,7 +72,7 @@ from planner.model.llm.spec import ModelSpec
 __all__ = ["GlooCalibration", "measure_gloo", "measure_gloo_raw", "profile_from_raw",
            "profile_document", "summary_lines", "SIZES"]
 
-SIZES = tuple(4 * 4 ** i for i in range(12))          # 4 B .. 16 MiB
+SIZES = tuple(4 * 4 ** i for i in range(14))          # 4 B .. 256 MiB
 KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv")
 GEMM_T = (32, 128, 512)                                # tokens
 GEMM_K = (64, 256, 1024, 2048)                         # input width

@@ -132,6 +132,7 @@ def predicted(cfg: DLRMRunConfig, step: int, calibration=None) -> dict:
         res = simulate(problem.topology, w, compute=calibration.compute,
                        measured_comm=calibration)
     per = res.per_device()
+    beyond = comm_extrapolations(w, calibration) if calibration is not None else []
     kinds = {}
     for cat in ("emb_fwd", "emb_bwd", "mlp_fwd", "mlp_bwd", "a2a", "rw_comm",
                 "dense_allreduce", "dp_allreduce"):
@@ -139,7 +140,24 @@ def predicted(cfg: DLRMRunConfig, step: int, calibration=None) -> dict:
         kinds[cat] = float(sel.groupby("rank").duration_s.sum().max()) if len(sel) else 0.0
     kinds["torchrec_host"] = max(host) if host else 0.0
     return {"step_time_s": res.step_time_s, "per_kind": kinds,
-            "topology": problem.topology_ref}
+            "topology": problem.topology_ref, "extrapolated": beyond}
+
+
+def comm_extrapolations(workload, calibration) -> list[str]:
+    """One line per (kind, processes) whose calls in ``workload`` exceed the largest size
+    ``calibration`` measured for them: those times are extrapolated, not interpolated."""
+    worst: dict[tuple[str, int], tuple[float, float]] = {}
+    for op in workload.ops:
+        if op.kind not in ("collective", "sendrecv"):
+            continue
+        kind = op.collective if op.kind == "collective" else "sendrecv"
+        top = calibration.beyond_measured(kind, len(op.ranks), op.bytes_moved)
+        if top is not None:
+            key = (kind, len(op.ranks))
+            worst[key] = (max(op.bytes_moved, worst.get(key, (0.0, top))[0]), top)
+    return [f"{kind} of up to {nbytes / 1e6:.1f} MB on {n} processes: above the calibration's "
+            f"largest measured size ({top / 1e6:.1f} MB), timed at its last interval's rate"
+            for (kind, n), (nbytes, top) in sorted(worst.items())]
 
 
 _HOST_COSTS: dict = {}
@@ -247,6 +265,7 @@ def validate_dlrm(cfg: DLRMRunConfig, *, result: RunResult | None = None,
             "calibration": getattr(calibration, "source", None) if calibration is not None
             else None,
             "heap": heap_notes(cfg.heap, calibration),
+            "extrapolated": pred["extrapolated"],
             "traces": sorted(r["trace"] for r in res.ranks if r.get("trace")),
             "real": {"model": "TorchRec DistributedModelParallel (EmbeddingBagCollection + "
                               "dense MLPs), gloo, fused exact SGD"}}
@@ -289,6 +308,7 @@ def format_dlrm_report(d: dict) -> str:
         lines.append(f"  note: {d['processes']} processes share {d['cores']} cores: measured "
                      "times include waiting for a core")
     lines += [f"  note: {n}" for n in d.get("heap", [])]
+    lines += [f"  extrapolated: {n}" for n in d.get("extrapolated", [])]
     if d.get("calibration"):
         lines.append(f"  timed with {d['calibration']} (collective tables, one core's curves, "
                      "TorchRec probe plans); the benchmark: tests/bench/bench_validate.py")

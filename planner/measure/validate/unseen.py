@@ -222,6 +222,7 @@ def summarise(rows: Sequence[dict]) -> dict:
             "mape": statistics.mean(abs(e) for e in errs) if errs else None,
             "mean_error": statistics.mean(errs) if errs else None, "worst": worst,
             "within_25pct": sum(abs(e) <= 0.25 for e in errs),
+            "extrapolated": sum(bool(r.get("extrapolated")) for r in rows),
             "kendall_tau_within_sets": kendall_tau_within(rows),
             "goals": {"mape_le_15pct": bool(errs) and statistics.mean(abs(e) for e in errs) <= 0.15,
                       "every_row_within_25pct": bool(errs) and not failed
@@ -321,7 +322,8 @@ def repredict_rows(cases: Sequence[UnseenCase], recorded: Sequence[dict], folder
         measured = {k: v.get("measured_s") for k, v in r.get("per_kind", {}).items()}
         per_kind = per_kind_rows(pred["per_kind"], measured)
         rows.append({**r, "predicted_s": pred["step_time_s"], "per_kind": per_kind,
-                     "predicted_parts": pred["per_kind"], "predicted_before_s": r["predicted_s"]})
+                     "predicted_parts": pred["per_kind"], "predicted_before_s": r["predicted_s"],
+                     "extrapolated": pred["extrapolated"]})
     return rows
 
 
@@ -341,7 +343,8 @@ def _run_case(case: UnseenCase, folder: Path, pool, *, steps: int, warmup: int, 
     d = validate_dlrm(cfg, result=pool.run(cfg), calibration=calibration)
     return _row(case, predicted_s=d["predicted_step_time_s"],
                 measured_s=d["measured_step_time_s"], steps_s=d["steps_s"],
-                structure_match=d["structure"]["match"], per_kind=d["per_kind"])
+                structure_match=d["structure"]["match"], per_kind=d["per_kind"],
+                extrapolated=d["extrapolated"])
 
 
 def format_rows(rows: Sequence[dict], summary: dict) -> str:
@@ -356,7 +359,10 @@ def format_rows(rows: Sequence[dict], summary: dict) -> str:
         err = r["predicted_s"] / r["measured_s"] - 1.0
         lines.append(f"{r['set'][:38]:38s} {r['plan']:12s} {r['ranks']:5d} {r['tables']:6d} "
                      f"{r['batch']:6d} {r['predicted_s'] * 1e3:8.1f}ms {r['measured_s'] * 1e3:8.1f}ms "
-                     f"{err:+7.1%}" + ("" if r["structure_match"] else "  STRUCTURE MISMATCH"))
+                     f"{err:+7.1%}" + ("" if r["structure_match"] else "  STRUCTURE MISMATCH")
+                     + ("  extrapolated (*)" if r.get("extrapolated") else ""))
+    beyond = sorted({n for r in rows for n in r.get("extrapolated", ())})
+    lines += [f"(*) extrapolated: {n}" for n in beyond]
     s = summary
     tau = s["kendall_tau_within_sets"]
     if s["failed"]:
@@ -364,7 +370,9 @@ def format_rows(rows: Sequence[dict], summary: dict) -> str:
     lines.append(f"{s['plans']} plans of {s['sets']} table sets: MAPE {s['mape']:.1%} (mean "
                  f"{s['mean_error']:+.1%}, worst {s['worst']:+.1%}), {s['within_25pct']} of "
                  f"{s['plans']} within 25%, Kendall tau within sets "
-                 + ("-" if tau is None else f"{tau:.2f}"))
+                 + ("-" if tau is None else f"{tau:.2f}")
+                 + (f"; {s['extrapolated']} plan(s) extrapolated (*)" if s.get("extrapolated")
+                    else ""))
     g = s["goals"]
     lines.append("goals: MAPE <= 15% " + ("met" if g["mape_le_15pct"] else "NOT met")
                  + "; every plan within 25% " + ("met" if g["every_row_within_25pct"] else
