@@ -28,6 +28,7 @@ import simpy
 from simulator.collectives import CollectivePlan, plan_collective, run_plan
 from simulator.collectives.algorithms import sendrecv as _sendrecv_plan
 from simulator.compute import ComputeProfile, load_compute_profile, op_time
+from simulator.cpushare import CpuShare
 from simulator.errors import SimulationError, SpecError
 from simulator.network import FlowNetwork, NetworkStats
 from simulator.topology import Topology
@@ -163,7 +164,9 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
         nranks, nbytes)`` and ``shared_core``): collectives and messages it has a table for
         take their measured time instead of flows (algorithm ``measured``); with
         ``shared_core`` every rank is one core that its compute ops and its measured
-        communication hold in turn (CPU processes under gloo).
+        communication hold in turn (CPU processes under gloo); where the profile's processes
+        had fewer cores than there are ranks or processes, rank ``r`` computes on core
+        ``r mod cores`` beside the other ranks pinned there (:mod:`simulator.cpushare`).
     """
     t0 = time.perf_counter()
     ops = workload.ops
@@ -263,6 +266,7 @@ class _OpRunner:
         self.events = 0
         self.cores = ([simpy.Resource(env, capacity=1) for _ in range(n_gpus)]
                       if measured_comm is not None and measured_comm.shared_core else None)
+        self.cpu = _cpu_share(env, measured_comm, n_gpus) if self.cores is not None else None
         self.last_comm = np.zeros(n_gpus)   # when each rank's last measured call ended, seconds
 
     def run(self) -> None:
@@ -351,7 +355,10 @@ class _OpRunner:
             yield req
             held.append((r, req))
         self.start[i] = env.now          # the op runs from when it holds its cores
-        yield env.timeout(d() if callable(d) else d)
+        if self.cpu is not None and self.ops[i].kind == "compute":
+            yield self.cpu[self.ops[i].ranks[0] % len(self.cpu)].run(d)
+        else:
+            yield env.timeout(d() if callable(d) else d)
         for r, req in held:
             cores[r].release(req)
         self.finish(i)
@@ -371,6 +378,17 @@ class _OpRunner:
         """Process: run ``plan``'s flows on the network, then finish op ``i``."""
         yield from run_plan(self.env, self.net, plan)
         self.finish(i)
+
+
+def _cpu_share(env: simpy.Environment, mc, n_ranks: int) -> list[CpuShare] | None:
+    """One :class:`~simulator.cpushare.CpuShare` per core of the host, rank ``r`` computing
+    on core ``r mod cores`` (as the measurement processes pin their ranks), when the profile
+    says how many cores its processes had and there are more ranks or measured processes than
+    cores; None otherwise (every rank a core of its own, as measured)."""
+    cores, procs = getattr(mc, "cores", None), getattr(mc, "processes", None)
+    if not cores or not procs or cores >= max(procs, n_ranks):
+        return None
+    return [CpuShare(env, 1, min(1.0, cores / procs)) for _ in range(cores)]
 
 
 def _check_finished(ops, end: np.ndarray) -> None:

@@ -132,6 +132,11 @@ class GlooProfile:
     #: what the measured processes' C heap did with freed memory (``measured.heap``:
     #: ``retain`` or ``system``; profiles that predate the setting ran with ``system``)
     heap: str = "system"
+    #: the cores the measured processes ran on (``measured.machine.cpu_count``) and how many
+    #: processes there were (``measured.processes``): with more processes than cores every
+    #: compute time above is at a share of a core (:mod:`simulator.cpushare`); None: unknown
+    cores: int | None = None
+    processes: int | None = None
 
     def comm_time_s(self, kind: str, nranks: int, nbytes: float, gap_s: float = 0.0
                     ) -> float | None:
@@ -233,7 +238,23 @@ def gloo_profile_from_dict(doc: Mapping[str, Any], *, source: str = "<dict>") ->
                        else None, fresh_alloc=_fresh_alloc(doc.get("fresh_alloc"), source),
                        permute_pooled=doc.get("permute_pooled")
                        if isinstance(doc.get("permute_pooled"), Mapping) else None,
-                       heap=_heap(doc, source))
+                       heap=_heap(doc, source), **_cores(doc, source))
+
+
+def _cores(doc: Mapping, source: str) -> dict:
+    """``cores`` and ``processes`` from the ``measured`` section (None where absent)."""
+    measured = doc.get("measured") if isinstance(doc.get("measured"), Mapping) else {}
+    machine = measured.get("machine") if isinstance(measured.get("machine"), Mapping) else {}
+    out = {}
+    for key, field_, value in (("cores", "measured.machine.cpu_count", machine.get("cpu_count")),
+                               ("processes", "measured.processes", measured.get("processes"))):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise SpecError(f"{field_} must be a whole number >= 1, not {value!r}",
+                            source=source, field=field_,
+                            fix="write it again with clusterplan calibrate gloo")
+        out[key] = value
+    return out
 
 
 def _heap(doc: Mapping, source: str) -> str:

@@ -59,6 +59,55 @@ def test_calls_above_the_largest_measured_size_are_told_apart_and_listed():
     assert comm_extrapolations(small, p) == []
 
 
+def _oversubscribed(**measured) -> dict:
+    return profile_doc(measured={"machine": {"cpu_count": 2}, "processes": 4, **measured})
+
+
+def test_ranks_pinned_to_a_core_share_it_in_proportion_to_who_computes():
+    """4 processes measured on 2 cores, rank r pinned to core r mod 2: a profile time is work
+    at half a core. A rank whose core-mate is idle runs it at a whole core (half the time);
+    beside a busy core-mate at half a core (the time itself)."""
+    topo = load_topology("localhost-gloo:node.gpus=4")
+    prof = gloo_profile_from_dict(_oversubscribed())
+    assert (prof.cores, prof.processes) == (2, 4)
+
+    def step(busy) -> float:
+        w = Workload()
+        for r in busy:
+            w.compute(r, f"work{r}", duration_s=1.0)
+        return simulate(topo, w, measured_comm=prof).step_time_s
+    assert step([0]) == pytest.approx(0.5)
+    assert step([0, 1]) == pytest.approx(0.5)      # one rank on each core
+    assert step([0, 2]) == pytest.approx(1.0)      # both on core 0
+    assert step([0, 1, 2, 3]) == pytest.approx(1.0)
+    # unequal work: rank 0 2 s, the others 1 s -> ranks 0 and 2 share core 0 until 1 s, then
+    # rank 0 alone with 0.5 core-s left at a whole core
+    w = Workload()
+    for r in range(4):
+        w.compute(r, f"work{r}", duration_s=2.0 if r == 0 else 1.0)
+    res = simulate(topo, w, measured_comm=prof)
+    ops = res.ops.set_index("name")
+    assert ops.loc["work1", "end_s"] == pytest.approx(1.0)
+    assert res.step_time_s == pytest.approx(1.5)
+    # a profile without the record, or a core for every rank: every rank its own core
+    for doc in (profile_doc(), _oversubscribed(machine={"cpu_count": 4})):
+        assert simulate(topo, w, measured_comm=gloo_profile_from_dict(doc)).step_time_s == \
+            pytest.approx(2.0)
+    # measured with a core per process, run with 4 ranks on those 2 cores: half a core each
+    # while all four compute, then rank 0's last second alone
+    two = gloo_profile_from_dict(_oversubscribed(processes=2))
+    assert simulate(topo, w, measured_comm=two).step_time_s == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("measured,field", [({"processes": 0}, "measured.processes"),
+                                            ({"machine": {"cpu_count": "2"}},
+                                             "measured.machine.cpu_count")])
+def test_bad_core_record_names_the_field(measured, field):
+    with pytest.raises(SpecError) as err:
+        gloo_profile_from_dict(profile_doc(measured=measured), source="p.yaml")
+    assert err.value.field == field
+
+
 def test_wake_cost_is_zero_back_to_back_and_clamped_after_the_longest_gap():
     p = gloo_profile_from_dict(profile_doc())
     assert p.wake_s(0.0) == 0.0
