@@ -5,8 +5,8 @@ processes, two ranks pinned to each core (``planner/measure/validate/worker.py``
 ``r`` to core ``r mod cores``), each op ran on half a core. In a step the ranks are not always
 all busy: a rank waiting in a collective sleeps, and the kernel gives its core's time to the
 ranks pinned there that compute. So an op's time in the profile is work at the measured share,
-and it runs at the share it gets now: with ``k`` ranks computing on ``cores`` cores each gets
-``min(1, cores / k)`` of a core (the kernel's fair scheduler, one thread per rank). A plan
+and it runs at the share it gets now: with ``k`` ranks computing on a core each gets ``1/k``
+of it (the kernel's fair scheduler, one thread per rank). A plan
 whose ranks carry unequal work then finishes its busiest rank faster than the all-busy rate
 says, as far as its core-mates leave it the core. Units: seconds and core-seconds.
 """
@@ -19,14 +19,14 @@ __all__ = ["CpuShare"]
 
 
 class CpuShare:
-    """The compute ops in flight on one host's ``cores`` cores, processor-shared.
+    """The compute ops in flight on one core, processor-shared.
 
     ``measured_share``: the share of a core each process had when the op times were measured
     (cores / processes, at most 1); an op of ``d`` seconds is ``d * measured_share``
     core-seconds of work."""
 
-    def __init__(self, env: simpy.Environment, cores: int, measured_share: float) -> None:
-        self.env, self.cores, self.measured_share = env, cores, measured_share
+    def __init__(self, env: simpy.Environment, measured_share: float) -> None:
+        self.env, self.measured_share = env, measured_share
         self.left: dict[int, float] = {}          # op key -> core-seconds still to run
         self.done: dict[int, simpy.Event] = {}
         self.t = 0.0                               # when ``left`` was last brought up to date
@@ -45,7 +45,7 @@ class CpuShare:
 
     def rate(self) -> float:
         """Core share of each op in flight now."""
-        return min(1.0, self.cores / len(self.left)) if self.left else 0.0
+        return 1.0 / len(self.left) if self.left else 0.0
 
     def _advance(self) -> None:
         now = self.env.now

@@ -388,7 +388,7 @@ def _cpu_share(env: simpy.Environment, mc, n_ranks: int) -> list[CpuShare] | Non
     cores, procs = getattr(mc, "cores", None), getattr(mc, "processes", None)
     if not cores or not procs or cores >= max(procs, n_ranks):
         return None
-    return [CpuShare(env, 1, min(1.0, cores / procs)) for _ in range(cores)]
+    return [CpuShare(env, min(1.0, cores / procs)) for _ in range(cores)]
 
 
 def _check_finished(ops, end: np.ndarray) -> None:
