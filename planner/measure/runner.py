@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 
-__all__ = ["SPAWN", "rendezvous", "init_group", "start_processes", "PythonRanks", "wait",
+__all__ = ["SPAWN", "rendezvous", "release", "init_group", "start_processes", "PythonRanks", "wait",
            "running", "failed", "end_processes"]
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -40,10 +40,18 @@ def rendezvous() -> str:
     """A fresh rendezvous for one run's process group: the path of a file store in a private
     folder of the temporary directory. Nothing listens on a port for it (a TCP store listens on
     every interface), no port is picked and released (a race), and runs side by side never
-    join each other's group. The store removes its file when the last rank leaves."""
+    join each other's group. The store removes its file when the last rank leaves; the parent
+    calls :func:`release` once its ranks are gone, for the ranks that did not."""
     folder = Path(tempfile.gettempdir()) / f"clusterplan-rendezvous-{os.getuid()}"
     folder.mkdir(mode=0o700, exist_ok=True)
     return str(folder / uuid.uuid4().hex)
+
+
+def release(rdzv: str) -> None:
+    """Remove the file store at ``rdzv`` if it is still there. Call it after every rank of the
+    run has exited: a rank killed, or one whose interpreter ended while something still held
+    its store, leaves the file behind (torch removes it only when the last holder is freed)."""
+    Path(rdzv).unlink(missing_ok=True)
 
 
 def init_group(backend: str, rank: int, world: int, rdzv: str, timeout_s: float) -> None:

@@ -1,7 +1,8 @@
 """Real runs meet through a file store: no port picked and released, nothing listening beyond
-the loopback interface."""
+the loopback interface, and no store file left behind."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+import planner.measure.network.spawn as spawn  # noqa: E402
 from planner.measure.runner import rendezvous  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,4 +60,20 @@ def test_ranks_listen_on_loopback_only(tmp_path):
         doc = json.loads(out.read_text())
         assert doc["sum"] == [3.0, 3.0, 3.0]
         assert doc["listening"] and set(doc["listening"]) <= LOOPBACK, doc["listening"]
-    assert not Path(rdzv).exists()                 # the store removed its file
+
+
+def _exit_holding_store(rank: int, world: int) -> None:
+    os._exit(0)             # no destructor runs: torch's store never removes its file
+
+
+def test_a_run_removes_the_store_its_ranks_left(monkeypatch):
+    made = []
+
+    def recorded() -> str:
+        made.append(rendezvous())
+        return made[-1]
+
+    monkeypatch.setattr(spawn, "rendezvous", recorded)
+    with pytest.raises(spawn.ProbeFailed, match="without a result|exited"):
+        spawn.run_distributed(_exit_holding_store, 2, timeout_s=60.0)
+    assert len(made) == 1 and not Path(made[0]).exists()

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.measure.runner import end_processes, failed, rendezvous, start_processes, wait
+from planner.measure.runner import (end_processes, failed, release, rendezvous, start_processes,
+                                    wait)
 
 __all__ = ["spawn_gloo"]
 
@@ -26,6 +27,7 @@ def spawn_gloo(target, world: int, payload, *, timeout_s: float) -> list[dict]:
                                          for r in range(world)])
         alive = wait(procs, timeout_s)
         end_processes(procs)
+        release(rdzv)
         if alive:
             raise TimeoutError(f"ranks {alive} still running after {timeout_s:.0f} s")
         errs = {r: (Path(tmp) / f"rank{r}.err").read_text()

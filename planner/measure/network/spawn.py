@@ -19,6 +19,7 @@ from simulator.errors import ClusterplanError, SpecError
 from planner.measure.runner import (
     SPAWN,
     end_processes,
+    release,
     rendezvous,
     init_group,
     running,
@@ -73,6 +74,7 @@ def run_distributed(fn: Callable, nproc: int, *, args: tuple = (), backend: str 
         return result
     finally:
         end_processes(procs)
+        release(rdzv)
 
 
 def _result(out, procs: list, deadline: float, timeout_s: float, backend: str) -> Any:

@@ -55,7 +55,7 @@ from simulator.errors import SpecError
 
 from planner.costmodel.datafile import COLUMNS, meta_path, read_data
 from planner.machine import cpu_description, installed_description
-from planner.measure.runner import PythonRanks, end_processes, failed, rendezvous, wait
+from planner.measure.runner import PythonRanks, end_processes, failed, release, rendezvous, wait
 from planner.measure.tables.kernels import KernelTable, kernel_backend, time_shard_set
 from planner.model.tables.generate import synthesize_tables
 from planner.model.tables.ids import table_ids
@@ -340,3 +340,4 @@ def _run_comm_workers(world: int, jobs: Path, outdir: Path, timeout_s: float = 6
             raise RuntimeError(f"communication workers failed: {ranks.tails()[min(bad)] or '?'}")
     finally:
         ranks.close()
+        release(rdzv)

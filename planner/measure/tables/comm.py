@@ -37,7 +37,7 @@ from typing import Any, Sequence
 from simulator.errors import SpecError
 
 from planner.machine import require_torch
-from planner.measure.runner import PythonRanks, init_group, rendezvous, running, wait
+from planner.measure.runner import PythonRanks, init_group, release, rendezvous, running, wait
 
 __all__ = ["GlooGroup", "oversubscription"]
 
@@ -174,10 +174,11 @@ class GlooGroup:
         self.timeout_s = timeout_s
         self._closed = False
         self._out: queue.Queue = queue.Queue()
+        self._rdzv = None
         if world == 1:                   # one rank communicates with no one: no process
             self._ranks = PythonRanks([])
             return
-        rdzv = rendezvous()
+        rdzv = self._rdzv = rendezvous()
         self._ranks = PythonRanks([(__file__, r, world, rdzv, timeout_s) for r in range(world)],
                                   pipes=True)
         for p in self._ranks.procs:
@@ -257,6 +258,8 @@ class GlooGroup:
                 pass
         wait(self._ranks.procs, 10.0)
         self._ranks.close()
+        if self._rdzv is not None:
+            release(self._rdzv)
 
     def __enter__(self) -> "GlooGroup":
         return self

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from simulator.errors import ClusterplanError
 
 from planner.measure.heap import DEFAULT_HEAP
-from planner.measure.runner import SPAWN, end_processes, rendezvous, start_processes, wait
+from planner.measure.runner import (SPAWN, end_processes, release, rendezvous, start_processes,
+                                    wait)
 from planner.measure.validate.comm import Progress
 from planner.measure.validate.config import RunConfig
 from planner.measure.validate.worker import worker_main
@@ -71,6 +72,7 @@ class Pool:
         self.closed = False
         self.started = False
         self.jobs = 0
+        self.rendezvous: list[str] = []       # each job's file store, removed at close
         try:
             self.procs = start_processes(
                 worker_main, [(r, self.inboxes[r], self.progress, self.out, heap)
@@ -92,6 +94,7 @@ class Pool:
             raise RunFailed(f"a run with heap {cfg.heap!r} on a pool of heap {self.heap!r}")
         self.jobs += 1
         job, rdzv = self.jobs, rendezvous()
+        self.rendezvous.append(rdzv)
         for r in range(cfg.world):
             self.inboxes[r].put((job, cfg, rdzv))
         limit = start_timeout_s if start_timeout_s is not None else \
@@ -119,6 +122,8 @@ class Pool:
                     pass
             wait(self.procs, 2.0)
         end_processes(self.procs)
+        for rdzv in self.rendezvous:
+            release(rdzv)
         for q in (*self.inboxes, self.out):
             q.close()
             q.cancel_join_thread()
