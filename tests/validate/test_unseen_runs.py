@@ -2,11 +2,11 @@
 capped small enough for the test run, run for real under TorchRec on gloo and predicted with a
 calibration measured here (microbenchmarks only).
 
-The issue's goal for these plans is every one within 25%. The 12-set family met it once, on
-2026-11-27 (MAPE 7.9-8.5%, 47-48 of 48 within 25%, traces/validate/unseen-*.json), a family of
-another seed not (see planner/measure/validate/README.md), and a run of a few plans on a shared
-host moves by up to 30% from one hour to the next, so the tolerance here stays an expected
-failure that reports when it holds. What must hold: every plan's communication equals the
+The issue's goal for these plans is every one within 25%. The 12-set families of seeds 1 and 2
+met it with each plan's median of three rounds (2026-11-27: MAPE 9.3% and 7.7%, 48 of 48,
+traces/validate/unseen-seed*.json), seed 1 not in a run of one round (43 of 48), and a run of a
+few plans on a shared host moves by up to 30% from one hour to the next, so the tolerance here
+(one round) stays an expected failure that reports when it holds. What must hold: every plan's communication equals the
 simulator's call for call, and the prediction is timed from the calibration alone."""
 
 from __future__ import annotations
