@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 
-__all__ = ["SPAWN", "rendezvous", "release", "init_group", "start_processes", "PythonRanks", "wait",
-           "running", "failed", "end_processes"]
+__all__ = ["SPAWN", "rendezvous", "release", "init_group", "start_processes", "PythonRanks",
+           "wait", "running", "failed", "end_processes"]
 
 SPAWN = multiprocessing.get_context("spawn")
 """The context of every spawned rank and of the queues it shares with the parent."""

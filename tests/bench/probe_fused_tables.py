@@ -15,8 +15,9 @@ prices a rank's lookups as the sum of its tables. 2026-11-27 15:08, AMD EPYC VM 
 
 (a first version, in 2 processes, 15:04: 1:3 1.89x / 1.27x, 1:6 1.76x / 1.30x, 2:9 1.40x /
 1.61x). The profile's tables are additive; a large fused lookup is not (the likely cause, not
-yet shown: its tables' rows and output gradients compete for one cache). Not modelled yet; the gloo calibration's lookup probe
-(4 small tables, batch 2,048) charges about 1.3-1.4x, which covers the small sets only.
+yet shown: its tables' rows and output gradients compete for one cache). Not modelled yet;
+the gloo calibration's lookup probe (4 small tables, batch 2,048) charges about 1.3-1.4x,
+which covers the small sets only.
 """
 import statistics
 import sys
@@ -46,9 +47,21 @@ def seconds(tables) -> float:
     return t.fwd_s + t.bwd_s
 
 
+def parse_picks(args) -> list[tuple[int, int]]:
+    """``SEED:SET`` arguments as pairs; SystemExit(2) naming the argument and the fix."""
+    picks = []
+    for a in args or ["1:3", "1:6", "2:9", "2:11"]:
+        seed, _, k = a.partition(":")
+        if not (seed.isdigit() and k.isdigit() and int(k) < 12):
+            print(f"probe_fused_tables: argument {a!r} is not SEED:SET (fix: two whole "
+                  "numbers, SET 0-11, e.g. 1:6)", file=sys.stderr)
+            raise SystemExit(2)
+        picks.append((int(seed), int(k)))
+    return picks
+
+
 def main(argv) -> int:
-    picks = [tuple(int(x) for x in a.split(":")) for a in (argv or ["1:3", "1:6", "2:9", "2:11"])]
-    for seed, k in picks:
+    for seed, k in parse_picks(argv):
         c = greedy_case(seed, k)
         if c is None:
             print(f"{seed}:{k} is not a 2-rank set; skipped")
