@@ -16,6 +16,7 @@ import numpy as np
 from simulator.errors import SpecError
 
 __all__ = ["INSTALL_HINT", "MMAP_THRESHOLD_BYTES", "require_torch", "last_level_cache_bytes",
+           "l2_cache_bytes",
            "platform_description", "cpu_description", "installed_description", "cache_dir",
            "make_cache_dir", "host_fingerprint", "other_host"]
 
@@ -37,19 +38,30 @@ def require_torch(what: str = "measuring embedding kernels"):
     return torch
 
 
-def last_level_cache_bytes() -> int:
-    """Size of the largest CPU cache (from sysfs), or 32 MiB when unknown."""
-    best = 0
+def _cache_sizes() -> dict[int, int]:
+    """Bytes of cpu0's caches by level from sysfs (the largest per level; {} when unknown)."""
+    out: dict[int, int] = {}
     base = Path("/sys/devices/system/cpu/cpu0/cache")
     try:
         for d in base.glob("index*"):
             text = (d / "size").read_text().strip()
             mult = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(text[-1:], 1)
             num = text[:-1] if text[-1:] in "KMG" else text
-            best = max(best, int(num) * mult)
+            level = int((d / "level").read_text().strip())
+            out[level] = max(out.get(level, 0), int(num) * mult)
     except (OSError, ValueError):
-        best = 0
-    return best or 32 * 1024 ** 2
+        return {}
+    return out
+
+
+def last_level_cache_bytes() -> int:
+    """Size of the largest CPU cache (from sysfs), or 32 MiB when unknown."""
+    return max(_cache_sizes().values(), default=0) or 32 * 1024 ** 2
+
+
+def l2_cache_bytes() -> int:
+    """Size of one core's level-2 cache (from sysfs), or 1 MiB when unknown."""
+    return _cache_sizes().get(2) or 1024 ** 2
 
 
 def platform_description() -> dict:

@@ -55,6 +55,7 @@ def plan_task(bt, gpus: int, topology: str, seed: int, mip_limit: float) -> dict
             row["plans"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:160]}"}
             continue
         entry = {"valid": plan.valid, "predicted_max_s": plan.max_cost_s,
+                 "predicted_mean_s": plan.max_cost_s / plan.imbalance,
                  "imbalance": plan.imbalance,
                  "plan_s": round(time.perf_counter() - t0, 2),
                  "types": plan.type_counts()}
@@ -68,6 +69,9 @@ def plan_task(bt, gpus: int, topology: str, seed: int, mip_limit: float) -> dict
         best = min(ours)[1]
         row["best"] = best
         row["ratio"] = row["plans"][best]["step_s"] / trx["step_s"]
+        # predicted max ratio = work ratio (mean rank cost) x balance ratio (max / mean)
+        row["work_ratio"] = row["plans"][best]["predicted_mean_s"] / trx["predicted_mean_s"]
+        row["balance_ratio"] = row["plans"][best]["imbalance"] / trx["imbalance"]
     return row
 
 
@@ -87,7 +91,7 @@ def main(argv=None) -> int:
         print(f"{gpus} GPUs on {topology}: {a.tasks} tasks, {trange[0]}-{trange[1]} tables",
               flush=True)
         print(f"  {'task':28s} {'tables':>6s} {'TorchRec':>10s} {'ours':>10s} {'best':>13s} "
-              f"{'ratio':>6s} {'max/mean':>8s}", flush=True)
+              f"{'ratio':>6s} {'max/mean':>8s} {'TorchRec':>8s} {'work':>6s}", flush=True)
         for bt in tasks:
             r = plan_task(bt, gpus, topology, a.seed, a.mip_limit)
             rows.append(r)
@@ -96,14 +100,16 @@ def main(argv=None) -> int:
                 best = r["plans"][r["best"]]
                 print(f"  {r['task'][:28]:28s} {r['tables']:6d} {trx['step_s'] * 1e3:8.1f}ms "
                       f"{best['step_s'] * 1e3:8.1f}ms {r['best']:>13s} {r['ratio']:6.3f} "
-                      f"{best['imbalance']:8.3f}", flush=True)
+                      f"{best['imbalance']:8.3f} {trx['imbalance']:8.3f} "
+                      f"{r['work_ratio']:6.3f}", flush=True)
             else:
                 why = trx.get("error") or ("TorchRec's plan invalid" if trx else "no valid plan")
                 print(f"  {r['task'][:28]:28s} {r['tables']:6d}  not compared: {why[:80]}",
                       flush=True)
     summary = {}
     for gpus in sorted({r["gpus"] for r in rows}):
-        ratios = [r["ratio"] for r in rows if r["gpus"] == gpus and "ratio" in r]
+        mine = [r for r in rows if r["gpus"] == gpus and "ratio" in r]
+        ratios = [r["ratio"] for r in mine]
         if not ratios:
             continue
         imb = [r["plans"][r["best"]]["imbalance"] for r in rows
@@ -112,13 +118,20 @@ def main(argv=None) -> int:
                          "worst_ratio": max(ratios),
                          "goal_20pct_below": statistics.mean(ratios) <= 0.8,
                          "best_imbalance_mean": statistics.mean(imb),
-                         "best_imbalance_max": max(imb)}
+                         "best_imbalance_max": max(imb),
+                         "torchrec_imbalance_mean": statistics.mean(
+                             r["plans"]["torchrec"]["imbalance"] for r in mine),
+                         "work_ratio_mean": statistics.mean(r["work_ratio"] for r in mine)}
         s = summary[gpus]
         print(f"{gpus} GPUs: {s['compared']} tasks compared; our best plan's simulated step is "
               f"{s['mean_ratio']:.3f}x TorchRec's on average (worst {s['worst_ratio']:.3f}); "
               f"goal <= 0.80: {'met' if s['goal_20pct_below'] else 'NOT met'}; its slowest "
               f"rank's cost is {s['best_imbalance_mean']:.3f}x its ranks' mean on average "
-              f"(worst {s['best_imbalance_max']:.3f}): what placement alone can still gain")
+              f"(worst {s['best_imbalance_max']:.3f}): what placement alone can still gain. "
+              f"TorchRec's plan: {s['torchrec_imbalance_mean']:.3f}x its mean; our best plan's "
+              f"mean rank cost (its work) is {s['work_ratio_mean']:.3f}x TorchRec's: predicted "
+              f"max = work x balance, so balancing TorchRec's own shards would gain at most "
+              f"1 - 1/{s['torchrec_imbalance_mean']:.3f} and the rest must come from less work")
     if a.out:
         Path(a.out).write_text(json.dumps({"seed": a.seed, "mip_limit_s": a.mip_limit,
                                            "rows": rows, "summary": summary}, indent=1) + "\n")

@@ -346,3 +346,33 @@ def test_too_big_to_measure_is_a_spec_error():
     with pytest.raises(SpecError, match="more than"):
         measure_shardings(problem, [table_wise(0, "big", 10_000, 64, 0)], comm=False,
                           memory_limit_bytes=1000)
+
+
+def test_an_untimed_gradient_trains_the_same_rows():
+    """``grad_untimed`` moves making the output gradient (ones) out of the timed backward and
+    nothing else: one step updates the tables exactly as the timed default does, for the
+    fused TBE and for the data-parallel replicas, repeatedly."""
+    pytest.importorskip("fbgemm_gpu")
+    import torch
+    from planner.measure.tables.kernels import KernelTable, RankKernels
+    rng = np.random.default_rng(3)
+    tables = [KernelTable(500, 16, "fp32", rng.integers(0, 500, 256 * 3).astype(np.int64),
+                          np.arange(0, 256 * 3 + 1, 3, dtype=np.int64), name="s"),
+              KernelTable(200, 8, "fp32", rng.integers(0, 200, 64).astype(np.int64),
+                          np.arange(0, 65, 1, dtype=np.int64), dense=True, name="d")]
+    weights = []
+    for untimed in (False, True):
+        torch.manual_seed(0)
+        k = RankKernels(tables, backend="fbgemm", grad_untimed=untimed)
+        for _ in range(2):
+            f, b = k.step()
+            assert f > 0 and b > 0
+        weights.append([p.detach().clone() for part in k.parts
+                        for p in (part.groups[0][0].split_embedding_weights()
+                                  if hasattr(part, "groups") else
+                                  [bag.weight for bag, *_ in part.items])])
+        k.close()
+    assert len(weights[0]) == 2
+    for a, b in zip(*weights):
+        assert torch.equal(a, b)
+    assert not torch.equal(weights[1][1], torch.zeros_like(weights[1][1]))

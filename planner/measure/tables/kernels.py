@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -49,10 +50,12 @@ def kernel_backend(backend: str = "auto") -> str:
     if backend == "torch":
         return "torch"
     try:
-        import fbgemm_gpu  # noqa: F401
-        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (  # noqa: F401
-            SplitTableBatchedEmbeddingBagsCodegen,
-        )
+        with warnings.catch_warnings():       # the CPU build warns of its absent SSD ops
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import fbgemm_gpu  # noqa: F401
+            from fbgemm_gpu.split_table_batched_embeddings_ops_training import (  # noqa: F401
+                SplitTableBatchedEmbeddingBagsCodegen,
+            )
         return "fbgemm"
     except Exception:
         if backend == "fbgemm":
@@ -102,8 +105,19 @@ class KernelTiming:
         return self.fwd_s + self.bwd_s
 
 
-_OPTIM = {"sgd": "EXACT_SGD", "adagrad": "EXACT_ADAGRAD", "rowwise_adagrad": "EXACT_ROWWISE_ADAGRAD",
-          "adam": "ADAM"}
+_OPTIM = {"sgd": "EXACT_SGD", "adagrad": "EXACT_ADAGRAD",
+          "rowwise_adagrad": "EXACT_ROWWISE_ADAGRAD", "adam": "ADAM"}
+
+
+def _touched_grads(torch, outs, grads):
+    """An output gradient per output (ones; made once, kept while the shapes hold), each
+    written again now, as a step's gradient arrives just written by the collective before it
+    (in cache as far as it fits)."""
+    if len(grads) != len(outs) or any(g.shape != o.shape for g, o in zip(grads, outs)):
+        grads = [torch.empty_like(o) for o in outs]
+    for g in grads:
+        g.fill_(1.0)
+    return grads
 
 
 class _Fbgemm:
@@ -111,15 +125,17 @@ class _Fbgemm:
 
     def __init__(self, tables: Sequence[KernelTable], optimizer: str, device: str) -> None:
         import torch
-        from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
-        from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
-            EmbeddingLocation,
-            PoolingMode,
-        )
-        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-            ComputeDevice,
-            SplitTableBatchedEmbeddingBagsCodegen,
-        )
+        with warnings.catch_warnings():       # the CPU build warns of its absent SSD ops
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+            from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+                EmbeddingLocation,
+                PoolingMode,
+            )
+            from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+                ComputeDevice,
+                SplitTableBatchedEmbeddingBagsCodegen,
+            )
         self.torch = torch
         cuda = device == "cuda"
         loc = EmbeddingLocation.DEVICE if cuda else EmbeddingLocation.HOST
@@ -143,13 +159,23 @@ class _Fbgemm:
             self.groups.append((emb, torch.from_numpy(idx).to(dev),
                                 torch.from_numpy(off).to(dev)))
         self.outs = []
+        self.grads = []
 
     def forward(self) -> None:
         self.outs = [emb(idx, off) for emb, idx, off in self.groups]
 
+    def prepare_backward(self) -> None:
+        self.grads = _touched_grads(self.torch, self.outs, self.grads)
+
     def backward(self) -> None:
-        for out in self.outs:
-            out.backward(self.torch.ones_like(out))
+        grads = self.grads if len(self.grads) == len(self.outs) else \
+            [self.torch.ones_like(o) for o in self.outs]
+        for out, g in zip(self.outs, grads):
+            out.backward(g)
+        if not self.grads:
+            self.outs = []
+
+    def release(self) -> None:
         self.outs = []
 
 
@@ -170,14 +196,20 @@ class _TorchBags:
             off = torch.from_numpy(t.offsets[:-1].astype(np.int64)).to(dev)
             self.items.append((bag, idx, off, t.dense))
         self.outs = []
+        self.grads = []
 
     def forward(self) -> None:
         self.outs = [bag(idx, off) for bag, idx, off, _ in self.items]
 
+    def prepare_backward(self) -> None:
+        self.grads = _touched_grads(self.torch, self.outs, self.grads)
+
     def backward(self) -> None:
         torch = self.torch
-        for (bag, _, _, dense), out in zip(self.items, self.outs):
-            out.backward(torch.ones_like(out))
+        grads = self.grads if len(self.grads) == len(self.outs) else \
+            [torch.ones_like(o) for o in self.outs]
+        for (bag, _, _, dense), out, og in zip(self.items, self.outs, grads):
+            out.backward(og)
             w = bag.weight
             g = w.grad
             with torch.no_grad():
@@ -189,6 +221,10 @@ class _TorchBags:
                 else:
                     w.add_(g, alpha=-LR)
             w.grad = None
+        if not self.grads:
+            self.outs = []
+
+    def release(self) -> None:
         self.outs = []
 
 
@@ -226,8 +262,9 @@ class RankKernels:
     """
 
     def __init__(self, tables: Sequence[KernelTable], *, optimizer: str = "sgd",
-                 backend: str = "auto", device: str = "cpu") -> None:
+                 backend: str = "auto", device: str = "cpu", grad_untimed: bool = False) -> None:
         torch = require_torch()
+        self.grad_untimed = grad_untimed
         if device == "cuda" and not torch.cuda.is_available():
             raise SpecError("device cuda requested but torch sees no GPU", source="--device",
                             fix="use --device cpu")
@@ -249,7 +286,11 @@ class RankKernels:
         return not self.parts
 
     def step(self) -> tuple[float, float]:
-        """Forward seconds, backward (with the fused update) seconds of one iteration."""
+        """Forward seconds, backward (with the fused update) seconds of one iteration. The
+        backward makes its output gradient (ones) and frees the output inside the timing,
+        unless the kernels were built with ``grad_untimed``: then the gradient is written
+        between the two and the output freed after, untimed (:func:`_touched_grads`; freeing
+        a large output can unmap it, which is the heap's cost, not the kernel's)."""
         if not self.parts:
             return 0.0, 0.0
         self._sync()
@@ -257,11 +298,19 @@ class RankKernels:
         for p in self.parts:
             p.forward()
         self._sync()
-        t1 = time.perf_counter()
+        t1 = t2 = time.perf_counter()
+        if self.grad_untimed:
+            for p in self.parts:
+                p.prepare_backward()
+            self._sync()
+            t2 = time.perf_counter()
         for p in self.parts:
             p.backward()
         self._sync()
-        return t1 - t0, time.perf_counter() - t1
+        t3 = time.perf_counter()
+        for p in self.parts:
+            p.release()
+        return t1 - t0, t3 - t2
 
     def close(self) -> None:
         self.parts = []
@@ -277,14 +326,15 @@ def make_flusher(flush: bool, device: str = "cpu"):
 
 def time_ranks(rank_tables: Sequence[Sequence[KernelTable]], *, optimizer: str = "sgd",
                repeats: int = 5, warmup: int = 2, backend: str = "auto", device: str = "cpu",
-               flush: bool = True, threads: int = 1, interleave: bool = True
-               ) -> list[KernelTiming]:
+               flush: bool = True, threads: int = 1, interleave: bool = True,
+               grad_untimed: bool = False) -> list[KernelTiming]:
     """Time every rank's shard set in this process, one rank at a time.
 
     With ``interleave`` all ranks' kernels are built first and the iterations go round-robin
     over the ranks (rank 0 iteration 1, rank 1 iteration 1, …), so a burst of load from other
     processes hits every rank alike; otherwise ranks are built and timed one after another.
-    Each rank's result is the median of ``repeats`` iterations after ``warmup``.
+    Each rank's result is the median of ``repeats`` iterations after ``warmup``;
+    ``grad_untimed``: as :class:`RankKernels`.
     """
     torch = require_torch()
     if repeats < 1 or warmup < 0:
@@ -299,8 +349,8 @@ def time_ranks(rank_tables: Sequence[Sequence[KernelTable]], *, optimizer: str =
     kind = kernel_backend(backend)
     try:
         if interleave:
-            kernels = [RankKernels(t, optimizer=optimizer, backend=kind, device=device)
-                       for t in rank_tables]
+            kernels = [RankKernels(t, optimizer=optimizer, backend=kind, device=device,
+                                   grad_untimed=grad_untimed) for t in rank_tables]
             for it in range(warmup + repeats):
                 for r, k in enumerate(kernels):
                     if k.empty:
@@ -315,7 +365,8 @@ def time_ranks(rank_tables: Sequence[Sequence[KernelTable]], *, optimizer: str =
                 k.close()
         else:
             for r, tabs in enumerate(rank_tables):
-                k = RankKernels(tabs, optimizer=optimizer, backend=kind, device=device)
+                k = RankKernels(tabs, optimizer=optimizer, backend=kind, device=device,
+                                grad_untimed=grad_untimed)
                 if k.empty:
                     continue
                 for it in range(warmup + repeats):
@@ -340,9 +391,12 @@ def time_ranks(rank_tables: Sequence[Sequence[KernelTable]], *, optimizer: str =
 
 def time_shard_set(tables: Sequence[KernelTable], *, optimizer: str = "sgd", repeats: int = 5,
                    warmup: int = 2, backend: str = "auto", device: str = "cpu",
-                   flush: bool = True, threads: int = 1) -> KernelTiming:
-    """Median forward and backward seconds of one fused shard set (0 when it is empty)."""
+                   flush: bool = True, threads: int = 1, grad_untimed: bool = False
+                   ) -> KernelTiming:
+    """Median forward and backward seconds of one fused shard set (0 when it is empty);
+    ``grad_untimed``: as :class:`RankKernels`."""
     return time_ranks([tables], optimizer=optimizer, repeats=repeats, warmup=warmup,
-                      backend=backend, device=device, flush=flush, threads=threads)[0]
+                      backend=backend, device=device, flush=flush, threads=threads,
+                      grad_untimed=grad_untimed)[0]
 
 
