@@ -1,14 +1,19 @@
-"""Cost-driven LPT greedy with column splitting.
+"""Cost-driven LPT greedy with column splitting and, across hosts, table-row-wise spreading.
 
 1. Tables that fit on no single device are cut into the fewest equal column parts (2, 4 or 8,
    widths multiples of 4) whose part fits, or go row-wise when column-wise cannot help.
 2. Every table's *standalone cost* is the rise of the maximum per-rank cost (analytic model,
-   communication included) when it alone is added to an empty plan. Tables costing more than the
-   per-rank average of all tables are cut into the fewest parts that bring each part under it.
-3. Units (whole tables and column parts), costliest first, each go to the rank that minimises the
-   resulting maximum per-rank cost, then that rank's own cost, then the rank index; only ranks
-   with memory room are candidates, and of those at most :data:`SHORTLIST`, the cheapest now. Parts of one table that land on one rank merge into one
-   shard (no duplicated ids), so the cost of a unit depends on where its siblings are.
+   communication included) when it alone is added to an empty plan. A table costing more than
+   the per-rank average of all tables stays whole, is cut into 2, 4 or 8 column parts or, on a
+   topology of several hosts, is spread table-row-wise over one host's ranks, whichever bounds
+   the plan's maximum lowest (:func:`_heavy_split`), each option priced for what it is: a
+   column part still serves every id, so on a GPU profile whose backward is dominated by
+   per-id work it costs nearly the whole table, while a spread splits the ids.
+3. Units (whole tables, column parts, host spreads), costliest first, each go to the rank (a
+   spread: the host) that minimises the resulting maximum per-rank cost, then that rank's (that
+   host's) own cost, then the index; only ranks with memory room are candidates, and of those
+   at most :data:`SHORTLIST`, the cheapest now. Parts of one table that land on one rank merge
+   into one shard (no duplicated ids), so the cost of a unit depends on where its siblings are.
 """
 
 from __future__ import annotations
@@ -67,20 +72,20 @@ def greedy_choices(cat: Catalog, *, split: bool = True, parts=CW_PARTS
     units: list[tuple[float, int, int]] = []
     parts_of: dict[int, int] = {}
     for t in free:
-        k = forced_k.get(t, 1)
+        k, unit = forced_k.get(t, 1), float(standalone[t])
         if split and k == 1 and standalone[t] > target > 0:
-            ks = cat.cw_parts(t, parts)
-            fitting = [q for q in ks if standalone[t] / q <= target]
-            if fitting:
-                k = fitting[0]
-            elif ks:
-                k = ks[-1]
+            k, unit = _heavy_split(cat, t, F, empty, target, parts)
         parts_of[t] = k
-        for _ in range(k):
-            units.append((float(standalone[t]) / k, t, k))
+        units.extend([(unit, t, k)] * max(k, 1))
     units.sort(key=lambda u: (-u[0], u[1]))
     counts: dict[int, np.ndarray] = {}
     for _, t, k in units:
+        if k == TWRW_UNIT:
+            F, note = _place_on_host(cat, t, F)
+            choices[t] = ("twrw", note[0])
+            if note[1]:
+                notes.append(note[1])
+            continue
         if k == 1:
             delta = np.broadcast_to(cat.tw(t), (n, K))
         else:
@@ -113,6 +118,67 @@ def greedy_choices(cat: Catalog, *, split: bool = True, parts=CW_PARTS
     for t, c in counts.items():
         choices[t] = cat.normalise(("cw", parts_of[t], tuple(int(x) for x in c)))
     return choices, notes
+
+
+#: a unit that is a whole table spread table-row-wise over one host's ranks
+TWRW_UNIT = 0
+
+
+def _rise(cat: Catalog, F: np.ndarray, empty: float, add: np.ndarray) -> float:
+    """How much ``add`` (per-rank features) raises the maximum per-rank cost of ``F``."""
+    return float(cat.cost.rank_costs(F + add).max()) - empty
+
+
+def _heavy_split(cat: Catalog, t: int, F: np.ndarray, empty: float, target: float,
+                 parts) -> tuple[int, float]:
+    """How to cut a table whose standalone cost exceeds the per-rank ``target`` (the plan's
+    per-rank average): ``(k, cost of one unit)`` for ``k`` column parts (1: whole), or
+    :data:`TWRW_UNIT` for a spread table-row-wise over one host (multi-host topologies only).
+    Each option is priced for what it is (a column part still serves every id, so it costs more
+    than the table's cost over ``k``; a spread splits the ids over the host's ranks but adds
+    its collectives), and the one with the lowest bound on the plan's maximum wins,
+    ``max(unit, target + (units · unit − whole) / ranks)``: no rank below its largest unit nor
+    below the average work, which a split raises; ties go to fewer units."""
+    n = cat.n
+    whole = _rise(cat, F, empty, _on_rank0(cat, t, F))
+    options = [(max(whole, target), 1, 1, whole)]
+    one = np.zeros_like(F)
+    for q in cat.cw_parts(t, parts):
+        base, part = cat.cw(t, q)
+        one[:] = 0.0
+        one[0] = base + part
+        c = _rise(cat, F, empty, one)
+        options.append((max(c, target + (q * c - whole) / n), q, q, c))
+    if len(cat.cost.hosts) > 1 and cat.can(t, ShardingType.TABLE_ROW_WISE):
+        g = len(cat.cost.hosts[0])
+        c = _rise(cat, F, empty, cat.uniform(t, "twrw", 0))
+        options.append((max(c, target + (g * c - whole) / n), g, TWRW_UNIT, c))
+    _, _, k, unit = min(options, key=lambda o: (o[0], o[1]))
+    return k, unit
+
+
+def _on_rank0(cat: Catalog, t: int, F: np.ndarray) -> np.ndarray:
+    one = np.zeros_like(F)
+    one[0] = cat.tw(t)
+    return one
+
+
+def _place_on_host(cat: Catalog, t: int, F: np.ndarray) -> tuple[np.ndarray, tuple]:
+    """``F`` with table ``t`` table-row-wise on the host that keeps the maximum per-rank cost
+    lowest (then that host's own, then its index) among hosts with room; ``(host, note)``."""
+    best = None
+    for h, ranks in enumerate(cat.cost.hosts):
+        add = cat.uniform(t, "twrw", h)
+        Fh = F + add
+        room = bool(np.all(Fh[list(ranks), F_MEM] <= cat.cap[list(ranks)]))
+        costs = cat.cost.rank_costs(Fh)
+        key = (not room, float(costs.max()), float(costs[list(ranks)].max()), h)
+        if best is None or key < best[0]:
+            best = (key, Fh, h)
+    key, Fh, h = best
+    note = "" if not key[0] else (f"{cat.model.tables[t].name}: no host has room; table-row-"
+                                  f"wise on host {h} (over capacity)")
+    return Fh, (h, note)
 
 
 class GreedyPlanner:

@@ -9,8 +9,8 @@ neighbourhood of the bottleneck rank ``r*``:
 - swap a table-wise table on ``r*`` with a table-wise table on another rank;
 - split a table-wise table on ``r*`` into two column halves, one staying, one on another rank;
 - merge a column-wise table with parts on ``r*`` back into one table-wise table on any rank;
-- turn a table on ``r*`` row-wise or data-parallel, or a row-wise / data-parallel table back
-  into a table-wise one (when those types are allowed).
+- turn a table on ``r*`` row-wise, data-parallel or (on several hosts) table-row-wise over any
+  one host, or such a table back into a table-wise one (when those types are allowed).
 
 Only moves that keep every rank within its memory are scored, and only strict improvements are
 taken, so the result is never worse than the start. When no move improves, an iterated-local-
@@ -37,8 +37,9 @@ from planner.sharding.protocols import Planner
 
 __all__ = ["LocalSearchPlanner", "improve_choices", "improve"]
 
-_TW, _CW, _RW, _DP = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE,
-                      ShardingType.DATA_PARALLEL)
+_TW, _CW, _RW, _DP, _TWRW = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
+                             ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL,
+                             ShardingType.TABLE_ROW_WISE)
 
 
 class _Search:
@@ -105,11 +106,14 @@ class _Search:
             elif kind in ("rw", "dp", "twrw"):
                 for d in range(n):
                     out.append(((t, ("tw", d)),))
+        hosts = len(self.cm.hosts)
         for t in on_r:
             if cat.can(t, _RW):
                 out.append(((t, ("rw",)),))
             if cat.can(t, _DP):
                 out.append(((t, ("dp",)),))
+            if hosts > 1 and cat.can(t, _TWRW):
+                out.extend(((t, ("twrw", h)),) for h in range(hosts))
         for t in tw_by_rank.get(r, []):
             for d in range(n):
                 if d == r:
@@ -120,8 +124,7 @@ class _Search:
 
     def _allowed(self, t: int, ch) -> bool:
         kind = ch[0]
-        st = {"tw": _TW, "cw": _CW, "rw": _RW, "dp": _DP,
-              "twrw": ShardingType.TABLE_ROW_WISE}[kind]
+        st = {"tw": _TW, "cw": _CW, "rw": _RW, "dp": _DP, "twrw": _TWRW}[kind]
         return self.cat.can(t, st) or (kind == "tw" and self.cat.problem.allowed(t, _TW))
 
     # -- descent ------------------------------------------------------------------------------

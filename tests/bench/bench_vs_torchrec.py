@@ -95,6 +95,8 @@ def main(argv=None) -> int:
         for bt in tasks:
             r = plan_task(bt, gpus, topology, a.seed, a.mip_limit)
             rows.append(r)
+            if a.out:                # rows so far, so a long run that is stopped keeps them
+                _write(a, rows, None)
             trx = r["plans"].get("torchrec", {})
             if "ratio" in r:
                 best = r["plans"][r["best"]]
@@ -133,10 +135,15 @@ def main(argv=None) -> int:
               f"max = work x balance, so balancing TorchRec's own shards would gain at most "
               f"1 - 1/{s['torchrec_imbalance_mean']:.3f} and the rest must come from less work")
     if a.out:
-        Path(a.out).write_text(json.dumps({"seed": a.seed, "mip_limit_s": a.mip_limit,
-                                           "rows": rows, "summary": summary}, indent=1) + "\n")
+        _write(a, rows, summary)
         print(f"wrote {a.out}")
     return 0
+
+
+def _write(a, rows: list, summary: dict | None) -> None:
+    """The result file: rows and, once every task ran, the summary (None: still running)."""
+    Path(a.out).write_text(json.dumps({"seed": a.seed, "mip_limit_s": a.mip_limit,
+                                       "rows": rows, "summary": summary}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -150,3 +150,33 @@ def test_greedy_60x8_is_fast():
     t0 = time.perf_counter()
     plan = get_planner("greedy").plan(task, 8)
     assert time.perf_counter() - t0 < 5.0 and plan.valid    # the benchmark asserts ≤ 2 s
+
+
+def _one_heavy_table_task(topology: str, types=None):
+    """24 ordinary tables and one whose ids alone outweigh a rank's share (pooling 200)."""
+    from planner.model.tables.spec import ModelSpec, TableSpec
+    from planner.model.tables.task import ShardingTask
+    tables = [TableSpec(name="heavy", num_embeddings=1_000_000, embedding_dim=128,
+                        pooling_factor=200.0)]
+    tables += [TableSpec(name=f"t{i}", num_embeddings=100_000 + 20_000 * i, embedding_dim=64,
+                         pooling_factor=4.0 + i % 5) for i in range(24)]
+    model = ModelSpec(name="one-heavy", tables=tuple(tables), batch_size=65536)
+    return ShardingTask(model=model, topology=topology, sharding_types=types)
+
+
+@pytest.mark.parametrize("name", ["greedy", "local_search"])
+def test_a_table_heavier_than_a_rank_share_is_spread_over_a_host(name):
+    """On two DGX hosts (16 GPUs) a table whose per-id backward alone outweighs a rank's
+    share cannot be balanced by column parts (each part still serves every id): the planners
+    spread it table-row-wise over one host, and the plan's maximum is lower than the best they
+    find without that type. On one host there is no such spread to choose."""
+    tw_cw = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE)
+    spread = get_planner(name).plan(_one_heavy_table_task("dgx-h100:nodes=2"), 16, seed=0)
+    kept = get_planner(name).plan(_one_heavy_table_task("dgx-h100:nodes=2", tw_cw), 16, seed=0)
+    assert spread.valid and kept.valid
+    heavy = next(ts for ts in spread.shardings if ts.table == 0)
+    assert heavy.sharding_type == ShardingType.TABLE_ROW_WISE
+    assert len({s.rank // 8 for s in heavy.shards}) == 1 and len(heavy.shards) == 8
+    assert spread.max_cost_s < 0.8 * kept.max_cost_s
+    one_host = get_planner(name).plan(_one_heavy_table_task("dgx-h100:nodes=1"), 8, seed=0)
+    assert ShardingType.TABLE_ROW_WISE.value not in one_host.type_counts()
