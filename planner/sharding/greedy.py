@@ -74,7 +74,7 @@ def greedy_choices(cat: Catalog, *, split: bool = True, parts=CW_PARTS
     for t in free:
         k, unit = forced_k.get(t, 1), float(standalone[t])
         if split and k == 1 and standalone[t] > target > 0:
-            k, unit = _heavy_split(cat, t, F, empty, target, parts)
+            k, unit = _heavy_split(cat, t, F, empty, unit, target, parts)
         parts_of[t] = k
         units.extend([(unit, t, k)] * max(k, 1))
     units.sort(key=lambda u: (-u[0], u[1]))
@@ -129,10 +129,10 @@ def _rise(cat: Catalog, F: np.ndarray, empty: float, add: np.ndarray) -> float:
     return float(cat.cost.rank_costs(F + add).max()) - empty
 
 
-def _heavy_split(cat: Catalog, t: int, F: np.ndarray, empty: float, target: float,
-                 parts) -> tuple[int, float]:
+def _heavy_split(cat: Catalog, t: int, F: np.ndarray, empty: float, whole: float,
+                 target: float, parts) -> tuple[int, float]:
     """How to cut a table whose standalone cost exceeds the per-rank ``target`` (the plan's
-    per-rank average): ``(k, cost of one unit)`` for ``k`` column parts (1: whole), or
+    per-rank average; ``whole``: its standalone cost): ``(k, cost of one unit)`` for ``k`` column parts (1: whole), or
     :data:`TWRW_UNIT` for a spread table-row-wise over one host (multi-host topologies only).
     Each option is priced for what it is (a column part still serves every id, so it costs more
     than the table's cost over ``k``; a spread splits the ids over the host's ranks but adds
@@ -140,7 +140,6 @@ def _heavy_split(cat: Catalog, t: int, F: np.ndarray, empty: float, target: floa
     ``max(unit, target + (units · unit − whole) / ranks)``: no rank below its largest unit nor
     below the average work, which a split raises; ties go to fewer units."""
     n = cat.n
-    whole = _rise(cat, F, empty, _on_rank0(cat, t, F))
     options = [(max(whole, target), 1, 1, whole)]
     one = np.zeros_like(F)
     for q in cat.cw_parts(t, parts):
@@ -155,12 +154,6 @@ def _heavy_split(cat: Catalog, t: int, F: np.ndarray, empty: float, target: floa
         options.append((max(c, target + (g * c - whole) / n), g, TWRW_UNIT, c))
     _, _, k, unit = min(options, key=lambda o: (o[0], o[1]))
     return k, unit
-
-
-def _on_rank0(cat: Catalog, t: int, F: np.ndarray) -> np.ndarray:
-    one = np.zeros_like(F)
-    one[0] = cat.tw(t)
-    return one
 
 
 def _place_on_host(cat: Catalog, t: int, F: np.ndarray) -> tuple[np.ndarray, tuple]:

@@ -120,7 +120,27 @@ def _touched_grads(torch, outs, grads):
     return grads
 
 
-class _Fbgemm:
+class _Outputs:
+    """The outputs of a forward and the gradients its backward is given (ones, made in the
+    backward unless :meth:`prepare_backward` wrote them first)."""
+
+    torch: object
+    outs: list
+    grads: list
+
+    def prepare_backward(self) -> None:
+        self.grads = _touched_grads(self.torch, self.outs, self.grads)
+
+    def out_grads(self) -> list:
+        if len(self.grads) == len(self.outs):
+            return self.grads
+        return [self.torch.ones_like(o) for o in self.outs]
+
+    def release(self) -> None:
+        self.outs = []
+
+
+class _Fbgemm(_Outputs):
     """One TBE per weight precision, bags of equal count per table."""
 
     def __init__(self, tables: Sequence[KernelTable], optimizer: str, device: str) -> None:
@@ -164,22 +184,12 @@ class _Fbgemm:
     def forward(self) -> None:
         self.outs = [emb(idx, off) for emb, idx, off in self.groups]
 
-    def prepare_backward(self) -> None:
-        self.grads = _touched_grads(self.torch, self.outs, self.grads)
-
     def backward(self) -> None:
-        grads = self.grads if len(self.grads) == len(self.outs) else \
-            [self.torch.ones_like(o) for o in self.outs]
-        for out, g in zip(self.outs, grads):
+        for out, g in zip(self.outs, self.out_grads()):
             out.backward(g)
-        if not self.grads:
-            self.outs = []
-
-    def release(self) -> None:
-        self.outs = []
 
 
-class _TorchBags:
+class _TorchBags(_Outputs):
     """``nn.EmbeddingBag`` per table; sparse gradients with an in-place SGD step (dense for DP)."""
 
     def __init__(self, tables: Sequence[KernelTable], optimizer: str, device: str) -> None:
@@ -201,14 +211,9 @@ class _TorchBags:
     def forward(self) -> None:
         self.outs = [bag(idx, off) for bag, idx, off, _ in self.items]
 
-    def prepare_backward(self) -> None:
-        self.grads = _touched_grads(self.torch, self.outs, self.grads)
-
     def backward(self) -> None:
         torch = self.torch
-        grads = self.grads if len(self.grads) == len(self.outs) else \
-            [torch.ones_like(o) for o in self.outs]
-        for (bag, _, _, dense), out, og in zip(self.items, self.outs, grads):
+        for (bag, _, _, dense), out, og in zip(self.items, self.outs, self.out_grads()):
             out.backward(og)
             w = bag.weight
             g = w.grad
@@ -221,11 +226,6 @@ class _TorchBags:
                 else:
                     w.add_(g, alpha=-LR)
             w.grad = None
-        if not self.grads:
-            self.outs = []
-
-    def release(self) -> None:
-        self.outs = []
 
 
 class _DenseReplicas(_TorchBags):
@@ -306,6 +306,8 @@ class RankKernels:
             t2 = time.perf_counter()
         for p in self.parts:
             p.backward()
+            if not self.grad_untimed:
+                p.release()
         self._sync()
         t3 = time.perf_counter()
         for p in self.parts:
