@@ -2,17 +2,19 @@
 
 1. Tables that fit on no single device are cut into the fewest equal column parts (2, 4 or 8,
    widths multiples of 4) whose part fits, or go row-wise when column-wise cannot help.
-2. Every table's *standalone cost* is the rise of the maximum per-rank cost (analytic model,
-   communication included) when it alone is added to an empty plan. A table costing more than
+2. Every table's *standalone cost* is the rise of the step cost (analytic model,
+   communication included: each phase's slowest rank, summed, ``CostModel.step_cost``) when
+   it alone is added to an empty plan. A table costing more than
    the per-rank average of all tables stays whole, is cut into 2, 4 or 8 column parts or, on a
    topology of several hosts, is spread table-row-wise over one host's ranks, whichever bounds
-   the plan's maximum lowest (:func:`_heavy_split`), each option priced for what it is: a
+   the plan's step cost lowest (:func:`_heavy_split`), each option priced for what it is: a
    column part still serves every id, so on a GPU profile whose backward is dominated by
    per-id work it costs nearly the whole table, while a spread splits the ids.
 3. Units (whole tables, column parts, host spreads), costliest first, each go to the rank (a
-   spread: the host) that minimises the resulting maximum per-rank cost, then that rank's (that
-   host's) own cost, then the index; only ranks with memory room are candidates, and of those
-   at most :data:`SHORTLIST`, the cheapest now. Parts of one table that land on one rank merge
+   spread: the host) that minimises the resulting step cost, then the sum over phases and
+   ranks of the phase's cost squared (a host spread: that host's slowest rank), then the
+   index; only ranks with memory room are candidates, and of those at most
+   :data:`SHORTLIST`, the cheapest now. Parts of one table that land on one rank merge
    into one shard (no duplicated ids), so the cost of a unit depends on where its siblings are.
 """
 
@@ -24,7 +26,7 @@ import numpy as np
 
 from simulator.errors import SpecError
 
-from planner.model.tables.cost import F_MEM, K
+from planner.model.tables.cost import BREAKDOWN_KEYS, F_MEM, K
 from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.shards import ShardingType
@@ -61,12 +63,12 @@ def greedy_choices(cat: Catalog, *, split: bool = True, parts=CW_PARTS
             choices[t] = ("rw",)
             notes.append(f"{cat.model.tables[t].name}: row-wise (fits no single device)")
     F = cat.features(choices)
-    empty = float(cm.rank_costs(F).max())
+    empty = float(cm.step_cost(F))
     one = np.zeros((T, n, K))
     for t in range(T):
         one[t] = F
         one[t, 0] += cat.tw(t)
-    standalone = cm.rank_costs(one).max(axis=1) - empty
+    standalone = cm.step_cost(one) - empty
     free = [t for t in range(T) if choices[t] is None]
     target = float(standalone[free].sum()) / n if free else 0.0
     units: list[tuple[float, int, int]] = []
@@ -104,10 +106,8 @@ def greedy_choices(cat: Catalog, *, split: bool = True, parts=CW_PARTS
                 cands = np.sort(cands[np.lexsort((cands, now))[:SHORTLIST]])
             Fc = np.repeat(F[None], cands.size, axis=0)
             Fc[np.arange(cands.size), cands] += delta[cands]
-            costs = cm.rank_costs(Fc)
-            worst = costs.max(axis=1)
-            own = costs[np.arange(cands.size), cands]
-            order = np.lexsort((cands, own, worst))
+            worst, spread = _phase_scores(cm, Fc)
+            order = np.lexsort((cands, spread, worst))
             d = int(cands[order[0]])
         F = F.copy()
         F[d] += delta[d]
@@ -120,13 +120,22 @@ def greedy_choices(cat: Catalog, *, split: bool = True, parts=CW_PARTS
     return choices, notes
 
 
+def _phase_scores(cm, Fc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Step cost and Σ over phases and ranks of the phase's cost² of plans ``Fc``
+    (..., ranks, K): the second prefers, among equal step costs, the rank whose phases the
+    unit loads least (a lookup-heavy table to a rank light in lookups)."""
+    comp = cm.components(Fc)
+    step = sum(comp[k].max(axis=-1) for k in BREAKDOWN_KEYS)
+    return step, sum((comp[k] ** 2).sum(axis=-1) for k in BREAKDOWN_KEYS)
+
+
 #: a unit that is a whole table spread table-row-wise over one host's ranks
 TWRW_UNIT = 0
 
 
 def _rise(cat: Catalog, F: np.ndarray, empty: float, add: np.ndarray) -> float:
-    """How much ``add`` (per-rank features) raises the maximum per-rank cost of ``F``."""
-    return float(cat.cost.rank_costs(F + add).max()) - empty
+    """How much ``add`` (per-rank features) raises the step cost of ``F`` (``empty``)."""
+    return float(cat.cost.step_cost(F + add)) - empty
 
 
 def _heavy_split(cat: Catalog, t: int, F: np.ndarray, empty: float, whole: float,
@@ -136,7 +145,7 @@ def _heavy_split(cat: Catalog, t: int, F: np.ndarray, empty: float, whole: float
     :data:`TWRW_UNIT` for a spread table-row-wise over one host (multi-host topologies only).
     Each option is priced for what it is (a column part still serves every id, so it costs more
     than the table's cost over ``k``; a spread splits the ids over the host's ranks but adds
-    its collectives), and the one with the lowest bound on the plan's maximum wins,
+    its collectives), and the one with the lowest bound on the plan's step cost wins,
     ``max(unit, target + (units · unit − whole) / ranks)``: no rank below its largest unit nor
     below the average work, which a split raises; ties go to fewer units."""
     n = cat.n
@@ -157,15 +166,15 @@ def _heavy_split(cat: Catalog, t: int, F: np.ndarray, empty: float, whole: float
 
 
 def _place_on_host(cat: Catalog, t: int, F: np.ndarray) -> tuple[np.ndarray, tuple]:
-    """``F`` with table ``t`` table-row-wise on the host that keeps the maximum per-rank cost
-    lowest (then that host's own, then its index) among hosts with room; ``(host, note)``."""
+    """``F`` with table ``t`` table-row-wise on the host that keeps the step cost lowest (then
+    that host's slowest rank, then its index) among hosts with room; ``(host, note)``."""
     best = None
     for h, ranks in enumerate(cat.cost.hosts):
         add = cat.uniform(t, "twrw", h)
         Fh = F + add
         room = bool(np.all(Fh[list(ranks), F_MEM] <= cat.cap[list(ranks)]))
         costs = cat.cost.rank_costs(Fh)
-        key = (not room, float(costs.max()), float(costs[list(ranks)].max()), h)
+        key = (not room, float(cat.cost.step_cost(Fh)), float(costs[list(ranks)].max()), h)
         if best is None or key < best[0]:
             best = (key, Fh, h)
     key, Fh, h = best
@@ -175,7 +184,7 @@ def _place_on_host(cat: Catalog, t: int, F: np.ndarray) -> tuple[np.ndarray, tup
 
 
 class GreedyPlanner:
-    """LPT on the analytic cost with column splitting (see the module docstring)."""
+    """LPT on the analytic step cost with column splitting (see the module docstring)."""
 
     name = "greedy"
 

@@ -1,8 +1,11 @@
-"""Local search: improve any plan's maximum per-rank cost by moves, swaps, splits and merges.
+"""Local search: improve any plan's step cost by moves, swaps, splits and merges.
 
-Steepest descent on the key ``(max per-rank cost, Σ per-rank cost²)`` — the second term breaks
-the plateaus of a min-max objective by also relieving the runner-up ranks — over the
-neighbourhood of the bottleneck rank ``r*``:
+Descent on the key ``(step cost, Σ over phases and ranks of the phase's cost²)`` (the step
+cost is each phase's slowest rank, summed: ``CostModel.step_cost``; the second term breaks the
+plateaus of a min-max objective by also relieving the runner-up ranks). The bottleneck ranks
+are the slowest rank of each phase and of the total, the one whose lightening would shorten
+the step most first; each step takes the best improving move of the first bottleneck rank
+``r*`` whose neighbourhood has one:
 
 - move a table-wise table from ``r*`` to another rank, or one column part of a column-wise
   table from ``r*`` to another rank (parts on one rank merge);
@@ -26,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.model.tables.cost import F_MEM
+from planner.model.tables.cost import BREAKDOWN_KEYS, F_MEM
 from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.shards import ShardingType, TableSharding
@@ -50,10 +53,19 @@ class _Search:
         self.rng = rng
         self.deadline = deadline
         self._contrib: dict[tuple, np.ndarray] = {}
+        self._diff: dict[tuple, np.ndarray] = {}
         self.evaluated = 0
         self.timed_out = False
         self.work_budget = float("inf")
         self.out_of_work = False
+        kinds = {"tw": _TW, "cw": _CW, "rw": _RW, "dp": _DP, "twrw": _TWRW}
+        self._kinds = [{k for k, st in kinds.items() if cat.can(t, st)
+                        or (k == "tw" and cat.problem.allowed(t, _TW))}
+                       for t in range(cat.model.num_tables)]
+        self._halves = [2 in cat.cw_parts(t, (2,)) for t in range(cat.model.num_tables)]
+        # table-wise features per table, and a zero row (index -1) for "no table"
+        self._tw = np.stack([cat.tw(t) for t in range(cat.model.num_tables)]
+                            + [np.zeros_like(cat.tw(0))])
 
     def contrib(self, t: int, ch) -> np.ndarray:
         key = (t, ch)
@@ -62,8 +74,41 @@ class _Search:
             c = self._contrib[key] = self.cat.contrib(t, ch)
         return c
 
-    def key(self, costs: np.ndarray) -> tuple[float, float]:
-        return float(costs.max()), float((costs ** 2).sum())
+    def diff(self, t: int, ch, cur) -> np.ndarray:
+        """Per-rank features (n, K) that table t gains moving from choice ``cur`` to ``ch``."""
+        key = (t, ch, cur)
+        d = self._diff.get(key)
+        if d is None:
+            d = self._diff[key] = self.contrib(t, ch) - self.contrib(t, cur)
+        return d
+
+    def scores(self, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Step cost and Σ phase cost² of plans ``F`` (..., ranks, K): the descent's key."""
+        comp = self.cm.components(F)
+        step = sum(comp[k].max(axis=-1) for k in BREAKDOWN_KEYS)
+        sq = sum((comp[k] ** 2).sum(axis=-1) for k in BREAKDOWN_KEYS)
+        return np.asarray(step, dtype=float), np.asarray(sq, dtype=float)
+
+    def key(self, F: np.ndarray) -> tuple[float, float]:
+        step, sq = self.scores(F)
+        return float(step), float(sq)
+
+    def bottlenecks(self, F: np.ndarray) -> list[int]:
+        """Ranks whose load bounds the step, most promising first: a rank's gain is what the
+        step would lose if that rank alone were lightened (per phase it is the slowest in,
+        the gap to the runner-up); the slowest rank in total comes first among equals."""
+        comp = self.cm.components(F)
+        total = sum(comp[k] for k in BREAKDOWN_KEYS)
+        gain = np.zeros(self.n)
+        top = int(np.argmax(total))
+        ranks = {top}
+        for k in BREAKDOWN_KEYS:
+            c = comp[k]
+            if np.ptp(c) > 0:
+                r = int(np.argmax(c))
+                ranks.add(r)
+                gain[r] += c[r] - np.partition(c, -2)[-2]
+        return sorted(ranks, key=lambda r: (-gain[r], r != top, r))
 
     @staticmethod
     def better(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -73,22 +118,18 @@ class _Search:
         return abs(a[0] - b[0]) <= tol and a[1] < b[1] * (1 - 1e-12)
 
     # -- neighbourhood ------------------------------------------------------------------------
-    def moves(self, choices: Sequence, r: int) -> list[tuple[tuple[int, tuple], ...]]:
-        cat, n = self.cat, self.n
+    def moves(self, choices: Sequence, r: int) -> tuple[list, np.ndarray]:
+        """The moves from rank ``r``: ``(moves, tw)``, ``moves`` a list of changes
+        ``((table, choice), ...)`` and ``tw`` the table-wise moves and swaps as rows
+        ``(t, u, d)``: table t from r to d and, when ``u ≥ 0``, table u from d to r."""
+        n = self.n
         out: list[tuple[tuple[int, tuple], ...]] = []
         on_r: list[int] = []
-        tw_by_rank: dict[int, list[int]] = {}
-        for t, ch in enumerate(choices):
-            if ch[0] == "tw":
-                tw_by_rank.setdefault(ch[1], []).append(t)
         for t, ch in enumerate(choices):
             kind = ch[0]
             if kind == "tw" and ch[1] == r:
                 on_r.append(t)
-                for d in range(n):
-                    if d != r:
-                        out.append(((t, ("tw", d)),))
-                if 2 in cat.cw_parts(t, (2,)):
+                if self._halves[t] and "cw" in self._kinds[t]:
                     for d in range(n):
                         if d != r:
                             c = [0] * n
@@ -101,38 +142,85 @@ class _Search:
                         c = list(ch[2])
                         c[r] -= 1
                         c[d] += 1
-                        out.append(((t, cat.normalise(("cw", ch[1], tuple(c)))),))
+                        out.append(((t, self.cat.normalise(("cw", ch[1], tuple(c)))),))
                     out.append(((t, ("tw", d)),))
             elif kind in ("rw", "dp", "twrw"):
-                for d in range(n):
-                    out.append(((t, ("tw", d)),))
+                out.extend(((t, ("tw", d)),) for d in range(n))
         hosts = len(self.cm.hosts)
         for t in on_r:
-            if cat.can(t, _RW):
-                out.append(((t, ("rw",)),))
-            if cat.can(t, _DP):
-                out.append(((t, ("dp",)),))
-            if hosts > 1 and cat.can(t, _TWRW):
+            out.extend(((t, (k,)),) for k in ("rw", "dp") if k in self._kinds[t])
+            if hosts > 1 and "twrw" in self._kinds[t]:
                 out.extend(((t, ("twrw", h)),) for h in range(hosts))
-        for t in tw_by_rank.get(r, []):
-            for d in range(n):
-                if d == r:
-                    continue
-                for u in tw_by_rank.get(d, []):
-                    out.append(((t, ("tw", d)), (u, ("tw", r))))
-        return [m for m in out if all(self._allowed(t, ch) for t, ch in m)]
+        kinds = self._kinds
+        out = [m for m in out if all(ch[0] in kinds[t] for t, ch in m)]
+        return out, self._tw_moves(choices, r)
 
-    def _allowed(self, t: int, ch) -> bool:
-        kind = ch[0]
-        st = {"tw": _TW, "cw": _CW, "rw": _RW, "dp": _DP, "twrw": _TWRW}[kind]
-        return self.cat.can(t, st) or (kind == "tw" and self.cat.problem.allowed(t, _TW))
+    def _tw_moves(self, choices: Sequence, r: int) -> np.ndarray:
+        """Rows ``(t, u, d)`` (see :meth:`moves`): every table-wise table on r to every other
+        rank, and swapped with every table-wise table elsewhere."""
+        tw = [(t, ch[1]) for t, ch in enumerate(choices) if ch[0] == "tw"]
+        mine = np.array([t for t, d in tw if d == r], dtype=np.int64)
+        if mine.size == 0:
+            return np.zeros((0, 3), dtype=np.int64)
+        others = np.array([(t, d) for t, d in tw if d != r], dtype=np.int64).reshape(-1, 2)
+        dests = np.array([d for d in range(self.n) if d != r], dtype=np.int64)
+        single = np.column_stack([np.repeat(mine, dests.size), np.full(mine.size * dests.size, -1),
+                                  np.tile(dests, mine.size)])
+        swap = np.column_stack([np.repeat(mine, len(others)), np.tile(others[:, 0], mine.size),
+                                np.tile(others[:, 1], mine.size)])
+        return np.concatenate([single, swap])
+
+    @staticmethod
+    def tw_move(row, r: int) -> tuple[tuple[int, tuple], ...]:
+        t, u, d = (int(x) for x in row)
+        return ((t, ("tw", d)),) if u < 0 else ((t, ("tw", d)), (u, ("tw", r)))
+
+    def all_moves(self, choices: Sequence, r: int) -> list:
+        moves, tw = self.moves(choices, r)
+        return moves + [self.tw_move(row, r) for row in tw]
+
+    def deltas(self, choices: Sequence, moves: list, tw: np.ndarray, r: int) -> np.ndarray:
+        """Feature change (len(moves) + len(tw), n, K) of each move from ``choices``."""
+        d = np.zeros((len(moves) + len(tw), self.n, self._tw.shape[1]))
+        if moves:
+            d[:len(moves)] = np.stack([self.diff(m[0][0], m[0][1], choices[m[0][0]])
+                                       for m in moves])
+            two = [i for i, m in enumerate(moves) if len(m) > 1]
+            if two:
+                d[two] += np.stack([self.diff(moves[i][1][0], moves[i][1][1],
+                                              choices[moves[i][1][0]]) for i in two])
+        if len(tw):
+            v = self._tw[tw[:, 0]] - self._tw[tw[:, 1]]        # row -1 of _tw is zero
+            rows = np.arange(len(moves), len(moves) + len(tw))
+            d[rows, tw[:, 2]] += v
+            d[rows, r] -= v
+        return d
 
     # -- descent ------------------------------------------------------------------------------
-    def descend(self, choices: list, F: np.ndarray, max_iters: int) -> tuple[list, np.ndarray, int]:
-        cm = self.cm
+    def best_move(self, choices: Sequence, F: np.ndarray, cur: tuple[float, float]):
+        """The best improving move among the bottleneck ranks' neighbourhoods, taken from the
+        first rank (in :meth:`bottlenecks` order) that has one: ``(move, F, key)`` or None."""
         cap = self.cat.cap
-        costs = cm.rank_costs(F)
-        cur = self.key(costs)
+        for r in self.bottlenecks(F):
+            moves, tw = self.moves(choices, r)
+            if not moves and not len(tw):
+                continue
+            cand = F[None] + self.deltas(choices, moves, tw, r)
+            idx = np.flatnonzero((cand[:, :, F_MEM] <= cap[None, :] + 0.5).all(axis=1))
+            if idx.size == 0:
+                continue
+            mx, sq = self.scores(cand[idx])
+            self.evaluated += idx.size
+            best = np.lexsort((idx, sq, mx))[0]
+            k = (float(mx[best]), float(sq[best]))
+            if self.better(k, cur):
+                i = int(idx[best])
+                move = moves[i] if i < len(moves) else self.tw_move(tw[i - len(moves)], r)
+                return move, cand[i], k
+        return None
+
+    def descend(self, choices: list, F: np.ndarray, max_iters: int) -> tuple[list, np.ndarray, int]:
+        cur = self.key(F)
         iters = 0
         while iters < max_iters:
             if self.evaluated * self.n >= self.work_budget:
@@ -141,35 +229,12 @@ class _Search:
             if time.perf_counter() > self.deadline:
                 self.timed_out = True
                 break
-            r = int(np.argmax(costs))
-            moves = self.moves(choices, r)
-            if not moves:
+            found = self.best_move(choices, F, cur)
+            if found is None:
                 break
-            deltas = np.empty((len(moves),) + F.shape)
-            for i, m in enumerate(moves):
-                d = np.zeros_like(F)
-                for t, ch in m:
-                    d += self.contrib(t, ch) - self.contrib(t, choices[t])
-                deltas[i] = d
-            cand = F[None] + deltas
-            ok = (cand[:, :, F_MEM] <= cap[None, :] + 0.5).all(axis=1)
-            if not ok.any():
-                break
-            idx = np.flatnonzero(ok)
-            c = cm.rank_costs(cand[idx])
-            self.evaluated += idx.size
-            mx = c.max(axis=1)
-            sq = (c ** 2).sum(axis=1)
-            best = np.lexsort((idx, sq, mx))[0]
-            k = (float(mx[best]), float(sq[best]))
-            if not self.better(k, cur):
-                break
-            i = int(idx[best])
-            for t, ch in moves[i]:
+            move, F, cur = found
+            for t, ch in move:
                 choices[t] = ch
-            F = cand[i]
-            costs = c[best]
-            cur = k
             iters += 1
         return choices, F, iters
 
@@ -178,7 +243,7 @@ class _Search:
         cap = self.cat.cap
         for _ in range(steps):
             r = int(self.rng.integers(self.n))
-            moves = self.moves(choices, r)
+            moves = self.all_moves(choices, r)
             if not moves:
                 continue
             for _try in range(8):
@@ -213,7 +278,7 @@ def improve_choices(cat: Catalog, choices: Sequence, *, seed: int = 0, rounds: i
     choices = list(choices)
     F = cat.features(choices)
     best, Fb, iters = s.descend(list(choices), F.copy(), max_iters)
-    best_key = s.key(cat.cost.rank_costs(Fb))
+    best_key = s.key(Fb)
     total = iters
     for _ in range(rounds):
         if s.out_of_work:
@@ -224,7 +289,7 @@ def improve_choices(cat: Catalog, choices: Sequence, *, seed: int = 0, rounds: i
         c, Fc = s.perturb(best, Fb, perturb_steps)
         c, Fc, iters = s.descend(c, Fc, max_iters)
         total += iters
-        k = s.key(cat.cost.rank_costs(Fc))
+        k = s.key(Fc)
         if s.better(k, best_key) and (Fc[:, F_MEM] <= cat.cap + 0.5).all():
             best, Fb, best_key = c, Fc, k
     return best, {"iterations": total, "evaluated": s.evaluated, "timed_out": s.timed_out,
@@ -246,7 +311,7 @@ class LocalSearchPlanner:
     name = "local_search"
 
     def __init__(self, *, start: Planner | None = None, rounds: int = 6, max_iters: int = 400,
-                 default_time_limit_s: float = 20.0) -> None:
+                 default_time_limit_s: float = 60.0) -> None:
         self.start = start if start is not None else GreedyPlanner()
         self.rounds = rounds
         self.max_iters = max_iters
@@ -265,7 +330,7 @@ class LocalSearchPlanner:
                                         rounds=self.rounds, max_iters=self.max_iters,
                                         time_limit_s=max(0.0, limit - (time.perf_counter() - t0)))
         notes = list(start.stats.notes)
-        notes.append(f"start {self.start.name}: max cost {start.max_cost_s:.6g} s")
+        notes.append(f"start {self.start.name}: step cost {start.step_cost_s:.6g} s")
         if info["timed_out"]:
             notes.append("stopped at the time limit: the result may depend on machine speed")
         stats = PlannerStats(wall_s=time.perf_counter() - t0, status="heuristic", seed=seed,

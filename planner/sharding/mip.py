@@ -1,7 +1,7 @@
-"""MIP planner: minimise the maximum per-rank cost under memory caps (PuLP; CBC bundled).
+"""MIP planner: minimise the step cost under memory caps (PuLP; CBC bundled).
 
-The model (variables, constraints, why its objective equals the analytic maximum per-rank
-cost of its plan) is in :mod:`.mip_model`.
+The model (variables, constraints, why its objective equals the analytic step cost of its
+plan: each phase's slowest rank, summed) is in :mod:`.mip_model`.
 
 Solving, within ``time_limit_s`` for the whole call (model build included):
 
@@ -188,7 +188,7 @@ def _result(cat: Catalog, choices, info: dict, solver: str, build_s: float,
     bound_s = bound * scale if bound is not None else None
     objective_s = None
     if choices is not None:
-        objective_s = float(cat.cost.rank_costs(cat.features(choices)).max())
+        objective_s = float(cat.cost.step_cost(cat.features(choices)))
         if status == "optimal":
             bound_s = objective_s        # proved: CBC's gap tolerance is 1e-7
     gap = None
@@ -209,7 +209,7 @@ def _result(cat: Catalog, choices, info: dict, solver: str, build_s: float,
 
 
 class MipPlanner:
-    """Min-max MIP over TW/CW/RW/DP/TWRW options (see the module docstring).
+    """Step-cost MIP over TW/CW/RW/DP/TWRW options (see the module docstring).
 
     Parameters
     ----------
@@ -265,7 +265,7 @@ class MipPlanner:
         choices, status = self._pick(cat, res, start, parts, limit, notes)
         if res.note:
             notes.append(f"{res.solver}: {res.note}")
-        objective = self._max(cat, choices)
+        objective = self._cost(cat, choices)
         gap = res.gap
         if res.bound_s is not None and objective > 0:
             gap = max(0.0, (objective - res.bound_s) / objective)
@@ -317,7 +317,7 @@ class MipPlanner:
                              "speed")
             return choices, status
         if choices is not None and res.deterministic and \
-                self._max(cat, choices) <= self._max(cat, start):
+                self._cost(cat, choices) <= self._cost(cat, start):
             return choices, status
         why = "was stopped by the clock (what it had found depends on machine speed)" \
             if not res.deterministic else f"returned no better plan ({res.status})"
@@ -362,8 +362,8 @@ class MipPlanner:
         return terms
 
     @staticmethod
-    def _max(cat: Catalog, choices) -> float:
-        return float(cat.cost.rank_costs(cat.features(choices)).max())
+    def _cost(cat: Catalog, choices) -> float:
+        return float(cat.cost.step_cost(cat.features(choices)))
 
     @staticmethod
     def _fits(cat: Catalog, choices) -> bool:

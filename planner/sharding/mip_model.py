@@ -17,9 +17,12 @@ term of :class:`~planner.model.tables.cost.CostModel` except three kinds, which 
 model too: the all-to-all maxima (one continuous variable per rank, link class and exchange,
 bounded below by the send and the receive side), and the fixed latency of the row-wise,
 table-row-wise and data-parallel collectives (an indicator per group that is 1 when any table
-uses it). So the MIP's objective equals the analytic maximum per-rank cost of its plan. The
-objective is ``max_r cost_r + 1e-6 · Σ_r cost_r`` (µs), the second term preferring less total
-work among equally balanced plans; the bound reported is converted back to the maximum alone.
+uses it). Each phase's slowest rank has a variable ``M_p`` bounded below by every rank's cost
+in it (lookups forward, lookups backward, the ids all-to-all, the pooled all-to-all forward and
+backward, the row-wise, table-row-wise and data-parallel collectives), so ``Σ_p M_p`` equals the
+analytic step cost of its plan (``CostModel.step_cost``). The objective is
+``Σ_p M_p + 1e-6 · Σ_r cost_r`` (µs), the second term preferring less total work among plans of
+equal step cost; the bound reported is converted back to the step cost alone.
 """
 
 from __future__ import annotations
@@ -85,9 +88,9 @@ class MipModel:
         # memory
         for d in range(n):
             lp += _lin(feats[d][F_MEM]) <= float(cat.cap[d])
-        a2a_terms, const = self._add_alltoalls(feats)
+        a2a = self._add_alltoalls(feats)
         group_terms = self._add_group_collectives(feats)
-        self._add_objective(feats, a2a_terms, group_terms, const)
+        self._add_objective(feats, a2a, group_terms)
         self.nonzeros = sum(len(c) for c in lp.constraints())
 
     # -- building the model -------------------------------------------------------------------
@@ -152,9 +155,10 @@ class MipModel:
             for q in range(8):
                 feats[d][q].append((var, G[d, q]))
 
-    def _add_alltoalls(self, feats: list) -> tuple[list[list[tuple]], list[float]]:
-        """The all-to-all maxima (ids and pooled outputs): per rank the terms (variables in
-        µs) and the constant latency (µs) they add to its cost."""
+    def _add_alltoalls(self, feats: list) -> dict[str, tuple[list[list[tuple]], float]]:
+        """The all-to-all maxima, per exchange (``ids``; ``out``: the pooled outputs forward
+        and their gradients back): per rank the terms (variables in µs) and the constant
+        latency (µs) they add to its cost."""
         cat, lp = self.cat, self.lp
         n, cm = cat.n, cat.cost
         comm = cm.comm
@@ -162,12 +166,13 @@ class MipModel:
         node_of = comm.node_of
         g = comm.node_size
         multi = n > g.min()
-        a2a_terms: list[list[tuple]] = [[] for _ in range(n)]
-        const = [0.0] * n
+        out: dict[str, tuple[list[list[tuple]], float]] = {}
         if n > 1:
             # the pooled outputs cross twice: forward, and their gradients back (compressed or
             # not: CostModel.grad_scale)
             for f_idx, mult, name in ((F_IDS, 1.0, "ids"), (F_OUT, 1.0 + cm.grad_scale, "out")):
+                a2a_terms: list[list[tuple]] = [[] for _ in range(n)]
+                out[name] = (a2a_terms, mult * comm.a2a_alpha_s * US)
                 P = [variable(lp, f"P{name}_{d}") for d in range(n)]
                 for d in range(n):
                     lp += _lin(feats[d][f_idx] + [(P[d], -1.0)]) == 0
@@ -179,7 +184,6 @@ class MipModel:
                     if same:
                         lp += _lin([(I, 1.0)] + [(P[q], -scale_i) for q in same]) >= 0
                     a2a_terms[r].append((I, mult))
-                    const[r] += mult * comm.a2a_alpha_s * US
                     if multi:
                         scale_e = b * US / comm.inter_Bps
                         other = [q for q in range(n) if node_of[q] != node_of[r]]
@@ -187,7 +191,7 @@ class MipModel:
                         lp += _lin([(E, 1.0), (P[r], -scale_e * (n - g[r]))]) >= 0
                         lp += _lin([(E, 1.0)] + [(P[q], -scale_e) for q in other]) >= 0
                         a2a_terms[r].append((E, mult))
-        return a2a_terms, const
+        return out
 
     def _add_group_collectives(self, feats: list) -> list[list[tuple]]:
         """Row-wise, data-parallel and table-row-wise collectives: per rank the terms (µs) of
@@ -220,23 +224,25 @@ class MipModel:
                 group_terms[r] += [(v_, c * inv_bw) for v_, c in feats[r][F_HRS]]
         return group_terms
 
-    def _add_objective(self, feats: list, a2a_terms: list, group_terms: list,
-                       const: list[float]) -> None:
-        """Each rank's cost ``C_r`` (µs), ``zmax`` ≥ every ``C_r``, and the objective
-        ``zmax + EPS · Σ_r C_r``."""
-        lp, n = self.lp, self.cat.n
-        launch = 3 * self.cat.cost.launch_s * US
-        self.zmax = zmax = variable(lp, "zmax", 0)
-        self.C = []
-        for r in range(n):
-            C = variable(lp, f"C_{r}", 0)
-            self.C.append(C)
-            terms = ([(v_, c * US) for v_, c in feats[r][F_FWD]]
-                     + [(v_, c * US) for v_, c in feats[r][F_BWD]]
-                     + a2a_terms[r] + group_terms[r] + [(C, -1.0)])
-            lp += _lin(terms) == -(const[r] + launch)
-            lp += zmax - C >= 0
-        lp += _lin([(zmax, 1.0)] + [(C, EPS) for C in self.C])
+    def _add_objective(self, feats: list, a2a: dict, group_terms: list) -> None:
+        """Each phase's slowest rank ``M_p`` (µs) ≥ every rank's cost in it, each rank's cost
+        ``C_r`` (µs), and the objective ``Σ_p M_p + EPS · Σ_r C_r``."""
+        lp, n, cm = self.lp, self.cat.n, self.cat.cost
+        # phase -> (per-rank terms, constant µs); the constants are CostModel.components'
+        phases = {"fwd": ([[(v_, c * US) for v_, c in feats[r][F_FWD]] for r in range(n)],
+                          (cm.launch_s + cm.decompress_fwd_s) * US),
+                  "bwd": ([[(v_, c * US) for v_, c in feats[r][F_BWD]] for r in range(n)],
+                          (cm.bwd_call_s + cm.compress_bwd_s) * US),
+                  **a2a, "groups": (group_terms, 0.0)}
+        self.M = {p: variable(lp, f"M_{p}", 0) for p in phases}
+        self.C = [variable(lp, f"C_{r}", 0) for r in range(n)]
+        for p, (terms, const) in phases.items():
+            for r in range(n):
+                lp += _lin([(self.M[p], 1.0)] + [(v_, -c) for v_, c in terms[r]]) >= const
+        for r, C in enumerate(self.C):
+            terms = [tc for _, (t, _) in phases.items() for tc in t[r]]
+            lp += _lin(terms + [(C, -1.0)]) == -sum(const for _, const in phases.values())
+        lp += _lin([(M, 1.0) for M in self.M.values()] + [(C, EPS) for C in self.C])
 
     # -- choices ↔ variables ------------------------------------------------------------------
     def set_start(self, choices) -> None:
@@ -265,7 +271,13 @@ class MipModel:
         costs = cm.rank_costs(F) * US
         for r, C in enumerate(self.C):
             C.setInitialValue(float(costs[r]))
-        self.zmax.setInitialValue(float(costs.max()))
+        comp = cm.components(F)
+        parts = {"fwd": ("lookup_fwd_s",), "bwd": ("lookup_bwd_s",), "ids": ("input_a2a_s",),
+                 "out": ("output_a2a_fwd_s", "output_a2a_bwd_s"),
+                 "groups": ("row_wise_comm_s", "table_row_wise_comm_s",
+                            "data_parallel_allreduce_s")}
+        for p, M in self.M.items():
+            M.setInitialValue(float(sum(comp[k] for k in parts[p]).max() * US))
         b = cm.local_batch
         comm = cm.comm
         for var in self.lp.variables():

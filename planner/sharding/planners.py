@@ -9,10 +9,11 @@ name               what it does
 ``dim``            device with the smallest sum of that key that still has room
 ``lookup``         (size = rows·dim, dim, lookup = dim·pooling, size_lookup =
 ``size_lookup``    dim·pooling·log10(rows)); table-wise only
-``greedy``         LPT on the analytic cost: heavy tables cut into column parts, each unit onto
-                   the rank that keeps the maximum per-rank cost lowest
-``local_search``   ``greedy``, then moves, swaps, splits and merges that lower the maximum
-``mip``            PuLP/CBC: minimise the maximum per-rank cost under memory caps over
+``greedy``         LPT on the analytic step cost (each synchronised phase's slowest rank,
+                   summed): heavy tables cut into column parts or spread over a host, each
+                   unit onto the rank that keeps the step cost lowest
+``local_search``   ``greedy``, then moves, swaps, splits and merges that lower the step cost
+``mip``            PuLP/CBC: minimise the step cost under memory caps over
                    table-wise, column-wise (2/4/8 parts), row-wise, data-parallel (and
                    table-row-wise across hosts); warm-started from ``local_search``
 ``torchrec``       TorchRec's own ``EmbeddingShardingPlanner``, run for real (needs

@@ -123,3 +123,24 @@ def test_more_imbalance_simulates_slower(make_task):
     assert est[0] < est[1] < est[2]
     for e, t in zip(est, times):
         assert t == pytest.approx(e, rel=0.35)
+
+
+def test_the_step_cost_is_what_the_simulated_step_pays():
+    """Ranks wait for each other at every all-to-all, so a step pays each phase's slowest
+    rank: the step cost (their sum) stays within a few percent above the simulated step for
+    balanced and unbalanced plans alike (the excess: the pipelined ids all-to-all, which the
+    simulator overlaps), while the slowest rank's own sum misses by more where ranks are even
+    in total but not phase by phase."""
+    from planner.model.tables.generate import neuroshard_tasks
+    from planner.workloads.dlrm.step import simulate_plan
+    step, slowest = [], []
+    for bt in neuroshard_tasks(8, 2, devices=8, table_range=(20, 40)):
+        task = bt.task(topology="dgx-h100:nodes=1", sharding_types=None)
+        for name, seed in (("random", 0), ("random", 1), ("greedy", 0)):
+            plan = get_planner(name).plan(task, 8, seed=seed)
+            sim = simulate_plan(plan, task).step_time_s
+            step.append(plan.step_cost_s / sim)
+            slowest.append(plan.max_cost_s / sim)
+    assert all(1.0 <= r <= 1.06 for r in step), step
+    assert max(step) - min(step) < 0.03
+    assert min(slowest) < 0.97 and max(slowest) - min(slowest) > 2 * (max(step) - min(step))

@@ -34,6 +34,9 @@ def test_every_planner_returns_a_valid_plan(name, make_task):
     assert plan.planner == name and len(plan.shardings) == 12
     assert sorted(ts.table for ts in plan.shardings) == list(range(12))
     assert plan.max_cost_s == max(plan.per_rank_cost_s) > 0
+    phases = sum(max(v) for v in plan.breakdown_s.values())
+    assert plan.step_cost_s == pytest.approx(phases, rel=1e-12)
+    assert plan.step_cost_s >= plan.max_cost_s * (1 - 1e-12)
     assert all(m <= c for m, c in zip(plan.memory_per_rank_bytes, plan.memory_capacity_bytes))
 
 
@@ -44,14 +47,14 @@ def test_planners_on_neuroshard_tasks_and_ordering():
         for n in costs:
             plan = get_planner(n).plan(bt.task(), bt.devices, seed=0)
             assert plan.valid
-            costs[n].append(plan.max_cost_s)
+            costs[n].append(plan.step_cost_s)
     mean = {n: float(np.mean(v)) for n, v in costs.items()}
     assert mean["greedy"] < mean["size_lookup"] < mean["random"]
     assert all(a <= b * (1 + 1e-12) for a, b in zip(costs["local_search"], costs["greedy"]))
 
 
 def _brute_force(problem, parts):
-    """Minimum max-rank cost over every assignment of the MIP's options (2 devices)."""
+    """Minimum step cost over every assignment of the MIP's options (2 devices)."""
     cat = catalog(problem)
     n = problem.devices
     opts = []
@@ -78,7 +81,7 @@ def _brute_force(problem, parts):
         F = sum(a[idx[:, t]] for t, (_, a) in enumerate(opts))
         ok = (F[:, :, F_MEM] <= cap[None, :]).all(axis=1)
         if ok.any():
-            best = min(best, float(problem.cost.rank_costs(F[ok]).max(axis=1).min()))
+            best = min(best, float(problem.cost.step_cost(F[ok]).min()))
     return best, int(np.prod(shapes))
 
 
@@ -95,8 +98,8 @@ def test_mip_equals_brute_force(make_task, n_tables, seed, parts, frac, opt):
         plan = MipPlanner(parts=parts, warm_start=warm).plan(task, 2, seed=0, time_limit_s=20)
         assert plan.valid
         assert plan.stats.status == "optimal" and plan.stats.gap == 0.0
-        assert plan.max_cost_s == pytest.approx(brute, rel=1e-6)
-        assert plan.stats.objective_s == pytest.approx(plan.max_cost_s, rel=1e-12)
+        assert plan.step_cost_s == pytest.approx(brute, rel=1e-6)
+        assert plan.stats.objective_s == pytest.approx(plan.step_cost_s, rel=1e-12)
 
 
 def test_mip_time_limit_and_gap():
@@ -113,9 +116,9 @@ def test_mip_time_limit_and_gap():
     assert plan.stats.status in ("node_limit", "optimal", "fallback")
     if plan.stats.status != "fallback":      # a fallback after a safety stop has no bound
         assert plan.stats.gap is not None and 0.0 <= plan.stats.gap < 1.0
-        assert plan.stats.bound_s <= plan.max_cost_s
+        assert plan.stats.bound_s <= plan.step_cost_s
     greedy = get_planner("greedy").plan(task, 8)
-    assert plan.max_cost_s <= greedy.max_cost_s * (1 + 1e-9)
+    assert plan.step_cost_s <= greedy.step_cost_s * (1 + 1e-9)
 
 
 def test_mip_tiny_limit_still_returns_within_110_percent():
@@ -133,10 +136,10 @@ def test_local_search_never_worsens(make_task, seed):
     cat = catalog(problem)
     start = get_planner("random").plan(task, 4, seed=seed)
     choices0 = cat.choices_of(start.shardings)
-    before = float(problem.cost.rank_costs(cat.features(choices0)).max())
+    before = float(problem.cost.step_cost(cat.features(choices0)))
     best, info = improve_choices(cat, choices0, seed=seed, rounds=3)
     F = cat.features(best)
-    after = float(problem.cost.rank_costs(F).max())
+    after = float(problem.cost.step_cost(F))
     assert after <= before and (F[:, F_MEM] <= cat.cap + 0.5).all()
     assert after < before          # a random start is always improvable here
     again, _ = improve_choices(cat, choices0, seed=seed, rounds=3)
@@ -168,15 +171,20 @@ def _one_heavy_table_task(topology: str, types=None):
 def test_a_table_heavier_than_a_rank_share_is_spread_over_a_host(name):
     """On two DGX hosts (16 GPUs) a table whose per-id backward alone outweighs a rank's
     share cannot be balanced by column parts (each part still serves every id): the planners
-    spread it table-row-wise over one host, and the plan's maximum is lower than the best they
-    find without that type. On one host there is no such spread to choose."""
+    split its ids (greedy: table-row-wise over one host; local search: that or row-wise), and
+    the plan's step cost is lower than the best they find without that type. On one host
+    there is no such spread to choose."""
     tw_cw = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE)
     spread = get_planner(name).plan(_one_heavy_table_task("dgx-h100:nodes=2"), 16, seed=0)
     kept = get_planner(name).plan(_one_heavy_table_task("dgx-h100:nodes=2", tw_cw), 16, seed=0)
     assert spread.valid and kept.valid
     heavy = next(ts for ts in spread.shardings if ts.table == 0)
-    assert heavy.sharding_type == ShardingType.TABLE_ROW_WISE
-    assert len({s.rank // 8 for s in heavy.shards}) == 1 and len(heavy.shards) == 8
-    assert spread.max_cost_s < 0.8 * kept.max_cost_s
+    if name == "greedy":           # greedy's one spread: table-row-wise over a host
+        assert heavy.sharding_type == ShardingType.TABLE_ROW_WISE
+        assert len({s.rank // 8 for s in heavy.shards}) == 1 and len(heavy.shards) == 8
+    else:                          # local search may also spread it row-wise over all ranks
+        assert heavy.sharding_type in (ShardingType.TABLE_ROW_WISE, ShardingType.ROW_WISE)
+        assert len(heavy.shards) >= 8
+    assert spread.step_cost_s < 0.8 * kept.step_cost_s
     one_host = get_planner(name).plan(_one_heavy_table_task("dgx-h100:nodes=1"), 8, seed=0)
     assert ShardingType.TABLE_ROW_WISE.value not in one_host.type_counts()

@@ -65,10 +65,14 @@ every rank (:class:`~.comm_model.SyncCommModel`: processes sharing a few cores f
 measured per-rank times do not follow per-rank volumes), the others ``alpha + bytes / Bps``.
 ``CostConfig(device_profile=None)`` turns this off; GPU topologies never use it.
 
-The per-rank cost a planner minimises (its maximum) is the sum of lookups forward and backward,
-the ids all-to-all, the output all-to-all forward and backward, and the row-wise, table-row-wise
-and data-parallel collectives. The dense part (MLPs and their all-reduce) is the same on every
-rank and is reported separately (:meth:`CostModel.dense_costs`).
+A rank's embedding cost (:meth:`CostModel.rank_costs`) is the sum of its lookups forward and
+backward, the ids all-to-all, the output all-to-all forward and backward, and the row-wise,
+table-row-wise and data-parallel collectives. The step does not pay the slowest rank's sum:
+every all-to-all and collective waits for all its ranks, so each of these phases costs its
+own slowest rank, and a plan whose ranks are even in total but not phase by phase (one rank
+heavy in lookups, another in outputs) pays both. :meth:`CostModel.step_cost` is that sum of
+per-phase maxima, what the planners minimise. The dense part (MLPs and their all-reduce) is
+the same on every rank and is reported separately (:meth:`CostModel.dense_costs`).
 """
 
 from __future__ import annotations
@@ -92,7 +96,7 @@ from planner.model.tables.memory import shard_memory_bytes
 from planner.model.tables.shards import Shard, ShardingType, TableSharding
 from planner.model.tables.spec import PRECISION_BYTES, ModelSpec, TableSpec
 
-__all__ = ["CostConfig", "CostModel", "FEATURES", "BREAKDOWN_KEYS"]
+__all__ = ["CostConfig", "CostModel", "FEATURES", "BREAKDOWN_KEYS", "step_cost_of"]
 
 #: per-rank additive features of a plan (see :meth:`CostModel.shard_features`)
 FEATURES = ("fwd_s", "bwd_s", "out_Bps", "ids_Bps", "rw_bytes", "dp_bytes", "twrw_bytes",
@@ -103,6 +107,13 @@ K = len(FEATURES)
 BREAKDOWN_KEYS = ("lookup_fwd_s", "lookup_bwd_s", "input_a2a_s", "output_a2a_fwd_s",
                   "output_a2a_bwd_s", "row_wise_comm_s", "table_row_wise_comm_s",
                   "data_parallel_allreduce_s")
+
+
+def step_cost_of(components) -> np.ndarray | float:
+    """Σ over :data:`BREAKDOWN_KEYS` of the slowest rank's time (last axis), seconds: the
+    embedding part of a step whose ranks wait for each other at every collective."""
+    total = sum(np.asarray(components[k], dtype=float).max(axis=-1) for k in BREAKDOWN_KEYS)
+    return float(total) if np.ndim(total) == 0 else total
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -411,6 +422,13 @@ class CostModel:
         for k in BREAKDOWN_KEYS:
             total = total + comp[k]
         return total
+
+    def step_cost(self, F: np.ndarray) -> np.ndarray | float:
+        """The embedding part of one step, seconds: each component's slowest rank, summed
+        (ranks synchronise at every collective, see the module docstring). ``F`` is
+        ``(..., ranks, K)``; the result has the leading shape (a float for one plan). Never
+        below the slowest rank's :meth:`rank_costs`."""
+        return step_cost_of(self.components(F))
 
     def extrapolated(self) -> list[str]:
         """Where the lookup model is used outside what it was fitted to: one line per input

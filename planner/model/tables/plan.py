@@ -6,7 +6,7 @@ JSON (``format_version`` 1)::
      "planner": "mip", "devices": 8, "topology": "dgx-a100:nodes=1", "gpu": "a100-80gb",
      "task": {"name", "source", "sha256", "num_tables", "batch_size", "optimizer", ...},
      "valid": true, "problems": [],
-     "max_cost_s": 0.0012, "per_rank_cost_s": [...], "imbalance": 1.03,
+     "step_cost_s": 0.0013, "max_cost_s": 0.0012, "per_rank_cost_s": [...], "imbalance": 1.03,
      "per_rank_breakdown_s": {"lookup_fwd_s": [...], ...}, "dense_s": {...},
      "memory_per_rank_bytes": [...], "memory_capacity_bytes": [...],
      "shards": [{"table": "t0", "sharding_type": "column_wise", "ranks": [0, 3],
@@ -14,10 +14,13 @@ JSON (``format_version`` 1)::
      "planner_stats": {"wall_s", "status", "gap", "objective_s", "bound_s", "seed",
                        "time_limit_s", "solver", "iterations", "notes", "timings_s"}}
 
-Offsets and sizes are ``[row, column]``. Shards keep TorchRec's order (``ranks`` has one entry
-per shard). ``planner_stats.wall_s`` and ``planner_stats.timings_s`` are the only values that change
-between identical runs; ``to_json(stable=True)`` leaves them out, so the same inputs and seed
-give the same bytes.
+``step_cost_s`` is what the planners minimise: the embedding part of one step, each phase's
+slowest rank summed (:meth:`~planner.model.tables.cost.CostModel.step_cost`); ``max_cost_s`` is
+the slowest rank's own sum of phases (≤ ``step_cost_s``; equal when one rank is the slowest in
+every phase). Offsets and sizes are ``[row, column]``. Shards keep TorchRec's order
+(``ranks`` has one entry per shard). ``planner_stats.wall_s`` and ``planner_stats.timings_s``
+are the only values that change between identical runs; ``to_json(stable=True)`` leaves them
+out, so the same inputs and seed give the same bytes.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import numpy as np
 from simulator.errors import SpecError
 from simulator.fileio import atomic_write_text, dumps_json
 
-from planner.model.tables.cost import BREAKDOWN_KEYS, F_MEM
+from planner.model.tables.cost import BREAKDOWN_KEYS, F_MEM, step_cost_of
 from planner.model.tables.shards import Shard, ShardingType, TableSharding, validate_sharding
 from planner.model.tables.spec import ModelSpec, builtin_spec_names, load_model_spec
 from planner.model.tables.task import Problem
@@ -93,6 +96,10 @@ class Evaluation:
     def max_cost_s(self) -> float:
         return float(self.per_rank_cost_s.max())
 
+    @property
+    def step_cost_s(self) -> float:
+        return step_cost_of(self.breakdown_s)
+
 
 def evaluate_shardings(problem: Problem, shardings: Sequence[TableSharding]) -> Evaluation:
     """Features, per-rank costs, memory and validity of ``shardings`` (one per table)."""
@@ -145,8 +152,14 @@ class Plan:
 
     @property
     def max_cost_s(self) -> float:
-        """The slowest rank's embedding cost, seconds (what planners minimise)."""
+        """The slowest rank's embedding cost (its sum of phases), seconds."""
         return max(self.per_rank_cost_s)
+
+    @property
+    def step_cost_s(self) -> float:
+        """The embedding part of one step, seconds: each phase's slowest rank, summed (what
+        the planners minimise; see the module docstring)."""
+        return step_cost_of(self.breakdown_s)
 
     @property
     def imbalance(self) -> float:
@@ -174,7 +187,8 @@ class Plan:
             "format": FORMAT, "format_version": FORMAT_VERSION,
             "planner": self.planner, "devices": self.devices, "topology": self.topology,
             "gpu": self.gpu, "task": dict(self.task), "valid": self.valid,
-            "problems": list(self.problems), "max_cost_s": self.max_cost_s,
+            "problems": list(self.problems), "step_cost_s": self.step_cost_s,
+            "max_cost_s": self.max_cost_s,
             "per_rank_cost_s": list(self.per_rank_cost_s), "imbalance": self.imbalance,
             "per_rank_breakdown_s": {k: list(v) for k, v in self.breakdown_s.items()},
             "dense_s": dict(self.dense_s),
