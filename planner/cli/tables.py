@@ -277,7 +277,9 @@ def format_plan(plan, sim=None) -> str:
                      f"{format_bytes(plan.memory_capacity_bytes[r]):>10} {shards_on[r]:>6}")
     mean = sum(plan.per_rank_cost_s) / plan.devices
     lines.append("")
-    lines.append(f"max {format_time(plan.max_cost_s)}, mean {format_time(mean)}, imbalance "
+    lines.append(f"step cost {format_time(plan.step_cost_s)} (each phase's slowest rank, "
+                 f"summed); slowest rank {format_time(plan.max_cost_s)}, mean "
+                 f"{format_time(mean)}, imbalance "
                  f"{plan.imbalance:.3f}; types: "
                  + ", ".join(f"{v} {k}" for k, v in plan.type_counts().items()))
     d = plan.dense_s
