@@ -18,15 +18,16 @@ Planners: ``torchrec`` (TorchRec 1.8.0's EmbeddingShardingPlanner), ``size_looku
 strongest greedy baseline), ``greedy``, ``local_search`` and ``mip`` (``--mip-limit`` seconds).
 Each valid plan of a task is MEASURED (``planner.measure.tables.plans``: fused FBGEMM TBE forward +
 backward per rank on one thread, median of ``--repeats``; the all-to-alls with gloo across N
-processes, median of ``--comm-repeats``; identical plans measured once); cost = max over ranks
-of lookups + communication. TorchRec's plan is measured a second time in the same paired run as
+processes, median of ``--comm-repeats``; identical plans measured once); cost = the step cost,
+each phase's slowest rank summed (lookups forward, backward, each collective: the ranks wait
+for each other at every collective; the slowest rank's own sum is in the CSV as
+``measured_max_s``). TorchRec's plan is measured a second time in the same paired run as
 ``torchrec_again``: its ratio to ``torchrec`` is the noise floor of a per-task ratio. Prints per
-planner: mean measured max-rank cost over the tasks
-where it is valid, the mean of its per-task ratio to TorchRec's plan and to size-lookup's (on
-the tasks both are valid), the median ratio, ``valid x/N`` (invalid plans are counted, never
-averaged), the prediction error of the max, and the mean plan time; then the same split by
-device count. ``--out DIR`` writes ``results.csv`` (one row per task × planner) and
-``summary.json``.
+planner: mean measured step cost over the tasks where it is valid, the mean of its per-task
+ratio to TorchRec's plan and to size-lookup's (on the tasks both are valid), the median ratio,
+``valid x/N`` (invalid plans are counted, never averaged), the prediction error of the step
+cost, and the mean plan time; then the same split by device count. ``--out DIR`` writes
+``results.csv`` (one row per task × planner) and ``summary.json``.
 """
 
 from __future__ import annotations
@@ -120,6 +121,8 @@ def run(args) -> dict:
                 row = {"task": info["name"], "family": info["family"], "devices": n,
                        "tables": info["tables"], "planner": name, "plan_s": round(plan_s, 3),
                        "valid": bool(plan is not None and plan.valid), "error": err,
+                       "predicted_step_s": plan.step_cost_s if plan is not None else None,
+                       "measured_step_s": None,
                        "predicted_max_s": plan.max_cost_s if plan is not None else None,
                        "measured_max_s": None, "measured_lookup_max_s": None,
                        "measured_comm_mean_s": None, "types": "", "distinct_plans": None,
@@ -148,12 +151,15 @@ def run(args) -> dict:
                     row["planner"] = NOISE
                     if "torchrec" in plans:
                         m = ms[-1]
-                        row.update(measured_max_s=m.max_s, measured_lookup_max_s=max(m.lookup_s),
+                        row.update(measured_step_s=m.step_s, measured_max_s=m.max_s,
+                                   measured_lookup_max_s=max(m.lookup_s),
                                    measured_comm_mean_s=sum(m.comm_s) / n)
                     task_rows[NOISE] = row
             for kk, m in zip(uniq, ms):
                 for name in keys[kk]:
                     row = task_rows[name]
+                    row["measured_step_s"] = m.step_s
+                    row["predicted_step_s"] = m.predicted_step_s
                     row["measured_max_s"] = m.max_s
                     row["measured_lookup_max_s"] = max(m.lookup_s)
                     row["measured_comm_mean_s"] = sum(m.comm_s) / n
@@ -163,7 +169,7 @@ def run(args) -> dict:
             for name in shown:
                 rows.append(task_rows[name])
             line = "  ".join(
-                f"{p} {task_rows[p]['measured_max_s'] * 1e3:7.2f}" if task_rows[p]["valid"]
+                f"{p} {task_rows[p]['measured_step_s'] * 1e3:7.2f}" if task_rows[p]["valid"]
                 else f"{p} invalid" for p in shown)
             print(f"[{k + 1:>2}/{len(tasks)}] {info['name']:<34} {n} dev {info['tables']:>2} tab "
                   f"(ms) {line}   {time.perf_counter() - t_start:6.0f} s", flush=True)
@@ -198,7 +204,7 @@ def _ratios(rows, planners, base, subset=None):
             by_task.setdefault(r["task"], {})[r["planner"]] = r
     out = {}
     for p in planners:
-        rs = [t[p]["measured_max_s"] / t[base]["measured_max_s"] for t in by_task.values()
+        rs = [t[p]["measured_step_s"] / t[base]["measured_step_s"] for t in by_task.values()
               if p in t and base in t and t[p]["valid"] and t[base]["valid"]]
         out[p] = rs
     return out
@@ -213,13 +219,15 @@ def summarise(rows, planners, subset=None) -> dict:
     for p in planners:
         mine = [r for r in sel if r["planner"] == p]
         ok = [r for r in mine if r["valid"]]
-        meas = [r["measured_max_s"] for r in ok]
-        pred_err = [(r["predicted_max_s"] - r["measured_max_s"]) / r["measured_max_s"]
+        meas = [r["measured_step_s"] for r in ok]
+        pred_err = [(r["predicted_step_s"] - r["measured_step_s"]) / r["measured_step_s"]
                     for r in ok]
         entry = {"valid": len(ok), "n": len(mine),
-                 "mean_measured_max_s": statistics.fmean(meas) if meas else None,
-                 "median_measured_max_s": statistics.median(meas) if meas else None,
-                 "mean_predicted_max_s": statistics.fmean([r["predicted_max_s"] for r in ok])
+                 "mean_measured_step_s": statistics.fmean(meas) if meas else None,
+                 "median_measured_step_s": statistics.median(meas) if meas else None,
+                 "mean_predicted_step_s": statistics.fmean([r["predicted_step_s"] for r in ok])
+                 if ok else None,
+                 "mean_measured_max_s": statistics.fmean([r["measured_max_s"] for r in ok])
                  if ok else None,
                  "mean_abs_prediction_error": statistics.fmean([abs(e) for e in pred_err])
                  if pred_err else None,
@@ -251,13 +259,13 @@ def _fmt_ratio(e, key):
 def print_summary(summary: dict, planners) -> None:
     def table(s: dict, title: str) -> None:
         print(f"\n{title} ({s['tasks']} tasks)")
-        print(f"{'planner':<16}{'valid':>8}{'mean max ms':>13}{'median ms':>11}"
+        print(f"{'planner':<16}{'valid':>8}{'mean step ms':>13}{'median ms':>11}"
               f"{'vs torchrec':>17}{'vs size_lookup':>17}{'wins/TR':>9}{'pred err':>10}"
               f"{'plan s':>8}")
         for p in planners:
             e = s["planners"][p]
-            mean = e["mean_measured_max_s"]
-            med = e["median_measured_max_s"]
+            mean = e["mean_measured_step_s"]
+            med = e["median_measured_step_s"]
             wins = e.get("vs_torchrec")
             print(f"{p:<16}{e['valid']:>4}/{e['n']:<3}"
                   f"{(mean * 1e3 if mean else float('nan')):>13.2f}"
@@ -266,8 +274,8 @@ def print_summary(summary: dict, planners) -> None:
                   f"{(str(wins['wins']) + '/' + str(wins['tasks'])) if wins else '-':>9}"
                   f"{(100 * e['mean_prediction_error'] if e['mean_prediction_error'] is not None else float('nan')):>+9.1f}%"
                   f"{(e['mean_plan_s'] or 0):>8.2f}")
-    table(summary, "all tasks — measured max-rank cost; ratios: mean (median) of per-task "
-                   "ratios on tasks where both plans are valid")
+    table(summary, "all tasks — measured step cost (each phase's slowest rank, summed); "
+                   "ratios: mean (median) of per-task ratios on tasks where both plans are valid")
     noise = summary["planners"].get(NOISE, {}).get("vs_torchrec")
     if noise:
         print(f"noise floor: TorchRec's plan measured twice in the same run: mean ratio "

@@ -327,6 +327,10 @@ def test_plan_measure_and_measure_commands(tmp_path, capsys):
     assert code == 0 and out["topology"] == cpu_topology_ref(2)
     meas = out["measurement"]
     assert meas["measured_max_s"] > 0 and len(meas["per_rank"]["measured_total_s"]) == 2
+    # the step pays each phase's slowest rank: never less than the slowest rank's own sum
+    phases = sum(max(v) for v in meas["measured_breakdown_s"].values())
+    assert meas["measured_step_s"] == pytest.approx(phases, rel=1e-12)
+    assert meas["measured_step_s"] >= meas["measured_max_s"] * (1 - 1e-12)
     code = main(["measure", str(csv), str(plan), "--repeats", "2", "--no-comm", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0 and doc["planner"] == "greedy" and doc["measured_max_s"] > 0

@@ -47,7 +47,7 @@ from simulator.units import format_bytes, format_time
 from planner.machine import cpu_description
 from planner.measure.tables.comm import GlooGroup, oversubscription
 from planner.measure.tables.kernels import KernelTable, time_ranks
-from planner.model.tables.cost import BREAKDOWN_KEYS
+from planner.model.tables.cost import BREAKDOWN_KEYS, step_cost_of
 from planner.model.tables.ids import TableIds, local_batches, model_ids
 from planner.model.tables.memory import shard_memory_bytes
 from planner.model.tables.plan import evaluate_shardings
@@ -214,6 +214,16 @@ class Measurement:
         return max(self.total_s)
 
     @property
+    def step_s(self) -> float:
+        """Measured step cost: each phase's slowest rank, summed (what the step pays, as
+        :meth:`~planner.model.tables.cost.CostModel.step_cost` predicts it)."""
+        return step_cost_of({k: np.asarray(v) for k, v in self.measured_s.items()})
+
+    @property
+    def predicted_step_s(self) -> float:
+        return step_cost_of({k: np.asarray(v) for k, v in self.predicted_s.items()})
+
+    @property
     def predicted_lookup_s(self) -> list[float]:
         return self._sum(self.predicted_s, LOOKUP_KEYS)
 
@@ -235,7 +245,11 @@ class Measurement:
         return int(max(range(len(t)), key=lambda r: t[r]))
 
     def to_dict(self) -> dict:
-        return {"devices": self.devices, "measured_max_s": self.max_s,
+        return {"devices": self.devices, "measured_step_s": self.step_s,
+                "predicted_step_s": self.predicted_step_s,
+                "step_error": (self.predicted_step_s - self.step_s) / self.step_s
+                if self.step_s > 0 else None,
+                "measured_max_s": self.max_s,
                 "predicted_max_s": self.predicted_max_s,
                 "max_error": (self.predicted_max_s - self.max_s) / self.max_s
                 if self.max_s > 0 else None,
@@ -273,6 +287,9 @@ def format_measurement(m: Measurement) -> str:
     err = (m.predicted_max_s - m.max_s) / m.max_s if m.max_s > 0 else 0.0
     lines.append(f"max {format_time(m.max_s)} measured (rank {m.slowest_rank}), "
                  f"{format_time(m.predicted_max_s)} predicted ({100 * err:+.1f}%)")
+    err = (m.predicted_step_s - m.step_s) / m.step_s if m.step_s > 0 else 0.0
+    lines.append(f"step cost (each phase's slowest rank, summed) {format_time(m.step_s)} "
+                 f"measured, {format_time(m.predicted_step_s)} predicted ({100 * err:+.1f}%)")
     for note in m.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)

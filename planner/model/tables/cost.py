@@ -112,7 +112,8 @@ BREAKDOWN_KEYS = ("lookup_fwd_s", "lookup_bwd_s", "input_a2a_s", "output_a2a_fwd
 def step_cost_of(components) -> np.ndarray | float:
     """Σ over :data:`BREAKDOWN_KEYS` of the slowest rank's time (last axis), seconds: the
     embedding part of a step whose ranks wait for each other at every collective."""
-    total = sum(np.asarray(components[k], dtype=float).max(axis=-1) for k in BREAKDOWN_KEYS)
+    total = sum(np.asarray(components[k], dtype=float).max(axis=-1) for k in BREAKDOWN_KEYS
+                if k in components)
     return float(total) if np.ndim(total) == 0 else total
 
 
