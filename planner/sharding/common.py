@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.model.tables.cost import F_MEM, K
+from planner.model.tables.cost import BREAKDOWN_KEYS, F_MEM, K
 from planner.model.tables.shards import (
     Shard,
     ShardingType,
@@ -33,7 +33,7 @@ from planner.model.tables.shards import (
 )
 from planner.model.tables.task import Problem
 
-__all__ = ["Catalog", "catalog", "Choice", "CW_PARTS"]
+__all__ = ["Catalog", "catalog", "Choice", "CW_PARTS", "step_scores"]
 
 Choice = tuple
 CW_PARTS = (2, 4, 8)
@@ -180,6 +180,17 @@ class Catalog:
 
     def layouts(self, choices: Sequence[Choice]) -> tuple[TableSharding, ...]:
         return tuple(self.layout(t, ch) for t, ch in enumerate(choices))
+
+
+def step_scores(cm, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The planners' key for plans ``F`` (..., ranks, K): the step cost (each phase's slowest
+    rank, summed, seconds) and Σ over phases and ranks of the phase's cost² (s²), which
+    breaks the step cost's plateaus: among equal step costs it prefers the plan whose ranks
+    are even phase by phase (a lookup-heavy table to a rank light in lookups)."""
+    comp = cm.components(F)
+    step = sum(comp[k].max(axis=-1) for k in BREAKDOWN_KEYS)
+    sq = sum((comp[k] ** 2).sum(axis=-1) for k in BREAKDOWN_KEYS)
+    return np.asarray(step, dtype=float), np.asarray(sq, dtype=float)
 
 
 @functools.lru_cache(maxsize=16)

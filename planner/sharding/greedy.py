@@ -32,7 +32,7 @@ from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.shards import ShardingType
 from planner.model.tables.task import ShardingTask, prepare
-from planner.sharding.common import CW_PARTS, Catalog, catalog
+from planner.sharding.common import CW_PARTS, Catalog, catalog, step_scores
 
 __all__ = ["GreedyPlanner", "greedy_choices", "SHORTLIST"]
 
@@ -121,7 +121,7 @@ def _greedy(cat: Catalog, *, split: bool, parts, by_phase: bool) -> tuple[list, 
                 cands = np.sort(cands[np.lexsort((cands, now))[:SHORTLIST]])
             Fc = np.repeat(F[None], cands.size, axis=0)
             Fc[np.arange(cands.size), cands] += delta[cands]
-            worst, spread = _phase_scores(cm, Fc)
+            worst, spread = step_scores(cm, Fc)
             order = np.lexsort((cands, spread, worst))
             d = int(cands[order[0]])
         F = F.copy()
@@ -133,15 +133,6 @@ def _greedy(cat: Catalog, *, split: bool, parts, by_phase: bool) -> tuple[list, 
     for t, c in counts.items():
         choices[t] = cat.normalise(("cw", parts_of[t], tuple(int(x) for x in c)))
     return choices, notes
-
-
-def _phase_scores(cm, Fc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Step cost and Σ over phases and ranks of the phase's cost² of plans ``Fc``
-    (..., ranks, K): the second prefers, among equal step costs, the rank whose phases the
-    unit loads least (a lookup-heavy table to a rank light in lookups)."""
-    comp = cm.components(Fc)
-    step = sum(comp[k].max(axis=-1) for k in BREAKDOWN_KEYS)
-    return step, sum((comp[k] ** 2).sum(axis=-1) for k in BREAKDOWN_KEYS)
 
 
 #: a unit that is a whole table spread table-row-wise over one host's ranks

@@ -34,7 +34,7 @@ from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.shards import ShardingType, TableSharding
 from planner.model.tables.task import ShardingTask, prepare
-from planner.sharding.common import Catalog, catalog
+from planner.sharding.common import Catalog, catalog, step_scores
 from planner.sharding.greedy import GreedyPlanner
 from planner.sharding.protocols import Planner
 
@@ -82,15 +82,8 @@ class _Search:
             d = self._diff[key] = self.contrib(t, ch) - self.contrib(t, cur)
         return d
 
-    def scores(self, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Step cost and Σ phase cost² of plans ``F`` (..., ranks, K): the descent's key."""
-        comp = self.cm.components(F)
-        step = sum(comp[k].max(axis=-1) for k in BREAKDOWN_KEYS)
-        sq = sum((comp[k] ** 2).sum(axis=-1) for k in BREAKDOWN_KEYS)
-        return np.asarray(step, dtype=float), np.asarray(sq, dtype=float)
-
     def key(self, F: np.ndarray) -> tuple[float, float]:
-        step, sq = self.scores(F)
+        step, sq = step_scores(self.cm, F)
         return float(step), float(sq)
 
     def bottlenecks(self, F: np.ndarray) -> list[int]:
@@ -209,7 +202,7 @@ class _Search:
             idx = np.flatnonzero((cand[:, :, F_MEM] <= cap[None, :] + 0.5).all(axis=1))
             if idx.size == 0:
                 continue
-            mx, sq = self.scores(cand[idx])
+            mx, sq = step_scores(self.cm, cand[idx])
             self.evaluated += idx.size
             best = np.lexsort((idx, sq, mx))[0]
             k = (float(mx[best]), float(sq[best]))
