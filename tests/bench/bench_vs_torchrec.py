@@ -19,14 +19,16 @@ same shards can lower the maximum). The measured comparison on this CPU is
 ``bench_sharding_measured.py``.
 
 TorchRec's planner takes most of the time at 64 GPUs (2-4 min a task); ``--torchrec-plans DIR``
-keeps each of its plans there (the plan JSON, checked against the task's hash when read back)
-and reuses them on the next run, so a change to our planners is compared against the same
-TorchRec plans in minutes. Its planner does not always give the same plan twice.
+keeps each of its plans there (the gzipped plan JSON, checked against the task's hash when read
+back) and reuses them on the next run, so a change to our planners is compared against the same
+TorchRec plans in minutes. Its planner does not always give the same plan twice; the plans of
+the recorded comparison are in ``traces/sharding/torchrec-plans-20261127/``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 import sys
@@ -48,10 +50,11 @@ SHAPES = {8: ("dgx-h100:nodes=1", (10, 59)), 64: ("dgx-h100:nodes=8", (80, 400))
 
 
 def _torchrec_plan(task, gpus: int, seed: int, cache: Path | None):
-    """TorchRec's plan for ``task``, read from ``cache`` when it holds one for this task."""
-    path = cache / f"{task.model.name}-{gpus}.json" if cache is not None else None
+    """TorchRec's plan for ``task``, read from ``cache`` when it holds one for this task (a
+    gzipped plan JSON); else planned, and kept there."""
+    path = cache / f"{task.model.name}-{gpus}.json.gz" if cache is not None else None
     if path is not None and path.is_file():
-        doc = json.loads(path.read_text())
+        doc = json.loads(gzip.decompress(path.read_bytes()))
         if doc.get("task", {}).get("sha256") == task.model.sha256():
             problem = prepare(task, gpus)
             return make_plan(problem, read_plan_json(doc, problem), "torchrec",
@@ -59,7 +62,7 @@ def _torchrec_plan(task, gpus: int, seed: int, cache: Path | None):
     plan = get_planner("torchrec").plan(task, gpus, seed=seed)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        plan.write(path, stable=True)
+        path.write_bytes(gzip.compress(plan.to_json(stable=True).encode(), mtime=0))
     return plan
 
 
