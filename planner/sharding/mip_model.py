@@ -48,6 +48,13 @@ US = 1e6          # the model works in microseconds
 EPS = 1e-6        # weight of the total-cost tie-breaker
 
 
+#: the model's phases and the cost model's components each one's variable M_p stands for
+PHASE_KEYS = {"fwd": ("lookup_fwd_s",), "bwd": ("lookup_bwd_s",), "ids": ("input_a2a_s",),
+              "out": ("output_a2a_fwd_s", "output_a2a_bwd_s"),
+              "groups": ("row_wise_comm_s", "table_row_wise_comm_s",
+                         "data_parallel_allreduce_s")}
+
+
 class BuildTimeout(Exception):
     """The model was not built by its deadline (PuLP builds cannot be interrupted otherwise)."""
 
@@ -240,7 +247,7 @@ class MipModel:
             for r in range(n):
                 lp += _lin([(self.M[p], 1.0)] + [(v_, -c) for v_, c in terms[r]]) >= const
         for r, C in enumerate(self.C):
-            terms = [tc for _, (t, _) in phases.items() for tc in t[r]]
+            terms = [tc for t, _ in phases.values() for tc in t[r]]
             lp += _lin(terms + [(C, -1.0)]) == -sum(const for _, const in phases.values())
         lp += _lin([(M, 1.0) for M in self.M.values()] + [(C, EPS) for C in self.C])
 
@@ -272,12 +279,8 @@ class MipModel:
         for r, C in enumerate(self.C):
             C.setInitialValue(float(costs[r]))
         comp = cm.components(F)
-        parts = {"fwd": ("lookup_fwd_s",), "bwd": ("lookup_bwd_s",), "ids": ("input_a2a_s",),
-                 "out": ("output_a2a_fwd_s", "output_a2a_bwd_s"),
-                 "groups": ("row_wise_comm_s", "table_row_wise_comm_s",
-                            "data_parallel_allreduce_s")}
         for p, M in self.M.items():
-            M.setInitialValue(float(sum(comp[k] for k in parts[p]).max() * US))
+            M.setInitialValue(float(sum(comp[k] for k in PHASE_KEYS[p]).max() * US))
         b = cm.local_batch
         comm = cm.comm
         for var in self.lp.variables():
