@@ -19,6 +19,7 @@ from planner.measure.tables.fit_gpu import fit_fused_tbe, fit_gpu_embedding
 from planner.model.llm.host import host_overhead_for
 from planner.model.tables.dense import ACTIVATION_BYTES, dense_op_list, dense_pass_times
 from planner.model.tables.gpu_lookup import load_gpu_lookup
+from planner.model.tables.shards import table_wise
 from planner.model.tables.spec import ModelSpec, TableSpec, load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
 from planner.model.tables.trainer import DlrmTrainer, dlrm_trainer_from_mapping
@@ -104,9 +105,16 @@ def _plan_and_sim(problem, **kw):
     return simulate_step(problem, plan.shardings, **kw)
 
 
+def _all_on_rank0(problem):
+    """Every table table-wise on rank 0 (memory aside): every rank sends rank 0 all its ids, an
+    ids all-to-all longer than the bottom MLP, so waiting for it would show."""
+    return [table_wise(i, t.name, t.num_embeddings, t.embedding_dim, 0)
+            for i, t in enumerate(problem.model.tables)]
+
+
 def test_pipelined_input_dist_overlaps_the_lookups():
-    piped = _plan_and_sim(_problem())
-    plain = _plan_and_sim(_problem(pipeline="none"))
+    p, q = _problem(), _problem(pipeline="none")
+    piped, plain = simulate_step(p, _all_on_rank0(p)), simulate_step(q, _all_on_rank0(q))
     per = piped.result.per_device()
     look = per[per.name == "lookups_fwd"].start_s.max()
     bottom = per[per.name == "bottom_mlp_fwd"].end_s.max()
@@ -238,8 +246,9 @@ def test_step_time_rises_with_dense_work_not_by_a_factor():
 
 def test_cli_simulate_resimulates_a_sharding_plan(tmp_path):
     plan = tmp_path / "plan.json"
+    # the random plan's ids all-to-all outlasts the bottom MLP, so waiting for it shows
     r = _cli("plan", "mlperf-dcnv2", "--devices", "8", "--topology", "dgx-h100", "--simulate",
-             "--json", "--out", str(plan))
+             "--planner", "random", "--json", "--out", str(plan))
     assert r.returncode == 0, r.stderr
     planned = json.loads(r.stdout)["simulation"]["step_time_s"]
     r = _cli("simulate", str(plan), "--json")
