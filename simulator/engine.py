@@ -166,7 +166,9 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
         ``shared_core`` every rank is one core that its compute ops and its measured
         communication hold in turn (CPU processes under gloo); where the profile's processes
         had fewer cores than there are ranks or processes, rank ``r`` computes on core
-        ``r mod cores`` beside the other ranks pinned there (:mod:`simulator.cpushare`).
+        ``r mod cores`` beside the other ranks pinned there, and where it measured how much
+        faster a core runs while the others are idle (``alone_speedup``), compute speeds up
+        as cores fall idle (:mod:`simulator.cpushare`).
     """
     t0 = time.perf_counter()
     ops = workload.ops
@@ -356,7 +358,7 @@ class _OpRunner:
             held.append((r, req))
         self.start[i] = env.now          # the op runs from when it holds its cores
         if self.cpu is not None and self.ops[i].kind == "compute":
-            yield self.cpu[self.ops[i].ranks[0] % len(self.cpu)].run(d)
+            yield self.cpu.run(self.ops[i].ranks[0], d() if callable(d) else d)
         else:
             yield env.timeout(d() if callable(d) else d)
         for r, req in held:
@@ -380,15 +382,18 @@ class _OpRunner:
         self.finish(i)
 
 
-def _cpu_share(env: simpy.Environment, mc, n_ranks: int) -> list[CpuShare] | None:
-    """One :class:`~simulator.cpushare.CpuShare` per core of the host, rank ``r`` computing
-    on core ``r mod cores`` (as the measurement processes pin their ranks), when the profile
-    says how many cores its processes had and there are more ranks or measured processes than
-    cores; None otherwise (every rank a core of its own, as measured)."""
+def _cpu_share(env: simpy.Environment, mc, n_ranks: int) -> CpuShare | None:
+    """The host's cores shared by its ranks (:class:`~simulator.cpushare.CpuShare`), rank ``r``
+    computing on core ``r mod cores`` (as the measurement processes pin their ranks), when the
+    profile says how many cores its processes had and there are more ranks or measured
+    processes than cores, or its cores run faster alone than all busy (``alone_speedup``);
+    None otherwise (every rank a core of its own at the measured speed)."""
     cores, procs = getattr(mc, "cores", None), getattr(mc, "processes", None)
-    if not cores or not procs or cores >= max(procs, n_ranks):
+    speedup = float(getattr(mc, "alone_speedup", None) or 1.0)
+    if not cores or not procs or (cores >= max(procs, n_ranks) and speedup <= 1.0):
         return None
-    return [CpuShare(env, min(1.0, cores / procs)) for _ in range(cores)]
+    return CpuShare(env, cores=cores, measured_share=min(1.0, cores / procs),
+                    alone_speedup=max(1.0, speedup))
 
 
 def _check_finished(ops, end: np.ndarray) -> None:

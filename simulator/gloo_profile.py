@@ -20,6 +20,11 @@ simulator can time a step the way such a machine runs it:
 - **Host time.** On a CPU the Python and dispatch work of eager PyTorch runs on the same core
   as the arithmetic, so a block pass takes host time *plus* kernel time (on a GPU it is the
   larger of the two, :mod:`planner.model.llm.host`).
+- **Cores that slow each other.** Those compute times are all-busy times. Where the processes
+  outnumber the cores, ranks pinned to one core share it; and a core computes faster while
+  the others are idle (shared caches and memory bus): ``contention.alone_speedup``, measured
+  by timing one probe on every rank at once and on each rank alone. Both are applied by
+  :mod:`simulator.cpushare`.
 
 Units: seconds, bytes, FLOP/s, as everywhere in the simulator.
 """
@@ -137,6 +142,9 @@ class GlooProfile:
     #: compute time above is at a share of a core (:mod:`simulator.cpushare`); None: unknown
     cores: int | None = None
     processes: int | None = None
+    #: how much faster a core computes while it is the only busy one than with every core
+    #: busy (``contention.alone_speedup``, ≥ 1; :mod:`simulator.cpushare`); None: not measured
+    alone_speedup: float | None = None
 
     def comm_time_s(self, kind: str, nranks: int, nbytes: float, gap_s: float = 0.0
                     ) -> float | None:
@@ -238,7 +246,21 @@ def gloo_profile_from_dict(doc: Mapping[str, Any], *, source: str = "<dict>") ->
                        else None, fresh_alloc=_fresh_alloc(doc.get("fresh_alloc"), source),
                        permute_pooled=doc.get("permute_pooled")
                        if isinstance(doc.get("permute_pooled"), Mapping) else None,
-                       heap=_heap(doc, source), **_cores(doc, source))
+                       heap=_heap(doc, source), alone_speedup=_alone_speedup(doc, source),
+                       **_cores(doc, source))
+
+
+def _alone_speedup(doc: Mapping, source: str) -> float | None:
+    """``contention.alone_speedup`` (None where the profile predates the probe)."""
+    sec = doc.get("contention")
+    if sec is None:
+        return None
+    value = sec.get("alone_speedup") if isinstance(sec, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1.0:
+        raise SpecError(f"contention.alone_speedup must be a number >= 1, not {value!r}",
+                        source=source, field="contention.alone_speedup",
+                        fix="write it again with clusterplan calibrate gloo")
+    return float(value)
 
 
 def _cores(doc: Mapping, source: str) -> dict:

@@ -99,6 +99,44 @@ def test_ranks_pinned_to_a_core_share_it_in_proportion_to_who_computes():
     assert simulate(topo, w, measured_comm=two).step_time_s == pytest.approx(3.0)
 
 
+def test_a_core_computes_faster_while_the_other_cores_are_idle():
+    """Measured with a core per process (2 on 2) and a core alone 1.25x faster than with both
+    busy: closed forms. Both busy: the profile time; one busy: the time / 1.25; unequal work
+    (rank 0 2 s, rank 1 1 s): both busy until 1 s, then rank 0's last second at 1.25x."""
+    topo = load_topology("localhost-gloo:node.gpus=2")
+    doc = profile_doc(measured={"machine": {"cpu_count": 2}, "processes": 2},
+                      contention={"alone_speedup": 1.25})
+    prof = gloo_profile_from_dict(doc)
+    assert prof.alone_speedup == 1.25
+
+    def step(work, p=prof) -> float:
+        w = Workload()
+        for r, d in enumerate(work):
+            if d:
+                w.compute(r, f"work{r}", duration_s=d)
+        return simulate(topo, w, measured_comm=p).step_time_s
+    assert step([1.0, 1.0]) == pytest.approx(1.0)
+    assert step([1.0, 0.0]) == pytest.approx(0.8)
+    assert step([2.0, 1.0]) == pytest.approx(1.0 + 1.0 / 1.25)
+    # without the section (a profile that predates the probe): the measured speed throughout
+    old = gloo_profile_from_dict(profile_doc(measured={"machine": {"cpu_count": 2},
+                                                       "processes": 2}))
+    assert old.alone_speedup is None and step([2.0, 1.0], old) == pytest.approx(2.0)
+    # 4 ranks on 2 cores, 2 per core: rank 0 alone has its core to itself and the host too
+    four = gloo_profile_from_dict({**_oversubscribed(), "contention": {"alone_speedup": 1.5}})
+    t4 = load_topology("localhost-gloo:node.gpus=4")
+    w = Workload()
+    w.compute(0, "work0", duration_s=1.0)
+    assert simulate(t4, w, measured_comm=four).step_time_s == pytest.approx(0.5 / 1.5)
+
+
+@pytest.mark.parametrize("value", [0.9, "fast", True, None])
+def test_bad_contention_record_names_the_field(value):
+    with pytest.raises(SpecError) as err:
+        gloo_profile_from_dict(profile_doc(contention={"alone_speedup": value}), source="p.yaml")
+    assert err.value.field == "contention.alone_speedup" and err.value.source == "p.yaml"
+
+
 @pytest.mark.parametrize("measured,field", [({"processes": 0}, "measured.processes"),
                                             ({"machine": {"cpu_count": "2"}},
                                              "measured.machine.cpu_count")])

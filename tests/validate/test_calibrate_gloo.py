@@ -121,7 +121,14 @@ def test_lookup_probe_is_recorded_and_scales_the_plans_lookups():
     assert len(lk["rounds_s"]) == 2 and min(lk["rounds_s"]) <= lk["measured_s"] <= max(
         lk["rounds_s"])
     assert 1e-4 < lk["measured_s"] < 1.0
+    # the same probe on each rank alone: how much faster a core runs with the other idle
+    ct = doc["contention"]
+    assert ct["together_s"] == lk["measured_s"] and ct["share_of_core"] == 1.0
+    assert 1e-4 < ct["alone_s"] < 1.0
+    assert ct["alone_speedup"] == pytest.approx(max(1.0, ct["together_s"] / ct["alone_s"]),
+                                                rel=1e-3)
     prof = gloo_profile_from_dict(doc, source="probe")
+    assert prof.alone_speedup == ct["alone_speedup"]
     scale = lookup_scale(prof)
     assert scale == pytest.approx(lk["measured_s"] / predicted_lookup_s())
     assert 0.2 < scale < 5                      # the same kernels; only the conditions differ

@@ -152,13 +152,22 @@ def _probe_shardings(model):
             for i, t in enumerate(model.tables)]
 
 
-def time_lookup_probe(dist, *, repeats: int = 9) -> float:
-    """Seconds of the probe's fused forward + backward on this rank, every rank starting
-    together after a barrier (median of ``repeats``, caches flushed before each)."""
+def time_lookup_probe(dist, *, repeats: int = 9) -> tuple[float, float]:
+    """Seconds of the probe's fused forward + backward on this rank: every rank starting
+    together after a barrier, then this rank alone while the others wait at a barrier (one
+    rank after another); each the median of ``repeats``, caches flushed before each. The
+    ratio of the two is how much the cores slow each other down (:mod:`simulator.cpushare`)."""
     model = lookup_probe_model()
     tables = rank_work(model, _probe_shardings(model), model_ids(model), 1)[0]
     dist.barrier()
-    return time_shard_set(tables, repeats=repeats, warmup=2).total_s
+    together = time_shard_set(tables, repeats=repeats, warmup=2).total_s
+    alone = float("nan")
+    for who in range(dist.get_world_size()):
+        dist.barrier()
+        if dist.get_rank() == who:
+            alone = time_shard_set(tables, repeats=repeats, warmup=2).total_s
+    dist.barrier()
+    return together, alone
 
 
 def predicted_lookup_s() -> float:
