@@ -152,7 +152,7 @@ def _rank_main(cfg: GlooCalibration, rank: int, rdzv: str, progress, report) -> 
         if cfg.lookup:
             note("lookup probe")
             out.setdefault("lookup", {})[rnd] = time_lookup_probe(
-                dist, repeats=3 if cfg.quick else 9)
+                dist, repeats=3 if cfg.quick else 9, pairs=1 if cfg.quick else 3)
             note("permute probe")
             out.setdefault("permute", {})[rnd] = time_permute_probe(
                 dist, repeats=3 if cfg.quick else 7)

@@ -7,6 +7,8 @@ measure of :func:`size_measure`) and a lookup time scale (:func:`lookup_scale`).
 
 from __future__ import annotations
 
+import statistics
+
 from planner.export.torchrec import export_torchrec_plan
 from planner.measure.tables.kernels import time_shard_set
 from planner.measure.tables.plans import cpu_topology_ref, rank_work
@@ -152,22 +154,24 @@ def _probe_shardings(model):
             for i, t in enumerate(model.tables)]
 
 
-def time_lookup_probe(dist, *, repeats: int = 9) -> tuple[float, float]:
+def time_lookup_probe(dist, *, repeats: int = 9, pairs: int = 3) -> tuple[float, float]:
     """Seconds of the probe's fused forward + backward on this rank: every rank starting
-    together after a barrier, then this rank alone while the others wait at a barrier (one
-    rank after another); each the median of ``repeats``, caches flushed before each. The
-    ratio of the two is how much the cores slow each other down (:mod:`simulator.cpushare`)."""
+    together after a barrier, and this rank alone while the others wait at a barrier (one
+    rank after another); ``pairs`` times each, alternated so that the host's drift hits both
+    alike, each a median of ``repeats`` with caches flushed before each; the medians of the
+    pairs. Their ratio is how much the cores slow each other down (:mod:`simulator.cpushare`)."""
     model = lookup_probe_model()
     tables = rank_work(model, _probe_shardings(model), model_ids(model), 1)[0]
-    dist.barrier()
-    together = time_shard_set(tables, repeats=repeats, warmup=2).total_s
-    alone = float("nan")
-    for who in range(dist.get_world_size()):
+    together, alone = [], []
+    for _ in range(pairs):
         dist.barrier()
-        if dist.get_rank() == who:
-            alone = time_shard_set(tables, repeats=repeats, warmup=2).total_s
+        together.append(time_shard_set(tables, repeats=repeats, warmup=2).total_s)
+        for who in range(dist.get_world_size()):
+            dist.barrier()
+            if dist.get_rank() == who:
+                alone.append(time_shard_set(tables, repeats=repeats, warmup=2).total_s)
     dist.barrier()
-    return together, alone
+    return statistics.median(together), statistics.median(alone)
 
 
 def predicted_lookup_s() -> float:
