@@ -55,14 +55,13 @@ from simulator.units import format_time
 from planner.machine import MMAP_THRESHOLD_BYTES, platform_description
 from planner.measure.heap import DEFAULT_HEAP
 from planner.measure.runner import init_group
-from planner.measure.validate.calibrate_dlrm import measure_torchrec, merge_torchrec
-from planner.measure.validate.comm import Recorder
-from planner.measure.validate.dlrm_probes import (
-    LOOKUP_BATCH,
-    LOOKUP_TABLES,
-    predicted_lookup_s,
-    time_lookup_probe,
+from planner.measure.validate.calibrate_dlrm import (
+    lookup_sections,
+    measure_torchrec,
+    merge_torchrec,
 )
+from planner.measure.validate.comm import Recorder
+from planner.measure.validate.dlrm_probes import predicted_lookup_s, time_lookup_probe
 from planner.measure.validate.dlrm_permute import permute_section, time_permute_probe
 from planner.measure.validate.load import LoadMeter
 from planner.measure.validate.runner import Pool
@@ -507,8 +506,7 @@ def profile_document(ranks: list[dict], cfg: GlooCalibration, *, load: dict | No
                     "matmul_fp32": matmul_curve, "memory": memory_curve,
                     "attention_fp32": attn["attention"],
                     "attention_backward_fp32": attn["attention_backward"]},
-        **({"lookup": _lookup_section(ranks, rounds),
-            "contention": _contention_section(ranks, rounds, world)}
+        **(lookup_sections([r["lookup"] for r in ranks], world, os.cpu_count() or 1)
            if "lookup" in ranks[0] else {}),
         **({"permute_pooled": permute_section([r["permute"] for r in ranks])}
            if "permute" in ranks[0] else {}),
@@ -527,47 +525,6 @@ def profile_document(ranks: list[dict], cfg: GlooCalibration, *, load: dict | No
                            for key, per in host_rounds.items()},
                   "host_rounds_s": host_rounds},
     }
-
-
-def _probe_times(ranks: list[dict], rnd: int) -> list[tuple[float, float]]:
-    """Each rank's (together, alone) probe seconds of round ``rnd`` (older runs: no alone)."""
-    out = []
-    for r in ranks:
-        v = r["lookup"][rnd]
-        out.append((float(v[0]), float(v[1])) if isinstance(v, (tuple, list))
-                   else (float(v), float("nan")))
-    return out
-
-
-def _lookup_section(ranks: list[dict], rounds: int) -> dict:
-    """The co-running lookup probe: per round the slowest rank, and their median (seconds)."""
-    per = [max(t for t, _ in _probe_times(ranks, rnd)) for rnd in range(rounds)]
-    return {"what": "fused TBE forward+backward of the tables [rows, dim, pooling, zipf] at "
-                    "the batch, on every rank at once (planner/measure/validate/calibrate_dlrm.py)",
-            "tables": [list(t) for t in LOOKUP_TABLES], "batch": LOOKUP_BATCH,
-            "measured_s": _sig(statistics.median(per)), "rounds_s": [_sig(x) for x in per]}
-
-
-def _contention_section(ranks: list[dict], rounds: int, world: int) -> dict:
-    """How much faster a core runs the lookup probe alone than with every rank running it: the
-    probe on every rank at once (the slowest rank, as ``lookup.measured_s``) at the share of a
-    core each rank had, over the probe on one rank while the others wait (median over ranks
-    and rounds). ``alone_speedup`` is at least 1 (a smaller ratio is noise)."""
-    together = statistics.median(max(t for t, _ in _probe_times(ranks, rnd))
-                                 for rnd in range(rounds))
-    alone = [a for rnd in range(rounds) for _, a in _probe_times(ranks, rnd) if a == a]
-    cores = os.cpu_count() or 1
-    share = min(1.0, cores / world)
-    out = {"what": "a core's speed while it is the only busy one over its speed with every "
-                   "rank busy, from the lookup probe (planner/measure/validate/dlrm_probes.py); "
-                   "read by simulator/cpushare.py",
-           "together_s": _sig(together), "share_of_core": _sig(share)}
-    if alone:
-        out["alone_s"] = _sig(statistics.median(alone))
-        out["alone_speedup"] = _sig(max(1.0, together * share / statistics.median(alone)))
-    else:
-        out["alone_speedup"] = 1.0
-    return out
 
 
 def _nonneg_line(points: list) -> list:

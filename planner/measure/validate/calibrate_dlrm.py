@@ -44,10 +44,15 @@ import importlib.util
 import statistics
 from dataclasses import replace
 
-from planner.measure.validate.dlrm_probes import PROBE_TYPES, probe_config
+from planner.measure.validate.dlrm_probes import (
+    LOOKUP_BATCH,
+    LOOKUP_TABLES,
+    PROBE_TYPES,
+    probe_config,
+)
 from planner.measure.validate.dlrm_report import measure
 
-__all__ = ["measure_torchrec", "merge_torchrec"]
+__all__ = ["measure_torchrec", "merge_torchrec", "lookup_sections"]
 
 
 def measure_torchrec(pool, world: int, *, quick: bool = False, rounds: int | None = None
@@ -104,3 +109,33 @@ def _spread(xs) -> float:
 # -- the co-running lookup probe ------------------------------------------------------------
 
 
+def _sig(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+def lookup_sections(per_rank: list[dict], world: int, cores: int) -> dict:
+    """The profile's ``lookup`` and ``contention`` sections from each rank's ``{round:
+    (together_s, alone_s)}`` of :func:`~planner.measure.validate.dlrm_probes.time_lookup_probe`.
+
+    ``lookup.measured_s``: per round the slowest rank together, their median (what scales the
+    plans' lookups). ``contention.alone_speedup``: that time at the share of a core each of
+    ``world`` ranks had on ``cores`` cores, over the median rank alone (over ranks and
+    rounds): how much faster a core computes while it is the only busy one, at least 1 (a
+    smaller ratio is noise); read by :mod:`simulator.cpushare`."""
+    rounds = sorted(per_rank[0])
+    per = [max(r[rnd][0] for r in per_rank) for rnd in rounds]
+    together = statistics.median(per)
+    alone = statistics.median(r[rnd][1] for r in per_rank for rnd in rounds)
+    share = min(1.0, cores / world)
+    return {"lookup": {"what": "fused TBE forward+backward of the tables [rows, dim, pooling, "
+                               "zipf] at the batch, on every rank at once "
+                               "(planner/measure/validate/calibrate_dlrm.py)",
+                       "tables": [list(t) for t in LOOKUP_TABLES], "batch": LOOKUP_BATCH,
+                       "measured_s": _sig(together), "rounds_s": [_sig(x) for x in per]},
+            "contention": {"what": "a core's speed while it is the only busy one over its "
+                                   "speed with every rank busy, from the lookup probe "
+                                   "(planner/measure/validate/dlrm_probes.py); read by "
+                                   "simulator/cpushare.py",
+                           "together_s": _sig(together), "share_of_core": _sig(share),
+                           "alone_s": _sig(alone),
+                           "alone_speedup": _sig(max(1.0, together * share / alone))}}
