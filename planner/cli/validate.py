@@ -79,6 +79,11 @@ def register(p: argparse.ArgumentParser) -> None:
                         "(`clusterplan calibrate gloo --out FILE`; default: the "
                         "localhost-gloo priors and the CPU compute profile)")
     p.add_argument("--heap", choices=HEAP_POLICIES, default=DEFAULT_HEAP, help=HEAP_HELP)
+    p.add_argument("--host-probe", action=argparse.BooleanOptionalAction, default=True,
+                   help="sharding plans with a calibration: time the calibration's lookup probe "
+                        "before the warm-up and after the steps, and print the host's speed "
+                        "then against the calibration's and the prediction at that speed "
+                        "(a shared host drifts; on by default)")
     p.add_argument("--json", action="store_true", help="print JSON")
     d = p.add_argument_group("sharding plans (DLRM, TorchRec DistributedModelParallel)")
     d.add_argument("--tables", metavar="TABLES",
@@ -175,7 +180,8 @@ def _run_dlrm(args) -> int:
     calibration = load_calibration(getattr(args, "calibration", None))
     cfg = load_dlrm_config(args.source, tables=args.tables, nproc=args.nproc,
                            batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
-                           timeout_s=args.timeout, fault=fault, heap=args.heap)
+                           timeout_s=args.timeout, fault=fault, heap=args.heap,
+                           host_probe=args.host_probe and calibration is not None)
     if fault is not None and fault.rank >= cfg.world:
         raise SpecError(f"rank {fault.rank} is outside 0..{cfg.world - 1}",
                         field="--inject-fault", fix=f"name a rank below {cfg.world}")

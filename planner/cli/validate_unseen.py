@@ -82,14 +82,18 @@ def run_unseen(args) -> int:
                   file=sys.stderr, flush=True)
             return
         err = row["predicted_s"] / row["measured_s"] - 1.0
+        host = (f"; host {row['host_speed']:.2f}x, at its speed "
+                f"{row['predicted_at_host_s'] / row['measured_s'] - 1:+.1%}"
+                if "host_speed" in row else "")
         print(f"[{i}/{n}] {row['set']} {row['plan']}: predicted {row['predicted_s'] * 1e3:.1f} "
-              f"ms, measured {row['measured_s'] * 1e3:.1f} ms ({err:+.1%})", file=sys.stderr,
-              flush=True)
+              f"ms, measured {row['measured_s'] * 1e3:.1f} ms ({err:+.1%}{host})",
+              file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         rows = run_cases(cases, Path(tmp), steps=args.steps, warmup=args.warmup,
-                         calibrations=cals, progress=progress, heap=args.heap, rounds=rounds)
+                         calibrations=cals, progress=progress, heap=args.heap, rounds=rounds,
+                         host_probe=getattr(args, "host_probe", True))
     doc = {"seed": args.seed, "sets": args.sets, "steps": args.steps, "warmup": args.warmup,
-           "heap": args.heap, "rounds": rounds}
+           "heap": args.heap, "rounds": rounds, "host_probe": getattr(args, "host_probe", True)}
     return _finish(args, doc, rows, cals)
 
 

@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 def sets(world):
-    from planner.measure.validate.dlrm_probes import LOOKUP_TABLES, LOOKUP_BATCH, _probe_shardings
+    from planner.measure.validate.lookup_probe import LOOKUP_TABLES, LOOKUP_BATCH, probe_shardings
     from planner.model.tables.spec import TableSpec, ModelSpec
     out = {}
     def probe(name, tabs, batch=LOOKUP_BATCH):
@@ -31,7 +31,7 @@ def sets(world):
                                  pooling_factor=p, zipf_exponent=z)
                        for i, (r, d, p, z) in enumerate(tabs))
         m = ModelSpec(name=name, tables=tables, batch_size=batch, optimizer="sgd")
-        out[name] = (m, _probe_shardings(m), 1)
+        out[name] = (m, probe_shardings(m), 1)
     probe("wide", LOOKUP_TABLES)
     probe("narrow", [(r, max(4, d // 8), p, z) for r, d, p, z in LOOKUP_TABLES])
     probe("narrow-many", [(r, max(4, d // 8), p * 4, z) for r, d, p, z in LOOKUP_TABLES],

@@ -36,11 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from planner.measure.heap import DEFAULT_HEAP, apply_heap_policy  # noqa: E402
 from planner.measure.tables.kernels import time_shard_set  # noqa: E402
 from planner.measure.tables.plans import rank_work  # noqa: E402
-from planner.measure.validate.dlrm_probes import (  # noqa: E402
-    _probe_shardings,
-    lookup_probe_model,
-    predicted_lookup_s,
-)
+from planner.measure.validate.dlrm_probes import predicted_lookup_s  # noqa: E402
+from planner.measure.validate.lookup_probe import lookup_probe_model, probe_shardings  # noqa: E402
 from planner.measure.validate.unseen import unseen_cases  # noqa: E402
 from planner.model.tables.ids import model_ids  # noqa: E402
 from planner.model.tables.plan import evaluate_shardings  # noqa: E402
@@ -65,7 +62,7 @@ def seconds(tables) -> float:
 def probe_tables():
     """Rank 0's tables of the gloo calibration's lookup probe (what it charges every lookup)."""
     model = lookup_probe_model()
-    return rank_work(model, _probe_shardings(model), model_ids(model), 1)[0]
+    return rank_work(model, probe_shardings(model), model_ids(model), 1)[0]
 
 
 def paired_ratio(tables, pred_s: float, probe, probe_pred_s: float, repeats: int = 5):

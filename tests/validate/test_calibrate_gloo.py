@@ -104,12 +104,8 @@ def test_lookup_probe_is_recorded_and_scales_the_plans_lookups():
     from dataclasses import replace as dc_replace
 
     from planner.measure.tables.plans import cpu_topology_ref
-    from planner.measure.validate.dlrm_probes import (
-        _probe_shardings,
-        lookup_probe_model,
-        lookup_scale,
-        predicted_lookup_s,
-    )
+    from planner.measure.validate.dlrm_probes import lookup_scale, predicted_lookup_s
+    from planner.measure.validate.lookup_probe import lookup_probe_model, probe_shardings
     from planner.model.tables.cost import CostConfig
     from planner.model.tables.plan import evaluate_shardings
     from planner.model.tables.task import ShardingTask, prepare
@@ -138,7 +134,7 @@ def test_lookup_probe_is_recorded_and_scales_the_plans_lookups():
     def lookups(task_scale):
         problem = prepare(ShardingTask(model=model, topology=cpu_topology_ref(2),
                                        cost=CostConfig(lookup_time_scale=task_scale)), 2)
-        ev = evaluate_shardings(problem, _probe_shardings(model))
+        ev = evaluate_shardings(problem, probe_shardings(model))
         return ev.breakdown_s["lookup_fwd_s"][0], ev.breakdown_s["lookup_bwd_s"][0]
     base, scaled = lookups(1.0), lookups(1.7)
     assert scaled[0] == pytest.approx(1.7 * base[0]) and scaled[1] == pytest.approx(1.7 * base[1])

@@ -182,3 +182,42 @@ def test_rounds_keep_each_plans_median_round_and_every_step():
     two = merge_rounds(rounds[:2])                                # even: the lower middle
     assert [r["measured_s"] for r in two] == [1.0, 1.0]
     assert merge_rounds(rounds[:1]) == rounds[0]
+
+
+def test_host_speed_rescales_the_predictions_beside_the_plain_ones():
+    """A run that timed the host probe is also scored at the host's speed then: each
+    prediction times the probe's time over the calibration's, in its own columns and summary,
+    and the plain prediction's errors stay as they were."""
+    from types import SimpleNamespace
+
+    from planner.measure.validate.dlrm_probes import host_speed
+    from planner.measure.validate.unseen import _at_host
+
+    cal = SimpleNamespace(lookup={"measured_s": 0.010})
+    assert host_speed(cal, 0.012) == pytest.approx(1.2)
+    assert host_speed(SimpleNamespace(lookup=None), 0.012) is None
+    assert host_speed(cal, None) is None and _at_host(1.0, [], cal) == {}
+    at = _at_host(2.0, [0.011, 0.013, 0.012, 0.02, 0.01], cal)      # the probes' median
+    assert at["host_speed"] == pytest.approx(1.2)
+    assert at["predicted_at_host_s"] == pytest.approx(2.4)
+
+    def row(plan, predicted, measured, probe):
+        return {"set": "s", "plan": plan, "ranks": 2, "tables": 3, "batch": 64,
+                "predicted_s": predicted, "measured_s": measured, "structure_match": True,
+                "extrapolated": [], **_at_host(predicted, [probe, probe], cal)}
+    # the host ran 1.3x and 1.1x slower than calibrated; the plain model was right up to that
+    rows = [row("a", 1.0, 1.3, 0.013), row("b", 2.0, 2.2, 0.011)]
+    s = summarise(rows)
+    assert s["mape"] == pytest.approx(((1 - 1 / 1.3) + (1 - 2 / 2.2)) / 2)
+    assert s["at_host_speed"]["mape"] == pytest.approx(0.0, abs=1e-12)
+    assert all(s["at_host_speed"]["goals"].values())
+    assert s["host_speed"] == pytest.approx([1.1, 1.2, 1.3])
+    text = format_rows(rows, s)
+    assert text.splitlines()[1].split()[-2:] in (["1.30", "+0.0%"], ["1.30", "-0.0%"])
+    assert "predicted at the host's speed during each run" in text
+    # a row without a probe (an older run) leaves the host-speed summary out
+    plain = summarise([rows[0], {k: v for k, v in rows[1].items() if "host" not in k}])
+    assert "at_host_speed" not in plain and "'at host'" not in format_rows(rows, plain)
+    merged = merge_rounds([[{**rows[0], "steps_s": [1.3]}], [{**rows[0], "measured_s": 1.5,
+                                                               "steps_s": [1.5]}]])
+    assert merged[0]["rounds_host_speed"] == pytest.approx([1.3, 1.3])

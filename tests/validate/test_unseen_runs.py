@@ -12,6 +12,7 @@ simulator's call for call, and the prediction is timed from the calibration alon
 from __future__ import annotations
 
 import shutil
+import statistics
 
 import pytest
 
@@ -71,6 +72,20 @@ def test_reduced_unseen_set_runs_and_matches_structure(rows):
     assert all(r["structure_match"] for r in rows)
     assert all(r["predicted_s"] > 0 and len(r["steps_s"]) == 10 for r in rows)
     assert all(isinstance(r["extrapolated"], list) for r in rows)
+
+
+def test_each_run_times_the_host_against_the_calibration(run):
+    """Every run timed the calibration's lookup probe before its warm-up and after its steps
+    (the slowest rank's seconds), and scores its prediction at the host's speed then too."""
+    _cases, cal, rows = run
+    for r in rows:
+        probes = r["host_probe_s"]
+        assert len(probes) == 6 and all(1e-4 < x < 1.0 for x in probes)
+        assert r["host_speed"] == pytest.approx(statistics.median(probes)
+                                                / cal.lookup["measured_s"])
+        assert 0.3 < r["host_speed"] < 3.0          # the same probe on the same host
+        assert r["predicted_at_host_s"] == pytest.approx(r["predicted_s"] * r["host_speed"])
+    assert "at_host_speed" in summarise(rows)
 
 
 @pytest.mark.xfail(strict=False, reason="issue 22's 25% per plan: not yet on every family or "

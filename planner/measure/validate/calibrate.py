@@ -30,7 +30,7 @@ same time (as in a step, so shared caches and memory bandwidth are loaded as the
   median of 31 single passes of 8 blocks, each after the caches were swept (as in a real
   step, where GEMMs and collectives run between a block's host work);
 - **lookups under the run's conditions**: one fused embedding kernel on every rank at once
-  (:func:`planner.measure.validate.dlrm_probes.time_lookup_probe`), whose ratio to the CPU
+  (:func:`planner.measure.validate.lookup_probe.time_lookup_probe`), whose ratio to the CPU
   embedding profile scales the lookups of validated DLRM plans;
 - **TorchRec's reorder of column-wise pooled embeddings** (FBGEMM's permute, forward and
   backward) at a few shapes on every rank at once (:mod:`planner.measure.validate.dlrm_permute`).
@@ -61,7 +61,8 @@ from planner.measure.validate.calibrate_dlrm import (
     merge_torchrec,
 )
 from planner.measure.validate.comm import Recorder
-from planner.measure.validate.dlrm_probes import predicted_lookup_s, time_lookup_probe
+from planner.measure.validate.dlrm_probes import predicted_lookup_s
+from planner.measure.validate.lookup_probe import time_lookup_probe
 from planner.measure.validate.dlrm_permute import permute_section, time_permute_probe
 from planner.measure.validate.load import LoadMeter
 from planner.measure.validate.runner import Pool

@@ -18,7 +18,8 @@ timed steps), right after the gloo measurements:
   next), 15 steps after 3 warm-up each.
 
 A second, smaller probe times the **lookups themselves under the run's conditions**
-(:func:`time_lookup_probe`, inside every calibration round of ``clusterplan calibrate gloo``):
+(:func:`~planner.measure.validate.lookup_probe.time_lookup_probe`, inside every calibration
+round of ``clusterplan calibrate gloo``):
 one fused FBGEMM TBE of :data:`LOOKUP_TABLES` (forward and backward with the fused SGD update,
 the global batch :data:`LOOKUP_BATCH`) on every rank at once, pinned to one thread each as the
 TorchRec ranks are, sharing the cores and the last-level cache. The CPU embedding profile
@@ -44,13 +45,9 @@ import importlib.util
 import statistics
 from dataclasses import replace
 
-from planner.measure.validate.dlrm_probes import (
-    LOOKUP_BATCH,
-    LOOKUP_TABLES,
-    PROBE_TYPES,
-    probe_config,
-)
+from planner.measure.validate.dlrm_probes import PROBE_TYPES, probe_config
 from planner.measure.validate.dlrm_report import measure
+from planner.measure.validate.lookup_probe import LOOKUP_BATCH, LOOKUP_TABLES
 
 __all__ = ["measure_torchrec", "merge_torchrec", "lookup_sections"]
 
@@ -115,7 +112,7 @@ def _sig(x: float) -> float:
 
 def lookup_sections(per_rank: list[dict], world: int, cores: int) -> dict:
     """The profile's ``lookup`` and ``contention`` sections from each rank's ``{round:
-    (together_s, alone_s)}`` of :func:`~planner.measure.validate.dlrm_probes.time_lookup_probe`.
+    (together_s, alone_s)}`` of :func:`~planner.measure.validate.lookup_probe.time_lookup_probe`.
 
     ``lookup.measured_s``: per round the slowest rank together, their median (what scales the
     plans' lookups). ``contention.alone_speedup``: that time at the share of a core each of
@@ -134,7 +131,7 @@ def lookup_sections(per_rank: list[dict], world: int, cores: int) -> dict:
                        "measured_s": _sig(together), "rounds_s": [_sig(x) for x in per]},
             "contention": {"what": "a core's speed while it is the only busy one over its "
                                    "speed with every rank busy, from the lookup probe "
-                                   "(planner/measure/validate/dlrm_probes.py); read by "
+                                   "(planner/measure/validate/lookup_probe.py); read by "
                                    "simulator/cpushare.py",
                            "together_s": _sig(together), "share_of_core": _sig(share),
                            "alone_s": _sig(alone),

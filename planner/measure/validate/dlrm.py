@@ -61,6 +61,7 @@ class DLRMRunConfig:
     fault: Fault | None = None
     backend: str = "gloo"
     heap: str = DEFAULT_HEAP        # what the ranks' C heap does with freed memory
+    host_probe: bool = False        # time the lookup probe before the warm-up and after the steps
     extra: dict = field(default_factory=dict)
 
     @property
@@ -78,7 +79,8 @@ class DLRMRunConfig:
                 "sharding_types": sorted({ts.sharding_type.value for ts in self.shardings}),
                 "processes": self.world, "local_world_size": self.local_world,
                 "steps": self.steps, "warmup": self.warmup, "timeout_s": self.timeout_s,
-                "backend": self.backend, "heap": self.heap, "seed": self.seed}
+                "backend": self.backend, "heap": self.heap, "seed": self.seed,
+                "host_probe": self.host_probe}
 
     def rank_main(self, rank: int, port: int, progress, report, state: dict) -> dict:
         """The rank's run (called by :func:`planner.measure.validate.worker.worker_main`)."""

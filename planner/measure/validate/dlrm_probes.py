@@ -1,28 +1,26 @@
 """The probes of a DLRM calibration and how their measurements enter a prediction.
 
 The probe plans (:func:`probe_config`, rebuilt from this module's constants) and the
-co-running lookup probe are run by :mod:`planner.measure.validate.calibrate_dlrm`; a prediction
-turns their stored times into TorchRec host seconds per rank (:func:`host_costs`, in the size
-measure of :func:`size_measure`) and a lookup time scale (:func:`lookup_scale`)."""
+co-running lookup probe (:mod:`planner.measure.validate.lookup_probe`) are run by
+:mod:`planner.measure.validate.calibrate_dlrm`; a prediction turns their stored times into
+TorchRec host seconds per rank (:func:`host_costs`, in the size measure of
+:func:`size_measure`), a lookup time scale (:func:`lookup_scale`) and, for a run that timed the
+lookup probe too, the host's speed then against the calibration's (:func:`host_speed`)."""
 
 from __future__ import annotations
 
-import statistics
-
 from planner.export.torchrec import export_torchrec_plan
-from planner.measure.tables.kernels import time_shard_set
-from planner.measure.tables.plans import cpu_topology_ref, rank_work
+from planner.measure.tables.plans import cpu_topology_ref
 from planner.measure.validate.dlrm import DLRMRunConfig
 from planner.measure.validate.dlrm_ops import expected_ops
+from planner.measure.validate.lookup_probe import lookup_probe_model, probe_shardings
 from planner.model.tables import shards as sh
-from planner.model.tables.ids import model_ids
 from planner.model.tables.plan import PlannerStats, evaluate_shardings, make_plan
-from planner.model.tables.shards import table_wise
 from planner.model.tables.spec import ModelSpec, TableSpec
 from planner.model.tables.task import ShardingTask, prepare
 
-__all__ = ["PROBE_TYPES", "probe_config", "host_costs", "size_measure", "lookup_probe_model",
-           "time_lookup_probe", "predicted_lookup_s", "lookup_scale"]
+__all__ = ["PROBE_TYPES", "probe_config", "host_costs", "size_measure", "predicted_lookup_s",
+           "lookup_scale", "host_speed"]
 
 
 PROBE_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
@@ -49,12 +47,6 @@ PROBE_POOLING = 32
 PROBE_DP_LARGE_ROWS = 32768  # 4 MiB fp32 per table at dim 32
 
 
-#: the co-running lookup probe: (rows, dim, pooling factor, Zipf exponent) per table
-LOOKUP_TABLES = ((200_000, 64, 20.0, 1.1), (100_000, 32, 10.0, 1.05), (400_000, 32, 5.0, 1.1),
-                 (50_000, 16, 30.0, 1.2))
-
-
-LOOKUP_BATCH = 2048
 
 
 def probe_config(kind: str, size: str, world: int, *, steps: int = 30, warmup: int = 5):
@@ -141,44 +133,11 @@ def host_costs(calibration, world: int, simulate_probe, *, iterations: int = 4) 
     return out
 
 
-def lookup_probe_model():
-    """The probe's tables (:data:`LOOKUP_TABLES`) as a model, all table-wise on one rank."""
-    tables = tuple(TableSpec(name=f"l{i}", num_embeddings=r, embedding_dim=d, pooling_factor=p,
-                             zipf_exponent=z) for i, (r, d, p, z) in enumerate(LOOKUP_TABLES))
-    return ModelSpec(name="lookup-probe", tables=tables, batch_size=LOOKUP_BATCH,
-                     optimizer="sgd", source="planner/measure/validate/calibrate_dlrm.py")
-
-
-def _probe_shardings(model):
-    return [table_wise(i, t.name, t.num_embeddings, t.embedding_dim, 0)
-            for i, t in enumerate(model.tables)]
-
-
-def time_lookup_probe(dist, *, repeats: int = 9, pairs: int = 3) -> tuple[float, float]:
-    """Seconds of the probe's fused forward + backward on this rank: every rank starting
-    together after a barrier, and this rank alone while the others wait at a barrier (one
-    rank after another); ``pairs`` times each, alternated so that the host's drift hits both
-    alike, each a median of ``repeats`` with caches flushed before each; the medians of the
-    pairs. Their ratio is how much the cores slow each other down (:mod:`simulator.cpushare`)."""
-    model = lookup_probe_model()
-    tables = rank_work(model, _probe_shardings(model), model_ids(model), 1)[0]
-    together, alone = [], []
-    for _ in range(pairs):
-        dist.barrier()
-        together.append(time_shard_set(tables, repeats=repeats, warmup=2).total_s)
-        for who in range(dist.get_world_size()):
-            dist.barrier()
-            if dist.get_rank() == who:
-                alone.append(time_shard_set(tables, repeats=repeats, warmup=2).total_s)
-    dist.barrier()
-    return statistics.median(together), statistics.median(alone)
-
-
 def predicted_lookup_s() -> float:
     """The CPU embedding profile's forward + backward lookup seconds of the probe."""
     model = lookup_probe_model()
     problem = prepare(ShardingTask(model=model, topology=cpu_topology_ref(2)), 2)
-    ev = evaluate_shardings(problem, _probe_shardings(model))
+    ev = evaluate_shardings(problem, probe_shardings(model))
     return float(ev.breakdown_s["lookup_fwd_s"][0] + ev.breakdown_s["lookup_bwd_s"][0])
 
 
@@ -189,3 +148,14 @@ def lookup_scale(calibration) -> float:
     if not measured:
         return 1.0
     return float(measured) / predicted_lookup_s()
+
+
+def host_speed(calibration, probe_s: float | None) -> float | None:
+    """How much slower the host ran the lookup probe during a run (``probe_s``, the slowest
+    rank's seconds, :func:`planner.measure.validate.lookup_probe.time_together`) than during
+    ``calibration`` (``lookup.measured_s``): above 1 when slower; None without either."""
+    lk = getattr(calibration, "lookup", None) or {}
+    then = lk.get("measured_s")
+    if not then or not probe_s:
+        return None
+    return float(probe_s) / float(then)

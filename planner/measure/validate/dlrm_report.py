@@ -6,6 +6,11 @@ for a sharding plan: ``structure`` (every rank's collectives per step and proces
 all-to-all send and receive splits in bytes, order), ``predicted_step_time_s`` (the simulated
 step on this machine's topology and CPU profile), ``measured_step_time_s`` (median over the
 measured steps of the slowest rank), ``relative_error``, ``per_kind`` and the configuration.
+A run with ``host_probe`` also has ``host_probe_s`` (the slowest rank's lookup probes before
+the warm-up and after the last step), ``host_speed`` (their median over the calibration's probe:
+above 1 when the host ran slower than when it was calibrated) and ``predicted_at_host_s``
+(the prediction times that: what the calibration would have predicted at the host's speed
+during the run; the probe is a microbenchmark of fixed tables, nothing of the plan).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from planner.measure.validate.compare import Mismatch
 from planner.measure.validate.dlrm import DLRMRunConfig
 from planner.measure.validate.dlrm_ops import expected_ops
 from planner.measure.validate.dlrm_permute import permute_costs
-from planner.measure.validate.dlrm_probes import host_costs, lookup_scale, size_measure
+from planner.measure.validate.dlrm_probes import host_costs, host_speed, lookup_scale, size_measure
 from planner.measure.validate.report import verdict_lines
 from planner.measure.validate.runner import RunResult, run
 from planner.model.tables.cost import CostConfig
@@ -229,8 +234,12 @@ def measure(cfg: DLRMRunConfig, res: RunResult) -> dict:
     losses = [r["losses"] for r in res.ranks if r["losses"]]
     loss = [statistics.fmean(x[i] for x in losses) for i in range(len(losses[0]))] \
         if losses else []
+    probes = [r.get("host_probe_s") or [] for r in res.ranks]
+    slowest_probe = [max(p[i] for p in probes) for i in range(min(map(len, probes)))] \
+        if probes else []
     return {"steps_s": slowest, "step_time_s": statistics.median(slowest),
-            "critical_rank": critical, "loss": loss, "per_kind": per_kind}
+            "critical_rank": critical, "loss": loss, "per_kind": per_kind,
+            "host_probe_s": slowest_probe}
 
 
 def per_kind_rows(pred: dict, meas: dict) -> dict:
@@ -254,9 +263,13 @@ def validate_dlrm(cfg: DLRMRunConfig, *, result: RunResult | None = None,
     pred = predicted(cfg, steps[0], calibration)
     p, m = pred["step_time_s"], meas["step_time_s"]
     cores = os.cpu_count() or 1
+    probe = statistics.median(meas["host_probe_s"]) if meas["host_probe_s"] else None
+    speed = host_speed(calibration, probe)
     return {"config": cfg.to_dict(), "structure": structure,
             "predicted_step_time_s": p, "measured_step_time_s": m,
             "relative_error": p / m - 1.0 if m > 0 else None,
+            "host_probe_s": meas["host_probe_s"], "host_speed": speed,
+            "predicted_at_host_s": None if speed is None else p * speed,
             "per_kind": per_kind_rows(pred["per_kind"], meas["per_kind"]),
             "critical_rank": meas["critical_rank"], "steps_s": meas["steps_s"],
             "loss": meas["loss"], "run_wall_s": res.wall_s, "processes": cfg.world,
@@ -308,6 +321,11 @@ def format_dlrm_report(d: dict) -> str:
         lines.append(f"  note: {d['processes']} processes share {d['cores']} cores: measured "
                      "times include waiting for a core")
     lines += [f"  note: {n}" for n in d.get("heap", [])]
+    if d.get("host_speed") is not None:
+        lines.append(f"  host speed: the lookup probe took {d['host_speed']:.2f}x its calibrated "
+                     f"time during this run; at that speed the prediction is "
+                     f"{format_time(d['predicted_at_host_s'])} "
+                     f"({d['predicted_at_host_s'] / d['measured_step_time_s'] - 1:+.1%})")
     lines += [f"  extrapolated: {n}" for n in d.get("extrapolated", [])]
     if d.get("calibration"):
         lines.append(f"  timed with {d['calibration']} (collective tables, one core's curves, "

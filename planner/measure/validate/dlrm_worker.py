@@ -28,6 +28,7 @@ from planner.export.torchrec_load import load_sharding_plan
 from planner.measure.runner import init_group
 from planner.measure.validate.comm import Recorder
 from planner.measure.validate.dlrm_ops import step_batch
+from planner.measure.validate.lookup_probe import time_together
 from planner.measure.validate.worker import _inject, pin_main_thread, timed_steps, unpin
 
 __all__ = ["run_rank"]
@@ -201,6 +202,20 @@ def _reset_torchrec_globals() -> None:
             setattr(mod, name, value)
 
 
+#: lookup probes back to back before the warm-up and again after the last step
+HOST_PROBES = 3
+
+
+def _host_probe(dist, rank: int, progress) -> list[float]:
+    """This rank's seconds of :data:`HOST_PROBES` lookup probes, every rank at once: how fast
+    the host runs now, against the calibration's ``lookup.measured_s``."""
+    progress.begin(rank, "host probe", -1)
+    try:
+        return [time_together(dist) for _ in range(HOST_PROBES)]
+    finally:
+        progress.end(rank)
+
+
 def run_rank(rank: int, cfg, rdzv: str, progress, report, state: dict) -> dict:
     warnings.simplefilter("ignore")
     logging.getLogger("torchrec").setLevel(logging.ERROR)
@@ -303,12 +318,15 @@ def run_rank(rank: int, cfg, rdzv: str, progress, report, state: dict) -> dict:
                         p.add_(p.grad, alpha=-cfg.lr)
             losses.append(float(loss.detach()))
 
+        probe = _host_probe(dist, rank, progress) if cfg.host_probe else []
         steps, trace = timed_steps(rec, run_step, cfg, rank)
         state["step"] = -2
+        if cfg.host_probe:
+            probe += _host_probe(dist, rank, progress)
     finally:
         tap.restore()
     dist.destroy_process_group()
     unpin()
     events = [ev + sp + (w,) for ev, sp, w in zip(rec.events, tap.splits, tap.waits)]
     return {"rank": rank, "events": events, "steps": steps, "losses": losses,
-            "trace": trace, "ddps": len(ddps)}
+            "trace": trace, "ddps": len(ddps), "host_probe_s": probe}

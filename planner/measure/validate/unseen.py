@@ -37,6 +37,7 @@ import yaml
 from simulator.errors import SpecError
 
 from planner.measure.heap import DEFAULT_HEAP
+from planner.measure.validate.dlrm_probes import host_speed
 import planner.model.tables.shards as sh
 from planner.model.tables.plan import PlannerStats, make_plan
 from planner.model.tables.shards import ShardingType
@@ -189,9 +190,10 @@ def write_case(case: UnseenCase, folder: Path) -> Path:
     return out
 
 
-def kendall_tau_within(rows: Sequence[dict]) -> float | None:
-    """Kendall tau between predicted and measured step times over every pair of plans of the
-    same table set (ties count half; failed runs left out); None without such a pair."""
+def kendall_tau_within(rows: Sequence[dict], key: str = "predicted_s") -> float | None:
+    """Kendall tau between predicted (``key``) and measured step times over every pair of
+    plans of the same table set (ties count half; failed runs left out); None without such a
+    pair."""
     conc = disc = 0.0
     by_set: dict = {}
     for r in _ok(rows):
@@ -199,7 +201,7 @@ def kendall_tau_within(rows: Sequence[dict]) -> float | None:
     for group in by_set.values():
         for i in range(len(group)):
             for j in range(i + 1, len(group)):
-                a = group[i]["predicted_s"] - group[j]["predicted_s"]
+                a = group[i][key] - group[j][key]
                 b = group[i]["measured_s"] - group[j]["measured_s"]
                 s = np.sign(a) * np.sign(b)
                 conc += (s > 0) + 0.5 * (s == 0)
@@ -211,30 +213,47 @@ def _ok(rows: Sequence[dict]) -> list[dict]:
     return [r for r in rows if "error" not in r]
 
 
-def summarise(rows: Sequence[dict]) -> dict:
-    """MAPE, worst error, rows within 25%, mean error and within-set tau of the rows that ran
-    (``failed``: those that did not, which fail the every-row goal)."""
-    failed = len(rows) - len(_ok(rows))
-    rows = _ok(rows)
-    errs = [r["predicted_s"] / r["measured_s"] - 1.0 for r in rows]
-    worst = max(errs, key=abs) if errs else None
-    return {"plans": len(rows), "failed": failed, "sets": len({r["set"] for r in rows}),
-            "mape": statistics.mean(abs(e) for e in errs) if errs else None,
-            "mean_error": statistics.mean(errs) if errs else None, "worst": worst,
+def _errors(rows: Sequence[dict], key: str, failed: int) -> dict:
+    """MAPE, mean and worst error, rows within 25%, within-set tau and the issue's goals of
+    ``rows``' prediction ``key`` against their measured steps."""
+    errs = [r[key] / r["measured_s"] - 1.0 for r in rows]
+    mape = statistics.mean(abs(e) for e in errs) if errs else None
+    tau = kendall_tau_within(rows, key)
+    return {"mape": mape, "mean_error": statistics.mean(errs) if errs else None,
+            "worst": max(errs, key=abs) if errs else None,
             "within_25pct": sum(abs(e) <= 0.25 for e in errs),
-            "extrapolated": sum(bool(r.get("extrapolated")) for r in rows),
-            "kendall_tau_within_sets": kendall_tau_within(rows),
-            "goals": {"mape_le_15pct": bool(errs) and statistics.mean(abs(e) for e in errs) <= 0.15,
+            "kendall_tau_within_sets": tau,
+            "goals": {"mape_le_15pct": mape is not None and mape <= 0.15,
                       "every_row_within_25pct": bool(errs) and not failed
                       and all(abs(e) <= 0.25 for e in errs),
-                      "tau_ge_0.8": (kendall_tau_within(rows) or -1) >= 0.8}}
+                      "tau_ge_0.8": (tau or -1) >= 0.8}}
+
+
+def summarise(rows: Sequence[dict]) -> dict:
+    """MAPE, worst error, rows within 25%, mean error and within-set tau of the rows that ran
+    (``failed``: those that did not, which fail the every-row goal). Where every row timed
+    the host probe, ``at_host_speed``: the same of the predictions at the host's speed during
+    each run (``predicted_at_host_s``), and ``host_speed``: the lowest, median and highest
+    speed (the probe's time over the calibration's)."""
+    failed = len(rows) - len(_ok(rows))
+    rows = _ok(rows)
+    out = {"plans": len(rows), "failed": failed, "sets": len({r["set"] for r in rows}),
+           **_errors(rows, "predicted_s", failed),
+           "extrapolated": sum(bool(r.get("extrapolated")) for r in rows)}
+    speeds = [r.get("host_speed") for r in rows]
+    if rows and all(x is not None for x in speeds):
+        out["host_speed"] = [min(speeds), statistics.median(speeds), max(speeds)]
+        out["at_host_speed"] = _errors(rows, "predicted_at_host_s", failed)
+    return out
 
 
 def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: int,
               calibrations: dict, timeout_s: float = 300.0, progress=None,
-              heap: str = DEFAULT_HEAP, rounds: int = 1) -> list[dict]:
+              heap: str = DEFAULT_HEAP, rounds: int = 1, host_probe: bool = True) -> list[dict]:
     """Run every case for real and predict it with the calibration of its world size; one row
-    per case (see :func:`summarise`). Each table set gets fresh processes (a pool that ran big
+    per case (see :func:`summarise`). With ``host_probe`` each run times the calibration's
+    lookup probe before its warm-up and after its steps, and its row has the host's speed
+    then against the calibration's and the prediction at that speed. Each table set gets fresh processes (a pool that ran big
     tables keeps its memory) with the heap policy ``heap`` (:mod:`planner.measure.heap`); a
     plan whose run fails is a row with its ``error`` and the run goes on. ``rounds`` > 1 runs
     the whole family that many times, one round after the other, and keeps per plan the
@@ -247,7 +266,7 @@ def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: 
                 progress(k * len(cases) + i, rounds * len(cases), row)
         per_round.append(_run_round(cases, folder, steps=steps, warmup=warmup,
                                     calibrations=calibrations, timeout_s=timeout_s,
-                                    progress=tell, heap=heap))
+                                    progress=tell, heap=heap, host_probe=host_probe))
     return merge_rounds(per_round)
 
 
@@ -267,13 +286,16 @@ def merge_rounds(per_round: Sequence[Sequence[dict]]) -> list[dict]:
             continue
         order = sorted(rows, key=lambda r: r["measured_s"])
         mid = order[(len(order) - 1) // 2]
+        speeds = {"rounds_host_speed": [r["host_speed"] for r in rows]} \
+            if all("host_speed" in r for r in rows) else {}
         out.append({**mid, "rounds_s": [r["measured_s"] for r in rows],
-                    "steps_s": [s for r in rows for s in r["steps_s"]]})
+                    "steps_s": [s for r in rows for s in r["steps_s"]], **speeds})
     return out
 
 
 def _run_round(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: int,
-               calibrations: dict, timeout_s: float, progress, heap: str) -> list[dict]:
+               calibrations: dict, timeout_s: float, progress, heap: str,
+               host_probe: bool) -> list[dict]:
     from planner.measure.validate.runner import Pool, RunFailed
     rows: list[dict] = []
     for name in dict.fromkeys(c.model.name for c in cases):
@@ -284,7 +306,7 @@ def _run_round(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup:
                 try:
                     row = _run_case(case, folder, pool, steps=steps, warmup=warmup,
                                     calibration=calibrations[case.ranks], timeout_s=timeout_s,
-                                    heap=heap)
+                                    heap=heap, host_probe=host_probe)
                 except RunFailed as e:
                     row = _row(case, error=str(e))
                     pool.close()
@@ -323,7 +345,9 @@ def repredict_rows(cases: Sequence[UnseenCase], recorded: Sequence[dict], folder
         per_kind = per_kind_rows(pred["per_kind"], measured)
         rows.append({**r, "predicted_s": pred["step_time_s"], "per_kind": per_kind,
                      "predicted_parts": pred["per_kind"], "predicted_before_s": r["predicted_s"],
-                     "extrapolated": pred["extrapolated"]})
+                     "extrapolated": pred["extrapolated"],
+                     **_at_host(pred["step_time_s"], r.get("host_probe_s") or (),
+                                calibrations[case.ranks])})
     return rows
 
 
@@ -334,48 +358,76 @@ def _row(case: UnseenCase, **kw) -> dict:
 
 
 def _run_case(case: UnseenCase, folder: Path, pool, *, steps: int, warmup: int, calibration,
-              timeout_s: float, heap: str) -> dict:
+              timeout_s: float, heap: str, host_probe: bool) -> dict:
     from planner.measure.validate.dlrm import load_dlrm_config
     from planner.measure.validate.dlrm_report import validate_dlrm
     plan = write_case(case, folder)
     cfg = load_dlrm_config(str(plan), nproc=case.ranks, steps=steps, warmup=warmup,
-                           timeout_s=timeout_s, heap=heap)
+                           timeout_s=timeout_s, heap=heap, host_probe=host_probe)
     d = validate_dlrm(cfg, result=pool.run(cfg), calibration=calibration)
     return _row(case, predicted_s=d["predicted_step_time_s"],
                 measured_s=d["measured_step_time_s"], steps_s=d["steps_s"],
                 structure_match=d["structure"]["match"], per_kind=d["per_kind"],
-                extrapolated=d["extrapolated"])
+                extrapolated=d["extrapolated"], **_at_host(d["predicted_step_time_s"],
+                                                          d["host_probe_s"], calibration))
+
+
+def _at_host(predicted_s: float, probe_s: Sequence[float], calibration) -> dict:
+    """A row's host probes (the slowest rank's seconds before and after its steps), the host's
+    speed then (their median) over the calibration's and the prediction at that speed; {}
+    without a probe."""
+    speed = host_speed(calibration, statistics.median(probe_s) if probe_s else None)
+    if speed is None:
+        return {}
+    return {"host_probe_s": list(probe_s), "host_speed": speed,
+            "predicted_at_host_s": predicted_s * speed}
 
 
 def format_rows(rows: Sequence[dict], summary: dict) -> str:
-    """The table a person reads: one line per plan, then the summary."""
+    """The table a person reads: one line per plan, then the summary (and, where the runs
+    timed the host probe, the errors at the host's speed during each run beside)."""
+    probe = "at_host_speed" in summary
     lines = [f"{'set':38s} {'plan':12s} {'ranks':>5s} {'tables':>6s} {'batch':>6s} "
-             f"{'predicted':>10s} {'measured':>10s} {'error':>7s}"]
+             f"{'predicted':>10s} {'measured':>10s} {'error':>7s}"
+             + (f" {'host':>5s} {'at host':>7s}" if probe else "")]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['set'][:38]:38s} {r['plan']:12s} {r['ranks']:5d} {r['tables']:6d} "
                          f"{r['batch']:6d}  FAILED: {r['error'][:120]}")
             continue
         err = r["predicted_s"] / r["measured_s"] - 1.0
+        at = (f" {r['host_speed']:5.2f} {r['predicted_at_host_s'] / r['measured_s'] - 1:+7.1%}"
+              if probe else "")
         lines.append(f"{r['set'][:38]:38s} {r['plan']:12s} {r['ranks']:5d} {r['tables']:6d} "
                      f"{r['batch']:6d} {r['predicted_s'] * 1e3:8.1f}ms {r['measured_s'] * 1e3:8.1f}ms "
-                     f"{err:+7.1%}" + ("" if r["structure_match"] else "  STRUCTURE MISMATCH")
+                     f"{err:+7.1%}" + at
+                     + ("" if r["structure_match"] else "  STRUCTURE MISMATCH")
                      + ("  extrapolated (*)" if r.get("extrapolated") else ""))
     beyond = sorted({n for r in rows for n in r.get("extrapolated", ())})
     lines += [f"(*) extrapolated: {n}" for n in beyond]
     s = summary
-    tau = s["kendall_tau_within_sets"]
     if s["failed"]:
         lines.append(f"{s['failed']} plan(s) failed to run (left out below)")
-    lines.append(f"{s['plans']} plans of {s['sets']} table sets: MAPE {s['mape']:.1%} (mean "
-                 f"{s['mean_error']:+.1%}, worst {s['worst']:+.1%}), {s['within_25pct']} of "
-                 f"{s['plans']} within 25%, Kendall tau within sets "
-                 + ("-" if tau is None else f"{tau:.2f}")
-                 + (f"; {s['extrapolated']} plan(s) extrapolated (*)" if s.get("extrapolated")
-                    else ""))
-    g = s["goals"]
-    lines.append("goals: MAPE <= 15% " + ("met" if g["mape_le_15pct"] else "NOT met")
-                 + "; every plan within 25% " + ("met" if g["every_row_within_25pct"] else
-                                                "NOT met")
-                 + "; tau >= 0.8 " + ("met" if g["tau_ge_0.8"] else "NOT met"))
+    lines += _summary_lines(s, f"{s['plans']} plans of {s['sets']} table sets: ", s["plans"])
+    if s.get("extrapolated"):
+        lines.append(f"{s['extrapolated']} plan(s) extrapolated (*)")
+    if probe:
+        lo, mid, hi = s["host_speed"]
+        lines.append(f"host speed during the runs (the lookup probe's time over the "
+                     f"calibration's; 'host' column): {lo:.2f} / {mid:.2f} / {hi:.2f} "
+                     "(lowest / median / highest)")
+        lines += _summary_lines(s["at_host_speed"], "predicted at the host's speed during each "
+                                "run ('at host' column): ", s["plans"])
     return "\n".join(lines)
+
+
+def _summary_lines(s: dict, head: str, plans: int) -> list[str]:
+    """The error line and the goals line of one kind of prediction's summary."""
+    tau = s["kendall_tau_within_sets"]
+    g = s["goals"]
+    return [head + f"MAPE {s['mape']:.1%} (mean {s['mean_error']:+.1%}, worst "
+                   f"{s['worst']:+.1%}), {s['within_25pct']} of {plans} within 25%, Kendall "
+                   "tau within sets " + ("-" if tau is None else f"{tau:.2f}"),
+            "goals: MAPE <= 15% " + ("met" if g["mape_le_15pct"] else "NOT met")
+            + "; every plan within 25% " + ("met" if g["every_row_within_25pct"] else "NOT met")
+            + "; tau >= 0.8 " + ("met" if g["tau_ge_0.8"] else "NOT met")]
