@@ -235,7 +235,8 @@ class ComputeProfile:
 
 
 def op_time(profile: ComputeProfile, *, flops: float, bytes_moved: float,
-            dtype: str = "bf16", kind: str = "matmul") -> float:
+            dtype: str = "bf16", kind: str = "matmul",
+            working_set: float | None = None) -> float:
     """Seconds one op takes: launch overhead + max(compute time, memory time).
 
     Parameters
@@ -251,6 +252,12 @@ def op_time(profile: ComputeProfile, *, flops: float, bytes_moved: float,
     kind:
         Which efficiency curve the FLOPs follow: ``matmul`` (GEMMs and anything else),
         ``attention`` or ``attention_backward`` (fused flash kernels, where measured).
+    working_set:
+        Bytes the pass around the op streams through before it touches its operands again,
+        bytes (default ``bytes_moved``): the memory curve is read there. The curve was measured
+        repeating one op on the same tensors, which stay in cache when small; an op on one
+        slice of a larger tensor that a pass walks slice by slice (a per-feature loss over
+        the pooled embeddings) finds its slice in DRAM, not cache.
 
     Returns
     -------
@@ -268,7 +275,8 @@ def op_time(profile: ComputeProfile, *, flops: float, bytes_moved: float,
         t_compute = flops / (profile.gpu.peak(dtype) * profile.curve(kind, dtype)(flops))
     t_memory = 0.0
     if bytes_moved > 0:
-        t_memory = bytes_moved / (profile.gpu.hbm_bandwidth_Bps * profile.memory(bytes_moved))
+        at = bytes_moved if working_set is None else max(bytes_moved, working_set)
+        t_memory = bytes_moved / (profile.gpu.hbm_bandwidth_Bps * profile.memory(at))
     return profile.launch_overhead_s + max(t_compute, t_memory)
 
 

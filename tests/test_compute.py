@@ -228,3 +228,14 @@ def test_cpu_calibration_writes_a_loadable_profile(tmp_path):
     p = load_compute_profile("cpu", path)
     assert max(e for _, e in p.matmul["fp32"].points) == 1.0
     assert max(e for _, e in p.memory.points) == 1.0
+
+
+def test_op_time_reads_the_memory_curve_at_the_working_set(h100):
+    """An op on a slice of a larger pass streams at the pass's rate, not the slice's."""
+    small, walked = 2.0 ** 20, 2.0 ** 30
+    hot = op_time(h100, flops=0.0, bytes_moved=small)
+    cold = op_time(h100, flops=0.0, bytes_moved=small, working_set=walked)
+    bw = h100.gpu.hbm_bandwidth_Bps
+    assert hot == pytest.approx(h100.launch_overhead_s + small / (bw * h100.memory(small)))
+    assert cold == pytest.approx(h100.launch_overhead_s + small / (bw * h100.memory(walked)))
+    assert op_time(h100, flops=0.0, bytes_moved=small, working_set=1.0) == hot   # never below

@@ -87,3 +87,31 @@ def test_probe_times_every_shape_with_fbgemm(tmp_path):
     assert all(r[3] > 0 and r[4] > 0 for r in rows)
     by = {tuple(r[:3]): r for r in rows}
     assert by[(8192, 64, 1536)][3] > by[(2048, 32, 512)][3]
+
+
+def test_pooled_moves_count_torchrec_s_copies_of_the_pooled_embeddings():
+    """TorchRec 1.8's pooled all-to-all copies a table-wise rank's lookup output into its send
+    buffer, reorders the receive buffer forward, and backward concatenates the per-feature
+    gradients, makes each source rank's part contiguous and concatenates them (three copies of
+    the local batch's columns), then divides the received gradient in place; a row-wise rank
+    (reduce-scatter) has no send copy or division."""
+    from simulator.compute import op_time
+    tables = tuple(TableSpec(name=f"t{i}", num_embeddings=1000, embedding_dim=32,
+                             pooling_factor=4.0) for i in range(2))
+    model = ModelSpec(name="m", tables=tables, batch_size=2048, optimizer="sgd")
+    problem = prepare(ShardingTask(model=model, topology=cpu_topology_ref(2)), 2)
+    compute = gloo_profile_from_dict(BASE, source="test").compute
+
+    def copy(n):
+        return op_time(compute, flops=0.0, bytes_moved=2 * n)
+    local = 4.0 * 1024 * 64
+    tw = [sh.table_wise(0, "t0", 1000, 32, 0), sh.table_wise(1, "t1", 1000, 32, 0)]
+    (f0, r0, b0, g0), (f1, r1, b1, g1) = pooled_moves(problem, tw, compute, None)
+    send = 4.0 * 2048 * 64                           # rank 0's output: global batch, 64 columns
+    assert f0 == pytest.approx(copy(send)) and g0 == pytest.approx(copy(send))
+    assert f1 == g1 == 0.0                           # rank 1 looks nothing up
+    assert r0 == r1 == pytest.approx(copy(local))
+    assert b0 == b1 == pytest.approx(3 * copy(local))
+    rw = [sh.row_wise(i, f"t{i}", 1000, 32, 2) for i in range(2)]
+    for f, r, b, g in pooled_moves(problem, rw, compute, None):
+        assert f == g == 0.0 and b == pytest.approx(3 * copy(local))

@@ -215,6 +215,7 @@ def test_host_speed_rescales_the_predictions_beside_the_plain_ones():
     text = format_rows(rows, s)
     assert text.splitlines()[1].split()[-2:] in (["1.30", "+0.0%"], ["1.30", "-0.0%"])
     assert "predicted at the host's speed during each run" in text
+    assert "1.20x its calibrated time (slower" in text and "calibrate gloo" in text
     # a row without a probe (an older run) leaves the host-speed summary out
     plain = summarise([rows[0], {k: v for k, v in rows[1].items() if "host" not in k}])
     assert "at_host_speed" not in plain and "'at host'" not in format_rows(rows, plain)

@@ -20,7 +20,7 @@ from planner.model.tables.spec import ModelSpec, TableSpec
 from planner.model.tables.task import ShardingTask, prepare
 
 __all__ = ["PROBE_TYPES", "probe_config", "host_costs", "size_measure", "predicted_lookup_s",
-           "lookup_scale", "host_speed"]
+           "lookup_scale", "host_speed", "stale_note", "STALE_SPEED"]
 
 
 PROBE_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
@@ -159,3 +159,16 @@ def host_speed(calibration, probe_s: float | None) -> float | None:
     if not then or not probe_s:
         return None
     return float(probe_s) / float(then)
+
+
+#: a host speed this far from 1 (either way) suggests measuring the calibration again
+STALE_SPEED = 0.15
+
+
+def stale_note(speed: float | None) -> str | None:
+    """What to do when the host ran ``speed`` times its calibrated time (None when close)."""
+    if speed is None or abs(speed - 1.0) <= STALE_SPEED:
+        return None
+    how = "slower" if speed > 1 else "faster"
+    return (f"the host ran the lookup probe {speed:.2f}x its calibrated time ({how} than when "
+            "calibrated): `clusterplan calibrate gloo` measures the calibration again")

@@ -26,7 +26,8 @@ from planner.measure.validate.compare import Mismatch
 from planner.measure.validate.dlrm import DLRMRunConfig
 from planner.measure.validate.dlrm_ops import expected_ops
 from planner.measure.validate.dlrm_permute import permute_costs
-from planner.measure.validate.dlrm_probes import host_costs, host_speed, lookup_scale, size_measure
+from planner.measure.validate.dlrm_probes import (host_costs, host_speed, lookup_scale,
+                                                  size_measure, stale_note)
 from planner.measure.validate.report import verdict_lines
 from planner.measure.validate.runner import RunResult, run
 from planner.model.tables.cost import CostConfig
@@ -326,6 +327,9 @@ def format_dlrm_report(d: dict) -> str:
                      f"time during this run; at that speed the prediction is "
                      f"{format_time(d['predicted_at_host_s'])} "
                      f"({d['predicted_at_host_s'] / d['measured_step_time_s'] - 1:+.1%})")
+        note = stale_note(d["host_speed"])
+        if note:
+            lines.append(f"  note: {note}")
     lines += [f"  extrapolated: {n}" for n in d.get("extrapolated", [])]
     if d.get("calibration"):
         lines.append(f"  timed with {d['calibration']} (collective tables, one core's curves, "

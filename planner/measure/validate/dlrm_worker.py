@@ -219,6 +219,8 @@ def _host_probe(dist, rank: int, progress) -> list[float]:
 def run_rank(rank: int, cfg, rdzv: str, progress, report, state: dict) -> dict:
     warnings.simplefilter("ignore")
     logging.getLogger("torchrec").setLevel(logging.ERROR)
+    # TorchRec 1.8 asks torch.fx whether it is tracing, which logs a deprecation per process
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     os.environ["LOCAL_WORLD_SIZE"] = str(cfg.local_world)
     os.environ["LOCAL_RANK"] = str(rank % cfg.local_world)
     import torch

@@ -37,7 +37,7 @@ import yaml
 from simulator.errors import SpecError
 
 from planner.measure.heap import DEFAULT_HEAP
-from planner.measure.validate.dlrm_probes import host_speed
+from planner.measure.validate.dlrm_probes import host_speed, stale_note
 import planner.model.tables.shards as sh
 from planner.model.tables.plan import PlannerStats, make_plan
 from planner.model.tables.shards import ShardingType
@@ -418,6 +418,9 @@ def format_rows(rows: Sequence[dict], summary: dict) -> str:
                      "(lowest / median / highest)")
         lines += _summary_lines(s["at_host_speed"], "predicted at the host's speed during each "
                                 "run ('at host' column): ", s["plans"])
+        note = stale_note(mid)
+        if note:
+            lines.append(f"note: (median) {note}")
     return "\n".join(lines)
 
 

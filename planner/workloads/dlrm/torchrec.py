@@ -314,11 +314,17 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     dur: dict[tuple[str, str], float] = {}
     if compute is not None:
         dims = [t.embedding_dim for t in problem.model.tables]
-        for block, phase, flops, nbytes, new in (
-                dense_op_list(d, dims, cm.local_batch) if d is not None
-                else weighted_sum_loss_ops(dims, cm.local_batch)):
+        dense_ops = (dense_op_list(d, dims, cm.local_batch) if d is not None
+                     else weighted_sum_loss_ops(dims, cm.local_batch))
+        # the loss walks the pooled embeddings feature by feature: each slice comes from DRAM
+        passes: dict[str, float] = {}
+        for op in dense_ops:
+            passes[op.phase] = passes.get(op.phase, 0.0) + op.bytes
+        for block, phase, flops, nbytes, new in dense_ops:
+            ws = passes[phase] if d is None else None
             dur[(block, phase)] = dur.get((block, phase), 0.0) + dense_op_s + op_time(
-                compute, flops=flops, bytes_moved=nbytes, dtype=dtype) + fresh_alloc_s(new, fresh)
+                compute, flops=flops, bytes_moved=nbytes, dtype=dtype, working_set=ws) \
+                + fresh_alloc_s(new, fresh)
     moves = pooled_moves(problem, shardings, compute, fresh, reorder)
 
     def mlp_op(r, name, block, phase, flops, deps=None):
@@ -416,12 +422,22 @@ def pooled_moves(problem, shardings: Sequence[TableSharding], compute,
                  fresh: tuple[float, float] | None, reorder: Reorder | None = None
                  ) -> list[tuple[float, float, float, float]]:
     """Per rank, seconds of the memory traffic around the pooled embeddings that no kernel
-    curve holds: ``(lookup output, forward recat, backward cat, gradient receive)``. The fused
-    lookup's output (batch × the rank's pooled columns) and the gradient received for it are
-    new tensors (page faults only); the all-to-all's receive buffer is reordered into the
-    local batch × every table's columns (a copy into a new tensor), and its gradient is
-    concatenated the other way before the backward all-to-all. With ``reorder`` (forward and
-    backward ``(s, s per byte, s per block)`` of FBGEMM's permute on this host,
+    curve holds, as TorchRec 1.8's pooled all-to-all (``All2All_Pooled_Req`` / ``_Wait``) and
+    a model reading its output per feature (``KeyedTensor.to_dict``) run it:
+    ``(lookup output, forward recat, backward cat, gradient receive)``.
+
+    - forward: the fused lookup's output (global batch × the rank's pooled columns) is a new
+      tensor, copied whole into the all-to-all's registered send buffer (table- and
+      column-wise columns); the receive buffer is reordered into a new local batch × every
+      table's columns (the recat);
+    - backward: the per-feature gradients are concatenated into one local batch × columns
+      tensor (the backward of ``to_dict``'s split), split by source rank with each part made
+      contiguous, and concatenated again (``_recat_pooled_embedding_grad_out``); the gradient
+      received for the lookup output is a new tensor, divided in place by the world size.
+
+    Each copy reads and writes its bytes on ``compute``'s memory curve, plus the page faults of
+    a new tensor above glibc's threshold (``fresh``). With ``reorder`` (forward and backward
+    ``(s, s per byte, s per block)`` of FBGEMM's permute on this host,
     :mod:`planner.measure.validate.dlrm_permute`, timed as a step runs it, page faults
     included) the reorder of column-wise slices (:func:`cw_reorders`) is added to the forward
     recat and the backward cat. Zeros without ``compute``."""
@@ -435,19 +451,29 @@ def pooled_moves(problem, shardings: Sequence[TableSharding], compute,
             extra_f += _reorder_s(reorder[0], b, slices, cols)
             extra_b += _reorder_s(reorder[1], b, slices, cols)
     B, b = float(problem.model.batch_size), problem.cost.local_batch
-    cols = [0.0] * n
+    cols, sent = [0.0] * n, [0.0] * n
     for ts in shardings:
         if ts.sharding_type != ShardingType.DATA_PARALLEL:
             for sh in ts.shards:
                 cols[sh.rank] += sh.cols
+                if ts.sharding_type in (TW, CW):
+                    sent[sh.rank] += sh.cols
     dims = float(sum(t.embedding_dim for t in problem.model.tables))
     local = FLOAT_BYTES * b * dims
 
     def copy(nbytes: float) -> float:
         return op_time(compute, flops=0.0, bytes_moved=2 * nbytes) + fresh_alloc_s(nbytes, fresh)
-    return [(fresh_alloc_s(FLOAT_BYTES * B * c, fresh),
-             copy(local) + fresh_alloc_s(local, fresh) + extra_f,
-             copy(local) + extra_b, fresh_alloc_s(FLOAT_BYTES * B * c, fresh)) for c in cols]
+
+    def in_place(nbytes: float) -> float:
+        return op_time(compute, flops=0.0, bytes_moved=2 * nbytes)
+    out = []
+    for c, s in zip(cols, sent):
+        mine, send = FLOAT_BYTES * B * c, FLOAT_BYTES * B * s
+        out.append((fresh_alloc_s(mine, fresh) + (copy(send) if s else 0.0),
+                    copy(local) + fresh_alloc_s(local, fresh) + extra_f,
+                    3 * copy(local) + extra_b,
+                    fresh_alloc_s(mine, fresh) + (in_place(send) if s else 0.0)))
+    return out
 
 
 def torchrec_step_ops(problem, shardings: Sequence[TableSharding], *, seed: int = 0,
