@@ -190,8 +190,8 @@ def test_host_speed_rescales_the_predictions_beside_the_plain_ones():
     and the plain prediction's errors stay as they were."""
     from types import SimpleNamespace
 
+    from planner.measure.validate.dlrm_probes import at_host as _at_host
     from planner.measure.validate.dlrm_probes import host_speed
-    from planner.measure.validate.unseen import _at_host
 
     cal = SimpleNamespace(lookup={"measured_s": 0.010})
     assert host_speed(cal, 0.012) == pytest.approx(1.2)

@@ -9,6 +9,8 @@ lookup probe too, the host's speed then against the calibration's (:func:`host_s
 
 from __future__ import annotations
 
+import statistics
+
 from planner.export.torchrec import export_torchrec_plan
 from planner.measure.tables.plans import cpu_topology_ref
 from planner.measure.validate.dlrm import DLRMRunConfig
@@ -20,7 +22,7 @@ from planner.model.tables.spec import ModelSpec, TableSpec
 from planner.model.tables.task import ShardingTask, prepare
 
 __all__ = ["PROBE_TYPES", "probe_config", "host_costs", "size_measure", "predicted_lookup_s",
-           "lookup_scale", "host_speed", "stale_note", "STALE_SPEED"]
+           "lookup_scale", "host_speed", "at_host", "stale_note", "STALE_SPEED"]
 
 
 PROBE_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
@@ -159,6 +161,17 @@ def host_speed(calibration, probe_s: float | None) -> float | None:
     if not then or not probe_s:
         return None
     return float(probe_s) / float(then)
+
+
+def at_host(predicted_s: float, probe_s, calibration) -> dict:
+    """A run's host probes (``probe_s``: the slowest rank's seconds before and after its
+    steps), the host's speed then (their median over the calibration's, :func:`host_speed`)
+    and the prediction at that speed; {} without a probe or a calibrated one."""
+    speed = host_speed(calibration, statistics.median(probe_s) if probe_s else None)
+    if speed is None:
+        return {}
+    return {"host_probe_s": list(probe_s), "host_speed": speed,
+            "predicted_at_host_s": predicted_s * speed}
 
 
 #: a host speed this far from 1 (either way) suggests measuring the calibration again

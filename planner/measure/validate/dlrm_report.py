@@ -26,7 +26,7 @@ from planner.measure.validate.compare import Mismatch
 from planner.measure.validate.dlrm import DLRMRunConfig
 from planner.measure.validate.dlrm_ops import expected_ops
 from planner.measure.validate.dlrm_permute import permute_costs
-from planner.measure.validate.dlrm_probes import (host_costs, host_speed, lookup_scale,
+from planner.measure.validate.dlrm_probes import (at_host, host_costs, lookup_scale,
                                                   size_measure, stale_note)
 from planner.measure.validate.report import verdict_lines
 from planner.measure.validate.runner import RunResult, run
@@ -264,13 +264,11 @@ def validate_dlrm(cfg: DLRMRunConfig, *, result: RunResult | None = None,
     pred = predicted(cfg, steps[0], calibration)
     p, m = pred["step_time_s"], meas["step_time_s"]
     cores = os.cpu_count() or 1
-    probe = statistics.median(meas["host_probe_s"]) if meas["host_probe_s"] else None
-    speed = host_speed(calibration, probe)
     return {"config": cfg.to_dict(), "structure": structure,
             "predicted_step_time_s": p, "measured_step_time_s": m,
             "relative_error": p / m - 1.0 if m > 0 else None,
-            "host_probe_s": meas["host_probe_s"], "host_speed": speed,
-            "predicted_at_host_s": None if speed is None else p * speed,
+            "host_probe_s": meas["host_probe_s"], "host_speed": None,
+            "predicted_at_host_s": None, **at_host(p, meas["host_probe_s"], calibration),
             "per_kind": per_kind_rows(pred["per_kind"], meas["per_kind"]),
             "critical_rank": meas["critical_rank"], "steps_s": meas["steps_s"],
             "loss": meas["loss"], "run_wall_s": res.wall_s, "processes": cfg.world,

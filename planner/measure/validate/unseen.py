@@ -37,7 +37,7 @@ import yaml
 from simulator.errors import SpecError
 
 from planner.measure.heap import DEFAULT_HEAP
-from planner.measure.validate.dlrm_probes import host_speed, stale_note
+from planner.measure.validate.dlrm_probes import at_host, stale_note
 import planner.model.tables.shards as sh
 from planner.model.tables.plan import PlannerStats, make_plan
 from planner.model.tables.shards import ShardingType
@@ -253,8 +253,8 @@ def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: 
     """Run every case for real and predict it with the calibration of its world size; one row
     per case (see :func:`summarise`). With ``host_probe`` each run times the calibration's
     lookup probe before its warm-up and after its steps, and its row has the host's speed
-    then against the calibration's and the prediction at that speed. Each table set gets fresh processes (a pool that ran big
-    tables keeps its memory) with the heap policy ``heap`` (:mod:`planner.measure.heap`); a
+    then against the calibration's and the prediction at that speed. Each table set gets
+    fresh processes (a pool that ran big tables keeps its memory) with the heap policy ``heap`` (:mod:`planner.measure.heap`); a
     plan whose run fails is a row with its ``error`` and the run goes on. ``rounds`` > 1 runs
     the whole family that many times, one round after the other, and keeps per plan the
     median round (:func:`merge_rounds`): a shared host's speed drifts by tens of percent over
@@ -346,8 +346,8 @@ def repredict_rows(cases: Sequence[UnseenCase], recorded: Sequence[dict], folder
         rows.append({**r, "predicted_s": pred["step_time_s"], "per_kind": per_kind,
                      "predicted_parts": pred["per_kind"], "predicted_before_s": r["predicted_s"],
                      "extrapolated": pred["extrapolated"],
-                     **_at_host(pred["step_time_s"], r.get("host_probe_s") or (),
-                                calibrations[case.ranks])})
+                     **at_host(pred["step_time_s"], r.get("host_probe_s") or (),
+                               calibrations[case.ranks])})
     return rows
 
 
@@ -368,19 +368,9 @@ def _run_case(case: UnseenCase, folder: Path, pool, *, steps: int, warmup: int, 
     return _row(case, predicted_s=d["predicted_step_time_s"],
                 measured_s=d["measured_step_time_s"], steps_s=d["steps_s"],
                 structure_match=d["structure"]["match"], per_kind=d["per_kind"],
-                extrapolated=d["extrapolated"], **_at_host(d["predicted_step_time_s"],
-                                                          d["host_probe_s"], calibration))
-
-
-def _at_host(predicted_s: float, probe_s: Sequence[float], calibration) -> dict:
-    """A row's host probes (the slowest rank's seconds before and after its steps), the host's
-    speed then (their median) over the calibration's and the prediction at that speed; {}
-    without a probe."""
-    speed = host_speed(calibration, statistics.median(probe_s) if probe_s else None)
-    if speed is None:
-        return {}
-    return {"host_probe_s": list(probe_s), "host_speed": speed,
-            "predicted_at_host_s": predicted_s * speed}
+                extrapolated=d["extrapolated"],
+                **({k: d[k] for k in ("host_probe_s", "host_speed", "predicted_at_host_s")}
+                   if d["host_speed"] is not None else {}))
 
 
 def format_rows(rows: Sequence[dict], summary: dict) -> str:

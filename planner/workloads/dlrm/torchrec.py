@@ -317,11 +317,11 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
         dense_ops = (dense_op_list(d, dims, cm.local_batch) if d is not None
                      else weighted_sum_loss_ops(dims, cm.local_batch))
         # the loss walks the pooled embeddings feature by feature: each slice comes from DRAM
-        passes: dict[str, float] = {}
-        for op in dense_ops:
-            passes[op.phase] = passes.get(op.phase, 0.0) + op.bytes
+        walked: dict[str, float] = {}
+        for op in dense_ops if d is None else ():
+            walked[op.phase] = walked.get(op.phase, 0.0) + op.bytes
         for block, phase, flops, nbytes, new in dense_ops:
-            ws = passes[phase] if d is None else None
+            ws = walked.get(phase)
             dur[(block, phase)] = dur.get((block, phase), 0.0) + dense_op_s + op_time(
                 compute, flops=flops, bytes_moved=nbytes, dtype=dtype, working_set=ws) \
                 + fresh_alloc_s(new, fresh)
