@@ -161,8 +161,8 @@ def simulate(topo: Topology, workload: Workload, *, mode: str = "explicit",
         input of hot-link diagnosis (:func:`simulator.faults.find_hot_links`).
     measured_comm:
         A :class:`~simulator.gloo_profile.GlooProfile` (or anything with ``comm_time_s(kind,
-        nranks, nbytes)`` and ``shared_core``): collectives and messages it has a table for
-        take their measured time instead of flows (algorithm ``measured``); with
+        nranks, nbytes, gap_s, splits=)`` and ``shared_core``): collectives and messages it
+        has a table for take their measured time instead of flows (algorithm ``measured``); with
         ``shared_core`` every rank is one core that its compute ops and its measured
         communication hold in turn (CPU processes under gloo); where the profile's processes
         had fewer cores than there are ranks or processes, rank ``r`` computes on core
@@ -371,7 +371,8 @@ class _OpRunner:
         def seconds() -> float:
             idx = list(op.ranks)
             gap = float(self.env.now - self.last_comm[idx].min())
-            d = self.measured_comm.comm_time_s(kind, len(idx), op.bytes_moved, gap)
+            d = self.measured_comm.comm_time_s(kind, len(idx), op.bytes_moved, gap,
+                                               splits=op.splits)
             self.last_comm[idx] = self.env.now + d
             return d
         return seconds

@@ -25,6 +25,10 @@ simulator can time a step the way such a machine runs it:
   the others are idle (shared caches and memory bus): ``contention.alone_speedup``, measured
   by timing one probe on every rank at once and on each rank alone. Both are applied by
   :mod:`simulator.cpushare`.
+- **Uneven all-to-alls share the cores too.** The copies and TCP of an all-to-all are CPU work
+  on the shared cores, so a rank that sends more than the others is helped by their idle
+  cores: ``alltoall_uneven.weight`` (measured, :mod:`planner.measure.validate.uneven_a2a`)
+  places its time between the equal exchange of the mean bytes and that of the busiest rank's.
 
 Units: seconds, bytes, FLOP/s, as everywhere in the simulator.
 """
@@ -145,13 +149,23 @@ class GlooProfile:
     #: how much faster a core computes while it is the only busy one than with every core
     #: busy (``contention.alone_speedup``, ≥ 1; :mod:`simulator.cpushare`); None: not measured
     alone_speedup: float | None = None
+    #: where between the mean rank's and the busiest rank's bytes an uneven all-to-all's time
+    #: falls (``alltoall_uneven.weight``, 0..1); None: not measured (the busiest rank's)
+    alltoall_uneven_weight: float | None = None
 
-    def comm_time_s(self, kind: str, nranks: int, nbytes: float, gap_s: float = 0.0
-                    ) -> float | None:
+    def comm_time_s(self, kind: str, nranks: int, nbytes: float, gap_s: float = 0.0, *,
+                    splits=None) -> float | None:
         """Seconds of one call, or None where this profile has no table for it; ``gap_s``:
-        the longest time any member went without communication before it."""
+        the longest time any member went without communication before it. ``splits``: an
+        all-to-all's bytes from rank ``i`` to rank ``j`` (``nbytes`` is then its busiest
+        rank's), priced at ``mean + weight · (max − mean)`` of each rank's larger of sent
+        and received bytes, off the diagonal (:mod:`planner.measure.validate.uneven_a2a`)."""
         table = self.comm.get((kind, nranks))
-        return None if table is None else table.time_s(nbytes) + self.wake_s(gap_s)
+        if table is None:
+            return None
+        if kind == "alltoall" and splits is not None and self.alltoall_uneven_weight is not None:
+            nbytes *= _uneven_scale(splits, self.alltoall_uneven_weight)
+        return table.time_s(nbytes) + self.wake_s(gap_s)
 
     def beyond_measured(self, kind: str, nranks: int, nbytes: float) -> float | None:
         """The largest size measured for ``kind`` on ``nranks`` processes, bytes, when a call
@@ -247,7 +261,35 @@ def gloo_profile_from_dict(doc: Mapping[str, Any], *, source: str = "<dict>") ->
                        permute_pooled=doc.get("permute_pooled")
                        if isinstance(doc.get("permute_pooled"), Mapping) else None,
                        heap=_heap(doc, source), alone_speedup=_alone_speedup(doc, source),
+                       alltoall_uneven_weight=_uneven_weight(doc, source),
                        **_cores(doc, source))
+
+
+def _uneven_scale(splits, weight: float) -> float:
+    """``(mean + weight · (max − mean)) / max`` of each rank's larger of sent and received
+    bytes, off the diagonal (1 for an equal exchange or no bytes)."""
+    n = len(splits)
+    sent = [sum(row[j] for j in range(n) if j != i) for i, row in enumerate(splits)]
+    got = [sum(splits[i][j] for i in range(n) if i != j) for j in range(n)]
+    vol = [max(a, b) for a, b in zip(sent, got)]
+    top = max(vol, default=0.0)
+    if top <= 0:
+        return 1.0
+    mean = sum(vol) / n
+    return (mean + weight * (top - mean)) / top
+
+
+def _uneven_weight(doc: Mapping, source: str) -> float | None:
+    """``alltoall_uneven.weight`` (None where the profile predates the probe)."""
+    sec = doc.get("alltoall_uneven")
+    if sec is None:
+        return None
+    value = sec.get("weight") if isinstance(sec, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise SpecError(f"alltoall_uneven.weight must be a number from 0 to 1, not {value!r}",
+                        source=source, field="alltoall_uneven.weight",
+                        fix="write it again with clusterplan calibrate gloo")
+    return float(value)
 
 
 def _alone_speedup(doc: Mapping, source: str) -> float | None:

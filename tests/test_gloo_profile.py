@@ -238,3 +238,49 @@ def test_heap_policy_is_read_and_a_bad_one_named():
     with pytest.raises(SpecError) as e:
         gloo_profile_from_dict(profile_doc(measured={"heap": "jemalloc"}), source="p.yaml")
     assert e.value.field == "measured.heap" and "calibrate gloo" in e.value.fix
+
+
+def test_uneven_all_to_all_is_priced_between_the_mean_and_the_busiest_rank():
+    """Closed form: rank 1 sends 3 KiB to each of 3 peers, the others 1 KiB each; every rank's
+    larger of sent and received bytes is [5, 9, 5, 5] KiB (rank 0 sends 3 and receives 3 from
+    rank 1 and 1 from each other), mean 6 KiB, busiest 9 KiB."""
+    k = 1024.0
+    splits = [[0, k, k, k], [3 * k, 0, 3 * k, 3 * k], [k, k, 0, k], [k, k, k, 0]]
+    table = [[1024, 1e-4], [65536, 1e-3]]
+    busiest = 9 * k
+    doc = profile_doc(comm={**profile_doc()["comm"], "alltoall@4": table})
+    old = gloo_profile_from_dict(doc)
+    t = CommTable("alltoall", 4, (1024.0, 65536.0), (1e-4, 1e-3))
+    # no measured weight: the busiest rank's bytes, as before the probe
+    assert old.comm_time_s("alltoall", 4, busiest, splits=splits) == pytest.approx(t.time_s(busiest))
+    for w, expect in ((0.0, 6 * k), (0.5, 7.5 * k), (1.0, busiest)):
+        prof = gloo_profile_from_dict({**doc, "alltoall_uneven": {"weight": w}})
+        assert prof.comm_time_s("alltoall", 4, busiest, splits=splits) == \
+            pytest.approx(t.time_s(expect))
+        # an equal exchange and other kinds are unchanged
+        eq = [[0 if i == j else k for j in range(4)] for i in range(4)]
+        assert prof.comm_time_s("alltoall", 4, 3 * k, splits=eq) == pytest.approx(t.time_s(3 * k))
+        assert prof.comm_time_s("allreduce", 2, 1024, splits=splits) == pytest.approx(200e-6)
+
+
+@pytest.mark.parametrize("value", [1.5, -0.1, "half", True, None])
+def test_bad_uneven_weight_names_the_field(value):
+    with pytest.raises(SpecError) as err:
+        gloo_profile_from_dict(profile_doc(alltoall_uneven={"weight": value}), source="p.yaml")
+    assert err.value.field == "alltoall_uneven.weight" and err.value.source == "p.yaml"
+
+
+def test_uneven_section_weighs_the_skewed_exchange_between_the_equal_ones():
+    """Two ranks, two rounds, one size: per case the slowest rank's median per round, the
+    median over rounds; weight (skewed - equal) / (at max - equal), clipped to [0, 1]."""
+    from planner.measure.validate.uneven_a2a import uneven_section
+
+    def rank(scale):
+        return {rnd: {4096: {"equal": [1.0 * scale, 1.1 * scale, 0.9 * scale],
+                             "skewed": [1.5 * scale] * 3, "equal_at_max": [3.0 * scale] * 3}}
+                for rnd in (0, 1)}
+    sec = uneven_section([rank(1.0), rank(2.0)])["alltoall_uneven"]
+    assert sec["points"] == [[4096, 2.0, 3.0, 6.0]]   # median of each repeat's slowest (rank 1)
+    assert sec["weight"] == pytest.approx((3.0 - 2.0) / (6.0 - 2.0))
+    fast = {0: {4096: {"equal": [1.0], "skewed": [0.5], "equal_at_max": [2.0]}}}
+    assert uneven_section([fast])["alltoall_uneven"]["weight"] == 0.0

@@ -53,6 +53,11 @@ def test_quick_real_calibration_loads_and_is_plausible():
     assert doc["noise"]["comm"]["allreduce"]["median"] >= 0
     assert doc["measured"]["processes"] == 2 and "other_cores" in doc["measured"]
     assert [g for g, _ in prof.wake_penalty_s] == sorted(g for g, _ in prof.wake_penalty_s)
+    # the uneven all-to-all probe: one size when quick, three exchanges timed, a weight read
+    (size, equal, skewed, at_max), = doc["alltoall_uneven"]["points"]
+    assert size == 1 << 20 and all(1e-6 < t < 1.0 for t in (equal, skewed, at_max))
+    assert prof.alltoall_uneven_weight == doc["alltoall_uneven"]["weight"]
+    assert 0.0 <= prof.alltoall_uneven_weight <= 1.0
 
 
 def test_calibration_runs_spread_over_time_merge_as_rounds():

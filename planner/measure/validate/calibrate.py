@@ -63,6 +63,7 @@ from planner.measure.validate.calibrate_dlrm import (
 from planner.measure.validate.comm import Recorder
 from planner.measure.validate.dlrm_probes import predicted_lookup_s
 from planner.measure.validate.lookup_probe import time_lookup_probe
+from planner.measure.validate.uneven_a2a import UNEVEN_BYTES, time_uneven_a2a, uneven_section
 from planner.measure.validate.dlrm_permute import permute_section, time_permute_probe
 from planner.measure.validate.load import LoadMeter
 from planner.measure.validate.runner import Pool
@@ -131,18 +132,21 @@ def _rank_main(cfg: GlooCalibration, rank: int, rdzv: str, progress, report) -> 
     out = {"rank": rank, "comm": {}, "compute": {}, "host": {}, "cpu": []}
     t_cpu0, w0 = _proc_cpu(), time.monotonic()
     for rnd in range(cfg.rounds):
-        progress.begin(rank, f"collectives round {rnd}", rnd)
-        for kind in KINDS:
-            for size in cfg.sizes:
-                out["comm"][(rnd, kind, size)] = _time_comm(dist, torch, kind, size, cfg.world,
-                                                            rank, cfg.repeats)
-        progress.end(rank)
-
         def note(what: str, rnd: int = rnd) -> None:
-            """Publish progress: a probe phase may run minutes with 4 processes on 2 cores,
-            and the runner takes a rank silent past its timeout for a hung one."""
+            """Publish progress: a phase may run minutes with 4 processes on 2 cores (one
+            round of the collective sweep took over 75 s on a slower VM), and the runner
+            takes a rank silent past its timeout for a hung one."""
             progress.begin(rank, f"{what} round {rnd}", rnd)
             progress.end(rank)
+        for kind in KINDS:
+            for size in cfg.sizes:
+                note(f"{kind} {size} B")
+                out["comm"][(rnd, kind, size)] = _time_comm(dist, torch, kind, size, cfg.world,
+                                                            rank, cfg.repeats)
+        note("uneven all-to-all")
+        out.setdefault("uneven", {})[rnd] = time_uneven_a2a(
+            dist, torch, rank, cfg.world, repeats=3 if cfg.quick else 5,
+            sizes=UNEVEN_BYTES[:1] if cfg.quick else UNEVEN_BYTES)
         out["compute"][rnd] = _time_compute(dist, torch, _compute_sample_s(cfg), quick=cfg.quick,
                                             note=note)
         note("host probes")
@@ -511,6 +515,7 @@ def profile_document(ranks: list[dict], cfg: GlooCalibration, *, load: dict | No
            if "lookup" in ranks[0] else {}),
         **({"permute_pooled": permute_section([r["permute"] for r in ranks])}
            if "permute" in ranks[0] else {}),
+        **(uneven_section([r["uneven"] for r in ranks]) if "uneven" in ranks[0] else {}),
         **({"fresh_alloc": _fresh_section(ranks, rounds)}
            if ranks[0]["compute"][0].get("fresh") else {}),
         "host_block_s": host["swiglu"],
@@ -603,7 +608,7 @@ def _renumbered(rank_rows: list[dict], rounds: list[int]) -> dict:
     for rows, n in zip(rank_rows, rounds):
         for (rnd, kind, size), v in rows["comm"].items():
             out["comm"][(base + rnd, kind, size)] = v
-        for key in ("compute", "host", "wake", "lookup", "permute"):
+        for key in ("compute", "host", "wake", "lookup", "permute", "uneven"):
             for rnd, v in rows.get(key, {}).items():
                 out.setdefault(key, {})[base + rnd] = v
         out["cpu"] = [a + b for a, b in zip(out["cpu"], rows["cpu"])]
