@@ -7,6 +7,7 @@ The kernel and gloo tests run for real (2 ranks) and need torch + fbgemm_gpu
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -199,7 +200,8 @@ def test_kernel_fit_recovers_known_constants():
     Xb = _backward_design(pts, 2.0 ** 20)
     fresh = _fresh_bytes(pts) / fault_Bps
     assert np.count_nonzero(fresh) >= 3          # some outputs are above the mmap threshold
-    var = (X[:, 2] + e16 * X[:, 3] + ovh * X[:, 4] + walk * X[:, 5]) / bw
+    # the bytes column carries half rows at 2 bytes an element; e16 is the total per element
+    var = (X[:, 2] + (e16 - 2.0) * X[:, 3] + ovh * X[:, 4] + walk * X[:, 5]) / bw
     bvar = Xb @ np.array([back[k] for k in ("id_bytes", "grad_element_bytes",
                                             "update_element_bytes", "half_update_element_bytes",
                                             "walk_bytes", "spill_element_bytes")]) / bw
@@ -219,6 +221,32 @@ def test_kernel_fit_recovers_known_constants():
         assert fit["backward"][k] == pytest.approx(v, rel=0.02, abs=1e-9), k
     assert fit["backward"]["grad_reach_bytes"] == GRAD_REACH_BYTES
     assert fit["fit"]["total_mape"] < 1e-6
+
+
+def test_half_rows_cost_at_least_their_bytes_and_a_fit_the_reader_rejects_is_not_written(
+        tmp_path):
+    """Half-precision points no slower than their bytes: the extra per element fits to 0 and
+    fp16 rows cost their 2 bytes an element (before, the fit wrote 0, which its own reader
+    rejected, and the host's first `validate unseen` stopped there). A document the reader
+    rejects raises and leaves no file."""
+    from planner.measure.tables.fit import _design, fit_kernel_profile, kernel_configs, \
+        write_profile
+    cfgs = kernel_configs(40, seed=5)
+    pts = [{"name": c.name, "batch": c.batch_size,
+            "tables": [[t.num_embeddings, t.embedding_dim, t.pooling_factor, "distinct",
+                        t.precision] for t in c.tables], "fwd_s": 0.0, "bwd_s": 0.0}
+           for c in cfgs]
+    assert any(t[4] != "fp32" for p in pts for t in p["tables"])
+    X = _design(pts, 0.8)
+    for p, row in zip(pts, X):
+        p["fwd_s"] = 1e-4 + row[1] * 2e-5 + (row[2] + 50.0 * row[4]) / 5e9
+        p["bwd_s"] = 2.5 * p["fwd_s"]
+    fit = fit_kernel_profile(pts)
+    assert fit["element_bytes"]["fp16"] == pytest.approx(2.0, rel=0.02)
+    bad = tmp_path / "prof.yaml"
+    with pytest.raises(SpecError, match="lookup"):
+        write_profile({"lookup": {"lookup_Bps": -1.0}}, str(bad))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_backward_terms_price_a_shard_by_its_own_work(tmp_path):
@@ -251,6 +279,35 @@ def test_comm_fit_recovers_a_line():
     assert fit["a2a_alpha_s"] == pytest.approx(1e-3, rel=1e-6)
     assert fit["a2a_Bps"] == pytest.approx(8e8, rel=1e-6)
     assert fit["allreduce"]["Bps"] == pytest.approx(5e8, rel=1e-6)
+    assert "a2a_uneven_weight" not in fit                     # no named uneven cases
+
+
+def test_uneven_all_to_all_weight_is_fitted_and_applied():
+    """Closed form: an uneven case on 4 ranks whose volumes are 1, 1, 1, 5 MB (mean 2, busiest
+    5) and whose slowest rank took alpha + 2.9 MB / Bps sits 0.3 of the way from the mean to the
+    busiest rank; the synchronised model then charges every rank alpha + 2.9 MB / Bps."""
+    from planner.measure.tables.fit_comm import fit_comm_profile
+    from planner.model.tables.comm_model import SyncCommModel
+    alpha, bw = 1e-3, 1e9
+    pts = [{"kind": "a2a", "name": f"a2a_even_{int(s)}", "rank": r, "sent_bytes": s,
+            "received_bytes": s, "seconds": alpha + s / bw}
+           for s in (1e4, 1e6, 4e6) for r in range(4)]
+    vol = [1e6, 1e6, 1e6, 5e6]
+    pts += [{"kind": "a2a", "name": "a2a_rows_0", "rank": r, "sent_bytes": v,
+             "received_bytes": 1e6, "seconds": alpha + 2.9e6 / bw} for r, v in enumerate(vol)]
+    fit = fit_comm_profile({4: pts})[4]
+    assert fit["a2a_uneven_weight"] == pytest.approx(0.3, rel=1e-6)
+    m = SyncCommModel(n=4, node_of=np.zeros(4, dtype=int), node_size=np.full(4, 4.0),
+                      a2a_alpha_s=alpha, intra_Bps=bw, inter_Bps=math.inf,
+                      uneven_weight=0.3)
+    owned = np.array([1e6, 1e6, 1e6, 5e6]) / 3             # each rank's bytes to one peer
+    # send_i = 3 owned_i; recv_i = total - owned_i: volumes [2.33, 2.33, 2.33, 5] MB
+    v = np.maximum(3 * owned, owned.sum() - owned)
+    expect = alpha + (v.mean() + 0.3 * (v.max() - v.mean())) / bw
+    assert np.allclose(m.a2a_times(owned), expect)
+    legacy = SyncCommModel(n=4, node_of=np.zeros(4, dtype=int), node_size=np.full(4, 4.0),
+                           a2a_alpha_s=alpha, intra_Bps=bw, inter_Bps=math.inf)
+    assert np.allclose(legacy.a2a_times(owned), alpha + v.max() / bw)   # the busiest rank's
 
 
 # -- for real ----------------------------------------------------------------------------------

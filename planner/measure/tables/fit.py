@@ -46,6 +46,7 @@ import os
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -59,6 +60,7 @@ from planner.measure.tables.comm import oversubscription
 from planner.measure.tables.fit_comm import fit_comm_profile, measure_comm_points
 from planner.measure.tables.kernels import KernelTable, kernel_backend, time_ranks
 from planner.model.tables.access import accesses_per_row, default_reuse_bins, zipf_reuse
+from planner.model.tables.cpu_profile import load_cpu_profile
 from planner.model.tables.generate import synthesize_tables
 from planner.model.tables.ids import model_ids
 from planner.model.tables.spec import ModelSpec, TableSpec
@@ -70,6 +72,8 @@ DISTRIBUTIONS = ("distinct", "dlrm", "zipf")
 #: page reaches tried for the address-translation term (bytes)
 REACH_GRID = tuple(float(2 ** k) for k in (18, 19, 20, 21, 22, 23))
 ID_BYTES = 8
+#: bytes of one fp16 / bf16 element
+HALF_BYTES = 2.0
 OUT_BYTES = 4
 #: bytes of output gradient rows a core keeps in cache in the backward (the spill term's reach)
 GRAD_REACH_BYTES = 2.0 ** 18
@@ -233,10 +237,12 @@ def _unique_fraction(t: TableSpec, batch: int) -> float:
 
 def _design(points: Sequence[dict], h: float, reach: float = 2.0 ** 20) -> np.ndarray:
     """Columns ``[1, T, bytes, half_elements, ids, walks]`` of the lookup model for repeat hit
-    ratio ``h`` and page reach ``reach``: ``bytes`` = fp32 row bytes missed + 8 per id + 4 per
-    pooled output element; ``half_elements`` = fp16/bf16 row elements missed (their cost per
-    element is fitted apart: on a CPU, half-precision rows are converted, so they do not cost
-    half of fp32); ``walks`` = distinct rows × log2(table bytes / reach)."""
+    ratio ``h`` and page reach ``reach``: ``bytes`` = row bytes missed (fp16/bf16 ones at their
+    2 bytes) + 8 per id + 4 per pooled output element; ``half_elements`` = fp16/bf16 row
+    elements missed, whose extra cost per element is fitted apart (on a CPU, half-precision rows
+    are converted, so they do not cost half of fp32; the sweep's half-precision tables all have
+    one dim, so the extra may also come out 0, and a half element then costs its 2 bytes);
+    ``walks`` = distinct rows × log2(table bytes / reach)."""
     rows = []
     for p in points:
         m = _point_model(p)
@@ -246,9 +252,8 @@ def _design(points: Sequence[dict], h: float, reach: float = 2.0 ** 20) -> np.nd
             ids = B * t.pooling_factor
             u = _unique_fraction(t, B)
             miss = u + (1.0 - u) * (1.0 - h)
-            if t.precision == "fp32":
-                byts += ids * miss * t.embedding_dim * t.bytes_per_element
-            else:
+            byts += ids * miss * t.embedding_dim * t.bytes_per_element
+            if t.precision != "fp32":
                 half += ids * miss * t.embedding_dim
             byts += ids * ID_BYTES + B * t.embedding_dim * OUT_BYTES
             ids_total += ids
@@ -338,7 +343,7 @@ def fit_kernel_profile(points: Sequence[dict]) -> dict:
     (``page_fault_Bps``) but left out of the lookup terms: the step model charges them.
     ``backward_multiplier`` (the backward's variable part over the forward's, least squares) is
     kept for readers without the terms. Half-precision rows cost ``c16 / c`` byte-equivalents per
-    element (``element_bytes``).
+    element on top of their own 2 bytes (``element_bytes``: ``2 + c16 / c``).
     """
     if len(points) < 9:
         raise SpecError(f"{len(points)} kernel points are too few to fit",
@@ -378,7 +383,7 @@ def fit_kernel_profile(points: Sequence[dict]) -> dict:
                         "grad_reach_bytes": GRAD_REACH_BYTES},
            "page_fault_Bps": float(len(fault) / sum(fault)) if fault else None}
     if np.any(X[:, 3] > 0):
-        out["element_bytes"] = {"fp16": c16 / c, "bf16": c16 / c}
+        out["element_bytes"] = {"fp16": HALF_BYTES + c16 / c, "bf16": HALF_BYTES + c16 / c}
     full_f, full_b = np.column_stack([X, fresh]) @ coef, Xb @ bcoef
     yt = yf + yb
     out["fit"] = {"points": len(points), "total_mape": _mape(full_f + full_b, yt),
@@ -434,12 +439,20 @@ def calibrate(*, kernel_points: int = 120, worlds: Sequence[int] = (2, 4, 8), re
 
 
 def write_profile(doc: dict, path: str) -> None:
-    """Write the profile YAML atomically with a header saying what it is."""
-
+    """Write the profile YAML atomically with a header saying what it is, once a copy beside it
+    has loaded (a fit the reader rejects raises its :class:`SpecError` and writes nothing)."""
     header = ("# CPU embedding profile MEASURED by `clusterplan calibrate embedding` "
               "(planner/measure/tables/fit.py);\n# see 'measured' for how, 'points' for "
               "the raw timings. Read by planner/model/tables/cpu_profile.py (load_cpu_profile).\n")
-    atomic_write_text(path, header + yaml.safe_dump(_plain(doc), sort_keys=False, width=100))
+    text = header + yaml.safe_dump(_plain(doc), sort_keys=False, width=100)
+    target = Path(path)
+    check = target.with_name(f".{target.name}.check-{os.getpid()}")
+    try:
+        atomic_write_text(str(check), text)
+        load_cpu_profile.__wrapped__(str(check))
+    finally:
+        check.unlink(missing_ok=True)
+    atomic_write_text(path, text)
 
 
 def _plain(o):

@@ -1,7 +1,9 @@
 """The collective sweep of ``clusterplan calibrate embedding``: all-to-alls and grouped
 collectives timed on gloo groups of each world size, and the per-rank lines fitted to them
 (``alpha + max(sent, received) / Bps`` for the all-to-all, the form of
-:meth:`~planner.model.tables.comm_model.CommModel.a2a_times`; ``alpha + bytes / Bps`` for the others).
+:meth:`~planner.model.tables.comm_model.CommModel.a2a_times`, and where the uneven exchanges
+fall between the ranks' mean and busiest volume, ``a2a_uneven_weight``; ``alpha + bytes / Bps``
+for the others).
 """
 
 from __future__ import annotations
@@ -79,15 +81,45 @@ def _fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     return alpha, (1.0 / inv if inv > 0 else math.inf), float(np.mean(np.abs(pred / y - 1.0)))
 
 
+def _uneven_weight(a2a: list[dict], alpha: float, bw: float) -> float | None:
+    """Where the uneven exchanges' time falls between the fitted line at the ranks' mean and at
+    their busiest ``max(sent, received)`` (0: the mean's, 1: the busiest rank's): per uneven
+    case the slowest rank's time, median over cases, clipped to [0, 1]; None without uneven
+    cases. The exchange synchronises its ranks, so the slowest rank's time is the case's."""
+    cases: dict[str, list[dict]] = {}
+    for p in a2a:
+        name = p.get("name")
+        if name is not None and not name.startswith("a2a_even"):
+            cases.setdefault(name, []).append(p)
+    weights = []
+    for pts in cases.values():
+        v = np.array([max(p["sent_bytes"], p["received_bytes"]) for p in pts])
+        span = (v.max() - v.mean()) / bw
+        if span <= 0:
+            continue
+        t = max(p["seconds"] for p in pts)
+        weights.append((t - alpha - v.mean() / bw) / span)
+    if not weights:
+        return None
+    return float(min(1.0, max(0.0, float(np.median(weights)))))
+
+
 def fit_comm_profile(points: dict[int, list[dict]]) -> dict:
     """Per world size: a2a alpha and Bps, and (alpha, Bps) of the grouped collectives."""
     out = {}
     for n, pts in sorted(points.items()):
         a = [p for p in pts if p["kind"] == "a2a"]
-        x = np.array([max(p["sent_bytes"], p["received_bytes"]) for p in a])
-        y = np.array([p["seconds"] for p in a])
+        # the line from the equal exchanges (every point where none is named one); the uneven
+        # ones, whose ranks finish together whatever each sent, only place the weight
+        even = [p for p in a if str(p.get("name", "")).startswith("a2a_even")] or \
+            [p for p in a if p.get("name") is None]
+        x = np.array([max(p["sent_bytes"], p["received_bytes"]) for p in even])
+        y = np.array([p["seconds"] for p in even])
         alpha, bw, err = _fit_line(x, y)
         entry = {"a2a_alpha_s": alpha, "a2a_Bps": bw, "a2a_mape": err}
+        weight = _uneven_weight(a, alpha, bw)
+        if weight is not None:
+            entry["a2a_uneven_weight"] = weight
         for kind in ("allreduce", "reducescatter", "allgather"):
             q = [p for p in pts if p["kind"] == kind]
             if not q:

@@ -140,11 +140,21 @@ def calibrate_comm(topo: Topology, n: int, *, ref: str | None = None) -> CommMod
 
 @dataclass(frozen=True)
 class SyncCommModel(CommModel):
-    """A :class:`CommModel` whose all-to-all is one synchronising exchange: every rank takes the
-    slowest rank's ``alpha + max(sent, received) / Bps``. The gloo fits of the CPU profile use it:
-    with the processes sharing a few cores, per-rank all-to-all times do not follow per-rank
-    volumes (measured within-plan correlation ≈ 0), all finish with the slowest."""
+    """A :class:`CommModel` whose all-to-all is one synchronising exchange: every rank takes
+    ``alpha + v / Bps`` with ``v = mean + uneven_weight · (max − mean)`` of the ranks'
+    ``max(sent, received)``. The gloo fits of the CPU profile use it: with the processes
+    sharing a few cores, per-rank all-to-all times do not follow per-rank volumes (measured
+    within-plan correlation ≈ 0), all finish together; and a rank that sends more than the
+    others is helped by their idle cores, so the exchange takes less than the busiest rank's
+    equal exchange would (``uneven_weight`` < 1, fitted to the calibration's uneven
+    all-to-alls: :func:`planner.measure.tables.fit_comm.fit_comm_profile`; 1 where the
+    profile predates it)."""
+
+    uneven_weight: float = 1.0
 
     def a2a_times(self, owned_bytes: np.ndarray) -> np.ndarray:
         t = CommModel.a2a_times(self, owned_bytes)
-        return np.broadcast_to(t.max(axis=-1, keepdims=True), t.shape).copy()
+        top = t.max(axis=-1, keepdims=True)
+        sync = t.mean(axis=-1, keepdims=True) + self.uneven_weight * (top - t.mean(axis=-1,
+                                                                                keepdims=True))
+        return np.broadcast_to(sync, t.shape).copy()

@@ -115,7 +115,8 @@ class CpuProfile:
     row_walk_bytes, page_reach_bytes : float
         As in :class:`CostConfig`, fitted.
     comm : Mapping[int, Mapping[str, Any]]
-        Per calibrated world size: ``a2a_alpha_s``, ``a2a_Bps`` and, for ``allreduce``,
+        Per calibrated world size: ``a2a_alpha_s``, ``a2a_Bps``, optionally
+        ``a2a_uneven_weight`` (:class:`~.comm_model.SyncCommModel`) and, for ``allreduce``,
         ``reducescatter``, ``allgather``, ``{alpha_s, Bps}``.
     source : str
         The file and how it was measured.
@@ -177,6 +178,7 @@ class CpuProfile:
         return SyncCommModel(n=n, node_of=np.zeros(n, dtype=int), node_size=np.full(n, float(n)),
                          a2a_alpha_s=float(e["a2a_alpha_s"]), intra_Bps=float(e["a2a_Bps"]),
                          inter_Bps=math.inf, fits=fits,
+                         uneven_weight=float(e.get("a2a_uneven_weight", 1.0)),
                          source=f"gloo fits from {self.source}{note}")
 
 
@@ -255,6 +257,11 @@ def load_cpu_profile(path: str | None = None) -> CpuProfile | None:
         try:
             w = int(k)
             entry = {"a2a_alpha_s": float(e["a2a_alpha_s"]), "a2a_Bps": float(e["a2a_Bps"])}
+            if e.get("a2a_uneven_weight") is not None:
+                entry["a2a_uneven_weight"] = float(e["a2a_uneven_weight"])
+                if not 0.0 <= entry["a2a_uneven_weight"] <= 1.0:
+                    raise ValueError(f"a2a_uneven_weight {entry['a2a_uneven_weight']} is not "
+                                     "between 0 and 1")
             for kind in ("allreduce", "reducescatter", "allgather"):
                 if kind in e:
                     entry[kind] = {"alpha_s": float(e[kind]["alpha_s"]),
