@@ -6,8 +6,9 @@ A network of per-rank links would finish with the busiest rank, at the time of a
 exchange of its bytes. Gloo processes sharing a few cores are not such a network: the copies
 and the TCP through the kernel are CPU work on shared cores, so a light rank's idle core helps
 the heavy one. On the 2-core EPYC VM (2026-11-28, 4 processes) an exchange in which one rank
-sent 2.5× the mean took 6.3 / 45 ms at 4 / 32 MiB per rank on average, the equal exchange of
-the same total 5.8 / 43 ms and the equal exchange at the busiest rank's bytes 12.8 / 96 ms.
+sent 2.5× the mean took 6.0 / 45 ms at 4 / 32 MiB per rank on average, the equal exchange of
+the same total 5.7 / 43 ms and the equal exchange at the busiest rank's bytes 13.2 / 94 ms
+(medians of four runs).
 
 The probe times three exchanges of the same per-peer shape at a few sizes: equal at the mean
 bytes, skewed (rank ``world - 1`` sends ``(world + 1) / 2`` times the mean, the others half of
