@@ -61,6 +61,7 @@ from planner.measure.validate.calibrate_dlrm import (
     merge_torchrec,
 )
 from planner.measure.validate.comm import Recorder
+from planner.measure.validate.comm_timing import time_comm
 from planner.measure.validate.dlrm_probes import predicted_lookup_s
 from planner.measure.validate.lookup_probe import time_lookup_probe
 from planner.measure.validate.uneven_a2a import UNEVEN_BYTES, time_uneven_a2a, uneven_section
@@ -141,8 +142,8 @@ def _rank_main(cfg: GlooCalibration, rank: int, rdzv: str, progress, report) -> 
         for kind in KINDS:
             for size in cfg.sizes:
                 note(f"{kind} {size} B")
-                out["comm"][(rnd, kind, size)] = _time_comm(dist, torch, kind, size, cfg.world,
-                                                            rank, cfg.repeats)
+                out["comm"][(rnd, kind, size)] = time_comm(dist, torch, kind, size, cfg.world,
+                                                           rank, cfg.repeats)
         note("uneven all-to-all")
         out.setdefault("uneven", {})[rnd] = time_uneven_a2a(
             dist, torch, rank, cfg.world, repeats=3 if cfg.quick else 5,
@@ -170,53 +171,6 @@ def _rank_main(cfg: GlooCalibration, rank: int, rdzv: str, progress, report) -> 
 def _proc_cpu() -> float:
     t = os.times()
     return t.user + t.system
-
-
-def _time_comm(dist, torch, kind: str, size: int, world: int, rank: int, repeats: int) -> list:
-    n = max(1, size // 4)
-    if kind in ("allgather", "reducescatter", "alltoall"):
-        n = max(world, n - n % world)
-    x = torch.ones(n)
-    if kind == "allreduce":
-        def call():
-            dist.all_reduce(x)
-    elif kind == "broadcast":
-        def call():
-            dist.broadcast(x, 0)
-    elif kind == "allgather":
-        part = torch.ones(n // world)
-
-        def call():
-            dist.all_gather_into_tensor(x, part)
-    elif kind == "reducescatter":
-        part = torch.empty(n // world)
-
-        def call():
-            dist.reduce_scatter_tensor(part, x)
-    elif kind == "alltoall":
-        y = torch.empty(n)
-
-        def call():
-            dist.all_to_all_single(y, x)
-    else:                                    # sendrecv: rank 0 → rank 1, the others idle
-        def call():
-            if rank == 0:
-                dist.send(x, 1)
-            elif rank == 1:
-                dist.recv(x, 0)
-    for _ in range(2):
-        dist.barrier()
-        call()
-    # back to back, as a step issues them: one barrier's skew between ranks spread over k calls
-    k = max(1, min(32, 2 ** 21 // max(size, 1)))
-    times = []
-    for _ in range(repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(k):
-            call()
-        times.append((time.perf_counter() - t0) / k)
-    return times
 
 
 def _loop_length(dist, torch, one_s: float, min_s: float) -> int:

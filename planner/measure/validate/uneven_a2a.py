@@ -22,7 +22,8 @@ sent to the other ranks, seconds per call.
 from __future__ import annotations
 
 import statistics
-import time
+
+from planner.measure.validate.comm_timing import time_calls
 
 __all__ = ["UNEVEN_BYTES", "time_uneven_a2a", "uneven_section"]
 
@@ -46,17 +47,7 @@ def _time_case(dist, torch, rank: int, world: int, sends: list[int], repeats: in
 
     def call():
         dist.all_to_all_single(y, x, inn, out)
-    for _ in range(2):
-        dist.barrier()
-        call()
-    times = []
-    for _ in range(repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(3):
-            call()
-        times.append((time.perf_counter() - t0) / 3)
-    return times
+    return time_calls(dist, call, repeats=repeats, calls=3)
 
 
 def time_uneven_a2a(dist, torch, rank: int, world: int, *, repeats: int = 5,
