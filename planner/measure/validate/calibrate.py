@@ -61,7 +61,7 @@ from planner.measure.validate.calibrate_dlrm import (
     merge_torchrec,
 )
 from planner.measure.validate.comm import Recorder
-from planner.measure.validate.comm_timing import time_comm
+from planner.measure.validate.comm_timing import time_calls, time_comm
 from planner.measure.validate.dlrm_probes import predicted_lookup_s
 from planner.measure.validate.lookup_probe import time_lookup_probe
 from planner.measure.validate.uneven_a2a import UNEVEN_BYTES, time_uneven_a2a, uneven_section
@@ -197,14 +197,7 @@ def _sync_time(dist, torch, fn, min_s: float, samples: int = 3) -> float:
     t0 = time.perf_counter()
     fn()
     k = _loop_length(dist, torch, time.perf_counter() - t0, min_s)
-    out = []
-    for _ in range(samples):
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(k):
-            fn()
-        out.append((time.perf_counter() - t0) / k)
-    return statistics.median(out)
+    return statistics.median(time_calls(dist, fn, repeats=samples, calls=k, warmup=0))
 
 
 def _time_compute(dist, torch, min_s: float, *, quick: bool = False, note=None) -> dict:
