@@ -37,28 +37,67 @@ from planner.model.tables.shards import ShardingType
 from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.common import CW_PARTS, Catalog, catalog, step_scores
 
-__all__ = ["GreedyPlanner", "greedy_choices", "SHORTLIST"]
+__all__ = ["GreedyPlanner", "greedy_choices", "SHORTLIST", "Work"]
 
+#: what one pricing of candidate plans costs beyond its ranks, in rank evaluations (measured
+#: on the 2-core CI machine: ~100 µs a call, ~0.17 µs a rank)
+CALL_EVALS = 600
 #: ranks scored per unit: with more ranks that have room, the ones with the lowest cost now
 #: (scoring all is O(ranks²) per unit: 3.4 s for 300 tables on 256 ranks, 0.5 s with 32)
 SHORTLIST = 32
 
 
-def greedy_choices(cat: Catalog, *, split: bool = True, parts=CW_PARTS
-                   ) -> tuple[list, list[str]]:
+class Work:
+    """Rank evaluations a greedy run may still spend (None: no limit): pricing a candidate
+    plan of ``n`` ranks spends ``n``. Greedy narrows its shortlist, and drops its second
+    rule, to stay within it, so a short time limit gives a plan that depends on the inputs
+    and the limit alone, never on the machine's speed."""
+
+    def __init__(self, budget: float | None = None) -> None:
+        self.left = None if budget is None else float(budget)
+        self.spent = 0.0
+
+    def spend(self, evals: float, calls: int = 1) -> None:
+        """Charge ``evals`` rank evaluations made in ``calls`` pricings (each costs about
+        :data:`CALL_EVALS` evaluations more, whatever its size)."""
+        evals += calls * CALL_EVALS
+        self.spent += evals
+        if self.left is not None:
+            self.left -= evals
+
+    def shortlist(self, fixed: float, units: int, n: int) -> int:
+        """Ranks to score per unit (1 … :data:`SHORTLIST`) so that ``units`` units of ``n``
+        ranks fit what is left after ``fixed`` evaluations."""
+        if self.left is None:
+            return SHORTLIST
+        left = self.left - fixed - units * 2 * CALL_EVALS
+        return int(min(SHORTLIST, max(1, left // max(1, units * n))))
+
+
+def greedy_choices(cat: Catalog, *, split: bool = True, parts=CW_PARTS,
+                   work: Work | None = None) -> tuple[list, list[str]]:
     """The greedy plan's choices (one per table) and notes: of the plans by both split rules
-    (:func:`_heavy_split`), the one with the lower step cost (ties: the total rule)."""
+    (:func:`_heavy_split`), the one with the lower step cost (ties: the total rule). With a
+    ``work`` budget the phase rule runs only when what is left would pay for a run like the
+    first."""
+    work = work or Work()
     if not split:
-        return _greedy(cat, split=False, parts=parts, by_phase=False)
-    plans = [_greedy(cat, split=True, parts=parts, by_phase=p) for p in (False, True)]
+        return _greedy(cat, split=False, parts=parts, by_phase=False, work=work)
+    plans = [_greedy(cat, split=True, parts=parts, by_phase=False, work=work)]
+    if work.left is None or work.left >= work.spent:
+        plans.append(_greedy(cat, split=True, parts=parts, by_phase=True, work=work))
+    else:
+        plans[0][1].append("greedy's phase rule was skipped: the time limit leaves no work "
+                           "for it")
     costs = [float(cat.cost.step_cost(cat.features(c))) if all(x is not None for x in c)
              else np.inf for c, _ in plans]
     return plans[int(np.argmin(costs))]
 
 
-def _greedy(cat: Catalog, *, split: bool, parts, by_phase: bool) -> tuple[list, list[str]]:
+def _greedy(cat: Catalog, *, split: bool, parts, by_phase: bool, work: Work
+            ) -> tuple[list, list[str]]:
     """One greedy plan: choices and notes; ``by_phase``: the split rule of
-    :func:`_heavy_split`."""
+    :func:`_heavy_split`; ``work``: charged for every candidate plan priced."""
     n = cat.n
     cm = cat.cost
     T = cat.model.num_tables
@@ -85,6 +124,7 @@ def _greedy(cat: Catalog, *, split: bool, parts, by_phase: bool) -> tuple[list, 
         one[t] = F
         one[t, 0] += cat.tw(t)
     standalone = _phase_max(cm, one) - empty            # (tables, phases)
+    work.spend(T * n)
     free = [t for t in range(T) if choices[t] is None]
     target = standalone[free].sum(axis=0) / n if free else np.zeros(len(BREAKDOWN_KEYS))
     shared = np.zeros(len(BREAKDOWN_KEYS))     # per phase, what every rank carries (row-wise)
@@ -98,15 +138,25 @@ def _greedy(cat: Catalog, *, split: bool, parts, by_phase: bool) -> tuple[list, 
         if split and k == 1 and heavy:
             k, unit, c, units_n = _heavy_split(cat, t, F, empty, standalone[t], target, shared,
                                                parts, by_phase)
+            options = 2 + len(cat.cw_parts(t, parts))
+            work.spend(n * options, calls=options)
             target = target + (units_n * c - standalone[t]) / n
             if k == RW_UNIT:
                 shared = shared + c
         parts_of[t] = k
         units.extend([(unit, t, k)] * max(k, 1))
     units.sort(key=lambda u: (-u[0], u[1]))
+    hosts = len(cat.cost.hosts)
+    placed = sum(1 for _, _, k in units if k not in (TWRW_UNIT, RW_UNIT))
+    spread = sum(k == TWRW_UNIT for _, _, k in units)
+    short = work.shortlist(n * (placed + hosts * spread) + 2 * spread * CALL_EVALS, placed, n)
+    if short < min(SHORTLIST, n):
+        notes.append(f"greedy scored {short} of the ranks with room per unit (else "
+                     f"{min(SHORTLIST, n)}): the time limit's work budget")
     counts: dict[int, np.ndarray] = {}
     for _, t, k in units:
         if k == TWRW_UNIT:
+            work.spend(hosts * n, calls=2)
             F, note = _place_on_host(cat, t, F)
             choices[t] = ("twrw", note[0])
             if note[1]:
@@ -132,9 +182,11 @@ def _greedy(cat: Catalog, *, split: bool, parts, by_phase: bool) -> tuple[list, 
             notes.append(f"{cat.model.tables[t].name}: no rank has room; put on rank {d} "
                          "(over capacity)")
         else:
-            if cands.size > SHORTLIST:
+            if cands.size > short:
+                work.spend(n)
                 now = cm.rank_costs(F)[cands]
-                cands = np.sort(cands[np.lexsort((cands, now))[:SHORTLIST]])
+                cands = np.sort(cands[np.lexsort((cands, now))[:short]])
+            work.spend(cands.size * n)
             Fc = np.repeat(F[None], cands.size, axis=0)
             Fc[np.arange(cands.size), cands] += delta[cands]
             worst, spread = step_scores(cm, Fc)
@@ -216,20 +268,19 @@ def _heavy_split(cat: Catalog, t: int, F: np.ndarray, empty: np.ndarray, whole: 
 
 def _place_on_host(cat: Catalog, t: int, F: np.ndarray) -> tuple[np.ndarray, tuple]:
     """``F`` with table ``t`` table-row-wise on the host that keeps the step cost lowest (then
-    that host's slowest rank, then its index) among hosts with room; ``(host, note)``."""
-    best = None
-    for h, ranks in enumerate(cat.cost.hosts):
-        add = cat.uniform(t, "twrw", h)
-        Fh = F + add
-        room = bool(np.all(Fh[list(ranks), F_MEM] <= cat.cap[list(ranks)]))
-        costs = cat.cost.rank_costs(Fh)
-        key = (not room, float(cat.cost.step_cost(Fh)), float(costs[list(ranks)].max()), h)
-        if best is None or key < best[0]:
-            best = (key, Fh, h)
-    key, Fh, h = best
+    that host's slowest rank, then its index) among hosts with room; ``(host, note)``. Every
+    host is scored in one batch."""
+    hosts = [list(r) for r in cat.cost.hosts]
+    Fh = F[None] + np.stack([cat.uniform(t, "twrw", h) for h in range(len(hosts))])
+    costs = cat.cost.rank_costs(Fh)
+    steps = np.atleast_1d(cat.cost.step_cost(Fh))
+    keys = [(not bool(np.all(Fh[h][r, F_MEM] <= cat.cap[r])), float(steps[h]),
+             float(costs[h][r].max()), h) for h, r in enumerate(hosts)]
+    key = min(keys)
+    h = key[3]
     note = "" if not key[0] else (f"{cat.model.tables[t].name}: no host has room; table-row-"
                                   f"wise on host {h} (over capacity)")
-    return Fh, (h, note)
+    return Fh[h], (h, note)
 
 
 class GreedyPlanner:

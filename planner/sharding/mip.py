@@ -5,8 +5,9 @@ plan: each phase's slowest rank, summed) is in :mod:`.mip_model`.
 
 Solving, within ``time_limit_s`` for the whole call (model build included):
 
-- warm start: greedy, then local search with a *work* budget (rank-evaluations, a fixed rate
-  times 10% of the limit) and a safety stop at 20% of it;
+- warm start: greedy with a *work* budget (20% of the limit at a fixed rate: a short limit
+  narrows its shortlist of ranks and drops its second rule), then local search with one
+  (rank-evaluations, a fixed rate times 10% of the limit) and a safety stop at 20% of it;
 - the model offers the options whose build fits 40% of the time left (finest column splits
   dropped first, then table-row-wise, row-wise and data-parallel); a build that overruns its
   deadline is abandoned;
@@ -35,7 +36,7 @@ from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.task import ShardingTask, prepare
 from planner.progress import stages
 from planner.sharding.common import CW_PARTS, Catalog, catalog
-from planner.sharding.greedy import greedy_choices
+from planner.sharding.greedy import Work, greedy_choices
 from planner.sharding.local_search import improve_choices
 from planner.sharding.mip_cbc import run_cbc
 from planner.sharding.mip_model import _CW, _DP, _RW, _TW, _TWRW, EPS, US, BuildTimeout, MipModel
@@ -44,6 +45,9 @@ __all__ = ["MipPlanner", "MipResult", "solve_mip"]
 
 #: local-search rank-evaluations per second (measured on the 2-core CI machine: 1.0-1.5 M)
 WARM_RANK_EVALS_PER_S = 1.0e6
+#: greedy's work units per second (:class:`~planner.sharding.greedy.Work`; measured on the
+#: 2-core CI machine: 3-6 M at 16-256 ranks) and the share of the limit it is planned for
+GREEDY_WORK_PER_S, GREEDY_SHARE = 4.0e6, 0.2
 #: CBC with a warm start, measured there from 1.7 k to 116 k nonzeros: the root node (presolve,
 #: cuts) takes 0.5-1.2 s up to 25 k, then grows ~ quadratically (9 s at 105 k, 12 s at 116 k);
 #: a node takes ~2.5 µs per nonzero (2-51 ms up to 25 k), growing faster past 50 k (0.46 s at
@@ -284,7 +288,8 @@ class MipPlanner:
         (safety stop at 20%); None when off, or when it is not a plan the MIP can take."""
         if not self.warm_start:
             return None, []
-        greedy, notes = greedy_choices(cat, parts=self.parts)
+        greedy, notes = greedy_choices(cat, parts=self.parts, work=Work(
+            BUDGET_SHARE * GREEDY_WORK_PER_S * GREEDY_SHARE * limit))
         if not all(c is not None for c in greedy) or \
                 not self._representable(cat, greedy, types, self.parts):
             return None, list(notes)

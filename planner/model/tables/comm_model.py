@@ -63,12 +63,11 @@ class CommModel:
         """
         y = np.asarray(owned_bytes, dtype=float)
         total = y.sum(axis=-1, keepdims=True)
-        nodes = int(self.node_of.max()) + 1
-        if nodes == 1:
+        onehot = _onehot(self.node_of.tobytes(), self.node_of.dtype.str)
+        if onehot is None:
             node_sum = total
         else:
-            onehot = np.eye(nodes)[self.node_of]                       # (n, nodes)
-            node_sum = (y @ onehot) @ onehot.T                         # (..., n)
+            node_sum = (y @ onehot)[..., self.node_of]                 # (..., n)
         g = self.node_size
         send_i = y * (g - 1)
         recv_i = node_sum - y
@@ -78,6 +77,15 @@ class CommModel:
             recv_e = total - node_sum
             t = t + np.maximum(send_e, recv_e) / self.inter_Bps
         return self.a2a_alpha_s + t
+
+
+@functools.lru_cache(maxsize=64)
+def _onehot(node_of: bytes, dtype: str) -> np.ndarray | None:
+    """``(ranks, hosts)`` indicator of each rank's host (None for one host), memoised: the
+    planners price thousands of candidate plans on one topology."""
+    nodes = np.frombuffer(node_of, dtype=np.dtype(dtype))
+    count = int(nodes.max()) + 1
+    return None if count == 1 else np.eye(count)[nodes]
 
 
 @functools.lru_cache(maxsize=32)

@@ -381,8 +381,13 @@ class CostModel:
     def sharding_features(self, ts: TableSharding) -> np.ndarray:
         """Per-rank features ``(n, K)`` of one table's layout."""
         out = np.zeros((self.n, K))
+        seen: dict[tuple, np.ndarray] = {}
         for s in ts.shards:
-            out[s.rank] += self.shard_features(ts.table, s, ts.sharding_type)
+            key = (s.rows, s.cols, len(self.hosts[self.host_of[s.rank]])
+                   if ts.sharding_type == ShardingType.TABLE_ROW_WISE else 0)
+            if key not in seen:       # a shard's features follow its size (and host's size)
+                seen[key] = self.shard_features(ts.table, s, ts.sharding_type)
+            out[s.rank] += seen[key]
         return out
 
     def plan_features(self, shardings: Sequence[TableSharding]) -> np.ndarray:
