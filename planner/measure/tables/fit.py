@@ -66,7 +66,7 @@ from planner.model.tables.ids import model_ids
 from planner.model.tables.spec import ModelSpec, TableSpec
 
 __all__ = ["kernel_configs", "measure_kernel_points", "fit_kernel_profile", "calibrate",
-           "DISTRIBUTIONS"]
+           "kernel_predictions", "DISTRIBUTIONS"]
 
 DISTRIBUTIONS = ("distinct", "dlrm", "zipf")
 #: page reaches tried for the address-translation term (bytes)
@@ -209,7 +209,9 @@ def _dist_of(t: TableSpec) -> str:
     return "dlrm"
 
 
-def _point_model(p: dict) -> ModelSpec:
+def _point_model(p: dict | ModelSpec) -> ModelSpec:
+    if isinstance(p, ModelSpec):
+        return p
     tables = []
     for i, row in enumerate(p["tables"]):
         r, d, L, acc = row[:4]
@@ -331,6 +333,34 @@ def _fit_forward(points: Sequence[dict], yf: np.ndarray, fresh: np.ndarray):
     return best
 
 
+def _coefficients(points: Sequence[dict], yf: np.ndarray, yb: np.ndarray) -> tuple:
+    """``(h, reach, forward coefficients, backward coefficients)`` of the kernel fit (see
+    :func:`fit_kernel_profile`)."""
+    from scipy.optimize import nnls          # here: importing it costs every `plan` ~0.3 s
+
+    fresh = _fresh_bytes(points)
+    _, h, reach, coef = _fit_forward(points, yf, fresh)
+    Xb = np.column_stack([_design(points, h, reach)[:, :2], _backward_design(points, reach),
+                          fresh])
+    w = 1.0 / yb
+    bcoef, _ = nnls(Xb * w[:, None], yb * w)
+    return h, reach, coef, bcoef
+
+
+def kernel_predictions(points: Sequence[dict], models: Sequence[ModelSpec]
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward seconds of ``models`` (one rank's fused kernel each, as the sweep
+    times them: page faults of new outputs included) by the kernel fit of ``points``: a fit
+    checked on configurations it never saw (``tests/bench/bench_kernel_holdout.py``)."""
+    yf = np.array([p["fwd_s"] for p in points])
+    yb = np.array([p["bwd_s"] for p in points])
+    h, reach, coef, bcoef = _coefficients(points, yf, yb)
+    fresh = _fresh_bytes(models)
+    X = _design(models, h, reach)
+    Xb = np.column_stack([X[:, :2], _backward_design(models, reach), fresh])
+    return np.column_stack([X, fresh]) @ coef, Xb @ bcoef
+
+
 def fit_kernel_profile(points: Sequence[dict]) -> dict:
     """Fit the lookup part of the CPU profile to kernel points (see the module docstring).
 
@@ -353,18 +383,14 @@ def fit_kernel_profile(points: Sequence[dict]) -> dict:
     if not np.all(yf > 0) or not np.all(yb > 0):
         raise SpecError("a kernel point timed 0 s", source="calibrate embedding",
                         fix="rerun; check that the kernels ran")
-    from scipy.optimize import nnls
-
-    fresh = _fresh_bytes(points)
-    _, h, reach, coef = _fit_forward(points, yf, fresh)
+    h, reach, coef, bcoef = _coefficients(points, yf, yb)
     launch, s0, c, c16, d, cw, fault_f = (float(x) for x in coef)
     if c <= 0:
         raise SpecError("the kernel fit found no per-byte cost (all timings flat?)",
                         source="calibrate embedding", fix="rerun on a quieter machine")
+    fresh = _fresh_bytes(points)
     X = _design(points, h, reach)
     Xb = np.column_stack([X[:, :2], _backward_design(points, reach), fresh])
-    w = 1.0 / yb
-    bcoef, _ = nnls(Xb * w[:, None], yb * w)
     pred_f = X @ coef[:-1]
     pred_b = Xb[:, :-1] @ bcoef[:-1]
     var_f = pred_f - launch - X[:, 1] * s0
