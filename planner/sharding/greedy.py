@@ -148,8 +148,9 @@ def _greedy(cat: Catalog, *, split: bool, parts, by_phase: bool, work: Work
     units.sort(key=lambda u: (-u[0], u[1]))
     hosts = len(cat.cost.hosts)
     placed = sum(1 for _, _, k in units if k not in (TWRW_UNIT, RW_UNIT))
-    spread = sum(k == TWRW_UNIT for _, _, k in units)
-    short = work.shortlist(n * (placed + hosts * spread) + 2 * spread * CALL_EVALS, placed, n)
+    on_hosts = sum(k == TWRW_UNIT for _, _, k in units)
+    short = work.shortlist(n * (placed + hosts * on_hosts) + 2 * on_hosts * CALL_EVALS, placed,
+                           n)
     if short < min(SHORTLIST, n):
         notes.append(f"greedy scored {short} of the ranks with room per unit (else "
                      f"{min(SHORTLIST, n)}): the time limit's work budget")
