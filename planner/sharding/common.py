@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.model.tables.cost import BREAKDOWN_KEYS, F_MEM, K
+from planner.model.tables.cost import BREAKDOWN_KEYS, F_MEM
 from planner.model.tables.shards import (
     Shard,
     ShardingType,
@@ -70,7 +70,7 @@ class Catalog:
 
     # -- features ---------------------------------------------------------------------------
     def tw(self, t: int) -> np.ndarray:
-        """Features (K,) of table t table-wise on any one rank."""
+        """Features (width,) of table t table-wise on any one rank."""
         if t not in self._tw:
             tab = self.model.tables[t]
             s = Shard(0, 0, 0, tab.num_embeddings, tab.embedding_dim)
@@ -78,7 +78,7 @@ class Catalog:
         return self._tw[t]
 
     def cw(self, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(base, part)`` features (K,) of table t in k parts; c parts cost base + c·part."""
+        """``(base, part)`` features (width,) of table t in k parts; c parts cost base + c·part."""
         key = (t, k)
         if key not in self._cw:
             tab = self.model.tables[t]
@@ -92,7 +92,7 @@ class Catalog:
         return self._cw[key]
 
     def uniform(self, t: int, kind: str, host: int = -1) -> np.ndarray:
-        """Per-rank features (n, K) of a row-wise, data-parallel or table-row-wise choice."""
+        """Per-rank features (n, width) of a row-wise, data-parallel or table-row-wise choice."""
         key = (t, kind, host)
         if key not in self._uni:
             if kind == "twrw" and host >= 0:
@@ -112,14 +112,14 @@ class Catalog:
         if key not in self._uni:
             full = self.cost.sharding_features(self.layout(t, ("twrw", first)))
             self._uni[key] = full[list(hosts[first])]
-        out = np.zeros((self.n, K))
+        out = np.zeros((self.n, self.cost.width))
         out[ranks] = self._uni[key]
         return out
 
     def contrib(self, t: int, choice: Choice) -> np.ndarray:
-        """Per-rank features (n, K) of table t under ``choice``."""
+        """Per-rank features (n, width) of table t under ``choice``."""
         kind = choice[0]
-        out = np.zeros((self.n, K))
+        out = np.zeros((self.n, self.cost.width))
         if kind == "tw":
             out[choice[1]] = self.tw(t)
         elif kind == "cw":
@@ -188,8 +188,8 @@ class Catalog:
         return out
 
     def features(self, choices: Sequence[Choice]) -> np.ndarray:
-        """Per-rank features (n, K) of the tables that have a choice (None: not placed yet)."""
-        F = np.zeros((self.n, K))
+        """Per-rank features (n, width) of the tables that have a choice (None: not placed yet)."""
+        F = np.zeros((self.n, self.cost.width))
         for t, ch in enumerate(choices):
             if ch is not None:
                 F += self.contrib(t, ch)
@@ -200,7 +200,7 @@ class Catalog:
 
 
 def step_scores(cm, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The planners' key for plans ``F`` (..., ranks, K): the step cost (each phase's slowest
+    """The planners' key for plans ``F`` (..., ranks, width): the step cost (each phase's slowest
     rank, summed, seconds) and Σ over phases and ranks of the phase's cost² (s²), which
     breaks the step cost's plateaus: among equal step costs it prefers the plan whose ranks
     are even phase by phase (a lookup-heavy table to a rank light in lookups)."""

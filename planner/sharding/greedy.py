@@ -4,7 +4,8 @@
    widths multiples of 4) whose part fits, or go row-wise when column-wise cannot help.
 2. Every table's *standalone cost* is the rise of each phase's slowest rank (analytic model,
    communication included; their sum is the step cost, ``CostModel.step_cost``) when it
-   alone is added to an empty plan. Costliest first, a table whose cost plus the share every
+   alone is added to an empty plan (one whose ranks each make a table-wise lookup call
+   already: :func:`_table_wise_call`). Costliest first, a table whose cost plus the share every
    rank already carries of the tables spread row-wise before it exceeds the per-rank average
    of all tables (in total, or in one phase: two rules, two plans, the lower step cost kept)
    stays whole, is cut into 2, 4 or 8 column parts, is spread row-wise over every rank or,
@@ -20,6 +21,10 @@
    those at most :data:`SHORTLIST`, the cheapest now. Parts of one table that land on one
    rank merge into one shard (no duplicated ids), so the cost of a unit depends on where its
    siblings are.
+4. Every rank pays each lookup group it holds one call (``CostModel.calls``), so plans of
+   one group per rank are candidates too: every table row-wise, and every table
+   table-row-wise on the host that keeps the step cost lowest (:func:`_one_type`). The plan
+   with the lowest step cost that fits memory is greedy's.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import numpy as np
 
 from simulator.errors import SpecError
 
-from planner.model.tables.cost import BREAKDOWN_KEYS, F_MEM, K
+from planner.model.tables.cost import BREAKDOWN_KEYS, F_BWD, F_FWD, F_MEM
 from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.shards import ShardingType
@@ -77,21 +82,59 @@ class Work:
 def greedy_choices(cat: Catalog, *, split: bool = True, parts=CW_PARTS,
                    work: Work | None = None) -> tuple[list, list[str]]:
     """The greedy plan's choices (one per table) and notes: of the plans by both split rules
-    (:func:`_heavy_split`), the one with the lower step cost (ties: the total rule). With a
+    (:func:`_heavy_split`) and the one-type plans (:func:`_one_type`), the one with the lowest
+    step cost that fits memory (ties: the total rule, then the one-type plans). With a
     ``work`` budget the phase rule runs only when what is left would pay for a run like the
     first."""
     work = work or Work()
     if not split:
         return _greedy(cat, split=False, parts=parts, by_phase=False, work=work)
     plans = [_greedy(cat, split=True, parts=parts, by_phase=False, work=work)]
+    for kind in ("twrw", "rw"):          # cheaper than a second rule's run: first
+        one = _one_type(cat, kind, work)
+        if one is not None:
+            plans.append(one)
     if work.left is None or work.left >= work.spent:
         plans.append(_greedy(cat, split=True, parts=parts, by_phase=True, work=work))
     else:
         plans[0][1].append("greedy's phase rule was skipped: the time limit leaves no work "
                            "for it")
-    costs = [float(cat.cost.step_cost(cat.features(c))) if all(x is not None for x in c)
-             else np.inf for c, _ in plans]
+    costs = [_valid_cost(cat, c) for c, _ in plans]
     return plans[int(np.argmin(costs))]
+
+
+def _valid_cost(cat: Catalog, choices) -> float:
+    """The step cost of complete choices that fit every rank's memory; else infinite."""
+    if any(x is None for x in choices):
+        return np.inf
+    F = cat.features(choices)
+    return float(cat.cost.step_cost(F)) if np.all(F[:, F_MEM] <= cat.cap) else np.inf
+
+
+def _one_type(cat: Catalog, kind: str, work: Work) -> tuple[list, list[str]] | None:
+    """Every table row-wise (``kind`` "rw"), or every table table-row-wise on the host that
+    keeps the step cost lowest, costliest first ("twrw"): plans whose ranks make one lookup
+    call each, which moving one table at a time from greedy's plan cannot reach (each move
+    adds a call before the last one removes one). None when a table may not take the type,
+    or the work budget cannot pay for it."""
+    T, n = cat.model.num_tables, cat.n
+    st = ShardingType.ROW_WISE if kind == "rw" else ShardingType.TABLE_ROW_WISE
+    if not all(cat.can(t, st) for t in range(T)):
+        return None
+    note = [f"greedy's plan is every table {st.value}: the lowest step cost of its candidates"]
+    if kind == "rw":
+        return [("rw",)] * T, note
+    hosts = len(cat.cost.hosts)
+    if work.left is not None and work.left < T * (hosts * n + 2 * CALL_EVALS):
+        return None
+    precisions = [t.precision for t in cat.model.tables]
+    F = _call_mark(cat, st, max(sorted(set(precisions)), key=precisions.count))
+    choices: list = [None] * T
+    for t in sorted(range(T), key=lambda t: (-float(cat.tw(t)[F_FWD] + cat.tw(t)[F_BWD]), t)):
+        work.spend(hosts * n, calls=2)
+        F, (h, _) = _place_on_host(cat, t, F)
+        choices[t] = ("twrw", h)
+    return choices, note
 
 
 def _greedy(cat: Catalog, *, split: bool, parts, by_phase: bool, work: Work
@@ -117,9 +160,9 @@ def _greedy(cat: Catalog, *, split: bool, parts, by_phase: bool, work: Work
         elif cat.can(t, ShardingType.ROW_WISE):
             choices[t] = ("rw",)
             notes.append(f"{cat.model.tables[t].name}: row-wise (fits no single device)")
-    F = cat.features(choices)
+    F = cat.features(choices) + _table_wise_call(cat)
     empty = _phase_max(cm, F)
-    one = np.zeros((T, n, K))
+    one = np.zeros((T, n, cm.width))
     for t in range(T):
         one[t] = F
         one[t, 0] += cat.tw(t)
@@ -143,6 +186,9 @@ def _greedy(cat: Catalog, *, split: bool, parts, by_phase: bool, work: Work
             target = target + (units_n * c - standalone[t]) / n
             if k == RW_UNIT:
                 shared = shared + c
+                # every rank now makes a row-wise call: the next spread's price excludes it
+                F = F + _call_mark(cat, ShardingType.ROW_WISE, t)
+                empty = _phase_max(cm, F)
         parts_of[t] = k
         units.extend([(unit, t, k)] * max(k, 1))
     units.sort(key=lambda u: (-u[0], u[1]))
@@ -171,7 +217,7 @@ def _greedy(cat: Catalog, *, split: bool, parts, by_phase: bool, work: Work
                              "(over capacity)")
             continue
         if k == 1:
-            delta = np.broadcast_to(cat.tw(t), (n, K))
+            delta = np.broadcast_to(cat.tw(t), (n, cm.width))
         else:
             base, part = cat.cw(t, k)
             held = counts.setdefault(t, np.zeros(n, dtype=int)) > 0
@@ -202,6 +248,27 @@ def _greedy(cat: Catalog, *, split: bool, parts, by_phase: bool, work: Work
     for t, c in counts.items():
         choices[t] = cat.normalise(("cw", parts_of[t], tuple(int(x) for x in c)))
     return choices, notes
+
+
+def _table_wise_call(cat: Catalog) -> np.ndarray:
+    """Features (n, width) that mark every rank as already making a table-wise lookup call
+    (the precision most tables have). Greedy prices and places with them: every rank will
+    make one call anyway, so a table's cost excludes it and an empty rank is not dearer
+    than one holding tables; a row-wise spread or a column part beside table-wise shards
+    still pays its own call. The plan's costs are computed without them."""
+    precisions = [t.precision for t in cat.model.tables]
+    main = max(sorted(set(precisions)), key=precisions.count)
+    return _call_mark(cat, ShardingType.TABLE_WISE, main)
+
+
+def _call_mark(cat: Catalog, st: ShardingType, of: int | str) -> np.ndarray:
+    """Features (n, width) marking every rank as making the lookup call of type ``st`` for
+    the precision of table ``of`` (or precision ``of``)."""
+    cm = cat.cost
+    precision = of if isinstance(of, str) else cat.model.tables[of].precision
+    out = np.zeros((cat.n, cm.width))
+    out[:, cm.group_col[st, precision]] = 1.0
+    return out
 
 
 #: a unit that is a whole table spread table-row-wise over one host's ranks

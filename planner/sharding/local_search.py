@@ -13,7 +13,8 @@ the step most first; each step takes the best improving move of the first bottle
 - split a table-wise table on ``r*`` into two column halves, one staying, one on another rank;
 - merge a column-wise table with parts on ``r*`` back into one table-wise table on any rank;
 - turn a table on ``r*`` row-wise, data-parallel or (on several hosts) table-row-wise over any
-  one host, or such a table back into a table-wise one (when those types are allowed).
+  one host, or such a table spread over ``r*`` back into a table-wise one on one of the
+  :data:`SPREAD_DESTS` cheapest ranks (when those types are allowed).
 
 Only moves that keep every rank within its memory are scored, and only strict improvements are
 taken, so the result is never worse than the start. When no move improves, an iterated-local-
@@ -43,6 +44,10 @@ __all__ = ["LocalSearchPlanner", "improve_choices", "improve"]
 _TW, _CW, _RW, _DP, _TWRW = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
                              ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL,
                              ShardingType.TABLE_ROW_WISE)
+
+
+#: ranks a spread table may go to table-wise in one descent step (the cheapest now)
+SPREAD_DESTS = 16
 
 
 class _Search:
@@ -75,7 +80,7 @@ class _Search:
         return c
 
     def diff(self, t: int, ch, cur) -> np.ndarray:
-        """Per-rank features (n, K) that table t gains moving from choice ``cur`` to ``ch``."""
+        """Per-rank features (n, width) that table t gains moving from choice ``cur`` to ``ch``."""
         key = (t, ch, cur)
         d = self._diff.get(key)
         if d is None:
@@ -111,11 +116,21 @@ class _Search:
         return abs(a[0] - b[0]) <= tol and a[1] < b[1] * (1 - 1e-12)
 
     # -- neighbourhood ------------------------------------------------------------------------
-    def moves(self, choices: Sequence, r: int) -> tuple[list, np.ndarray]:
+    def moves(self, choices: Sequence, r: int, F: np.ndarray | None = None
+              ) -> tuple[list, np.ndarray]:
         """The moves from rank ``r``: ``(moves, tw)``, ``moves`` a list of changes
         ``((table, choice), ...)`` and ``tw`` the table-wise moves and swaps as rows
-        ``(t, u, d)``: table t from r to d and, when ``u ≥ 0``, table u from d to r."""
+        ``(t, u, d)``: table t from r to d and, when ``u ≥ 0``, table u from d to r. A table
+        spread over r (row-wise, data-parallel, table-row-wise on r's host) may become
+        table-wise on any rank, or with the features ``F`` of the plan now on the
+        :data:`SPREAD_DESTS` ranks of lowest cost (every spread table to every rank is
+        ranks × tables candidate plans: 77 k of 256 ranks each for 300 tables)."""
         n = self.n
+        dests = range(n)
+        if F is not None and n > SPREAD_DESTS:
+            costs = self.cm.rank_costs(F)
+            dests = np.sort(np.argsort(costs, kind="stable")[:SPREAD_DESTS]).tolist()
+        host = self.cm.host_of[r]
         out: list[tuple[tuple[int, tuple], ...]] = []
         on_r: list[int] = []
         for t, ch in enumerate(choices):
@@ -137,8 +152,8 @@ class _Search:
                         c[d] += 1
                         out.append(((t, self.cat.normalise(("cw", ch[1], tuple(c)))),))
                     out.append(((t, ("tw", d)),))
-            elif kind in ("rw", "dp", "twrw"):
-                out.extend(((t, ("tw", d)),) for d in range(n))
+            elif kind in ("rw", "dp") or (kind == "twrw" and ch[1] == host):
+                out.extend(((t, ("tw", d)),) for d in dests)
         hosts = len(self.cm.hosts)
         for t in on_r:
             out.extend(((t, (k,)),) for k in ("rw", "dp") if k in self._kinds[t])
@@ -173,7 +188,7 @@ class _Search:
         return moves + [self.tw_move(row, r) for row in tw]
 
     def deltas(self, choices: Sequence, moves: list, tw: np.ndarray, r: int) -> np.ndarray:
-        """Feature change (len(moves) + len(tw), n, K) of each move from ``choices``."""
+        """Feature change (len(moves) + len(tw), n, width) of each move from ``choices``."""
         d = np.zeros((len(moves) + len(tw), self.n, self._tw.shape[1]))
         if moves:
             d[:len(moves)] = np.stack([self.diff(m[0][0], m[0][1], choices[m[0][0]])
@@ -195,7 +210,7 @@ class _Search:
         first rank (in :meth:`bottlenecks` order) that has one: ``(move, F, key)`` or None."""
         cap = self.cat.cap
         for r in self.bottlenecks(F):
-            moves, tw = self.moves(choices, r)
+            moves, tw = self.moves(choices, r, F)
             if not moves and not len(tw):
                 continue
             cand = F[None] + self.deltas(choices, moves, tw, r)

@@ -15,14 +15,16 @@ Variables per table ``t`` (only the options its allowed types permit):
 Per-rank features are linear in these (column blocks cost ``base·y + part·m``), and so is every
 term of :class:`~planner.model.tables.cost.CostModel` except three kinds, which are exact in the
 model too: the all-to-all maxima (one continuous variable per rank, link class and exchange,
-bounded below by the send and the receive side), and the fixed latency of the row-wise,
+bounded below by the send and the receive side), the fixed latency of the row-wise,
 table-row-wise and data-parallel collectives (an indicator per group that is 1 when any table
-uses it). Each phase's slowest rank has a variable ``M_p`` bounded below by every rank's cost
-in it (lookups forward, lookups backward, the ids all-to-all, the pooled all-to-all forward and
-backward, the row-wise, table-row-wise and data-parallel collectives), so ``Σ_p M_p`` equals the
-analytic step cost of its plan (``CostModel.step_cost``). The objective is
-``Σ_p M_p + 1e-6 · Σ_r cost_r`` (µs), the second term preferring less total work among plans of
-equal step cost; the bound reported is converted back to the step cost alone.
+uses it), and the fixed cost of a rank's fused lookup calls (an indicator per rank and lookup
+group, 1 when the rank holds a shard of it: ``shards ≤ tables · indicator``). Each phase's
+slowest rank has a variable ``M_p`` bounded below by every rank's cost in it (lookups forward,
+lookups backward, the ids all-to-all, the pooled all-to-all forward and backward, the
+row-wise, table-row-wise and data-parallel collectives), so ``Σ_p M_p`` equals the analytic
+step cost of its plan (``CostModel.step_cost``). The objective is ``Σ_p M_p + 1e-6 · Σ_r
+cost_r`` (µs), the second term preferring less total work among plans of equal step cost; the
+bound reported is converted back to the step cost alone.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ import pulp
 from simulator.errors import SpecError
 
 from planner.lp import variable
-from planner.model.tables.cost import F_BWD, F_DP, F_FWD, F_HRS, F_IDS, F_MEM, F_OUT, F_RW
+from planner.model.tables.cost import (F_BWD, F_DP, F_FWD, F_HRS, F_IDS, F_MEM, F_OUT, F_RW,
+                                       FEATURES)
 from planner.model.tables.shards import ShardingType
 from planner.sharding.common import CW_PARTS, Catalog
 
@@ -87,7 +90,7 @@ class MipModel:
         self.w: dict[int, pulp.LpVariable] = {}
         self.z: dict[tuple[int, int], pulp.LpVariable] = {}
         # per-rank feature terms: feats[r][f] = list of (var, coef)
-        feats = [[[] for _ in range(8)] for _ in range(n)]
+        feats = [[[] for _ in range(cat.cost.width)] for _ in range(n)]
         for t in range(cat.model.num_tables):
             if time.perf_counter() > deadline:
                 raise BuildTimeout(f"model build passed its deadline at table {t}")
@@ -97,7 +100,8 @@ class MipModel:
             lp += _lin(feats[d][F_MEM]) <= float(cat.cap[d])
         a2a = self._add_alltoalls(feats)
         group_terms = self._add_group_collectives(feats)
-        self._add_objective(feats, a2a, group_terms)
+        calls = self._add_calls(feats)
+        self._add_objective(feats, a2a, group_terms, calls)
         self.nonzeros = sum(len(c) for c in lp.constraints())
 
     # -- building the model -------------------------------------------------------------------
@@ -111,8 +115,8 @@ class MipModel:
             for d in range(n):
                 var = self.x[t, d] = variable(lp, f"x_{t}_{d}", cat="Binary")
                 one.append(var)
-                for k in range(8):
-                    feats[d][k].append((var, f[k]))
+                for k, fk in enumerate(f):
+                    feats[d][k].append((var, fk))
         if _CW in types:
             for k in cat.cw_parts(t, parts):
                 one.append(self._add_column_split(t, k, feats))
@@ -149,7 +153,7 @@ class MipModel:
             ys.append(yy)
             lp += mm - k * yy <= 0
             lp += yy - mm <= 0
-            for q in range(8):
+            for q in range(len(base)):
                 feats[d][q].append((yy, base[q]))
                 feats[d][q].append((mm, part[q]))
         lp += _lin([(mm, 1) for mm in ms] + [(uu, -k)]) == 0
@@ -159,7 +163,7 @@ class MipModel:
     def _add_uniform_terms(self, feats: list, var: pulp.LpVariable, G) -> None:
         """Add ``var`` × row ``d`` of the feature matrix ``G`` to every rank ``d``'s terms."""
         for d in range(self.cat.n):
-            for q in range(8):
+            for q in range(G.shape[1]):
                 feats[d][q].append((var, G[d, q]))
 
     def _add_alltoalls(self, feats: list) -> dict[str, tuple[list[list[tuple]], float]]:
@@ -231,15 +235,34 @@ class MipModel:
                 group_terms[r] += [(v_, c * inv_bw) for v_, c in feats[r][F_HRS]]
         return group_terms
 
-    def _add_objective(self, feats: list, a2a: dict, group_terms: list) -> None:
+    def _add_calls(self, feats: list) -> list[list]:
+        """Per rank, an indicator per lookup group (``CostModel.groups``) that is 1 when the
+        rank holds a shard of it: ``count ≤ tables · indicator``, so each group present costs
+        one fused call's fixed time (forward and backward)."""
+        cm, lp = self.cat.cost, self.lp
+        out: list[list] = [[] for _ in range(self.cat.n)]
+        for r in range(self.cat.n):
+            for i, col in enumerate(range(len(FEATURES), cm.width)):
+                terms = [(v_, c) for v_, c in feats[r][col] if c != 0.0]
+                if not terms:
+                    continue
+                ind = variable(lp, f"call_{r}_{i}", cat="Binary")
+                bound = float(sum(c for _, c in terms))
+                lp += _lin(terms + [(ind, -bound)]) <= 0
+                out[r].append(ind)
+        return out
+
+    def _add_objective(self, feats: list, a2a: dict, group_terms: list, calls: list) -> None:
         """Each phase's slowest rank ``M_p`` (µs) ≥ every rank's cost in it, each rank's cost
         ``C_r`` (µs), and the objective ``Σ_p M_p + EPS · Σ_r C_r``."""
         lp, n, cm = self.lp, self.cat.n, self.cat.cost
         # phase -> (per-rank terms, constant µs); the constants are CostModel.components'
-        phases = {"fwd": ([[(v_, c * US) for v_, c in feats[r][F_FWD]] for r in range(n)],
-                          (cm.launch_s + cm.decompress_fwd_s) * US),
-                  "bwd": ([[(v_, c * US) for v_, c in feats[r][F_BWD]] for r in range(n)],
-                          (cm.bwd_call_s + cm.compress_bwd_s) * US),
+        phases = {"fwd": ([[(v_, c * US) for v_, c in feats[r][F_FWD]]
+                           + [(g, cm.launch_s * US) for g in calls[r]] for r in range(n)],
+                          cm.decompress_fwd_s * US),
+                  "bwd": ([[(v_, c * US) for v_, c in feats[r][F_BWD]]
+                           + [(g, cm.bwd_call_s * US) for g in calls[r]] for r in range(n)],
+                          cm.compress_bwd_s * US),
                   **a2a, "groups": (group_terms, 0.0)}
         self.M = {p: variable(lp, f"M_{p}", 0) for p in phases}
         self.C = [variable(lp, f"C_{r}", 0) for r in range(n)]
@@ -307,6 +330,9 @@ class MipModel:
             elif name.startswith("g_twrw"):
                 h = int(name[6:])
                 var.setInitialValue(1 if any(c[0] == "twrw" and c[1] == h for c in choices) else 0)
+            elif name.startswith("call_"):
+                r, i = (int(x) for x in name.split("_")[1:])
+                var.setInitialValue(1 if F[r, len(FEATURES) + i] > 0.5 else 0)
 
     def choices(self) -> list | None:
         n = self.cat.n

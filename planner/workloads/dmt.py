@@ -187,8 +187,6 @@ class _SpttBuilder:
         self.totals["tm_params"] = float(sum(self.tm_params))
         self.off = 1.0 - np.eye(H)
         self.sub = _host_subplans(host_plans, G)
-        self.launch = problem.cost.launch_s
-        self.bwd_call = problem.cost.bwd_call_s       # the backward's fixed cost, as the flat step
         self.hbm = problem.cost.hbm_Bps
         self.last: dict = {}            # per rank: its last backward op (lookups backward)
         self.dense_ar = None
@@ -231,6 +229,15 @@ class _SpttBuilder:
         sp, F, _ = self.sub[h]
         return float(F[i, col])
 
+    def fixed_time(self, h: int, i: int, col: int) -> float:
+        """Fixed seconds of local rank ``i``'s lookup calls on host ``h`` (forward launches or
+        backward calls, one per lookup group it holds; 0 without a sub-plan)."""
+        if self.sub[h] is None:
+            return 0.0
+        sp, F, _ = self.sub[h]
+        fwd, bwd = sp.cost.call_s(F)
+        return float((fwd if col == F_FWD else bwd)[i])
+
     def _row_wise_bytes(self, h: int) -> float:
         """Bytes of host ``h``'s row-wise reduce-scatter (forward) and all-gather (backward);
         0 when it has none."""
@@ -261,7 +268,8 @@ class _SpttBuilder:
                 deps = [ids_i] if ids_i is not None else d1
                 if self.pipelined:      # the next batch's input dist (see the flat step)
                     deps = None
-                fwd[r] = w.compute(r, "lookups_fwd", duration_s=t + self.launch if t else 0.0,
+                fwd[r] = w.compute(r, "lookups_fwd",
+                                   duration_s=t + self.fixed_time(h, i, F_FWD) if t else 0.0,
                                    bytes_moved=t * self.hbm, deps=deps, category="emb_fwd")
             out_i = self.intra("pooled_intra_fwd", "output_fwd", h, [fwd[r] for r in mem],
                                "pooled_intra_fwd")
@@ -353,7 +361,8 @@ class _SpttBuilder:
                 t = self.lookup_time(h, i, F_BWD)
                 deps = [bottom_bwd[r], tmb[r]] + [x for x in (gi, ag) if x is not None]
                 self.last[r] = w.compute(r, "lookups_bwd",
-                                         duration_s=t + self.bwd_call if t else 0.0,
+                                         duration_s=t + self.fixed_time(h, i, F_BWD)
+                                         if t else 0.0,
                                          bytes_moved=t * self.hbm, deps=deps, category="emb_bwd")
 
 

@@ -58,6 +58,33 @@ def test_lookup_cost_terms():
     assert rw[:, F_FWD].max() < 0.5 * ff[F_FWD] and rw[:, F_OUT].sum() == 0
 
 
+def test_each_lookup_group_on_a_rank_is_one_call():
+    """A rank pays one fused call's fixed costs (forward launch, backward ``call_s``) per
+    sharding type and precision it holds, none when it holds nothing: table-wise fp32 and
+    fp16 tables and a row-wise table on 2 ranks."""
+    tabs = tuple(TableSpec(name=f"t{i}", num_embeddings=100_000, embedding_dim=64,
+                           pooling_factor=4, precision=p)
+                 for i, p in enumerate(("fp32", "fp32", "fp16", "fp32")))
+    problem = prepare(ShardingTask(model=ModelSpec(name="m", tables=tabs, batch_size=8192),
+                                   topology="dgx-h100"), 2)
+    cm, cat = problem.cost, catalog(problem)
+    layouts = lambda ch: [cat.layout(t, c) for t, c in enumerate(ch)]  # noqa: E731
+    cases = {(("tw", 0), ("tw", 0), ("tw", 1), ("rw",)): [2, 2],   # tw32 + rw | tw16 + rw
+             (("tw", 0), ("tw", 0), ("tw", 0), ("tw", 0)): [2, 0],  # tw32 + tw16 | nothing
+             (("tw", 0), ("tw", 1), ("tw", 1), ("tw", 1)): [1, 2]}
+    for choices, want in cases.items():
+        F = cm.plan_features(layouts(choices))
+        assert cm.calls(F).tolist() == want
+        comp = cm.components(F)
+        alone = cm.components(F[..., :len(F[0]) - len(cm.groups)])     # no group counts
+        for r, k in enumerate(want):
+            assert comp["lookup_fwd_s"][r] - alone["lookup_fwd_s"][r] == \
+                pytest.approx(k * cm.launch_s)
+            assert comp["lookup_bwd_s"][r] - alone["lookup_bwd_s"][r] == \
+                pytest.approx(k * cm.bwd_call_s)
+    assert cm.bwd_call_s > 1e-4                       # the measured H100 backward's fixed cost
+
+
 def test_measured_backward_terms_on_a_gpu():
     """With the measured fused-lookup file the backward is its terms: the sort per id, the
     gradient per id and column, the update per distinct row and column, the state."""

@@ -110,10 +110,15 @@ def test_capacity_and_per_rank_memory_of_plans():
     from planner.sharding.planners import get_planner
     plan = get_planner("size").plan(ShardingTask(model=m), 8)
     assert sum(plan.memory_per_rank_bytes) == sum(t.weight_bytes for t in m.tables)
-    dp = get_planner("mip").plan(ShardingTask(model=m, sharding_types=(
-        ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE)), 8, time_limit_s=3)
-    n_dp = dp.type_counts().get("data_parallel", 0)
-    assert dp.valid and n_dp > 0
+    # the small tables data-parallel, the others table-wise round robin
+    from planner.model.tables.plan import PlannerStats, make_plan
+    from planner.sharding.common import catalog
+    problem = prepare(ShardingTask(model=m), 8)
+    cat = catalog(problem)
+    small = [t.num_embeddings < 10_000 for t in m.tables]
+    dp = make_plan(problem, cat.layouts([("dp",) if sm else ("tw", i % 8)
+                                         for i, sm in enumerate(small)]), "hand", PlannerStats())
+    assert dp.valid and dp.type_counts()["data_parallel"] == sum(small) > 0
     # a data-parallel table is a full copy (and its gradient) on every rank
     dp_bytes = sum(2 * m.tables[ts.table].weight_bytes for ts in dp.shardings
                    if ts.sharding_type == ShardingType.DATA_PARALLEL)

@@ -224,8 +224,13 @@ def _run_case(rank, world, lws, tables, plan_path, torch, *, allow_empty=False):
             step_err[name] = max(step_err.get(name, 0.0), float((t - new).abs().max()))
             moved = max(moved, float((new - old).abs().max()))
         boxes.append([name, r0, c0, int(nr), int(nc)])
+    # FBGEMM table-batched kernels this rank built (in each sharding's lookup, which the
+    # sharded collection keeps in a plain list): one per lookup group it holds
+    calls = sum(type(k).__name__.endswith("TableBatchedEmbeddingBagsCodegen")
+                for m in model.modules() for lookup in getattr(m, "_lookups", None) or []
+                for k in lookup.modules())
     return {"fwd_err": fwd_err, "step_err": step_err, "max_update": moved, "boxes": boxes,
-            "types": sorted(set(kinds.values()))}
+            "types": sorted(set(kinds.values())), "calls": calls}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,6 +338,24 @@ def test_dmp_matches_unsharded_model(groups, world, kind):
     want_types = sorted({p["sharding_type"] for p in entries.values()})
     assert res[0][kind]["types"] == want_types
     assert len(want_types) == (5 if kind == "mixed" else 1)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_lookup_calls_per_rank_are_torchrec_s(groups, world):
+    """TorchRec builds one fused table-batched kernel per sharding type a rank holds (and per
+    precision, kernel); the cost model charges each rank one call's fixed costs per such
+    group (``CostModel.calls``). The mixed plan puts 2-4 types on a rank, a rank of the
+    table-wise plan may hold none."""
+    res = groups(world)
+    mod = _plans_module()
+    cm = mod.sharding_problem(world).cost
+    seen = set()
+    for kind in KIND_NAMES:
+        want = cm.calls(cm.plan_features(mod.sharding_plan(kind, world).shardings))
+        got = [_case(res, world, kind, r)["calls"] for r in range(world)]
+        assert got == [int(c) for c in want], (kind, got, want)
+        seen.update(got)
+    assert max(seen) >= 3 and min(seen) <= 1
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -69,13 +69,18 @@ def layouts(kind: str, world: int, lws: int, tables=TABLES) -> list[sh.TableShar
     return out
 
 
-def sharding_plan(kind: str, world: int, tables=TABLES):
-    """A clusterplan Plan for ``tables`` on ``world`` ranks, every table ``kind`` (``mixed``:
-    table i gets the i-th type)."""
+def sharding_problem(world: int, tables=TABLES):
+    """The prepared problem of ``tables`` on ``world`` ranks (its cost model prices plans)."""
     model = ModelSpec(name="trx-test", tables=tuple(
         TableSpec(name=n, num_embeddings=r, embedding_dim=d, pooling_factor=2.0)
         for n, r, d in tables), batch_size=8 * world, source="test")
-    problem = prepare(ShardingTask(model=model, topology=TOPOLOGY[world]), world)
+    return prepare(ShardingTask(model=model, topology=TOPOLOGY[world]), world)
+
+
+def sharding_plan(kind: str, world: int, tables=TABLES):
+    """A clusterplan Plan for ``tables`` on ``world`` ranks, every table ``kind`` (``mixed``:
+    table i gets the i-th type)."""
+    problem = sharding_problem(world, tables)
     lws = len(problem.hosts[0])
     plan = make_plan(problem, layouts(kind, world, lws, tables), "hand", PlannerStats())
     assert plan.valid, plan.problems

@@ -32,7 +32,12 @@ gather), per distinct row and column (the update), per distinct row's page walk
 2·c·p, Adagrad c·p, row-wise Adagrad 4 bytes) + ``shard_overhead_s``. A data-parallel table
 instead gets a dense gradient and updates the whole table (weights, gradient and state
 streamed once).
-One TBE kernel launch forward and two backward per rank (the compute profile's launch overhead).
+**Kernel calls.** TorchRec groups a rank's shards by sharding type (one ``EmbeddingSharding``
+each) and, inside one, by weight precision and kernel (``group_tables``), and runs one fused TBE
+per group: a rank holding table-wise and row-wise fp32 shards makes two lookup calls forward and
+two backward. Each call pays the fixed costs (the forward's launch, the backward's ``call_s``:
+without a measured backward, two launches); a rank with no shard makes none. The per-rank
+features count each group's shards (:meth:`CostModel.calls` counts the groups present).
 
 **Communication (per rank).** Table- and column-wise shards join two all-to-alls: ids in
 (``L·id_bytes + length_bytes`` per sample and shard) and pooled embeddings out
@@ -96,12 +101,15 @@ from planner.model.tables.memory import shard_memory_bytes
 from planner.model.tables.shards import Shard, ShardingType, TableSharding
 from planner.model.tables.spec import PRECISION_BYTES, ModelSpec, TableSpec
 
-__all__ = ["CostConfig", "CostModel", "FEATURES", "BREAKDOWN_KEYS", "step_cost_of"]
+__all__ = ["CostConfig", "CostModel", "FEATURES", "BREAKDOWN_KEYS", "kernel_groups",
+           "step_cost_of"]
 
 #: per-rank additive features of a plan (see :meth:`CostModel.shard_features`)
 FEATURES = ("fwd_s", "bwd_s", "out_Bps", "ids_Bps", "rw_bytes", "dp_bytes", "twrw_bytes",
             "mem_bytes")
 F_FWD, F_BWD, F_OUT, F_IDS, F_RW, F_DP, F_HRS, F_MEM = range(len(FEATURES))
+#: the additive features every model has; a model's own lookup groups follow them (see
+#: :func:`kernel_groups`), so a feature row is ``CostModel.width`` long
 K = len(FEATURES)
 
 BREAKDOWN_KEYS = ("lookup_fwd_s", "lookup_bwd_s", "input_a2a_s", "output_a2a_fwd_s",
@@ -115,6 +123,14 @@ def step_cost_of(components) -> np.ndarray | float:
     total = sum(np.asarray(components[k], dtype=float).max(axis=-1) for k in BREAKDOWN_KEYS
                 if k in components)
     return float(total) if np.ndim(total) == 0 else total
+
+
+def kernel_groups(model: ModelSpec) -> tuple[tuple[ShardingType, str], ...]:
+    """The fused lookup groups a rank's shards of ``model`` can fall in: one per sharding type
+    and weight precision (TorchRec's ``EmbeddingSharding`` per type, then ``group_tables``'s
+    data type; the kernel follows the type here: fused, data-parallel dense)."""
+    precisions = sorted({t.precision for t in model.tables})
+    return tuple((st, p) for st in ShardingType for p in precisions)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,9 +200,10 @@ def _device_profile(topo: Topology, cfg: CostConfig) -> CpuProfile | None:
 class CostModel:
     """Per-shard features and per-rank costs of a plan for one model on ``n`` ranks.
 
-    Features are additive per rank (:data:`FEATURES`); costs are a function of the per-rank
-    feature matrix ``F`` (shape ``(..., n, K)``), vectorised over leading candidate axes so
-    planners can score many moves at once.
+    Features are additive per rank (:data:`FEATURES`, then one count of shards per lookup
+    group, :attr:`groups`); costs are a function of the per-rank feature matrix ``F`` (shape
+    ``(..., n, width)``), vectorised over leading candidate axes so planners can score many
+    moves at once.
     """
 
     def __init__(self, model: ModelSpec, topo: Topology, n: int, comm: CommModel,
@@ -233,9 +250,14 @@ class CostModel:
             self.config = cfg = replace(
                 cfg, shard_overhead_s=cfg.shard_overhead_s * scale,
                 backward=None if cfg.backward is None else cfg.backward.scaled(scale))
-        #: fixed seconds of a rank's backward kernel calls
+        #: fixed seconds of one backward kernel call
         self.bwd_call_s = (2 * self.launch_s if cfg.backward is None
                            else cfg.backward.call_s)
+        #: the lookup groups (one fused call each on a rank that holds any of its shards) and
+        #: their feature columns; a feature row is ``width`` long
+        self.groups = kernel_groups(model)
+        self.group_col = {g: K + i for i, g in enumerate(self.groups)}
+        self.width = K + len(self.groups)
         self.out_bytes = PRECISION_BYTES[model.comm_precision]
         self.batch = model.batch_size
         self.local_batch = model.batch_size / n
@@ -324,7 +346,8 @@ class CostModel:
         """Additive features (:data:`FEATURES`) one shard puts on its rank."""
         t = self.model.tables[ti]
         cfg = self.config
-        f = np.zeros(K)
+        f = np.zeros(self.width)
+        f[self.group_col[st, t.precision]] = 1.0
         rows, cols = shard.rows, shard.cols
         p, o = t.bytes_per_element, self.out_bytes
         L = t.pooling_factor
@@ -379,8 +402,8 @@ class CostModel:
         return f
 
     def sharding_features(self, ts: TableSharding) -> np.ndarray:
-        """Per-rank features ``(n, K)`` of one table's layout."""
-        out = np.zeros((self.n, K))
+        """Per-rank features ``(n, width)`` of one table's layout."""
+        out = np.zeros((self.n, self.width))
         seen: dict[tuple, np.ndarray] = {}
         for s in ts.shards:
             key = (s.rows, s.cols, len(self.hosts[self.host_of[s.rank]])
@@ -391,20 +414,30 @@ class CostModel:
         return out
 
     def plan_features(self, shardings: Sequence[TableSharding]) -> np.ndarray:
-        """Per-rank features ``(n, K)`` of a whole plan."""
-        out = np.zeros((self.n, K))
+        """Per-rank features ``(n, width)`` of a whole plan."""
+        out = np.zeros((self.n, self.width))
         for ts in shardings:
             out += self.sharding_features(ts)
         return out
 
     # -- costs ------------------------------------------------------------------------------
+    def calls(self, F: np.ndarray) -> np.ndarray:
+        """Fused lookup calls per rank (groups with a shard there), shape ``F.shape[:-1]``."""
+        return np.count_nonzero(np.asarray(F)[..., K:] > 0.5, axis=-1).astype(float)
+
+    def call_s(self, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per rank, the fixed seconds of its lookup calls: (forward, backward)."""
+        calls = self.calls(F)
+        return self.launch_s * calls, self.bwd_call_s * calls
+
     def components(self, F: np.ndarray) -> dict[str, np.ndarray]:
         """Per-rank cost components (:data:`BREAKDOWN_KEYS`), seconds, shape ``F.shape[:-1]``."""
         F = np.asarray(F, dtype=float)
         b = self.local_batch
         c = self.comm
-        out = {"lookup_fwd_s": F[..., F_FWD] + self.launch_s + self.decompress_fwd_s,
-               "lookup_bwd_s": F[..., F_BWD] + self.bwd_call_s + self.compress_bwd_s}
+        fixed_fwd, fixed_bwd = self.call_s(F)
+        out = {"lookup_fwd_s": F[..., F_FWD] + fixed_fwd + self.decompress_fwd_s,
+               "lookup_bwd_s": F[..., F_BWD] + fixed_bwd + self.compress_bwd_s}
         if self.n > 1:
             out["input_a2a_s"] = c.a2a_times(b * F[..., F_IDS])
             a2a = c.a2a_times(b * F[..., F_OUT])
@@ -432,7 +465,7 @@ class CostModel:
     def step_cost(self, F: np.ndarray) -> np.ndarray | float:
         """The embedding part of one step, seconds: each component's slowest rank, summed
         (ranks synchronise at every collective, see the module docstring). ``F`` is
-        ``(..., ranks, K)``; the result has the leading shape (a float for one plan). Never
+        ``(..., ranks, width)``; the result has the leading shape (a float for one plan). Never
         below the slowest rank's :meth:`rank_costs`."""
         return step_cost_of(self.components(F))
 

@@ -90,7 +90,7 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
     dt = cm.dense_times()
     ranks = list(range(n))
     w = Workload(name=f"dlrm-step:{problem.model.name}")
-    launch = cm.launch_s
+    fixed_fwd, fixed_bwd = cm.call_s(F)          # each rank's fused lookup calls
     hbm = cm.hbm_Bps
 
     comp = problem.model.compression
@@ -119,7 +119,8 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
     look_deps = None if problem.model.trainer.pipelined or ids is None else [ids]
     bottom = [dense(r, "bottom_mlp_fwd", "bottom", "fwd", fl["bottom"]) if fl["bottom"] else None
               for r in ranks]
-    fwd = [w.compute(r, "lookups_fwd", duration_s=float(F[r, F_FWD] - codec_f[r] + launch),
+    fwd = [w.compute(r, "lookups_fwd",
+                     duration_s=float(F[r, F_FWD] - codec_f[r] + fixed_fwd[r]),
                      bytes_moved=float((F[r, F_FWD] - codec_f[r]) * hbm), deps=look_deps,
                      category="emb_fwd") for r in ranks]
     # compressed: each sender compresses its pooled outputs, each receiver decompresses
@@ -172,7 +173,7 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
         deps = [bottom_bwd[r]] + [x for x in (back, rw_ag, host_ag.get(problem.cost.host_of[r]))
                                   if x is not None]
         bwd.append(w.compute(r, "lookups_bwd",
-                             duration_s=float(F[r, F_BWD] - codec_b[r] + cm.bwd_call_s),
+                             duration_s=float(F[r, F_BWD] - codec_b[r] + fixed_bwd[r]),
                              bytes_moved=float((F[r, F_BWD] - codec_b[r]) * hbm), deps=deps,
                              category="emb_bwd"))
     dense_ar = None

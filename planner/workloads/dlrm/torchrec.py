@@ -310,7 +310,8 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     fl = mlp_flops(problem)
     ranks = list(range(n))
     w = Workload(name=f"dlrm-torchrec-step:{problem.model.name}")
-    launch, hbm = cm.launch_s, cm.hbm_Bps
+    hbm = cm.hbm_Bps
+    fixed_fwd, fixed_bwd = cm.call_s(F)          # each rank's fused lookup calls
     dur: dict[tuple[str, str], float] = {}
     if compute is not None:
         dims = [t.embedding_dim for t in problem.model.tables]
@@ -360,7 +361,8 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
         ids_done.append(last)
     bottom = [mlp_op(r, "bottom_mlp_fwd", "bottom", "fwd", fl["bottom"])
               if fl["bottom"] else None for r in ranks]
-    fwd = [w.compute(r, "lookups_fwd", duration_s=float(F[r, F_FWD] + launch + moves[r][0]),
+    fwd = [w.compute(r, "lookups_fwd",
+                     duration_s=float(F[r, F_FWD] + fixed_fwd[r] + moves[r][0]),
                      bytes_moved=float(F[r, F_FWD] * hbm), deps=ids_done[-1:] or None,
                      category="emb_fwd") for r in ranks]
     outs = []
@@ -386,7 +388,8 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     # measured profile: the autograd engine's order (the bottom MLP's nodes are newer than the
     # lookups', and the DDP hook's all-reduce blocks the backward thread), not any ready order
     after = dense_ar[-1:] if compute is not None else []
-    bwd = [w.compute(r, "lookups_bwd", duration_s=float(F[r, F_BWD] + cm.bwd_call_s + moves[r][3]),
+    bwd = [w.compute(r, "lookups_bwd",
+                     duration_s=float(F[r, F_BWD] + fixed_bwd[r] + moves[r][3]),
                      bytes_moved=float(F[r, F_BWD] * hbm), deps=[bottom_bwd[r]] + grads + after,
                      category="emb_bwd") for r in ranks]
     dp_ar: list[int] = []
