@@ -127,8 +127,7 @@ def _one_type(cat: Catalog, kind: str, work: Work) -> tuple[list, list[str]] | N
     hosts = len(cat.cost.hosts)
     if work.left is not None and work.left < T * (hosts * n + 2 * CALL_EVALS):
         return None
-    precisions = [t.precision for t in cat.model.tables]
-    F = _call_mark(cat, st, max(sorted(set(precisions)), key=precisions.count))
+    F = _call_mark(cat, st)
     choices: list = [None] * T
     for t in sorted(range(T), key=lambda t: (-float(cat.tw(t)[F_FWD] + cat.tw(t)[F_BWD]), t)):
         work.spend(hosts * n, calls=2)
@@ -256,16 +255,16 @@ def _table_wise_call(cat: Catalog) -> np.ndarray:
     make one call anyway, so a table's cost excludes it and an empty rank is not dearer
     than one holding tables; a row-wise spread or a column part beside table-wise shards
     still pays its own call. The plan's costs are computed without them."""
-    precisions = [t.precision for t in cat.model.tables]
-    main = max(sorted(set(precisions)), key=precisions.count)
-    return _call_mark(cat, ShardingType.TABLE_WISE, main)
+    return _call_mark(cat, ShardingType.TABLE_WISE)
 
 
-def _call_mark(cat: Catalog, st: ShardingType, of: int | str) -> np.ndarray:
+def _call_mark(cat: Catalog, st: ShardingType, of: int | None = None) -> np.ndarray:
     """Features (n, width) marking every rank as making the lookup call of type ``st`` for
-    the precision of table ``of`` (or precision ``of``)."""
+    the precision of table ``of`` (None: the precision most tables have)."""
     cm = cat.cost
-    precision = of if isinstance(of, str) else cat.model.tables[of].precision
+    precisions = [t.precision for t in cat.model.tables]
+    precision = (max(sorted(set(precisions)), key=precisions.count) if of is None
+                 else precisions[of])
     out = np.zeros((cat.n, cm.width))
     out[:, cm.group_col[st, precision]] = 1.0
     return out
