@@ -10,6 +10,7 @@ from simulator.fileio import dumps_json, read_json_file
 
 from planner.cli.output import write_json
 from planner.cli.tables import positive
+from planner.measure.heap import DEFAULT_HEAP, HEAP_HELP, HEAP_POLICIES
 from planner.measure.tables.plans import cpu_topology_ref, format_measurement, measure_shardings
 from planner.model.tables.plan import plan_model, read_plan_json
 from planner.model.tables.task import ShardingTask, prepare
@@ -39,6 +40,7 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel", default="auto", choices=("auto", "fbgemm", "torch"),
                    help="fused FBGEMM TBE (auto when installed) or torch.nn.EmbeddingBag")
     p.add_argument("--seed", type=int, default=0, help="seed of the ids")
+    p.add_argument("--heap", choices=HEAP_POLICIES, default=DEFAULT_HEAP, help=HEAP_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", default=None, metavar="FILE", help="write the JSON result here")
     p.set_defaults(func=run)
@@ -65,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     meas = measure_shardings(problem, shardings, repeats=positive(args.repeats, "--repeats"),
                              warmup=max(0, args.warmup),
                              comm_repeats=positive(args.comm_repeats, "--comm-repeats"),
-                             comm=not args.no_comm, seed=args.seed, backend=args.kernel)
+                             comm=not args.no_comm, seed=args.seed, backend=args.kernel,
+                             heap=args.heap)
     out = meas.to_dict() | {"plan": args.plan, "planner": doc.get("planner"),
                             "plan_topology": doc.get("topology")}
     if doc.get("topology") and doc["topology"] != problem.topology_ref:

@@ -33,6 +33,7 @@ from planner.cli.dmt import add_dmt_arguments, dmt_section, format_dmt
 from planner.cli.output import (add_timings_option, progress_line, report_timings,
                                 split_timings, write_json)
 from planner.machine import make_cache_dir
+from planner.measure.heap import DEFAULT_HEAP, HEAP_HELP, HEAP_POLICIES
 from planner.measure.tables.fit import calibrate, write_profile
 from planner.measure.tables.plans import cpu_topology_ref, format_measurement, measure_plan
 from planner.model.tables.cpu_profile import host_profile_path, load_cpu_profile
@@ -82,6 +83,8 @@ def add_arguments(p: argparse.ArgumentParser, *, devices_required: bool = True) 
                         "(localhost-gloo with N processes)")
     p.add_argument("--repeats", type=int, default=5, metavar="K",
                    help="--measure: timed iterations per rank (median; default 5)")
+    p.add_argument("--heap", choices=HEAP_POLICIES, default=DEFAULT_HEAP,
+                   help="--measure: " + HEAP_HELP)
     p.add_argument("--reproducible", action="store_true",
                    help="accepted for older scripts: results never carry wall-clock time "
                         "(see --timings)")
@@ -143,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     meas = None
     if getattr(args, "measure", False):
         meas = measure_plan(plan, task, repeats=positive(args.repeats, "--repeats"),
-                            seed=args.seed)
+                            seed=args.seed, heap=getattr(args, "heap", DEFAULT_HEAP))
         doc["measurement"] = meas.to_dict()
     if args.out and plan.valid:         # an invalid plan (exit 1) leaves --out as it was
         write_json(args.out, doc)

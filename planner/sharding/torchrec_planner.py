@@ -74,13 +74,21 @@ _TR_LOGGERS = ("torchrec", "torchrec.distributed", "torchrec.distributed.planner
                "torchrec.distributed.planner.stats")
 
 
+def _tr_root_notice(record: logging.LogRecord) -> bool:
+    """False for what TorchRec's plan validation logs on the root logger for every
+    data-parallel table (it has no sharding spec, by design)."""
+    return not str(record.msg).startswith("Sharding spec not found for ")
+
+
 class _Quiet:
-    """Silence TorchRec's loggers and Python warnings (the direct-Topology warning, deprecations)."""
+    """Silence TorchRec's loggers and Python warnings (the direct-Topology warning,
+    deprecations), and its root-logger notice for each data-parallel table."""
 
     def __enter__(self):
         self.levels = {name: logging.getLogger(name).level for name in _TR_LOGGERS}
         for name in _TR_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
+        logging.getLogger().addFilter(_tr_root_notice)
         self.warn = warnings.catch_warnings()
         self.warn.__enter__()
         warnings.simplefilter("ignore")
@@ -88,6 +96,7 @@ class _Quiet:
 
     def __exit__(self, *exc):
         self.warn.__exit__(*exc)
+        logging.getLogger().removeFilter(_tr_root_notice)
         for name, lvl in self.levels.items():
             logging.getLogger(name).setLevel(lvl)
 

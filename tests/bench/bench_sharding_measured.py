@@ -4,29 +4,38 @@ Run (not part of the default test run; needs ``make setup-torchrec``)::
 
     python tests/bench/bench_sharding_measured.py --out bench-out/        # 32 tasks, ~6 min
     python tests/bench/bench_sharding_measured.py --quick --out /tmp/q     # 4 tasks, ~1 min
+    python tests/bench/bench_sharding_measured.py --families any --tasks 24 --out DIR # ~8 min
 
 Tasks: ``--tasks`` seeded synthetic tasks (half on 4 devices, half on 8), alternating the
-NeuroShard shape (``neuroshard_tasks``: 10–59 tables, dims 4–128, table- and column-wise
-allowed, 4 GiB per device) and the DreamShard shape (``dreamshard_tasks``: 40 tables, dim 16,
-fp16, table-wise only, 5 GiB per device), all scaled by ``--scale`` (default 1/16: rows, global
+``--families``: the NeuroShard shape (``neuroshard``: ``neuroshard_tasks``, 10–59 tables, dims
+4–128, table- and column-wise allowed, 4 GiB per device), the DreamShard shape (``dreamshard``:
+``dreamshard_tasks``, 40 tables, dim 16, fp16, table-wise only, 5 GiB per device) — the default
+pair — and ``any``: the NeuroShard family's tables with every sharding type allowed, as a
+TorchRec user leaves its planner and as ``bench_vs_torchrec.py`` plans (task i of ``any`` has
+the tables of task i of ``neuroshard``). All scaled by ``--scale`` (default 1/16: rows, global
 batch and memory per device shrink alike, so lookups, distinct rows and memory keep their
 ratios; batch 65,536 → 4,096) to fit this machine and measure in seconds. Every task targets
 this machine (``localhost-gloo`` with N processes), so every planner plans with the calibrated
 CPU profile and TorchRec plans for ``compute_device="cpu"`` with the same memory cap.
 
 Planners: ``torchrec`` (TorchRec 1.8.0's EmbeddingShardingPlanner), ``size_lookup`` (NeuroShard's
-strongest greedy baseline), ``greedy``, ``local_search`` and ``mip`` (``--mip-limit`` seconds).
-Each valid plan of a task is MEASURED (``planner.measure.tables.plans``: fused FBGEMM TBE forward +
-backward per rank on one thread, median of ``--repeats``; the all-to-alls with gloo across N
-processes, median of ``--comm-repeats``; identical plans measured once); cost = the step cost,
+strongest greedy baseline), ``greedy``, ``local_search`` and ``mip`` (``--mip-limit`` seconds);
+``best`` is, per task, the one of our three plans with the lowest *predicted* step cost (chosen
+before anything is measured, as a user would pick). Each valid plan of a task is MEASURED
+(``planner.measure.tables.plans``: fused FBGEMM TBE forward + backward per rank on one thread,
+data-parallel replicas in FBGEMM's dense TBE as TorchRec runs them, median of ``--repeats``;
+the all-to-alls with gloo across N processes, median of ``--comm-repeats``; identical plans
+measured once; every process with the ``--heap`` policy, ``retain`` by default as in
+``validate``); cost = the step cost,
 each phase's slowest rank summed (lookups forward, backward, each collective: the ranks wait
 for each other at every collective; the slowest rank's own sum is in the CSV as
 ``measured_max_s``). TorchRec's plan is measured a second time in the same paired run as
 ``torchrec_again``: its ratio to ``torchrec`` is the noise floor of a per-task ratio. Prints per
 planner: mean measured step cost over the tasks where it is valid, the mean of its per-task
 ratio to TorchRec's plan and to size-lookup's (on the tasks both are valid), the median ratio,
-``valid x/N`` (invalid plans are counted, never averaged), the prediction error of the step
-cost, and the mean plan time; then the same split by device count. ``--out DIR`` writes
+``valid x/N`` (invalid plans are counted, never averaged), the tasks it beats TorchRec's plan
+on and its worst ratio to it, the prediction error of the step cost, and the mean plan time;
+then the same split by device count and by family. ``--out DIR`` writes
 ``results.csv`` (one row per task × planner) and ``summary.json``.
 """
 
@@ -39,12 +48,15 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Sequence
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from planner.measure.heap import DEFAULT_HEAP, HEAP_HELP, HEAP_POLICIES  # noqa: E402
 from planner.measure.tables.plans import cpu_topology_ref, measure_many, scale_model  # noqa: E402
 from planner.model.tables.generate import dreamshard_tasks, neuroshard_tasks  # noqa: E402
 from planner.model.tables.ids import model_ids  # noqa: E402
@@ -52,31 +64,42 @@ from planner.model.tables.task import prepare  # noqa: E402
 from planner.sharding.planners import get_planner  # noqa: E402
 
 PLANNERS = ("torchrec", "size_lookup", "greedy", "local_search", "mip")
+#: our planners; ``best`` is the one of their plans with the lowest predicted step cost
+OURS = ("greedy", "local_search", "mip")
+BEST = "best"
+FAMILIES = ("neuroshard", "dreamshard", "any")
 #: TorchRec's plan measured a second time in the same paired run: its ratio to ``torchrec`` is
 #: the noise floor of a per-task ratio
 NOISE = "torchrec_again"
 GiB = 1024 ** 3
 
 
-def make_tasks(n: int, seed: int, scale: float) -> list[dict]:
-    """``n`` scaled tasks: half on 4 devices, half on 8; NeuroShard and DreamShard shapes
-    alternating within each half."""
+def _family_tasks(family: str, seed: int, n: int, devices: int) -> list:
+    """``n`` generated :class:`~planner.model.tables.generate.BenchmarkTask` of ``family``."""
+    if family == "dreamshard":
+        return dreamshard_tasks(seed, n, num_tables=40, devices=devices, memory_bytes=5 * GiB)
+    tasks = neuroshard_tasks(seed, n, devices=devices, memory_bytes=4 * GiB)
+    if family == "any":
+        # the same tables as the neuroshard family, every sharding type allowed
+        tasks = [replace(bt, sharding_types=None) for bt in tasks]
+    return tasks
+
+
+def make_tasks(n: int, seed: int, scale: float,
+               families: Sequence[str] = ("neuroshard", "dreamshard")) -> list[dict]:
+    """``n`` scaled tasks: half on 4 devices, half on 8; ``families`` alternating within each
+    half (task i of a family has the same tables whatever the other families)."""
     out = []
     per = {4: n // 2 + n % 2, 8: n // 2}
     for devices, count in per.items():
-        n_ns = (count + 1) // 2
-        n_ds = count // 2
-        ns = neuroshard_tasks(seed * 1000 + devices, n_ns, devices=devices, memory_bytes=4 * GiB)
-        ds = dreamshard_tasks(seed * 1000 + devices, n_ds, num_tables=40, devices=devices,
-                              memory_bytes=5 * GiB)
-        mixed = []
-        for i in range(max(n_ns, n_ds)):
-            if i < n_ns:
-                mixed.append(("neuroshard", ns[i]))
-            if i < n_ds:
-                mixed.append(("dreamshard", ds[i]))
-        for family, bt in mixed:
-            model = scale_model(bt.model, scale, name=bt.model.name + f"-x{scale:g}")
+        made = {f: _family_tasks(f, seed * 1000 + devices,
+                                 len(range(i, count, len(families))), devices)
+                for i, f in enumerate(families)}
+        for k in range(count):
+            family = families[k % len(families)]
+            bt = made[family][k // len(families)]
+            suffix = "-any" if family == "any" else ""
+            model = scale_model(bt.model, scale, name=bt.model.name + f"{suffix}-x{scale:g}")
             task = bt.task(model=model, memory_bytes=int(bt.memory_bytes * scale),
                            topology=cpu_topology_ref(devices))
             out.append({"name": model.name, "family": family, "devices": devices,
@@ -88,8 +111,12 @@ def make_tasks(n: int, seed: int, scale: float) -> list[dict]:
 def run(args) -> dict:
     from planner.measure.tables.comm import GlooGroup
     t_start = time.perf_counter()
-    tasks = make_tasks(args.tasks, args.seed, args.scale)
     planners = [p.strip() for p in args.planners.split(",") if p.strip()]
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    bad = [f for f in families if f not in FAMILIES]
+    if bad or not families:
+        raise SystemExit(f"--families: unknown {bad or families}; choose from {FAMILIES}")
+    tasks = make_tasks(args.tasks, args.seed, args.scale, families)
     print(f"{len(tasks)} tasks (scale {args.scale:g}), planners {', '.join(planners)}; "
           f"kernels median of {args.repeats}, collectives median of {args.comm_repeats}; "
           f"{os.cpu_count()} cores", flush=True)
@@ -102,7 +129,7 @@ def run(args) -> dict:
             if n not in groups:
                 for g in groups.values():
                     g.close()
-                groups = {n: GlooGroup(n)}
+                groups = {n: GlooGroup(n, heap=args.heap)}
             problem = prepare(task, n)
             ids = model_ids(task.model, seed=args.seed)
             order = planners[k % len(planners):] + planners[:k % len(planners)]
@@ -126,6 +153,7 @@ def run(args) -> dict:
                        "predicted_max_s": plan.max_cost_s if plan is not None else None,
                        "measured_max_s": None, "measured_lookup_max_s": None,
                        "measured_comm_mean_s": None, "types": "", "distinct_plans": None,
+                       "chosen": "",
                        "load_avg": round(os.getloadavg()[0], 2)}
                 if plan is not None:
                     row["types"] = " ".join(f"{k2}:{v}" for k2, v in plan.type_counts().items())
@@ -134,6 +162,11 @@ def run(args) -> dict:
                     if plan.valid:
                         plans[name] = plan
                 task_rows[name] = row
+            ours = [p for p in OURS if p in plans]
+            if ours:
+                # chosen by prediction alone, as a user would pick among our plans
+                pick = min(ours, key=lambda p: plans[p].step_cost_s)
+                task_rows[BEST] = dict(task_rows[pick], planner=BEST, chosen=pick)
             # identical plans are measured once; all distinct plans of the task together
             keys: dict = {}
             for name, plan in plans.items():
@@ -144,7 +177,8 @@ def run(args) -> dict:
                 # TorchRec's plan once more, as if it were another plan: the noise floor
                 batch.append(plans["torchrec"].shardings)
             ms = measure_many(problem, batch, ids=ids, repeats=args.repeats,
-                              comm_repeats=args.comm_repeats, group=groups[n], seed=args.seed)
+                              comm_repeats=args.comm_repeats, group=groups[n], seed=args.seed,
+                              heap=args.heap)
             if args.noise:
                 row = dict(task_rows["torchrec"]) if "torchrec" in task_rows else None
                 if row is not None:
@@ -156,7 +190,8 @@ def run(args) -> dict:
                                    measured_comm_mean_s=sum(m.comm_s) / n)
                     task_rows[NOISE] = row
             for kk, m in zip(uniq, ms):
-                for name in keys[kk]:
+                for name in keys[kk] + ([BEST] if BEST in task_rows
+                                        and task_rows[BEST]["chosen"] in keys[kk] else []):
                     row = task_rows[name]
                     row["measured_step_s"] = m.step_s
                     row["predicted_step_s"] = m.predicted_step_s
@@ -165,7 +200,7 @@ def run(args) -> dict:
                     row["measured_comm_mean_s"] = sum(m.comm_s) / n
                     row["predicted_max_s"] = m.predicted_max_s
                     row["distinct_plans"] = len(uniq)
-            shown = planners + ([NOISE] if NOISE in task_rows else [])
+            shown = planners + [x for x in (BEST, NOISE) if x in task_rows]
             for name in shown:
                 rows.append(task_rows[name])
             line = "  ".join(
@@ -176,11 +211,15 @@ def run(args) -> dict:
     finally:
         for g in groups.values():
             g.close()
+    if any(p in planners for p in OURS):
+        planners = planners + [BEST]
     if args.noise and "torchrec" in planners:
         planners = planners + [NOISE]
     summary = summarise(rows, planners)
     summary["wall_s"] = time.perf_counter() - t_start
-    summary["settings"] = {"tasks": len(tasks), "scale": args.scale, "seed": args.seed,
+    summary["settings"] = {"tasks": len(tasks), "families": families, "heap": args.heap,
+                           "scale": args.scale,
+                           "seed": args.seed,
                            "repeats": args.repeats, "comm_repeats": args.comm_repeats,
                            "mip_limit_s": args.mip_limit, "planners": planners,
                            "cores": os.cpu_count()}
@@ -238,6 +277,8 @@ def summarise(rows, planners, subset=None) -> dict:
                 entry[label] = {"mean_ratio": statistics.fmean(rs),
                                 "median_ratio": statistics.median(rs), "tasks": len(rs),
                                 "wins": sum(1 for x in rs if x < 1.0),
+                                "above": sum(1 for x in rs if x > 1.0),
+                                "max_ratio": max(rs),
                                 "mean_abs_deviation": statistics.fmean([abs(x - 1) for x in rs])}
         res["planners"][p] = entry
     if subset is None:
@@ -260,19 +301,21 @@ def print_summary(summary: dict, planners) -> None:
     def table(s: dict, title: str) -> None:
         print(f"\n{title} ({s['tasks']} tasks)")
         print(f"{'planner':<16}{'valid':>8}{'mean step ms':>13}{'median ms':>11}"
-              f"{'vs torchrec':>17}{'vs size_lookup':>17}{'wins/TR':>9}{'pred err':>10}"
-              f"{'plan s':>8}")
+              f"{'vs torchrec':>17}{'vs size_lookup':>17}{'wins/TR':>9}{'worst/TR':>9}"
+              f"{'pred err':>10}{'plan s':>8}")
         for p in planners:
             e = s["planners"][p]
             mean = e["mean_measured_step_s"]
             med = e["median_measured_step_s"]
             wins = e.get("vs_torchrec")
+            err = e["mean_prediction_error"]
             print(f"{p:<16}{e['valid']:>4}/{e['n']:<3}"
                   f"{(mean * 1e3 if mean else float('nan')):>13.2f}"
                   f"{(med * 1e3 if med else float('nan')):>11.2f}"
                   f"{_fmt_ratio(e, 'vs_torchrec')}{_fmt_ratio(e, 'vs_size_lookup')}"
                   f"{(str(wins['wins']) + '/' + str(wins['tasks'])) if wins else '-':>9}"
-                  f"{(100 * e['mean_prediction_error'] if e['mean_prediction_error'] is not None else float('nan')):>+9.1f}%"
+                  f"{(format(wins['max_ratio'], '.3f')) if wins else '-':>9}"
+                  f"{(100 * err if err is not None else float('nan')):>+9.1f}%"
                   f"{(e['mean_plan_s'] or 0):>8.2f}")
     table(summary, "all tasks — measured step cost (each phase's slowest rank, summed); "
                    "ratios: mean (median) of per-task ratios on tasks where both plans are valid")
@@ -300,8 +343,13 @@ def main(argv=None) -> int:
     ap.add_argument("--comm-repeats", type=int, default=7, help="collective rounds (median)")
     ap.add_argument("--mip-limit", type=float, default=2.0, help="MIP time limit, seconds")
     ap.add_argument("--planners", default=",".join(PLANNERS))
+    ap.add_argument("--families", default="neuroshard,dreamshard",
+                    help="task shapes, alternating: neuroshard (TW, CW allowed), dreamshard "
+                         "(TW only), any (the neuroshard tables, every sharding type allowed: "
+                         "TorchRec's default and bench_vs_torchrec's tasks)")
     ap.add_argument("--no-noise", dest="noise", action="store_false",
                     help="skip re-measuring TorchRec's plan (the noise-floor row)")
+    ap.add_argument("--heap", choices=HEAP_POLICIES, default=DEFAULT_HEAP, help=HEAP_HELP)
     ap.add_argument("--out", default=None, metavar="DIR", help="write results.csv, summary.json")
     args = ap.parse_args(argv)
     if args.quick:

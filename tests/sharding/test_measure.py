@@ -389,6 +389,8 @@ def test_measure_many_pairs_plans(gloo2):
 
 
 def test_plan_measure_and_measure_commands(tmp_path, capsys):
+    """``plan --measure`` and ``measure`` run and report; ``--heap system`` keeps this test
+    process's C heap as it is (``retain``, the default, would hold it for the whole run)."""
     pytest.importorskip("torch")
     from planner.cli.main import main
     csv = tmp_path / "t.csv"
@@ -397,18 +399,21 @@ def test_plan_measure_and_measure_commands(tmp_path, capsys):
                              for i in range(6)))
     plan = tmp_path / "plan.json"
     code = main(["plan", str(csv), "--devices", "2", "--batch-size", "1024", "--measure",
-                 "--repeats", "2", "--json", "--out", str(plan)])
+                 "--repeats", "2", "--heap", "system", "--json", "--out", str(plan)])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["topology"] == cpu_topology_ref(2)
     meas = out["measurement"]
+    assert meas["settings"]["heap"] == "system"
     assert meas["measured_max_s"] > 0 and len(meas["per_rank"]["measured_total_s"]) == 2
     # the step pays each phase's slowest rank: never less than the slowest rank's own sum
     phases = sum(max(v) for v in meas["measured_breakdown_s"].values())
     assert meas["measured_step_s"] == pytest.approx(phases, rel=1e-12)
     assert meas["measured_step_s"] >= meas["measured_max_s"] * (1 - 1e-12)
-    code = main(["measure", str(csv), str(plan), "--repeats", "2", "--no-comm", "--json"])
+    code = main(["measure", str(csv), str(plan), "--repeats", "2", "--no-comm", "--heap",
+                 "system", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0 and doc["planner"] == "greedy" and doc["measured_max_s"] > 0
+    assert doc["settings"]["heap"] == "system"
     assert all(v == 0 for v in doc["measured_breakdown_s"]["input_a2a_s"])
     other = tmp_path / "other.csv"
     other.write_text("name,num_embeddings,embedding_dim,pooling_factor\nx,100,8,1\n")
@@ -455,3 +460,31 @@ def test_an_untimed_gradient_trains_the_same_rows():
     for a, b in zip(*weights):
         assert torch.equal(a, b)
     assert not torch.equal(weights[1][1], torch.zeros_like(weights[1][1]))
+
+
+def test_data_parallel_replicas_run_torchrec_s_dense_kernel_and_train_exactly():
+    """Data-parallel replicas run in FBGEMM's dense TBE, as TorchRec's ``dense`` kernel does
+    (not one ``EmbeddingBag`` each, whose CPU backward is several times slower), grouped by
+    precision; one step moves each row by −lr × its uses (sum pooling, gradient of ones, SGD),
+    in both tables of the group."""
+    pytest.importorskip("fbgemm_gpu")
+    import torch
+    from planner.measure.tables.kernels import LR, KernelTable, RankKernels
+    rng = np.random.default_rng(5)
+    ids = [rng.integers(0, 300, 64 * 4).astype(np.int64), rng.integers(0, 50, 64).astype(np.int64)]
+    tables = [KernelTable(300, 8, "fp32", ids[0], np.arange(0, 64 * 4 + 1, 4, dtype=np.int64),
+                          dense=True, name="a"),
+              KernelTable(50, 4, "fp32", ids[1], np.arange(0, 65, 1, dtype=np.int64),
+                          dense=True, name="b")]
+    k = RankKernels(tables, backend="fbgemm")
+    (part,) = k.parts
+    assert type(part).__name__ == "_FbgemmDense" and len(part.groups) == 1
+    emb = part.groups[0][0]
+    before = [w.detach().clone() for w in emb.split_embedding_weights()]
+    f, b = k.step()
+    assert f > 0 and b > 0
+    for w0, w1, t, x in zip(before, emb.split_embedding_weights(), tables, ids):
+        uses = torch.from_numpy(np.bincount(x, minlength=t.rows).astype(np.float32))
+        expect = w0 - LR * uses[:, None].expand(-1, t.cols)
+        assert torch.allclose(w1, expect, atol=1e-6)
+    k.close()

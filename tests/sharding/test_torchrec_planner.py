@@ -155,3 +155,22 @@ def test_missing_torchrec_says_how_to_install(monkeypatch, tmp_path, capsys, mak
     csv.write_text("name,num_embeddings,embedding_dim,pooling_factor\na,100,8,1\nb,200,8,2\n")
     assert main(["plan", str(csv), "--devices", "2", "--planner", "torchrec"]) == 2
     assert "make setup-torchrec" in capsys.readouterr().err
+
+
+def test_data_parallel_tables_raise_no_torchrec_notice(torchrec, caplog):
+    """TorchRec logs "Sharding spec not found" on the root logger for every data-parallel
+    table of its own plan (they have none, by design); the planner keeps that off the user's
+    screen and leaves the root logger as it found it."""
+    import logging
+
+    from planner.model.tables.spec import ModelSpec, TableSpec
+    from planner.model.tables.task import ShardingTask
+    tables = tuple(TableSpec(name=f"t{i}", num_embeddings=n, embedding_dim=4, pooling_factor=40)
+                   for i, n in enumerate((2000, 3000, 50_000)))
+    task = ShardingTask(model=ModelSpec(name="dp", tables=tables, batch_size=4096, source="t"),
+                        topology=cpu_topology_ref(4), memory_bytes=2 ** 28)
+    with caplog.at_level(logging.WARNING):
+        plan = get_planner("torchrec").plan(task, 4)
+    assert plan.type_counts().get("data_parallel", 0) > 0
+    assert not [r for r in caplog.records if "Sharding spec not found" in r.getMessage()]
+    assert not logging.getLogger().filters

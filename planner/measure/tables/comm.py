@@ -37,6 +37,7 @@ from typing import Any, Sequence
 from simulator.errors import SpecError
 
 from planner.machine import require_torch
+from planner.measure.heap import DEFAULT_HEAP, apply_heap_policy
 from planner.measure.runner import PythonRanks, init_group, release, rendezvous, running, wait
 
 __all__ = ["GlooGroup", "oversubscription"]
@@ -47,9 +48,11 @@ def oversubscription(world: int) -> float:
     return world / max(1, os.cpu_count() or 1)
 
 
-def _worker(rank: int, world: int, rdzv: str, timeout_s: float) -> None:
-    """Worker main: one JSON job per stdin line, one JSON result per stdout line."""
-
+def _worker(rank: int, world: int, rdzv: str, timeout_s: float, heap: str = DEFAULT_HEAP
+            ) -> None:
+    """Worker main: one JSON job per stdin line, one JSON result per stdout line; ``heap`` is
+    the process's C heap policy (:mod:`planner.measure.heap`)."""
+    apply_heap_policy(heap)
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -157,15 +160,17 @@ def align(raw: list[dict]) -> list[dict]:
 class GlooGroup:
     """``world`` gloo processes kept alive to time collectives (see the module docstring).
 
-    The workers are ``python comm.py RANK WORLD PORT TIMEOUT`` subprocesses
+    The workers are ``python comm.py RANK WORLD PORT TIMEOUT HEAP`` subprocesses
     (:class:`planner.measure.runner.PythonRanks`: a calling script needs no
     ``if __name__ == "__main__"`` guard); jobs and results travel as JSON lines over their
-    stdin/stdout. Use as a context manager; :meth:`run` returns, per rank,
+    stdin/stdout. ``heap``: the workers' C heap policy (:mod:`planner.measure.heap`; ``retain``
+    by default, as the validation ranks: buffers above glibc's mmap threshold are not
+    page-faulted in anew every round). Use as a context manager; :meth:`run` returns, per rank,
     ``{name: {"median_s", "samples_s"}}``.
     """
 
-    def __init__(self, world: int, *, timeout_s: float = 300.0, start_timeout_s: float = 180.0
-                 ) -> None:
+    def __init__(self, world: int, *, timeout_s: float = 300.0, start_timeout_s: float = 180.0,
+                 heap: str = DEFAULT_HEAP) -> None:
         if world < 1:
             raise SpecError(f"world size must be ≥ 1, got {world}", source="--devices",
                             fix="pass the number of devices")
@@ -179,8 +184,8 @@ class GlooGroup:
             self._ranks = PythonRanks([])
             return
         rdzv = self._rdzv = rendezvous()
-        self._ranks = PythonRanks([(__file__, r, world, rdzv, timeout_s) for r in range(world)],
-                                  pipes=True)
+        self._ranks = PythonRanks([(__file__, r, world, rdzv, timeout_s, heap)
+                                   for r in range(world)], pipes=True)
         for p in self._ranks.procs:
             threading.Thread(target=self._reader, args=(p,), daemon=True).start()
         self._collect("ready", start_timeout_s)
@@ -276,4 +281,5 @@ class GlooGroup:
 
 if __name__ == "__main__":  # worker entry point (see GlooGroup)
     import sys as _sys
-    _worker(int(_sys.argv[1]), int(_sys.argv[2]), _sys.argv[3], float(_sys.argv[4]))
+    _worker(int(_sys.argv[1]), int(_sys.argv[2]), _sys.argv[3], float(_sys.argv[4]),
+            *_sys.argv[5:6])

@@ -45,6 +45,7 @@ from simulator.errors import SpecError
 from simulator.units import format_bytes, format_time
 
 from planner.machine import cpu_description
+from planner.measure.heap import DEFAULT_HEAP, apply_heap_policy
 from planner.measure.tables.comm import GlooGroup, oversubscription
 from planner.measure.tables.kernels import KernelTable, time_ranks
 from planner.model.tables.cost import BREAKDOWN_KEYS, step_cost_of
@@ -347,15 +348,23 @@ def measure_shardings(problem, shardings: Sequence[TableSharding], *, repeats: i
                       comm: bool = True, group=None, ids: Sequence[TableIds] | None = None,
                       seed: int = 0, backend: str = "auto", flush: bool = True,
                       threads: int = 1, interleave: bool | None = None,
-                      memory_limit_bytes: float | None = None) -> Measurement:
+                      memory_limit_bytes: float | None = None,
+                      heap: str | None = None) -> Measurement:
     """Measure ``shardings`` (one per table) of ``problem``'s model on its ``devices`` ranks.
 
     ``group``: a :class:`~.measure_comm.GlooGroup` of ``devices`` processes to reuse (else one is
     started and closed here); ``comm=False`` skips the collectives (their columns are 0).
     ``ids``: precomputed :func:`model_ids` (else drawn with ``seed``). The prediction is
-    ``problem``'s cost model on the same layouts.
+    ``problem``'s cost model on the same layouts. ``heap``: a C heap policy of
+    :mod:`planner.measure.heap` to set in this process before the kernels are built (None
+    leaves it as it is; gloo processes started here use it too, else ``retain``). Without
+    ``retain`` a data-parallel replica's dense gradient above glibc's 32 MiB mmap threshold is
+    page-faulted in anew every iteration (2.5-4× the backward of such a table on a 2-core EPYC
+    VM), which a trainer on jemalloc/tcmalloc does not pay and the prediction does not model.
     """
     t0 = time.perf_counter()
+    if heap is not None:
+        apply_heap_policy(heap)
     model = problem.model
     n = problem.devices
     total = _check_fits(model, shardings, n, memory_limit_bytes)
@@ -373,7 +382,7 @@ def measure_shardings(problem, shardings: Sequence[TableSharding], *, repeats: i
     ops = comm_ops(model, shardings, ids, n, problem.hosts)
     if comm and ops and n > 1:
         own = group is None
-        g = GlooGroup(n) if own else group
+        g = GlooGroup(n, heap=heap or DEFAULT_HEAP) if own else group
         if g.world != n:
             raise ValueError(f"gloo group has {g.world} ranks, the plan {n}")
         try:
@@ -400,7 +409,7 @@ def measure_shardings(problem, shardings: Sequence[TableSharding], *, repeats: i
                 "comm_repeats": comm_repeats, "comm_warmup": comm_warmup,
                 "kernel": timings[0].backend if timings else backend, "threads": threads,
                 "flush_caches": flush, "interleaved": bool(interleave), "seed": seed,
-                "optimizer": model.optimizer, "comm_backend": "gloo",
+                "optimizer": model.optimizer, "comm_backend": "gloo", "heap": heap,
                 "oversubscription": oversubscription(n),
                 "machine": f"{info.get('cpu_model', '?')}, {info.get('cpu_count')} cores",
                 "torch": info.get("torch"), "fbgemm_gpu": info.get("fbgemm_gpu"),
@@ -424,15 +433,19 @@ def _measure_many(problem, plans: Sequence[Sequence[TableSharding]], *, repeats:
                   warmup: int = 2, comm_repeats: int = 7, comm_warmup: int = 2,
                   comm: bool = True, group=None, ids: Sequence[TableIds] | None = None,
                   seed: int = 0, backend: str = "auto", flush: bool = True, threads: int = 1,
-                  memory_limit_bytes: float | None = None, bar=None) -> list[Measurement]:
+                  memory_limit_bytes: float | None = None, heap: str | None = None,
+                  bar=None) -> list[Measurement]:
     """Measure several plans of one problem *paired*: the kernels of every plan's ranks are built
     together and their iterations interleaved (plan 0 rank 0, plan 0 rank 1, …, plan 1 rank 0,
     …), and all plans' collectives run in one gloo job, interleaved per round — so load from
     other processes, and its drift over time, hits every plan alike and per-task ratios between
     plans are fair. When all plans together would not fit in memory, the plans are measured one
     after another twice, in forward then reverse order, and each rank's two medians averaged.
+    ``heap``: as :func:`measure_shardings`.
     """
     t0 = time.perf_counter()
+    if heap is not None:
+        apply_heap_policy(heap)
     model = problem.model
     n = problem.devices
     if not plans:
@@ -470,7 +483,7 @@ def _measure_many(problem, plans: Sequence[Sequence[TableSharding]], *, repeats:
             ops += [(k, f"{i}|{name}", arg) for k, name, arg in comm_ops(model, sh, ids, n)]
         if ops:
             own = group is None
-            g = GlooGroup(n) if own else group
+            g = GlooGroup(n, heap=heap or DEFAULT_HEAP) if own else group
             try:
                 res = g.run(ops, repeats=comm_repeats, warmup=comm_warmup)
             finally:
@@ -492,7 +505,8 @@ def _measure_many(problem, plans: Sequence[Sequence[TableSharding]], *, repeats:
                     "comm_repeats": comm_repeats, "comm_warmup": comm_warmup, "kernel": kind,
                     "threads": threads, "flush_caches": flush, "paired_with": len(plans) - 1,
                     "interleaved": together, "seed": seed, "optimizer": model.optimizer,
-                    "comm_backend": "gloo", "oversubscription": oversubscription(n),
+                    "comm_backend": "gloo", "heap": heap,
+                    "oversubscription": oversubscription(n),
                     "machine": f"{info.get('cpu_model', '?')}, {info.get('cpu_count')} cores",
                     "torch": info.get("torch"), "fbgemm_gpu": info.get("fbgemm_gpu"),
                     "predicted_with": problem.topology_ref}
