@@ -34,8 +34,11 @@ for each other at every collective; the slowest rank's own sum is in the CSV as
 planner: mean measured step cost over the tasks where it is valid, the mean of its per-task
 ratio to TorchRec's plan and to size-lookup's (on the tasks both are valid), the median ratio,
 ``valid x/N`` (invalid plans are counted, never averaged), the tasks it beats TorchRec's plan
-on and its worst ratio to it, the prediction error of the step cost, and the mean plan time;
-then the same split by device count and by family. ``--out DIR`` writes
+on and its worst ratio to it, ``sure -/+``: the tasks where the paired-bootstrap 95% interval
+of that ratio (:mod:`planner.measure.tables.paired`; ``ratio_lo``/``ratio_hi`` in the CSV) lies
+wholly below / above 1, the prediction error of the step cost, and the mean plan time; then
+the same split by device count and by family. The noise row's intervals check the method:
+TorchRec's plan against itself should exclude 1 on about 5% of tasks. ``--out DIR`` writes
 ``results.csv`` (one row per task × planner) and ``summary.json``.
 """
 
@@ -57,6 +60,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from planner.measure.heap import DEFAULT_HEAP, HEAP_HELP, HEAP_POLICIES  # noqa: E402
+from planner.measure.tables.paired import step_ratio_interval  # noqa: E402
 from planner.measure.tables.plans import cpu_topology_ref, measure_many, scale_model  # noqa: E402
 from planner.model.tables.generate import dreamshard_tasks, neuroshard_tasks  # noqa: E402
 from planner.model.tables.ids import model_ids  # noqa: E402
@@ -153,7 +157,7 @@ def run(args) -> dict:
                        "predicted_max_s": plan.max_cost_s if plan is not None else None,
                        "measured_max_s": None, "measured_lookup_max_s": None,
                        "measured_comm_mean_s": None, "types": "", "distinct_plans": None,
-                       "chosen": "",
+                       "chosen": "", "ratio_lo": None, "ratio_hi": None,
                        "load_avg": round(os.getloadavg()[0], 2)}
                 if plan is not None:
                     row["types"] = " ".join(f"{k2}:{v}" for k2, v in plan.type_counts().items())
@@ -189,9 +193,11 @@ def run(args) -> dict:
                                    measured_lookup_max_s=max(m.lookup_s),
                                    measured_comm_mean_s=sum(m.comm_s) / n)
                     task_rows[NOISE] = row
+            meas = {NOISE: ms[-1]} if args.noise and "torchrec" in plans else {}
             for kk, m in zip(uniq, ms):
                 for name in keys[kk] + ([BEST] if BEST in task_rows
                                         and task_rows[BEST]["chosen"] in keys[kk] else []):
+                    meas[name] = m
                     row = task_rows[name]
                     row["measured_step_s"] = m.step_s
                     row["predicted_step_s"] = m.predicted_step_s
@@ -200,6 +206,7 @@ def run(args) -> dict:
                     row["measured_comm_mean_s"] = sum(m.comm_s) / n
                     row["predicted_max_s"] = m.predicted_max_s
                     row["distinct_plans"] = len(uniq)
+            _intervals(task_rows, meas)
             shown = planners + [x for x in (BEST, NOISE) if x in task_rows]
             for name in shown:
                 rows.append(task_rows[name])
@@ -236,6 +243,18 @@ def run(args) -> dict:
     return summary
 
 
+def _intervals(task_rows: dict, meas: dict) -> None:
+    """Each row's paired-bootstrap 95% interval of its measured step over TorchRec's plan's
+    (``ratio_lo``, ``ratio_hi``; TorchRec's own plan and identical plans: exactly 1)."""
+    base = meas.get("torchrec")
+    for name, m in meas.items():
+        if base is None:
+            return
+        iv = (1.0, 1.0) if m is base else step_ratio_interval(m, base)
+        if iv is not None:
+            task_rows[name]["ratio_lo"], task_rows[name]["ratio_hi"] = iv
+
+
 def _ratios(rows, planners, base, subset=None):
     by_task: dict[str, dict] = {}
     for r in rows:
@@ -247,6 +266,12 @@ def _ratios(rows, planners, base, subset=None):
               if p in t and base in t and t[p]["valid"] and t[base]["valid"]]
         out[p] = rs
     return out
+
+
+def _sure(rows, planner: str, *, above: bool) -> int:
+    """Tasks where ``planner``'s plan is above (below) TorchRec's with its whole 95% interval."""
+    return sum(1 for r in rows if r["planner"] == planner and r.get("ratio_lo") is not None
+               and (r["ratio_lo"] > 1.0 if above else r["ratio_hi"] < 1.0))
 
 
 def summarise(rows, planners, subset=None) -> dict:
@@ -280,6 +305,10 @@ def summarise(rows, planners, subset=None) -> dict:
                                 "above": sum(1 for x in rs if x > 1.0),
                                 "max_ratio": max(rs),
                                 "mean_abs_deviation": statistics.fmean([abs(x - 1) for x in rs])}
+        if "vs_torchrec" in entry:
+            # tasks whose whole paired 95% interval lies above (below) TorchRec's plan
+            entry["vs_torchrec"].update(surely_above=_sure(sel, p, above=True),
+                                        surely_below=_sure(sel, p, above=False))
         res["planners"][p] = entry
     if subset is None:
         res["by_devices"] = {str(d): summarise(rows, planners,
@@ -302,19 +331,21 @@ def print_summary(summary: dict, planners) -> None:
         print(f"\n{title} ({s['tasks']} tasks)")
         print(f"{'planner':<16}{'valid':>8}{'mean step ms':>13}{'median ms':>11}"
               f"{'vs torchrec':>17}{'vs size_lookup':>17}{'wins/TR':>9}{'worst/TR':>9}"
-              f"{'pred err':>10}{'plan s':>8}")
+              f"{'sure -/+':>9}{'pred err':>10}{'plan s':>8}")
         for p in planners:
             e = s["planners"][p]
             mean = e["mean_measured_step_s"]
             med = e["median_measured_step_s"]
             wins = e.get("vs_torchrec")
             err = e["mean_prediction_error"]
+            sure = f"{wins['surely_below']}/{wins['surely_above']}" if wins else "-"
             print(f"{p:<16}{e['valid']:>4}/{e['n']:<3}"
                   f"{(mean * 1e3 if mean else float('nan')):>13.2f}"
                   f"{(med * 1e3 if med else float('nan')):>11.2f}"
                   f"{_fmt_ratio(e, 'vs_torchrec')}{_fmt_ratio(e, 'vs_size_lookup')}"
                   f"{(str(wins['wins']) + '/' + str(wins['tasks'])) if wins else '-':>9}"
                   f"{(format(wins['max_ratio'], '.3f')) if wins else '-':>9}"
+                  f"{sure:>9}"
                   f"{(100 * err if err is not None else float('nan')):>+9.1f}%"
                   f"{(e['mean_plan_s'] or 0):>8.2f}")
     table(summary, "all tasks — measured step cost (each phase's slowest rank, summed); "
@@ -323,7 +354,8 @@ def print_summary(summary: dict, planners) -> None:
     if noise:
         print(f"noise floor: TorchRec's plan measured twice in the same run: mean ratio "
               f"{noise['mean_ratio']:.3f}, mean |ratio − 1| {noise['mean_abs_deviation']:.3f} "
-              f"over {noise['tasks']} tasks")
+              f"over {noise['tasks']} tasks; its paired 95% interval excludes 1 on "
+              f"{noise['surely_below'] + noise['surely_above']} of them")
     for d, s in summary.get("by_devices", {}).items():
         table(s, f"{d} devices")
     for f, s in summary.get("by_family", {}).items():

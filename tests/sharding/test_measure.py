@@ -15,6 +15,7 @@ import pytest
 
 from simulator.errors import SpecError
 
+from planner.measure.tables.paired import step_ratio_interval
 from planner.measure.tables.plans import comm_ops, cpu_topology_ref, rank_work, scale_model
 from planner.model.tables.access import default_reuse_bins
 from planner.model.tables.cost import CostConfig
@@ -386,6 +387,17 @@ def test_measure_many_pairs_plans(gloo2):
     assert a.slowest_rank == 0 and b.slowest_rank == 1
     assert a.settings["paired_with"] == 1
     assert b.lookup_s[1] > 2 * b.lookup_s[0]
+    # the medians come from the kept samples: lookups per iteration, collectives per round
+    for m_ in (a, b):
+        for k in ("lookup_fwd_s", "lookup_bwd_s"):
+            assert all(len(xs) == 3 for xs in m_.samples_s[k])
+            assert m_.measured_s[k] == pytest.approx([np.median(xs) for xs in m_.samples_s[k]])
+        comm = [k for k, v in m_.measured_s.items() if k not in ("lookup_fwd_s", "lookup_bwd_s")
+                and any(v)]
+        assert comm and all(len(xs) == 3 for k in comm for xs in m_.samples_s[k])
+    # the samples are enough for a paired interval (its width is this host's noise)
+    lo, hi = step_ratio_interval(a, b)
+    assert 0 < lo <= hi < math.inf
 
 
 def test_plan_measure_and_measure_commands(tmp_path, capsys):
@@ -488,3 +500,42 @@ def test_data_parallel_replicas_run_torchrec_s_dense_kernel_and_train_exactly():
         expect = w0 - LR * uses[:, None].expand(-1, t.cols)
         assert torch.allclose(w1, expect, atol=1e-6)
     k.close()
+
+
+def _fake(samples: dict, devices: int = 2):
+    from planner.measure.tables.plans import Measurement
+    med = {k: [float(np.median(x)) if len(x) else 0.0 for x in v] for k, v in samples.items()}
+    return Measurement(devices=devices, measured_s=med, predicted_s=med,
+                       samples_s={k: [list(x) for x in v] for k, v in samples.items()})
+
+
+def test_paired_interval_cancels_load_both_plans_saw():
+    """Load that slowed iteration k of both plans alike cancels in the paired interval: a
+    plan 20% dearer at every index gives [1.2, 1.2] however noisy the host; two plans with
+    independent noise and one median get an interval holding 1; identical samples give 1."""
+    rng = np.random.default_rng(0)
+    load = rng.lognormal(0.0, 0.4, size=9)                  # common to both plans per index
+    rounds = rng.lognormal(0.0, 0.4, size=7)
+    base = {"lookup_fwd_s": [0.010 * load, 0.008 * load],
+            "lookup_bwd_s": [0.020 * load, 0.021 * load],
+            "output_a2a_fwd_s": [0.005 * rounds, 0.006 * rounds]}
+    b = _fake(base)
+    a = _fake({k: [1.2 * x for x in v] for k, v in base.items()})
+    lo, hi = step_ratio_interval(a, b)
+    assert lo == pytest.approx(1.2) and hi == pytest.approx(1.2)
+    assert step_ratio_interval(b, b) == pytest.approx((1.0, 1.0))
+    c = _fake({k: [x * rng.lognormal(0.0, 0.2, size=x.size) for x in v]
+               for k, v in base.items()})
+    lo, hi = step_ratio_interval(c, b)
+    assert lo < 1.0 < hi and hi - lo > 0.05
+
+
+def test_paired_interval_needs_the_samples():
+    """Plans measured one after another keep no samples: no interval, rather than a wrong one."""
+    from planner.measure.tables.plans import Measurement
+    b = _fake({"lookup_fwd_s": [np.ones(5), np.ones(5)]})
+    bare = Measurement(devices=2, measured_s={"lookup_fwd_s": [1.0, 1.0]},
+                       predicted_s={"lookup_fwd_s": [1.0, 1.0]})
+    assert step_ratio_interval(bare, b) is None
+    with pytest.raises(ValueError, match="device counts"):
+        step_ratio_interval(_fake({"lookup_fwd_s": [np.ones(5)]}, devices=1), b)

@@ -192,6 +192,10 @@ class Measurement:
     settings: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     wall_s: float = 0.0
+    #: per key and rank, the timed iterations (lookups) or rounds (collectives) the medians
+    #: come from, in the order they ran (:func:`measure_many` with all plans built together;
+    #: else empty): :mod:`.paired` resamples them
+    samples_s: Mapping[str, list[list[float]]] = field(default_factory=dict)
 
     @staticmethod
     def _sum(d: Mapping[str, list[float]], keys) -> list[float]:
@@ -454,6 +458,7 @@ def _measure_many(problem, plans: Sequence[Sequence[TableSharding]], *, repeats:
     if ids is None:
         ids = model_ids(model, seed=seed)
     measured = [{k: [0.0] * n for k in BREAKDOWN_KEYS} for _ in plans]
+    samples: list[dict[str, list[list[float]]]] = [{} for _ in plans]
     together = sum(totals) <= 0.3 * _available_bytes()
     kind = backend
     if together:
@@ -464,6 +469,8 @@ def _measure_many(problem, plans: Sequence[Sequence[TableSharding]], *, repeats:
         for i in range(len(plans)):
             measured[i]["lookup_fwd_s"] = [t.fwd_s for t in tm[i * n:(i + 1) * n]]
             measured[i]["lookup_bwd_s"] = [t.bwd_s for t in tm[i * n:(i + 1) * n]]
+            samples[i]["lookup_fwd_s"] = [list(t.fwd_samples) for t in tm[i * n:(i + 1) * n]]
+            samples[i]["lookup_bwd_s"] = [list(t.bwd_samples) for t in tm[i * n:(i + 1) * n]]
     else:
         order = list(range(len(plans)))
         for i in order + order[::-1]:
@@ -493,6 +500,8 @@ def _measure_many(problem, plans: Sequence[Sequence[TableSharding]], *, repeats:
                 for name, v in res[r].items():
                     i, op = name.split("|", 1)
                     measured[int(i)][_OP_KEY[op]][r] += float(v["median_s"])
+                    if together:
+                        _add_rounds(samples[int(i)], _OP_KEY[op], r, n, v["samples_s"])
         over = oversubscription(n)
         if over > 1:
             notes.append(f"{n} gloo processes share {n / over:.0f} cores ({over:.1f} per core): "
@@ -510,12 +519,23 @@ def _measure_many(problem, plans: Sequence[Sequence[TableSharding]], *, repeats:
                     "machine": f"{info.get('cpu_model', '?')}, {info.get('cpu_count')} cores",
                     "torch": info.get("torch"), "fbgemm_gpu": info.get("fbgemm_gpu"),
                     "predicted_with": problem.topology_ref}
-        out.append(Measurement(devices=n, measured_s=measured[i],
+        out.append(Measurement(devices=n, measured_s=measured[i], samples_s=samples[i],
                                predicted_s={k: [float(x) for x in ev.breakdown_s[k]]
                                             for k in BREAKDOWN_KEYS},
                                settings=settings, notes=tuple(notes),
                                wall_s=time.perf_counter() - t0))
     return out
+
+
+def _add_rounds(samples: dict, key: str, rank: int, n: int, rounds: Sequence[float]) -> None:
+    """Add one collective's per-round times to ``samples[key][rank]`` round by round (several
+    collectives fall under one key, as their medians add up in ``measured_s``)."""
+    per_rank = samples.setdefault(key, [[] for _ in range(n)])
+    have = per_rank[rank]
+    if not have:
+        have.extend(float(x) for x in rounds)
+    elif len(rounds) == len(have):
+        per_rank[rank] = [a + float(b) for a, b in zip(have, rounds)]
 
 
 def measure_plan(plan, task, **kw) -> Measurement:
