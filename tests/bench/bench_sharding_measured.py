@@ -112,6 +112,88 @@ def make_tasks(n: int, seed: int, scale: float,
     return out
 
 
+def _plan_row(info: dict, name: str, plan, err: str, plan_s: float) -> dict:
+    """The CSV row of one planner's plan of a task (measured columns filled later)."""
+    row = {"task": info["name"], "family": info["family"], "devices": info["devices"],
+           "tables": info["tables"], "planner": name, "plan_s": round(plan_s, 3),
+           "valid": bool(plan is not None and plan.valid), "error": err,
+           "predicted_step_s": plan.step_cost_s if plan is not None else None,
+           "measured_step_s": None,
+           "predicted_max_s": plan.max_cost_s if plan is not None else None,
+           "measured_max_s": None, "measured_lookup_max_s": None,
+           "measured_comm_mean_s": None, "types": "", "distinct_plans": None,
+           "chosen": "", "ratio_lo": None, "ratio_hi": None,
+           "load_avg": round(os.getloadavg()[0], 2)}
+    if plan is not None:
+        row["types"] = " ".join(f"{k}:{v}" for k, v in plan.type_counts().items())
+        if not plan.valid and not err:
+            row["error"] = "; ".join(plan.problems[:2])
+    return row
+
+
+def _plan_task(info: dict, order: Sequence[str], args) -> tuple[dict, dict]:
+    """Every planner's plan of one task: (rows by planner, valid plans by planner), with the
+    ``best`` row: our plan with the lowest predicted step cost, picked as a user would."""
+    task, n = info["task"], info["devices"]
+    task_rows, plans = {}, {}
+    for name in order:
+        opts = {"solver": "cbc"} if name == "mip" else {}
+        t0 = time.perf_counter()
+        try:
+            plan = get_planner(name, **opts).plan(
+                task, n, seed=args.seed,
+                time_limit_s=args.mip_limit if name in ("mip", "local_search") else None)
+            err = ""
+        except Exception as exc:              # an infeasible plan is a result, not a crash
+            plan, err = None, f"{type(exc).__name__}: {str(exc)[:160]}"
+        task_rows[name] = _plan_row(info, name, plan, err, time.perf_counter() - t0)
+        if plan is not None and plan.valid:
+            plans[name] = plan
+    ours = [p for p in OURS if p in plans]
+    if ours:
+        pick = min(ours, key=lambda p: plans[p].step_cost_s)
+        task_rows[BEST] = dict(task_rows[pick], planner=BEST, chosen=pick)
+    return task_rows, plans
+
+
+def _fill(row: dict, m, distinct: int | None = None) -> None:
+    """A row's measured columns from its plan's :class:`Measurement`."""
+    row.update(measured_step_s=m.step_s, measured_max_s=m.max_s,
+               measured_lookup_max_s=max(m.lookup_s),
+               measured_comm_mean_s=sum(m.comm_s) / m.devices)
+    if distinct is not None:
+        row.update(predicted_step_s=m.predicted_step_s, predicted_max_s=m.predicted_max_s,
+                   distinct_plans=distinct)
+
+
+def _measure_task(info: dict, task_rows: dict, plans: dict, group, args) -> None:
+    """Measure a task's distinct valid plans together (paired), TorchRec's once more as the
+    noise row; fill the rows and their intervals against TorchRec's plan."""
+    task, n = info["task"], info["devices"]
+    keys: dict = {}
+    for name, plan in plans.items():
+        keys.setdefault(tuple(ts.key() for ts in plan.shardings), []).append(name)
+    uniq = list(keys)
+    batch = [plans[keys[kk][0]].shardings for kk in uniq]
+    noise = args.noise and "torchrec" in plans
+    if noise:
+        batch.append(plans["torchrec"].shardings)
+    ms = measure_many(prepare(task, n), batch, ids=model_ids(task.model, seed=args.seed),
+                      repeats=args.repeats, comm_repeats=args.comm_repeats, group=group,
+                      seed=args.seed, heap=args.heap)
+    if args.noise and "torchrec" in task_rows:
+        task_rows[NOISE] = dict(task_rows["torchrec"], planner=NOISE)
+        if noise:
+            _fill(task_rows[NOISE], ms[-1])
+    meas = {NOISE: ms[-1]} if noise else {}
+    for kk, m in zip(uniq, ms):
+        best = [BEST] if BEST in task_rows and task_rows[BEST]["chosen"] in keys[kk] else []
+        for name in keys[kk] + best:
+            meas[name] = m
+            _fill(task_rows[name], m, len(uniq))
+    _intervals(task_rows, meas)
+
+
 def run(args) -> dict:
     from planner.measure.tables.comm import GlooGroup
     t_start = time.perf_counter()
@@ -129,87 +211,15 @@ def run(args) -> dict:
     try:
         for k, info in enumerate(tasks):
             n = info["devices"]
-            task = info["task"]
             if n not in groups:
                 for g in groups.values():
                     g.close()
                 groups = {n: GlooGroup(n, heap=args.heap)}
-            problem = prepare(task, n)
-            ids = model_ids(task.model, seed=args.seed)
             order = planners[k % len(planners):] + planners[:k % len(planners)]
-            task_rows, plans = {}, {}
-            for name in order:
-                opts = {"solver": "cbc"} if name == "mip" else {}
-                t0 = time.perf_counter()
-                try:
-                    plan = get_planner(name, **opts).plan(
-                        task, n, seed=args.seed,
-                        time_limit_s=args.mip_limit if name in ("mip", "local_search") else None)
-                    err = ""
-                except Exception as exc:              # an infeasible plan is a result, not a crash
-                    plan, err = None, f"{type(exc).__name__}: {str(exc)[:160]}"
-                plan_s = time.perf_counter() - t0
-                row = {"task": info["name"], "family": info["family"], "devices": n,
-                       "tables": info["tables"], "planner": name, "plan_s": round(plan_s, 3),
-                       "valid": bool(plan is not None and plan.valid), "error": err,
-                       "predicted_step_s": plan.step_cost_s if plan is not None else None,
-                       "measured_step_s": None,
-                       "predicted_max_s": plan.max_cost_s if plan is not None else None,
-                       "measured_max_s": None, "measured_lookup_max_s": None,
-                       "measured_comm_mean_s": None, "types": "", "distinct_plans": None,
-                       "chosen": "", "ratio_lo": None, "ratio_hi": None,
-                       "load_avg": round(os.getloadavg()[0], 2)}
-                if plan is not None:
-                    row["types"] = " ".join(f"{k2}:{v}" for k2, v in plan.type_counts().items())
-                    if not plan.valid and not err:
-                        row["error"] = "; ".join(plan.problems[:2])
-                    if plan.valid:
-                        plans[name] = plan
-                task_rows[name] = row
-            ours = [p for p in OURS if p in plans]
-            if ours:
-                # chosen by prediction alone, as a user would pick among our plans
-                pick = min(ours, key=lambda p: plans[p].step_cost_s)
-                task_rows[BEST] = dict(task_rows[pick], planner=BEST, chosen=pick)
-            # identical plans are measured once; all distinct plans of the task together
-            keys: dict = {}
-            for name, plan in plans.items():
-                keys.setdefault(tuple(ts.key() for ts in plan.shardings), []).append(name)
-            uniq = list(keys)
-            batch = [plans[keys[kk][0]].shardings for kk in uniq]
-            if args.noise and "torchrec" in plans:
-                # TorchRec's plan once more, as if it were another plan: the noise floor
-                batch.append(plans["torchrec"].shardings)
-            ms = measure_many(problem, batch, ids=ids, repeats=args.repeats,
-                              comm_repeats=args.comm_repeats, group=groups[n], seed=args.seed,
-                              heap=args.heap)
-            if args.noise:
-                row = dict(task_rows["torchrec"]) if "torchrec" in task_rows else None
-                if row is not None:
-                    row["planner"] = NOISE
-                    if "torchrec" in plans:
-                        m = ms[-1]
-                        row.update(measured_step_s=m.step_s, measured_max_s=m.max_s,
-                                   measured_lookup_max_s=max(m.lookup_s),
-                                   measured_comm_mean_s=sum(m.comm_s) / n)
-                    task_rows[NOISE] = row
-            meas = {NOISE: ms[-1]} if args.noise and "torchrec" in plans else {}
-            for kk, m in zip(uniq, ms):
-                for name in keys[kk] + ([BEST] if BEST in task_rows
-                                        and task_rows[BEST]["chosen"] in keys[kk] else []):
-                    meas[name] = m
-                    row = task_rows[name]
-                    row["measured_step_s"] = m.step_s
-                    row["predicted_step_s"] = m.predicted_step_s
-                    row["measured_max_s"] = m.max_s
-                    row["measured_lookup_max_s"] = max(m.lookup_s)
-                    row["measured_comm_mean_s"] = sum(m.comm_s) / n
-                    row["predicted_max_s"] = m.predicted_max_s
-                    row["distinct_plans"] = len(uniq)
-            _intervals(task_rows, meas)
+            task_rows, plans = _plan_task(info, order, args)
+            _measure_task(info, task_rows, plans, groups[n], args)
             shown = planners + [x for x in (BEST, NOISE) if x in task_rows]
-            for name in shown:
-                rows.append(task_rows[name])
+            rows += [task_rows[name] for name in shown]
             line = "  ".join(
                 f"{p} {task_rows[p]['measured_step_s'] * 1e3:7.2f}" if task_rows[p]["valid"]
                 else f"{p} invalid" for p in shown)
@@ -225,22 +235,24 @@ def run(args) -> dict:
     summary = summarise(rows, planners)
     summary["wall_s"] = time.perf_counter() - t_start
     summary["settings"] = {"tasks": len(tasks), "families": families, "heap": args.heap,
-                           "scale": args.scale,
-                           "seed": args.seed,
-                           "repeats": args.repeats, "comm_repeats": args.comm_repeats,
-                           "mip_limit_s": args.mip_limit, "planners": planners,
-                           "cores": os.cpu_count()}
+                           "scale": args.scale, "seed": args.seed, "repeats": args.repeats,
+                           "comm_repeats": args.comm_repeats, "mip_limit_s": args.mip_limit,
+                           "planners": planners, "cores": os.cpu_count()}
     print_summary(summary, planners)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out / "results.csv", "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
-            w.writeheader()
-            w.writerows(rows)
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        print(f"wrote {out / 'results.csv'} and {out / 'summary.json'}")
+        _write(Path(args.out), rows, summary)
     return summary
+
+
+def _write(out: Path, rows: list[dict], summary: dict) -> None:
+    """``results.csv`` (one row per task and planner) and ``summary.json`` in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "results.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {out / 'results.csv'} and {out / 'summary.json'}")
 
 
 def _intervals(task_rows: dict, meas: dict) -> None:
