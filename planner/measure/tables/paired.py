@@ -19,25 +19,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.model.tables.cost import BREAKDOWN_KEYS
+from planner.measure.tables.measurement import COMM_KEYS, LOOKUP_KEYS
+from planner.model.tables.cost import step_cost_of
 
 __all__ = ["step_ratio_interval"]
-
-_LOOKUP = ("lookup_fwd_s", "lookup_bwd_s")
 
 
 def _arrays(m, key: str, length: int) -> np.ndarray | None:
     """``(ranks, length)`` samples of ``key`` (a rank without any: zeros); None when the
-    measurement has a nonzero median there but no samples."""
+    measurement kept none of that length."""
     per_rank = m.samples_s.get(key)
-    if per_rank is None:
-        return None if any(m.measured_s.get(key, [0.0])) else np.zeros((m.devices, length))
+    if per_rank is None or any(xs and len(xs) != length for xs in per_rank):
+        return None
     out = np.zeros((m.devices, length))
     for r, xs in enumerate(per_rank):
-        if len(xs) == length:
+        if xs:
             out[r] = xs
-        elif xs:
-            return None
     return out
 
 
@@ -48,17 +45,18 @@ def _length(a, b, keys) -> int:
 
 
 def _costs(m, idx: dict[str, np.ndarray]) -> np.ndarray | None:
-    """Step cost per bootstrap draw: per key the slowest rank's median, summed."""
-    total = 0.0
-    for key in BREAKDOWN_KEYS:
-        sel = idx["lookup" if key in _LOOKUP else "comm"]
-        x = _arrays(m, key, sel.shape[1]) if sel.size else None
-        if x is None:
-            if sel.size == 0 and not any(m.measured_s.get(key, [0.0])):
-                continue
+    """Step cost per bootstrap draw (:func:`step_cost_of` of each key's resampled medians);
+    None when a key that cost time has no samples to resample."""
+    comps = {}
+    for key, x in m.measured_s.items():
+        if not any(x):
+            continue
+        sel = idx["lookup" if key in LOOKUP_KEYS else "comm"]
+        arr = _arrays(m, key, sel.shape[1])
+        if arr is None or sel.size == 0:
             return None
-        total = total + np.median(x[:, sel], axis=-1).max(axis=0)
-    return np.asarray(total)
+        comps[key] = np.median(arr[:, sel], axis=-1).T          # (draws, ranks)
+    return np.asarray(step_cost_of(comps)) if comps else None
 
 
 def step_ratio_interval(a, b, *, level: float = 0.95, draws: int = 2000,
@@ -68,8 +66,8 @@ def step_ratio_interval(a, b, *, level: float = 0.95, draws: int = 2000,
     either lacks the samples (plans measured one after another, or a different count)."""
     if a.devices != b.devices:
         raise ValueError("two measurements of different device counts are not paired")
-    n_look = _length(a, b, _LOOKUP)
-    n_comm = _length(a, b, [k for k in BREAKDOWN_KEYS if k not in _LOOKUP])
+    n_look = _length(a, b, LOOKUP_KEYS)
+    n_comm = _length(a, b, COMM_KEYS)
     if n_look == 0:
         return None
     rng = np.random.default_rng(seed)

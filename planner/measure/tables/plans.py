@@ -36,19 +36,25 @@ result says so (``oversubscription``) and such communication times include sched
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from dataclasses import replace
+from typing import Sequence
 
 import numpy as np
 
 from simulator.errors import SpecError
-from simulator.units import format_bytes, format_time
+from simulator.units import format_bytes
 
 from planner.machine import cpu_description
 from planner.measure.heap import DEFAULT_HEAP, apply_heap_policy
 from planner.measure.tables.comm import GlooGroup, oversubscription
 from planner.measure.tables.kernels import KernelTable, time_ranks
-from planner.model.tables.cost import BREAKDOWN_KEYS, step_cost_of
+from planner.measure.tables.measurement import (
+    COMM_KEYS,
+    LOOKUP_KEYS,
+    Measurement,
+    format_measurement,
+)
+from planner.model.tables.cost import BREAKDOWN_KEYS
 from planner.model.tables.ids import TableIds, local_batches, model_ids
 from planner.model.tables.memory import shard_memory_bytes
 from planner.model.tables.plan import evaluate_shardings
@@ -61,8 +67,6 @@ __all__ = ["Measurement", "measure_shardings", "measure_many", "measure_plan", "
            "cpu_topology_ref", "rank_work", "comm_ops", "LOOKUP_KEYS", "COMM_KEYS",
            "format_measurement"]
 
-LOOKUP_KEYS = ("lookup_fwd_s", "lookup_bwd_s")
-COMM_KEYS = tuple(k for k in BREAKDOWN_KEYS if k not in LOOKUP_KEYS)
 ID_BYTES = 8
 LENGTH_BYTES = 4
 
@@ -173,131 +177,6 @@ _OP_KEY = {"input_a2a_s": "input_a2a_s", "output_a2a_fwd_s": "output_a2a_fwd_s",
            "rw_allgather": "row_wise_comm_s", "twrw_reducescatter": "table_row_wise_comm_s",
            "twrw_allgather": "table_row_wise_comm_s",
            "data_parallel_allreduce_s": "data_parallel_allreduce_s"}
-
-
-# ---------------------------------------------------------------------------------------------
-# result
-
-@dataclass
-class Measurement:
-    """Measured and predicted per-rank cost of one plan (seconds; see the module docstring).
-
-    ``measured_s`` and ``predicted_s`` map each of :data:`~planner.model.tables.cost.BREAKDOWN_KEYS`
-    to a per-rank list.
-    """
-
-    devices: int
-    measured_s: Mapping[str, list[float]]
-    predicted_s: Mapping[str, list[float]]
-    settings: Mapping[str, Any] = field(default_factory=dict)
-    notes: tuple[str, ...] = ()
-    wall_s: float = 0.0
-    #: per key and rank, the timed iterations (lookups) or rounds (collectives) the medians
-    #: come from, in the order they ran (:func:`measure_many` with all plans built together;
-    #: else empty): :mod:`.paired` resamples them
-    samples_s: Mapping[str, list[list[float]]] = field(default_factory=dict)
-
-    @staticmethod
-    def _sum(d: Mapping[str, list[float]], keys) -> list[float]:
-        n = len(next(iter(d.values()))) if d else 0
-        return [float(sum(d[k][r] for k in keys if k in d)) for r in range(n)]
-
-    @property
-    def lookup_s(self) -> list[float]:
-        return self._sum(self.measured_s, LOOKUP_KEYS)
-
-    @property
-    def comm_s(self) -> list[float]:
-        return self._sum(self.measured_s, COMM_KEYS)
-
-    @property
-    def total_s(self) -> list[float]:
-        return [a + b for a, b in zip(self.lookup_s, self.comm_s)]
-
-    @property
-    def max_s(self) -> float:
-        return max(self.total_s)
-
-    @property
-    def step_s(self) -> float:
-        """Measured step cost: each phase's slowest rank, summed (what the step pays, as
-        :meth:`~planner.model.tables.cost.CostModel.step_cost` predicts it)."""
-        return step_cost_of({k: np.asarray(v) for k, v in self.measured_s.items()})
-
-    @property
-    def predicted_step_s(self) -> float:
-        return step_cost_of({k: np.asarray(v) for k, v in self.predicted_s.items()})
-
-    @property
-    def predicted_lookup_s(self) -> list[float]:
-        return self._sum(self.predicted_s, LOOKUP_KEYS)
-
-    @property
-    def predicted_comm_s(self) -> list[float]:
-        return self._sum(self.predicted_s, COMM_KEYS)
-
-    @property
-    def predicted_total_s(self) -> list[float]:
-        return [a + b for a, b in zip(self.predicted_lookup_s, self.predicted_comm_s)]
-
-    @property
-    def predicted_max_s(self) -> float:
-        return max(self.predicted_total_s)
-
-    @property
-    def slowest_rank(self) -> int:
-        t = self.total_s
-        return int(max(range(len(t)), key=lambda r: t[r]))
-
-    def to_dict(self) -> dict:
-        return {"devices": self.devices, "measured_step_s": self.step_s,
-                "predicted_step_s": self.predicted_step_s,
-                "step_error": (self.predicted_step_s - self.step_s) / self.step_s
-                if self.step_s > 0 else None,
-                "measured_max_s": self.max_s,
-                "predicted_max_s": self.predicted_max_s,
-                "max_error": (self.predicted_max_s - self.max_s) / self.max_s
-                if self.max_s > 0 else None,
-                "slowest_rank": self.slowest_rank,
-                "per_rank": {"measured_lookup_s": self.lookup_s,
-                             "measured_comm_s": self.comm_s,
-                             "measured_total_s": self.total_s,
-                             "predicted_lookup_s": self.predicted_lookup_s,
-                             "predicted_comm_s": self.predicted_comm_s,
-                             "predicted_total_s": self.predicted_total_s},
-                "measured_breakdown_s": {k: list(v) for k, v in self.measured_s.items()},
-                "predicted_breakdown_s": {k: list(v) for k, v in self.predicted_s.items()},
-                "settings": dict(self.settings), "notes": list(self.notes),
-                "wall_s": self.wall_s}
-
-
-def format_measurement(m: Measurement) -> str:
-    """Per rank: measured lookups, communication, total, and the prediction beside them."""
-    s = m.settings
-    lines = [f"measured on {s.get('machine', 'this machine')}: {s.get('kernel')} kernels, "
-             f"{s.get('threads', 1)} thread, batch {s.get('batch_size'):,}, median of "
-             f"{s.get('repeats')} (+{s.get('warmup')} warm-up); collectives: gloo × "
-             f"{m.devices} processes, median of {s.get('comm_repeats')}", ""]
-    lines.append(f"{'rank':>4} {'lookups':>10} {'comm':>10} {'total':>10}   "
-                 f"{'predicted':>10} {'(lookups':>10} {'comm)':>10} {'error':>7}")
-    for r in range(m.devices):
-        t, p = m.total_s[r], m.predicted_total_s[r]
-        err = f"{100 * (p - t) / t:+6.1f}%" if t > 0 else "    -"
-        mark = " ◀" if r == m.slowest_rank else ""
-        lines.append(f"{r:>4} {format_time(m.lookup_s[r]):>10} {format_time(m.comm_s[r]):>10} "
-                     f"{format_time(t):>10}   {format_time(p):>10} "
-                     f"{format_time(m.predicted_lookup_s[r]):>10} "
-                     f"{format_time(m.predicted_comm_s[r]):>10} {err:>7}{mark}")
-    lines.append("")
-    err = (m.predicted_max_s - m.max_s) / m.max_s if m.max_s > 0 else 0.0
-    lines.append(f"max {format_time(m.max_s)} measured (rank {m.slowest_rank}), "
-                 f"{format_time(m.predicted_max_s)} predicted ({100 * err:+.1f}%)")
-    err = (m.predicted_step_s - m.step_s) / m.step_s if m.step_s > 0 else 0.0
-    lines.append(f"step cost (each phase's slowest rank, summed) {format_time(m.step_s)} "
-                 f"measured, {format_time(m.predicted_step_s)} predicted ({100 * err:+.1f}%)")
-    for note in m.notes:
-        lines.append(f"note: {note}")
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -539,5 +418,6 @@ def _add_rounds(samples: dict, key: str, rank: int, n: int, rounds: Sequence[flo
 
 
 def measure_plan(plan, task, **kw) -> Measurement:
-    """Measure a :class:`~planner.model.tables.plan.Plan` of ``task`` (see :func:`measure_shardings`)."""
+    """Measure a :class:`~planner.model.tables.plan.Plan` of ``task`` (see
+    :func:`measure_shardings`)."""
     return measure_shardings(prepare(task, plan.devices), plan.shardings, **kw)
