@@ -34,7 +34,7 @@ from planner.cli.output import (add_timings_option, progress_line, report_timing
                                 split_timings, write_json)
 from planner.machine import make_cache_dir
 from planner.measure.heap import DEFAULT_HEAP, HEAP_HELP, HEAP_POLICIES
-from planner.measure.tables.fit import calibrate, write_profile
+from planner.measure.tables.fit import calibrate, refit_profile, write_profile
 from planner.measure.tables.plans import cpu_topology_ref, format_measurement, measure_plan
 from planner.model.tables.cpu_profile import host_profile_path, load_cpu_profile
 from planner.model.tables.shards import parse_sharding_types
@@ -197,6 +197,9 @@ def add_calibrate_embedding(csub) -> None:
                    help="passes over the kernel sweep, averaged (default 2)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--kernel", default="auto", choices=("auto", "fbgemm", "torch"))
+    c.add_argument("--refit", default=None, metavar="PROFILE",
+                   help="measure nothing: fit this version's model again to the points a "
+                        "profile recorded, and write it to --out (default: PROFILE itself)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=run_calibrate_embedding)
 
@@ -210,6 +213,8 @@ def run_calibrate_embedding(args: argparse.Namespace) -> int:
     if not worlds or any(w < 2 for w in worlds):
         raise SpecError(f"--worlds must list sizes ≥ 2, got {args.worlds!r}", source="--worlds",
                         fix="write e.g. 2,4,8")
+    if args.refit is not None:
+        return _refit_embedding(args)
     if args.out is None:
         make_cache_dir()
         args.out = str(host_profile_path())
@@ -223,6 +228,39 @@ def run_calibrate_embedding(args: argparse.Namespace) -> int:
                     backend=args.kernel, command=command,
                     progress=None if args.json else progress_line)
     write_profile(doc, args.out)
+    return _report_profile(args, doc)
+
+
+def _refit_embedding(args: argparse.Namespace) -> int:
+    """``calibrate embedding --refit PROFILE``: the recorded points fitted again."""
+    import yaml
+    src = args.refit
+    try:
+        with open(src) as fh:
+            doc = yaml.safe_load(fh)
+    except OSError as e:
+        raise SpecError(f"cannot read it: {e.strerror}", source=src, field="--refit",
+                        fix="pass a profile written by `clusterplan calibrate embedding`") from None
+    except yaml.YAMLError as e:
+        raise SpecError(f"not YAML ({str(e).splitlines()[0]})", source=src, field="--refit",
+                        fix="pass a profile written by `clusterplan calibrate embedding`") from None
+    out = args.out or src
+    try:
+        doc = refit_profile(doc, command=f"clusterplan calibrate embedding --refit {src} "
+                                         f"--out {out}")
+    except SpecError as e:
+        raise SpecError(e.message, source=src, field=e.field, fix=e.fix) from None
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise SpecError(f"its recorded points do not read as a profile's ({e!r})", source=src,
+                        field="points", fix="refit a profile written by `clusterplan calibrate "
+                        "embedding` of this version") from None
+    args.out = out
+    write_profile(doc, out)
+    return _report_profile(args, doc)
+
+
+def _report_profile(args: argparse.Namespace, doc: dict) -> int:
+    """Print what ``calibrate embedding`` wrote (JSON with ``--json``)."""
     load_cpu_profile.cache_clear()
     look, fit = doc["lookup"], doc["lookup_fit"]
     data = {"out": args.out, "lookup": look, "lookup_fit": fit,
@@ -230,8 +268,9 @@ def run_calibrate_embedding(args: argparse.Namespace) -> int:
     if args.json:
         print(dumps_json(data, indent=2))
         return 0
+    kernel = (doc.get("measured") or {}).get("kernel", "?")
     lines = [f"wrote {args.out}",
-             f"lookups ({doc['measured']['kernel']}, 1 thread, {fit['points']} configurations): "
+             f"lookups ({kernel}, 1 thread, {fit['points']} configurations): "
              f"{look['lookup_Bps'] / 1e9:.2f} GB/s per missed byte, overhead "
              f"{look['lookup_overhead_bytes']:.0f} B per lookup, repeat hit ratio "
              f"{look['repeat_hit_ratio']:.2f}, backward/forward {look['backward_multiplier']:.2f}, "

@@ -2,6 +2,7 @@
 
     python tests/bench/bench_kernel_holdout.py [--seeds 6 5] [--sets 12] [--rounds 2]
                                                [--repeats 5] [--out FILE.json]
+    python tests/bench/bench_kernel_holdout.py --repredict FILE.json   # seconds, no timing
 
 In one session, the two kinds spread evenly through one sequence (timed in chunks of 8, the
 second round in reverse) so that the host's drift falls on both alike, times
@@ -21,6 +22,10 @@ chunk, the median of round 2 over round 1), and writes it all to ``--out`` (defa
 
 This separates the kernel model's error from the step model's and the host's drift: the
 unseen family's rows compare a whole step measured now against a profile measured earlier.
+
+``--repredict FILE.json`` times nothing: it fits the current kernel model to the sweep points a
+recorded run kept and predicts that run's held-out ranks again (same seeds and sets), to see
+how a change of the model or its estimator moves the errors on the same measurements.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from planner.measure.tables.fit import (  # noqa: E402
+    _point_model,
     kernel_configs,
     kernel_predictions,
     measure_kernel_points,
@@ -76,7 +82,8 @@ def mixed_order(n_fit: int, n_held: int) -> list[int]:
 
 def errors(pred: np.ndarray, meas: np.ndarray) -> dict:
     e = pred / meas - 1.0
-    return {"mape": float(np.mean(np.abs(e))), "mean": float(np.mean(e)),
+    return {"mape": float(np.mean(np.abs(e))), "median": float(np.median(e)),
+            "mean": float(np.mean(e)),
             "worst": float(e[np.argmax(np.abs(e))]), "within_25pct": int(np.sum(np.abs(e) <= 0.25)),
             "n": int(e.size)}
 
@@ -96,6 +103,40 @@ def drift(points: list[dict]) -> dict:
             "chunk_ratio_max": max(ratios)}
 
 
+def print_errors(summary: dict) -> None:
+    for k in ("forward", "backward", "total"):
+        s = summary[k]
+        print(f"{k:8s}: MAPE {s['mape']:.1%}, median {s['median']:+.1%}, mean {s['mean']:+.1%}, "
+              f"worst {s['worst']:+.1%}, {s['within_25pct']}/{s['n']} within 25%")
+
+
+def repredict(path: Path) -> int:
+    """A recorded run's held-out ranks predicted by the current fit of its own sweep points."""
+    doc = json.loads(path.read_text())
+    st = doc["settings"]
+    if "seeds" in st:
+        seeds, sets = st["seeds"], st["sets"]
+    else:                                    # runs before the settings kept them
+        said = doc["validated_on"]
+        seeds = [int(x) for x in said.split("seeds [")[1].split("]")[0].split(",")]
+        sets = int(said.split("], ")[1].split(" sets")[0])
+    by_name = {m.name: m for m in held_out(seeds, sets)}
+    models = [by_name[r["rank"]] for r in doc["rows"]]
+    pts = doc["sweep_points"]
+    mf = np.array([r["fwd_measured_s"] for r in doc["rows"]])
+    mb = np.array([r["bwd_measured_s"] for r in doc["rows"]])
+    yf = np.array([p["fwd_s"] for p in pts])
+    yb = np.array([p["bwd_s"] for p in pts])
+    for label, held, (f, b) in (
+            ("sweep (fitted to)", [_point_model(p) for p in pts], (yf, yb)),
+            (f"held-out ranks of {path.name}", models, (mf, mb))):
+        pf, pb = kernel_predictions(pts, held)
+        print(label)
+        print_errors({"forward": errors(pf, f), "backward": errors(pb, b),
+                      "total": errors(pf + pb, f + b)})
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[6, 5])
@@ -103,7 +144,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=None, metavar="FILE.json")
+    ap.add_argument("--repredict", default=None, metavar="FILE.json",
+                    help="time nothing: refit a recorded run's sweep, predict its ranks again")
     a = ap.parse_args(argv)
+    if a.repredict:
+        return repredict(Path(a.repredict))
     sweep = kernel_configs(120, seed=0)
     held = held_out(a.seeds, a.sets)
     t0 = time.time()
@@ -131,10 +176,7 @@ def main(argv=None) -> int:
               f"({r['bwd_predicted_s'] / r['bwd_measured_s'] - 1:+.2f})")
     summary = {"forward": errors(pf, mf), "backward": errors(pb, mb),
                "total": errors(pf + pb, mf + mb), "host_drift": drift(timed)}
-    for k in ("forward", "backward", "total"):
-        s = summary[k]
-        print(f"{k:8s}: MAPE {s['mape']:.1%}, mean {s['mean']:+.1%}, worst {s['worst']:+.1%}, "
-              f"{s['within_25pct']}/{s['n']} within 25%")
+    print_errors(summary)
     if summary["host_drift"]:
         d = summary["host_drift"]
         print(f"host: round 2 / round 1 per chunk of {CHUNK}: median "
@@ -148,7 +190,8 @@ def main(argv=None) -> int:
            "fitted_to": "kernel_configs(120, seed=0): the sweep of clusterplan calibrate embedding",
            "validated_on": f"unseen family seeds {a.seeds}, {a.sets} sets: greedy and random "
                            "table-wise plans, one fused kernel per rank",
-           "settings": {"rounds": a.rounds, "repeats": a.repeats, "chunk": CHUNK,
+           "settings": {"seeds": a.seeds, "sets": a.sets,
+                        "rounds": a.rounds, "repeats": a.repeats, "chunk": CHUNK,
                         "max_ids_per_rank": MAX_IDS, "wall_s": round(time.time() - t0, 1)},
            "summary": summary, "rows": rows, "sweep_points": fit_pts}
     out.write_text(json.dumps(doc, indent=1) + "\n")

@@ -19,8 +19,9 @@ Two sweeps, neither of which looks at a benchmark task or a plan:
                  + walk_b · log2(bytes/reach))] / BW
 
    with ``miss = u + (1 − u)(1 − h)`` (``u`` distinct rows per lookup, ``h`` the repeat hit
-   ratio). The forward is fitted alone by non-negative least squares on relative errors for
-   each ``h`` and page reach on a grid (the lowest error wins); the backward then on its own
+   ratio). The forward is fitted alone, non-negative coefficients minimising the squared
+   log of predicted over measured (:func:`~.logfit.fit_log_nonneg`), for each ``h`` and page
+   reach on a grid (the lowest error wins); the backward then on its own
    terms (FBGEMM's CPU backward sorts ids by row, gathers each id's fp32 output gradient and
    updates each distinct row once: :class:`~planner.model.tables.cpu_profile.BackwardTerms`).
 2. **Collectives.** For each world size in ``--worlds`` (default 2, 4, 8) a gloo group of that
@@ -59,6 +60,7 @@ from planner.machine import MMAP_THRESHOLD_BYTES, cpu_description
 from planner.measure.tables.comm import oversubscription
 from planner.measure.tables.fit_comm import fit_comm_profile, measure_comm_points
 from planner.measure.tables.kernels import KernelTable, kernel_backend, time_ranks
+from planner.measure.tables.logfit import fit_log_nonneg, log_error
 from planner.model.tables.access import accesses_per_row, default_reuse_bins, zipf_reuse
 from planner.model.tables.cpu_profile import load_cpu_profile
 from planner.model.tables.generate import synthesize_tables
@@ -66,7 +68,7 @@ from planner.model.tables.ids import model_ids
 from planner.model.tables.spec import ModelSpec, TableSpec
 
 __all__ = ["kernel_configs", "measure_kernel_points", "fit_kernel_profile", "calibrate",
-           "kernel_predictions", "DISTRIBUTIONS"]
+           "refit_profile", "kernel_predictions", "DISTRIBUTIONS"]
 
 DISTRIBUTIONS = ("distinct", "dlrm", "zipf")
 #: page reaches tried for the address-translation term (bytes)
@@ -318,16 +320,14 @@ def _mape(pred, meas) -> float:
 def _fit_forward(points: Sequence[dict], yf: np.ndarray, fresh: np.ndarray):
     """Best forward fit over the (page reach, repeat hit ratio) grid: ``(err, h, reach, coef)``
     with ``coef = [launch, shard_overhead, c, c16, d, cw, page_fault]`` (see :func:`_design`;
-    the last per byte of ``fresh``)."""
-    from scipy.optimize import nnls          # here: importing it costs every `plan` ~0.3 s
-
+    the last per byte of ``fresh``), each by :func:`~.logfit.fit_log_nonneg`, the lowest
+    :func:`~.logfit.log_error` kept."""
     best = None
-    w = 1.0 / yf
     for reach in REACH_GRID:
         for h in np.linspace(0.0, 1.0, 21):
             X = np.column_stack([_design(points, float(h), reach), fresh])
-            coef, _ = nnls(X * w[:, None], yf * w)
-            err = _mape(X @ coef, yf)
+            coef = fit_log_nonneg(X, yf)
+            err = log_error(X @ coef, yf)
             if best is None or err < best[0] - 1e-12:
                 best = (err, float(h), reach, coef)
     return best
@@ -336,15 +336,11 @@ def _fit_forward(points: Sequence[dict], yf: np.ndarray, fresh: np.ndarray):
 def _coefficients(points: Sequence[dict], yf: np.ndarray, yb: np.ndarray) -> tuple:
     """``(h, reach, forward coefficients, backward coefficients)`` of the kernel fit (see
     :func:`fit_kernel_profile`)."""
-    from scipy.optimize import nnls          # here: importing it costs every `plan` ~0.3 s
-
     fresh = _fresh_bytes(points)
     _, h, reach, coef = _fit_forward(points, yf, fresh)
     Xb = np.column_stack([_design(points, h, reach)[:, :2], _backward_design(points, reach),
                           fresh])
-    w = 1.0 / yb
-    bcoef, _ = nnls(Xb * w[:, None], yb * w)
-    return h, reach, coef, bcoef
+    return h, reach, coef, fit_log_nonneg(Xb, yb)
 
 
 def kernel_predictions(points: Sequence[dict], models: Sequence[ModelSpec]
@@ -365,9 +361,10 @@ def fit_kernel_profile(points: Sequence[dict]) -> dict:
     """Fit the lookup part of the CPU profile to kernel points (see the module docstring).
 
     The forward is fitted alone: ``launch + T·shard_overhead + c·bytes + c16·half_elements +
-    d·ids + cw·walks`` plus the page faults of its new output (:func:`_fresh_bytes`), by
-    non-negative least squares on relative errors for every repeat hit ratio ``h`` and page
-    reach on a grid, keeping the best. The backward is then fitted on its own terms
+    d·ids + cw·walks`` plus the page faults of its new output (:func:`_fresh_bytes`), with
+    non-negative coefficients minimising the squared log ratio of predicted to measured
+    (:func:`~.logfit.fit_log_nonneg`) for every repeat hit ratio ``h`` and page reach on a
+    grid, keeping the best. The backward is then fitted on its own terms
     (:func:`_backward_design`, plus its fixed part and its own page faults), each coefficient
     kept as byte-equivalents at the forward's bandwidth ``1 / c``. The page faults are reported
     (``page_fault_Bps``) but left out of the lookup terms: the step model charges them.
@@ -462,6 +459,28 @@ def calibrate(*, kernel_points: int = 120, worlds: Sequence[int] = (2, 4, 8), re
                    "collectives": {int(n): p for n, p in cpts.items()}},
     }
     return doc
+
+
+def refit_profile(doc: dict, *, command: str | None = None) -> dict:
+    """``doc`` (a profile :func:`calibrate` made) with its lookup and collective terms fitted
+    again to the points it recorded, by this version's fit; what was measured, and how, is
+    kept. ``fitted`` says when and by what. Raises :class:`SpecError` on a document without
+    points."""
+    pts = doc.get("points") if isinstance(doc, dict) else None
+    if not isinstance(pts, dict) or not pts.get("kernels"):
+        raise SpecError("the profile has no recorded kernel points to fit", field="points",
+                        fix="refit a profile written by `clusterplan calibrate embedding`")
+    kfit = fit_kernel_profile(pts["kernels"])
+    out = dict(doc, lookup={k: v for k, v in kfit.items() if k != "fit"}, lookup_fit=kfit["fit"])
+    coll = pts.get("collectives") or {}
+    if coll:
+        out["comm"] = dict(doc.get("comm") or {}, backend="gloo",
+                           worlds=fit_comm_profile({int(n): p for n, p in coll.items()}))
+    out["fitted"] = {"date": datetime.date.today().isoformat(),
+                     "command": command or "clusterplan calibrate embedding --refit",
+                     "estimator": "non-negative, squared log ratio (planner/measure/tables/"
+                                  "logfit.py)"}
+    return out
 
 
 def write_profile(doc: dict, path: str) -> None:

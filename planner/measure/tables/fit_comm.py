@@ -14,6 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.measure.tables.comm import GlooGroup
+from planner.measure.tables.logfit import fit_log_nonneg
 
 __all__ = ["measure_comm_points", "fit_comm_profile"]
 
@@ -70,12 +71,10 @@ def measure_comm_points(worlds: Sequence[int], *, repeats: int = 9, warmup: int 
 
 
 def _fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
-    """alpha, Bps, mape of ``y = alpha + x / Bps`` (relative least squares, both ≥ 0)."""
-    from scipy.optimize import nnls          # here: importing it costs every `plan` ~0.3 s
-
+    """alpha, Bps, mape of ``y = alpha + x / Bps`` (both ≥ 0; squared log ratio,
+    :func:`~.logfit.fit_log_nonneg`)."""
     X = np.stack([np.ones_like(x), x], axis=1)
-    w = 1.0 / y
-    coef, _ = nnls(X * w[:, None], y * w)
+    coef = fit_log_nonneg(X, y)
     alpha, inv = float(coef[0]), float(coef[1])
     pred = X @ coef
     return alpha, (1.0 / inv if inv > 0 else math.inf), float(np.mean(np.abs(pred / y - 1.0)))

@@ -291,5 +291,7 @@ def load_cpu_profile(path: str | None = None) -> CpuProfile | None:
     vals["fit_range"] = _points_range(doc.get("points"), p.name)
     machine = meas.get("machine") if isinstance(meas.get("machine"), dict) else {}
     vals["other_host"] = other_host(machine)
-    src = f"{p.name} (measured {meas.get('date', '?')} on {machine.get('cpu_model', '?')})"
+    fitted = doc.get("fitted") if isinstance(doc.get("fitted"), dict) else {}
+    refit = f", refitted {fitted['date']}" if fitted.get("date") else ""
+    src = f"{p.name} (measured {meas.get('date', '?')} on {machine.get('cpu_model', '?')}{refit})"
     return CpuProfile(comm=comm, source=src, element_bytes=elem, **vals)
