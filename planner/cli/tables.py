@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from simulator.errors import ClusterplanError, SpecError
-from simulator.fileio import dumps_json
+from simulator.fileio import dumps_json, parse_yaml, read_text
 from simulator.units import format_bytes, format_time, parse_bytes
 
 from planner.cli.dmt import add_dmt_arguments, dmt_section, format_dmt
@@ -233,17 +233,8 @@ def run_calibrate_embedding(args: argparse.Namespace) -> int:
 
 def _refit_embedding(args: argparse.Namespace) -> int:
     """``calibrate embedding --refit PROFILE``: the recorded points fitted again."""
-    import yaml
     src = args.refit
-    try:
-        with open(src) as fh:
-            doc = yaml.safe_load(fh)
-    except OSError as e:
-        raise SpecError(f"cannot read it: {e.strerror}", source=src, field="--refit",
-                        fix="pass a profile written by `clusterplan calibrate embedding`") from None
-    except yaml.YAMLError as e:
-        raise SpecError(f"not YAML ({str(e).splitlines()[0]})", source=src, field="--refit",
-                        fix="pass a profile written by `clusterplan calibrate embedding`") from None
+    doc = parse_yaml(read_text(src, field="--refit"), source=src)
     out = args.out or src
     try:
         doc = refit_profile(doc, command=f"clusterplan calibrate embedding --refit {src} "
@@ -264,7 +255,7 @@ def _report_profile(args: argparse.Namespace, doc: dict) -> int:
     load_cpu_profile.cache_clear()
     look, fit = doc["lookup"], doc["lookup_fit"]
     data = {"out": args.out, "lookup": look, "lookup_fit": fit,
-            "comm": doc["comm"]["worlds"]}
+            "comm": (doc.get("comm") or {}).get("worlds", {})}
     if args.json:
         print(dumps_json(data, indent=2))
         return 0
@@ -279,7 +270,7 @@ def _report_profile(args: argparse.Namespace, doc: dict) -> int:
              + (f", fp16 element = {look['element_bytes']['fp16']:.1f} B"
                 if "element_bytes" in look else "")
              + f"; fwd+bwd MAPE {100 * fit['total_mape']:.1f}%"]
-    for n, e in doc["comm"]["worlds"].items():
+    for n, e in data["comm"].items():
         lines.append(f"gloo × {n}: all-to-all {e['a2a_alpha_s'] * 1e3:.2f} ms + bytes / "
                      f"{e['a2a_Bps'] / 1e9:.2f} GB/s (MAPE {100 * e['a2a_mape']:.0f}%)"
                      + "".join(f"; {k} {e[k]['alpha_s'] * 1e3:.2f} ms + bytes / "

@@ -85,7 +85,8 @@ BAD_POINTS = "points: {kernels: [" + ", ".join(["{name: a}"] * 10) + "]}\n"
 
 
 @pytest.mark.parametrize("text, said", [(NO_POINTS, "no recorded kernel points"),
-                                        (BAD_POINTS, "do not read"), (": : :\n", "not YAML")])
+                                        (BAD_POINTS, "do not read"),
+                                        (": : :\n", "YAML syntax error")])
 def test_refit_of_a_file_without_usable_points_exits_2_and_writes_nothing(tmp_path, capsys,
                                                                            text, said):
     from planner.cli.main import main
