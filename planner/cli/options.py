@@ -13,6 +13,7 @@ from simulator.topology import Topology, load_topology
 
 from planner.model.llm.spec import LLMSpec, builtin_model_names
 from planner.model.llm.trainer import PRESETS, TRAINER_KEYS, trainer_from_args
+from planner.model.tables.trainer import DLRM_PRESETS
 
 __all__ = ["topology_arguments", "topology_from_args", "is_model", "is_llm_plan",
            "trainer_arguments", "with_trainer"]
@@ -35,12 +36,13 @@ def topology_from_args(args: argparse.Namespace) -> Topology:
 def trainer_arguments(p: argparse.ArgumentParser) -> None:
     """Add ``--trainer NAME`` and ``--trainer-set KEY=VALUE`` (model specs' ``trainer:``)."""
     p.add_argument("--trainer", metavar="NAME", default=None,
-                   help="model specs: the trainer preset, replacing the spec's trainer: section "
-                        f"({', '.join(PRESETS)})")
+                   help="the trainer preset, replacing the spec's trainer: section; model specs: "
+                        f"{', '.join(PRESETS)}; table specs: {', '.join(DLRM_PRESETS)}")
     p.add_argument("--trainer-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one trainer setting (repeatable); model specs' keys: "
                         f"{', '.join(k for k in TRAINER_KEYS if k != 'preset')}; table specs': "
-                        "pipeline=sparse_dist|none, dispatch=eager|graphs")
+                        "pipeline=sparse_dist|none, dispatch=eager|graphs, "
+                        "mixed_precision=autocast|pure, fusion=none|fused")
 
 
 def with_trainer(spec: LLMSpec, args: argparse.Namespace) -> LLMSpec:

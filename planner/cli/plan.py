@@ -66,11 +66,6 @@ def run(args) -> int:
         raise SpecError("--constrain and --for apply to model specs, not table specs",
                         source=args.tables, field="--constrain" if args.constrain else "--for",
                         fix="drop the flag (table plans take --sharding-types)")
-    if args.trainer:
-        raise SpecError("--trainer presets apply to model specs, not table specs",
-                        source=args.tables, field="--trainer",
-                        fix="set a DLRM trainer's keys with --trainer-set pipeline=none|sparse_dist "
-                            "or dispatch=eager|graphs")
     if args.devices is None:
         raise SpecError("a sharding plan needs --devices", field="--devices",
                         fix="pass --devices N")

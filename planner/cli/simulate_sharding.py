@@ -11,7 +11,7 @@ from simulator.units import format_time
 
 from planner.model.tables.plan import plan_model, read_plan_json
 from planner.model.tables.task import ShardingTask, prepare
-from planner.model.tables.trainer import override_dlrm_trainer
+from planner.model.tables.trainer import dlrm_trainer_from_args
 from planner.workloads.dlrm.step import simulate_step
 
 __all__ = ["simulate_sharding_plan"]
@@ -22,13 +22,8 @@ def simulate_sharding_plan(args, emit) -> int:
     doc = read_json_file(args.workload, field="PLAN", missing_fix="give a plan from "
                          "clusterplan plan TABLES --out plan.json", json_fix="re-plan")
     model = plan_model(doc, args.workload)
-    if getattr(args, "trainer", None):
-        raise SpecError("--trainer presets apply to model specs, not sharding plans",
-                        source=args.workload, field="--trainer",
-                        fix="set a DLRM trainer's keys with --trainer-set pipeline=... or "
-                            "dispatch=...")
-    if getattr(args, "trainer_set", None):
-        model = replace(model, trainer=override_dlrm_trainer(model.trainer, args.trainer_set))
+    model = replace(model, trainer=dlrm_trainer_from_args(
+        model.trainer, getattr(args, "trainer", None), getattr(args, "trainer_set", None)))
     devices = int(doc.get("devices") or 0)
     if devices < 1:
         raise SpecError("the plan has no device count", source=args.workload, field="devices",

@@ -40,7 +40,7 @@ from planner.model.tables.cpu_profile import host_profile_path, load_cpu_profile
 from planner.model.tables.shards import parse_sharding_types
 from planner.model.tables.spec import OPTIMIZERS, load_model_spec
 from planner.model.tables.task import ShardingTask
-from planner.model.tables.trainer import override_dlrm_trainer
+from planner.model.tables.trainer import dlrm_trainer_from_args
 from planner.sharding.planners import PLANNER_NAMES, get_planner
 from planner.workloads.dlrm.step import simulate_plan
 
@@ -104,8 +104,8 @@ def _task(args) -> ShardingTask:
         raise SpecError(f"--batch-size must be ≥ 1, got {args.batch_size}", source="--batch-size",
                         fix="pass the global batch, e.g. --batch-size 65536")
     model = model.with_overrides(batch_size=args.batch_size, optimizer=args.optimizer)
-    if getattr(args, "trainer_set", None):
-        model = replace(model, trainer=override_dlrm_trainer(model.trainer, args.trainer_set))
+    model = replace(model, trainer=dlrm_trainer_from_args(
+        model.trainer, getattr(args, "trainer", None), getattr(args, "trainer_set", None)))
     memory = None
     if args.memory is not None:
         memory = parse_bytes(args.memory, field="--memory", allow_zero=False)

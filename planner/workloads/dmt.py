@@ -167,6 +167,8 @@ class _SpttBuilder:
         B = self.B = model.batch_size / devices
         dense = model.dense
         self.dtype = dense.dtype if dense is not None else "fp32"
+        #: bytes per dense parameter gradient the all-reduces move (the trainer's)
+        self.grad_bytes = model.trainer.gradient_bytes(self.dtype)
         self.fl = _mlp_flops(model, top_input_dims(model, layout), B)
         self.dt = problem.cost.dense_times_for(top_input_dims(model, layout))
         self.pipelined = model.trainer.pipelined
@@ -315,7 +317,7 @@ class _SpttBuilder:
         self.dense_ar = None
         if fl["params"] > 0 and self.devices > 1:
             self.dense_ar = self.w.collective(
-                "allreduce", list(range(self.devices)), fl["params"] * 4.0,
+                "allreduce", list(range(self.devices)), fl["params"] * self.grad_bytes,
                 name="dense_allreduce", deps=list(bottom_bwd.values()), stream="comm:dp",
                 category="dense_allreduce")
         return bottom_bwd
@@ -348,7 +350,8 @@ class _SpttBuilder:
                     if self.tm_flops[h] else \
                     w.compute(r, "tower_scatter", duration_s=0.0, deps=deps, category="tm_bwd")
             if self.tm_params[h] and self.G > 1:
-                w.collective("allreduce", mem, self.tm_params[h] * 4.0, name=f"tm_allreduce_h{h}",
+                w.collective("allreduce", mem, self.tm_params[h] * self.grad_bytes,
+                             name=f"tm_allreduce_h{h}",
                              deps=[tmb[r] for r in mem], stream="comm:tm",
                              category="tm_allreduce")
             gi = self.intra("pooled_intra_bwd", "output_bwd", h, [tmb[r] for r in mem],

@@ -510,11 +510,13 @@ class CostModel:
         return dense_pass_times(self.model.dense, list(dims), self.local_batch,
                                 optimizer=self.model.optimizer, profile=self.profile,
                                 host=host_overhead_for(gpu) if eager else None,
-                                elementwise_bytes=ew)
+                                elementwise_bytes=ew,
+                                fused=self.model.trainer.fused and gpu != "cpu")
 
     def dense_costs(self) -> dict[str, float]:
         """Rank-independent dense part of a step, seconds: ``mlp_fwd_s``, ``mlp_bwd_s`` (op by
-        op, :meth:`dense_times`), ``optimizer_s`` and ``dense_allreduce_s`` (fp32 gradients)."""
+        op, :meth:`dense_times`), ``optimizer_s`` and ``dense_allreduce_s`` (the gradients at
+        the trainer's :meth:`~.trainer.DlrmTrainer.gradient_bytes`)."""
         d = self.model.dense
         if d is None:
             return {"mlp_fwd_s": 0.0, "mlp_bwd_s": 0.0, "optimizer_s": 0.0,
@@ -523,7 +525,8 @@ class CostModel:
         fwd = sum(v for (_, ph), v in dt.passes.items() if ph == "fwd")
         bwd = sum(v for (_, ph), v in dt.passes.items() if ph == "bwd")
         dims = [t.embedding_dim for t in self.model.tables]
-        ar = float(self.comm.time("allreduce", d.param_count(dims) * 4.0)) if self.n > 1 else 0.0
+        grad = d.param_count(dims) * self.model.trainer.gradient_bytes(d.dtype)
+        ar = float(self.comm.time("allreduce", grad)) if self.n > 1 else 0.0
         return {"mlp_fwd_s": fwd, "mlp_bwd_s": bwd, "optimizer_s": dt.optimizer_s,
                 "dense_allreduce_s": ar}
 

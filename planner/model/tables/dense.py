@@ -60,16 +60,17 @@ def fresh_alloc_s(nbytes: float, fresh: tuple[float, float] | None) -> float:
 def dense_pass_times(d, dims: Sequence[int], batch: float, *, optimizer: str,
                      profile: ComputeProfile, host: HostOverhead | None,
                      fresh: tuple[float, float] | None = None,
-                     elementwise_bytes: float | None = None) -> DenseTimes:
+                     elementwise_bytes: float | None = None, fused: bool = False) -> DenseTimes:
     """Time the dense part ``d`` (a :class:`~planner.model.tables.spec.DenseSpec` or None) on
     one rank of ``batch`` samples, op by op (see the module docstring): each op
     ``max(kernel, host dispatch)`` with the kernel from ``profile``'s curves at the dense
     dtype's element size (``elementwise_bytes`` for the ops without FLOPs when given: 4 under
-    autocast); ``host=None``: no host floor (CUDA graphs, compiled)."""
+    autocast); ``host=None``: no host floor (CUDA graphs, compiled); ``fused``: the fused
+    trainer's ops (:func:`dense_op_list`)."""
     if d is None:
         return DenseTimes({}, 0.0, 0, 0)
     ops = dense_op_list(d, dims, batch, elem_bytes=ACTIVATION_BYTES.get(d.dtype, 4.0),
-                        elementwise_bytes=elementwise_bytes)
+                        elementwise_bytes=elementwise_bytes, fused=fused)
     passes: dict = {}
     bound = 0
     for block, phase, flops, nbytes, new in ops:
@@ -116,16 +117,22 @@ def weighted_sum_loss_ops(dims: Sequence[int], batch: float) -> list[DenseOp]:
 
 
 def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float = 4.0,
-                  elementwise_bytes: float | None = None) -> list[DenseOp]:
-    """The dense part's ops as the validation model (:mod:`planner.measure.validate.dlrm_worker`)
-    runs them eagerly on ``batch`` samples per rank (:class:`DenseOp`): every GEMM with its
-    real shape, and the elementwise ops around them (bias, ReLU and their backward, DCNv2's
-    products and sums, the concatenation, the loss), bytes read and written at ``elem_bytes``
+                  elementwise_bytes: float | None = None, fused: bool = False) -> list[DenseOp]:
+    """The dense part's ops on ``batch`` samples per rank (:class:`DenseOp`): every GEMM with its
+    real shape, and the elementwise ops around them, bytes read and written at ``elem_bytes``
     per element (4: fp32, as the CPU validation model runs; 2 for bf16/fp16 activations on a
     GPU). ``elementwise_bytes`` (default ``elem_bytes``) sizes the ops without FLOPs apart: 4
     under autocast, where only GEMMs run in half precision; then autocast's casts are ops too
     (each weight and bias, and each fp32 input of a GEMM, copied to the GEMM dtype forward and
-    its gradient copied back). Empty without a dense part."""
+    its gradient copied back). Empty without a dense part.
+
+    ``fused=False``: the ops as the validation model
+    (:mod:`planner.measure.validate.dlrm_worker`) runs them eagerly: bias, ReLU and their
+    backward, DCNv2's products and sums, the concatenation, the loss, one kernel each.
+    ``fused=True``: the same GEMMs, with bias, ReLU, ReLU's gradient and the bias gradient in
+    their epilogues, DCNv2's ``x0 ⊙ v + x`` one kernel forward and its three gradients one
+    backward, the dot interaction one kernel each way, and no cast ops (they fold into the
+    kernels that produce their inputs)."""
     if dense is None:
         return []
     B = float(batch)
@@ -140,8 +147,9 @@ def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float
 
     def casts(block, *elems, grad=True):
         """Autocast's copies into the GEMM dtype before a GEMM (weights, bias, an fp32 input)
-        and their backward copies of the gradients back to fp32; none when nothing is mixed."""
-        if e_ew == e_gemm:
+        and their backward copies of the gradients back to fp32; none when nothing is mixed
+        or when they are fused."""
+        if e_ew == e_gemm or fused:
             return
         for n in elems:
             out.append(DenseOp(block, "fwd", 0.0, n * (e_ew + e_gemm), n * e_gemm))
@@ -155,46 +163,75 @@ def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float
             if k == 0:
                 casts(block, B * i, grad=first_needs_grad)
             op(block, "fwd", 2 * B * i * o, B * i + i * o + 2 * B * o, B * o)
-            if not last:
+            if not last and not fused:
                 op(block, "fwd", 0.0, 2 * B * o, B * o)                             # relu
                 op(block, "bwd", 0.0, 3 * B * o, B * o)                             # relu bwd
             op(block, "bwd", 2 * B * i * o, B * o + B * i + i * o, i * o)           # dW
-            op(block, "bwd", 0.0, B * o + o, o)                                     # db
+            if not fused:
+                op(block, "bwd", 0.0, B * o + o, o)                                 # db
             if k > 0 or first_needs_grad:
                 op(block, "bwd", 2 * B * i * o, B * o + i * o + B * i, B * i)       # dX
     mlp("bottom", ls["bottom"], False)
-    f = len(dims) + 1
     top_in = ls["top"][0][0]
     if dense.interaction == "dot":
-        d = ls["interaction"][0][0]
-        op("top", "fwd", 0.0, 2 * B * f * d, B * f * d)                             # stack
-        op("top", "fwd", 2 * B * f * f * d, 2 * B * f * d + B * f * f, B * f * f)   # bmm
-        op("top", "fwd", 0.0, 2 * B * f * f, B * f * f / 2)                         # triu gather
-        op("top", "fwd", 0.0, 2 * B * top_in, B * top_in)                           # cat
-        op("top", "bwd", 0.0, 2 * B * top_in, 0.0)                                  # cat bwd
-        op("top", "bwd", 0.0, 3 * B * f * f, B * f * f)                             # scatter
-        for _ in range(2):
-            op("top", "bwd", 2 * B * f * f * d, 2 * B * f * d + B * f * f, B * f * d)
-        op("top", "bwd", 0.0, 3 * B * f * d, B * f * d)                             # sum grads
-        op("top", "bwd", 0.0, 2 * B * f * d, 0.0)                                   # unstack
+        _dot_interaction(op, B, len(dims) + 1, ls["interaction"][0][0], top_in, fused)
     else:
-        p = dense.dcn_projection
         x = B * top_in
         op("top", "fwd", 0.0, 2 * x, x)                                             # cat
         op("top", "bwd", 0.0, 2 * x, 0.0)                                           # cat bwd
         for _ in range(dense.dcn_layers):
-            casts("top", top_in * p, top_in * p, top_in, x)         # both weights, bias, x
-            op("top", "fwd", 2 * x * p, x + top_in * p + B * p, B * p)              # u
-            op("top", "fwd", 2 * x * p, B * p + top_in * p + x, x)                  # v
-            op("top", "fwd", 0.0, 2 * x, x)
-            op("top", "fwd", 0.0, 3 * x, x)
-            op("top", "fwd", 0.0, 3 * x, x)
-            for new in (top_in * p, B * p, top_in * p, x):                          # u, v grads
-                op("top", "bwd", 2 * x * p, x + B * p + top_in * p, new)
-            for _ in range(4):
-                op("top", "bwd", 0.0, 3 * x, x)                                     # products
-            op("top", "bwd", 0.0, x + top_in, top_in)                               # db
+            casts("top", top_in * dense.dcn_projection, top_in * dense.dcn_projection, top_in, x)
+            _cross_layer(op, B, top_in, dense.dcn_projection, fused)
     mlp("top", ls["top"], True)
     op("top", "fwd", 0.0, 3 * B, B)                                                 # loss
     op("top", "bwd", 0.0, 3 * B, B)
     return out
+
+
+def _dot_interaction(op, B: float, f: int, d: int, top_in: int, fused: bool) -> None:
+    """The dot interaction of ``f`` features of width ``d`` into ``top_in`` columns (the pairs
+    above the diagonal and the bottom MLP's output): eager, a stack, a batched GEMM, a gather
+    and a concatenation forward and their gradients; fused, one kernel each way that reads the
+    features and writes the output (forward) or reads both and writes the features' gradients
+    (backward)."""
+    if fused:
+        op("top", "fwd", 2 * B * f * f * d, B * f * d + B * top_in, B * top_in)
+        op("top", "bwd", 4 * B * f * f * d, B * top_in + 2 * B * f * d, B * f * d)
+        return
+    op("top", "fwd", 0.0, 2 * B * f * d, B * f * d)                                 # stack
+    op("top", "fwd", 2 * B * f * f * d, 2 * B * f * d + B * f * f, B * f * f)       # bmm
+    op("top", "fwd", 0.0, 2 * B * f * f, B * f * f / 2)                             # triu gather
+    op("top", "fwd", 0.0, 2 * B * top_in, B * top_in)                               # cat
+    op("top", "bwd", 0.0, 2 * B * top_in, 0.0)                                      # cat bwd
+    op("top", "bwd", 0.0, 3 * B * f * f, B * f * f)                                 # scatter
+    for _ in range(2):
+        op("top", "bwd", 2 * B * f * f * d, 2 * B * f * d + B * f * f, B * f * d)
+    op("top", "bwd", 0.0, 3 * B * f * d, B * f * d)                                 # sum grads
+    op("top", "bwd", 0.0, 2 * B * f * d, 0.0)                                       # unstack
+
+
+def _cross_layer(op, B: float, w: int, p: int, fused: bool) -> None:
+    """One low-rank DCNv2 cross layer on ``w``-wide rows, projection ``p``:
+    ``x' = x0 ⊙ (V(U x) + b) + x``. Its four GEMMs forward and backward either way; eager, the
+    bias, the product and the sum forward and the four products and the bias gradient backward
+    are kernels of their own; fused, the bias rides the second GEMM, ``x0 ⊙ v + x`` is one
+    kernel (reads three rows, writes one) and backward one kernel reads the output gradient,
+    ``x0``, ``v`` and the running ``x0`` gradient and writes ``v``'s gradient (with the bias
+    gradient) and the ``x0`` gradient."""
+    x = B * w
+    op("top", "fwd", 2 * x * p, x + w * p + B * p, B * p)                           # u
+    op("top", "fwd", 2 * x * p, B * p + w * p + x, x)                               # v
+    if fused:
+        op("top", "fwd", 0.0, 4 * x, x)
+    else:
+        op("top", "fwd", 0.0, 2 * x, x)
+        op("top", "fwd", 0.0, 3 * x, x)
+        op("top", "fwd", 0.0, 3 * x, x)
+    for new in (w * p, B * p, w * p, x):                                            # u, v grads
+        op("top", "bwd", 2 * x * p, x + B * p + w * p, new)
+    if fused:
+        op("top", "bwd", 0.0, 6 * x + w, x)
+        return
+    for _ in range(4):
+        op("top", "bwd", 0.0, 3 * x, x)                                             # products
+    op("top", "bwd", 0.0, x + w, w)                                                 # db

@@ -3,9 +3,11 @@
 A table spec states it in a ``trainer:`` section (every key optional)::
 
     trainer:
+      preset: torchrec        # torchrec | torchrec-compiled | hugectr (the keys below override it)
       pipeline: sparse_dist   # sparse_dist | none
       dispatch: eager         # eager | graphs
       mixed_precision: autocast   # autocast | pure
+      fusion: none            # none | fused
 
 ``pipeline``: ``sparse_dist`` is TorchRec's ``TrainPipelineSparseDist`` (the default of its
 training loops and examples): the next batch's input dist (the ids all-to-alls) runs on its own
@@ -27,12 +29,29 @@ Measured on an H200 (``traces/measured/h200/dlrm-triton/step.csv``), the eager D
 under autocast takes 14.8 ms at 32,768 samples, which fp32 elementwise traffic explains and
 bf16 traffic (9.5 ms) does not.
 
-``--trainer-set KEY=VALUE`` on ``clusterplan plan`` overrides a key.
+``fusion``: ``none``: every elementwise op of the dense part is a kernel of its own, reading
+and writing its tensors in memory (eager PyTorch, or CUDA graphs of the eager ops); ``fused``:
+bias, ReLU and their gradients run in the epilogues of the GEMMs around them (cuBLASLt's
+bias/ReLU epilogues), DCNv2's ``x0 ⊙ v + x`` and its gradients are one kernel each, the dot
+interaction one kernel each way, and casts fold into the kernels that produce their inputs
+(HugeCTR's fused fully-connected and cross layers, XLA, TorchInductor): the same GEMMs, far
+fewer bytes between them. With ``mixed_precision: pure`` the dense gradients are in the dense
+dtype, so the data-parallel all-reduce moves 2 bytes per parameter, not 4.
+
+``preset`` names a trainer by what it does (:data:`DLRM_PRESETS`): ``torchrec`` (the
+defaults: TorchRec's pipelined training loop, eager PyTorch under autocast),
+``torchrec-compiled`` (the same loop with the dense part compiled into CUDA graphs:
+``torch.compile(mode="max-autotune")``; autocast, fused) and ``hugectr`` (HugeCTR: its own
+overlapped embedding pipeline, CUDA graphs, half-precision activations throughout, fused
+layers). ``--trainer NAME`` on ``clusterplan plan`` picks a preset in place of the spec's
+section; ``--trainer-set KEY=VALUE`` overrides a key.
 
 >>> dlrm_trainer_from_mapping({"pipeline": "none"}, source="tables.yaml")
-DlrmTrainer(pipeline='none', dispatch='eager', mixed_precision='autocast')
+DlrmTrainer(pipeline='none', dispatch='eager', mixed_precision='autocast', fusion='none')
 >>> override_dlrm_trainer(DlrmTrainer(), ["dispatch=graphs"]).dispatch
 'graphs'
+>>> dlrm_trainer_from_mapping({"preset": "hugectr", "dispatch": "eager"}, source="t.yaml")
+DlrmTrainer(pipeline='sparse_dist', dispatch='eager', mixed_precision='pure', fusion='fused')
 """
 
 from __future__ import annotations
@@ -43,10 +62,12 @@ from typing import Any, Mapping, Sequence
 from simulator.errors import SpecError
 
 __all__ = ["DlrmTrainer", "dlrm_trainer_from_mapping", "override_dlrm_trainer",
-           "DLRM_TRAINER_KEYS"]
+           "dlrm_preset", "dlrm_trainer_from_args", "DLRM_TRAINER_KEYS", "DLRM_PRESETS"]
 
 _CHOICES = {"pipeline": ("sparse_dist", "none"), "dispatch": ("eager", "graphs"),
-            "mixed_precision": ("autocast", "pure")}
+            "mixed_precision": ("autocast", "pure"), "fusion": ("none", "fused")}
+#: bytes of one element of a half-precision dense dtype
+_HALF = {"bf16": 2.0, "fp16": 2.0}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +77,7 @@ class DlrmTrainer:
     pipeline: str = "sparse_dist"
     dispatch: str = "eager"
     mixed_precision: str = "autocast"
+    fusion: str = "none"
 
     @property
     def pipelined(self) -> bool:
@@ -68,17 +90,44 @@ class DlrmTrainer:
         None when they take the dense dtype's size."""
         return 4.0 if self.mixed_precision == "autocast" else None
 
+    @property
+    def fused(self) -> bool:
+        """True when bias, activations and elementwise chains fuse into few kernels."""
+        return self.fusion == "fused"
+
+    def gradient_bytes(self, dtype: str) -> float:
+        """Bytes per dense parameter gradient the data-parallel all-reduce moves for a dense
+        part of ``dtype``: the dtype's own under ``pure`` (the parameters are in it, so are
+        their gradients), else 4 (fp32 parameters, as under autocast)."""
+        return _HALF.get(dtype, 4.0) if self.mixed_precision == "pure" else 4.0
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 DLRM_TRAINER_KEYS = tuple(f.name for f in fields(DlrmTrainer))
 
+#: named DLRM trainers as the settings above (see the module docstring)
+DLRM_PRESETS = {
+    "torchrec": DlrmTrainer(),
+    "torchrec-compiled": DlrmTrainer(dispatch="graphs", fusion="fused"),
+    "hugectr": DlrmTrainer(dispatch="graphs", mixed_precision="pure", fusion="fused"),
+}
+
+
+def dlrm_preset(name: str, *, source: str, field: str = "trainer.preset") -> DlrmTrainer:
+    """The trainer preset ``name`` (:data:`DLRM_PRESETS`); a SpecError naming ``source`` and
+    ``field`` for an unknown one."""
+    if name not in DLRM_PRESETS:
+        raise SpecError(f"unknown DLRM trainer preset {name!r}", source=source, field=field,
+                        fix=f"use one of: {', '.join(DLRM_PRESETS)}")
+    return DLRM_PRESETS[name]
+
 
 def _check(key: str, value: Any, source: str, where: str) -> str:
     if key not in _CHOICES:
         raise SpecError(f"unknown trainer setting {key!r}", source=source, field=where,
-                        fix=f"use one of: {', '.join(DLRM_TRAINER_KEYS)}")
+                        fix=f"use one of: preset, {', '.join(DLRM_TRAINER_KEYS)}")
     if value not in _CHOICES[key]:
         raise SpecError(f"{key} must be one of {', '.join(_CHOICES[key])}, got {value!r}",
                         source=source, field=where,
@@ -93,8 +142,12 @@ def dlrm_trainer_from_mapping(value: Any, *, source: str) -> DlrmTrainer:
     if not isinstance(value, Mapping):
         raise SpecError(f"expected a mapping, got {value!r}", source=source, field="trainer",
                         fix="write trainer: {pipeline: sparse_dist, dispatch: eager}")
-    kw = {str(k): _check(str(k), v, source, f"trainer.{k}") for k, v in value.items()}
-    return DlrmTrainer(**kw)
+    base = DlrmTrainer()
+    if "preset" in value:
+        base = dlrm_preset(str(value["preset"]), source=source)
+    kw = {str(k): _check(str(k), v, source, f"trainer.{k}") for k, v in value.items()
+          if k != "preset"}
+    return replace(base, **kw)
 
 
 def override_dlrm_trainer(trainer: DlrmTrainer, pairs: Sequence[str]) -> DlrmTrainer:
@@ -107,3 +160,12 @@ def override_dlrm_trainer(trainer: DlrmTrainer, pairs: Sequence[str]) -> DlrmTra
                             fix="pass e.g. --trainer-set pipeline=none")
         kw[key.strip()] = _check(key.strip(), value.strip(), "--trainer-set", key.strip())
     return replace(trainer, **kw) if kw else trainer
+
+
+def dlrm_trainer_from_args(trainer: DlrmTrainer, name: str | None,
+                           pairs: Sequence[str] | None) -> DlrmTrainer:
+    """``trainer`` replaced by the preset ``name`` (``--trainer``) when given, then with
+    ``KEY=VALUE`` overrides (``--trainer-set``) applied."""
+    if name:
+        trainer = dlrm_preset(name, source="--trainer", field="--trainer")
+    return override_dlrm_trainer(trainer, pairs or [])

@@ -178,7 +178,8 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
                              category="emb_bwd"))
     dense_ar = None
     if fl["params"] > 0 and n > 1:
-        dense_ar = w.collective("allreduce", ranks, fl["params"] * 4.0, name="dense_allreduce",
+        grad_bytes = fl["params"] * problem.model.trainer.gradient_bytes(problem.model.dense.dtype)
+        dense_ar = w.collective("allreduce", ranks, grad_bytes, name="dense_allreduce",
                                 deps=bottom_bwd, stream="comm:dp", category="dense_allreduce")
     if F[0, F_DP] > 0 and n > 1:
         w.collective("allreduce", ranks, float(F[0, F_DP]), name="dp_tables_allreduce",

@@ -498,6 +498,7 @@ def torchrec_step_ops(problem, shardings: Sequence[TableSharding], *, seed: int 
     d = m.dense
     sizes: list[int] = []
     if d is not None:
-        sizes = [d.param_count([t.embedding_dim for t in m.tables]) * FLOAT_BYTES]
+        sizes = [int(d.param_count([t.embedding_dim for t in m.tables])
+                     * m.trainer.gradient_bytes(d.dtype))]
     return torchrec_comm_ops(shardings, [t.embedding_dim for t in m.tables], lengths, ids,
                              world=n, local_world=lws, dense_param_sizes=sizes)
