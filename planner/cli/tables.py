@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(dumps_json(doc, indent=2, ensure_ascii=False))
     else:
-        print(format_plan(plan, sim))
+        print(format_plan(plan, sim, trainer=task.model.trainer.to_dict()))
         if "dmt" in doc:
             print(format_dmt(doc["dmt"]))
         if meas is not None:
@@ -280,8 +280,9 @@ def _report_profile(args: argparse.Namespace, doc: dict) -> int:
     return 0
 
 
-def format_plan(plan, sim=None) -> str:
-    """The human-readable summary: per-rank cost and memory, types, dense part, validity."""
+def format_plan(plan, sim=None, trainer: dict | None = None) -> str:
+    """The human-readable summary: per-rank cost and memory, types, dense part, validity (and
+    with a simulation, the ``trainer`` settings it ran under)."""
     t = plan.task
     st = plan.stats
     status = st.status
@@ -326,6 +327,8 @@ def format_plan(plan, sim=None) -> str:
         lines.append(f"simulated step: {format_time(sim.step_time_s)}, {rate:,.0f} samples/s ("
                      + ", ".join(f"{k} {format_time(v)}" for k, v in sim.breakdown_s.items() if v)
                      + ")")
+        if trainer:
+            lines.append("trainer: " + ", ".join(f"{k} {v}" for k, v in trainer.items()))
     if plan.valid:
         lines.append("valid: every table placed once, every rank within its memory")
     else:

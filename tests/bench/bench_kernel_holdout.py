@@ -25,7 +25,10 @@ unseen family's rows compare a whole step measured now against a profile measure
 
 ``--repredict FILE.json`` times nothing: it fits the current kernel model to the sweep points a
 recorded run kept and predicts that run's held-out ranks again (same seeds and sets), to see
-how a change of the model or its estimator moves the errors on the same measurements.
+how a change of the model or its estimator moves the errors on the same measurements. Runs
+since 2026-11-28 19:30 keep each rank's tables (``config``); for older ones the ranks are
+rebuilt from the seeds, and a rank whose plan has changed since (the greedy planner plans with
+the CPU profile of the day) is left out and counted.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +53,7 @@ from planner.measure.tables.fit import (  # noqa: E402
     measure_kernel_points,
 )
 from planner.measure.validate.unseen import unseen_cases  # noqa: E402
-from planner.model.tables.spec import ModelSpec  # noqa: E402
+from planner.model.tables.spec import ModelSpec, TableSpec  # noqa: E402
 
 MAX_IDS = 3e6
 CHUNK = 8
@@ -110,9 +114,23 @@ def print_errors(summary: dict) -> None:
               f"worst {s['worst']:+.1%}, {s['within_25pct']}/{s['n']} within 25%")
 
 
-def repredict(path: Path) -> int:
-    """A recorded run's held-out ranks predicted by the current fit of its own sweep points."""
-    doc = json.loads(path.read_text())
+def _config(m: ModelSpec) -> list[dict]:
+    """A rank's tables as plain fields (enough to rebuild them exactly)."""
+    return [{k: v for k, v in asdict(t).items() if v is not None} for t in m.tables]
+
+
+def _from_config(name: str, batch: int, config: list[dict]) -> ModelSpec:
+    tables = tuple(TableSpec(**{k: tuple(v) if isinstance(v, list) else v
+                                for k, v in t.items()}) for t in config)
+    return ModelSpec(name=name, tables=tables, batch_size=int(batch))
+
+
+def recorded_ranks(doc: dict) -> tuple[list[dict], list[ModelSpec]]:
+    """The rows of a recorded run and their configurations: kept ones as recorded, older
+    runs' rebuilt from their seeds (rows whose rank no longer rebuilds the same are dropped)."""
+    rows = doc["rows"]
+    if all("config" in r for r in rows):
+        return rows, [_from_config(r["rank"], r["batch"], r["config"]) for r in rows]
     st = doc["settings"]
     if "seeds" in st:
         seeds, sets = st["seeds"], st["sets"]
@@ -121,10 +139,22 @@ def repredict(path: Path) -> int:
         seeds = [int(x) for x in said.split("seeds [")[1].split("]")[0].split(",")]
         sets = int(said.split("], ")[1].split(" sets")[0])
     by_name = {m.name: m for m in held_out(seeds, sets)}
-    models = [by_name[r["rank"]] for r in doc["rows"]]
+    keep = [r for r in rows if r["rank"] in by_name
+            and len(by_name[r["rank"]].tables) == r["tables"]
+            and by_name[r["rank"]].batch_size == r["batch"]]
+    if len(keep) < len(rows):
+        print(f"{len(rows) - len(keep)} of {len(rows)} ranks left out: their plans have "
+              "changed since the run (it kept no configurations)")
+    return keep, [by_name[r["rank"]] for r in keep]
+
+
+def repredict(path: Path) -> int:
+    """A recorded run's held-out ranks predicted by the current fit of its own sweep points."""
+    doc = json.loads(path.read_text())
+    rows, models = recorded_ranks(doc)
     pts = doc["sweep_points"]
-    mf = np.array([r["fwd_measured_s"] for r in doc["rows"]])
-    mb = np.array([r["bwd_measured_s"] for r in doc["rows"]])
+    mf = np.array([r["fwd_measured_s"] for r in rows])
+    mb = np.array([r["bwd_measured_s"] for r in rows])
     yf = np.array([p["fwd_s"] for p in pts])
     yb = np.array([p["bwd_s"] for p in pts])
     for label, held, (f, b) in (
@@ -166,7 +196,7 @@ def main(argv=None) -> int:
     mb = np.array([p["bwd_s"] for p in held_pts])
     rows = [{"rank": m.name, "tables": len(m.tables), "batch": m.batch_size,
              "fwd_measured_s": float(x), "fwd_predicted_s": float(y),
-             "bwd_measured_s": float(u), "bwd_predicted_s": float(v)}
+             "bwd_measured_s": float(u), "bwd_predicted_s": float(v), "config": _config(m)}
             for m, x, y, u, v in zip(held, mf, pf, mb, pb)]
     print(f"{'held-out rank':36s} {'T':>3s} {'batch':>6s}  fwd meas/pred ms   bwd meas/pred ms")
     for r in rows:

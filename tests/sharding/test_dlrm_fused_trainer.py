@@ -145,6 +145,10 @@ def test_cli_trainer_preset_on_a_table_spec(tmp_path):
     r0 = _cli(*base)
     assert r0.returncode == 0, r0.stderr
     assert sim["step_time_s"] < json.loads(r0.stdout)["simulation"]["step_time_s"]
+    text = _cli(*base[:-1], "--trainer", "torchrec-compiled")
+    assert text.returncode == 0, text.stderr
+    assert "trainer: pipeline sparse_dist, dispatch graphs, mixed_precision autocast, " \
+        "fusion fused" in text.stdout
     bad = _cli(*base, "--trainer", "megatron-core")
     assert bad.returncode == 2 and "--trainer" in bad.stderr and "hugectr" in bad.stderr
     assert "Traceback" not in bad.stderr

@@ -98,3 +98,27 @@ def test_refit_of_a_file_without_usable_points_exits_2_and_writes_nothing(tmp_pa
     assert src.read_text() == text
     assert [p.name for p in tmp_path.iterdir()] == ["bad.yaml"]
     assert main(["calibrate", "embedding", "--refit", str(tmp_path / "none.yaml")]) == 2
+
+
+def _holdout_bench():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "bench" / "bench_kernel_holdout.py"
+    spec = importlib.util.spec_from_file_location("bench_kernel_holdout", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_kernel_holdout_runs_keep_their_ranks_exactly():
+    """A held-out rank's tables survive the run's JSON exactly (Zipf exponents and reuse
+    histograms included), so ``--repredict`` needs no planner of the day to rebuild them."""
+    import json
+    b = _holdout_bench()
+    ranks = b.held_out([9], 3)
+    assert ranks
+    rows = [{"rank": m.name, "tables": len(m.tables), "batch": m.batch_size,
+             "config": b._config(m)} for m in ranks]
+    doc = json.loads(json.dumps({"rows": rows, "settings": {}}))
+    kept, models = b.recorded_ranks(doc)
+    assert kept == doc["rows"] and models == ranks
