@@ -44,7 +44,7 @@ def simulate_sharding_plan(args, emit) -> int:
              f"({problem.topology_ref}), batch {model.batch_size:,}: step "
              f"{format_time(sim.step_time_s)}, {rate:,.0f} samples/s",
              "  " + ", ".join(f"{k} {format_time(v)}" for k, v in sim.breakdown_s.items() if v),
-             "  trainer: " + ", ".join(f"{k} {v}" for k, v in data["trainer"].items())]
+             f"  trainer: {model.trainer.describe()}"]
     lines += [f"  extrapolated: {x}" for x in data["extrapolated"]]
     if args.trace:
         lines.append(f"  trace: {args.trace} (open in https://ui.perfetto.dev)")

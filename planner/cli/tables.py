@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(dumps_json(doc, indent=2, ensure_ascii=False))
     else:
-        print(format_plan(plan, sim, trainer=task.model.trainer.to_dict()))
+        print(format_plan(plan, sim, trainer=task.model.trainer.describe()))
         if "dmt" in doc:
             print(format_dmt(doc["dmt"]))
         if meas is not None:
@@ -280,9 +280,9 @@ def _report_profile(args: argparse.Namespace, doc: dict) -> int:
     return 0
 
 
-def format_plan(plan, sim=None, trainer: dict | None = None) -> str:
+def format_plan(plan, sim=None, trainer: str | None = None) -> str:
     """The human-readable summary: per-rank cost and memory, types, dense part, validity (and
-    with a simulation, the ``trainer`` settings it ran under)."""
+    with a simulation, the ``trainer`` settings it ran under, as one line)."""
     t = plan.task
     st = plan.stats
     status = st.status
@@ -328,7 +328,7 @@ def format_plan(plan, sim=None, trainer: dict | None = None) -> str:
                      + ", ".join(f"{k} {format_time(v)}" for k, v in sim.breakdown_s.items() if v)
                      + ")")
         if trainer:
-            lines.append("trainer: " + ", ".join(f"{k} {v}" for k, v in trainer.items()))
+            lines.append(f"trainer: {trainer}")
     if plan.valid:
         lines.append("valid: every table placed once, every rank within its memory")
     else:

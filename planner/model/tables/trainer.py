@@ -61,13 +61,13 @@ from typing import Any, Mapping, Sequence
 
 from simulator.errors import SpecError
 
+from planner.model.tables.dense import ACTIVATION_BYTES
+
 __all__ = ["DlrmTrainer", "dlrm_trainer_from_mapping", "override_dlrm_trainer",
            "dlrm_preset", "dlrm_trainer_from_args", "DLRM_TRAINER_KEYS", "DLRM_PRESETS"]
 
 _CHOICES = {"pipeline": ("sparse_dist", "none"), "dispatch": ("eager", "graphs"),
             "mixed_precision": ("autocast", "pure"), "fusion": ("none", "fused")}
-#: bytes of one element of a half-precision dense dtype
-_HALF = {"bf16": 2.0, "fp16": 2.0}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,10 +99,14 @@ class DlrmTrainer:
         """Bytes per dense parameter gradient the data-parallel all-reduce moves for a dense
         part of ``dtype``: the dtype's own under ``pure`` (the parameters are in it, so are
         their gradients), else 4 (fp32 parameters, as under autocast)."""
-        return _HALF.get(dtype, 4.0) if self.mixed_precision == "pure" else 4.0
+        return ACTIVATION_BYTES.get(dtype, 4.0) if self.mixed_precision == "pure" else 4.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def describe(self) -> str:
+        """One line for a report: ``pipeline sparse_dist, dispatch eager, ...``."""
+        return ", ".join(f"{k} {v}" for k, v in self.to_dict().items())
 
 
 DLRM_TRAINER_KEYS = tuple(f.name for f in fields(DlrmTrainer))
