@@ -2,7 +2,8 @@ import networkx as nx
 import pytest
 
 from simulator.errors import SpecError
-from simulator.topology import build_topology, builtin_topology_names, load_topology
+from simulator.topology import (build_topology, builtin_topology_names, load_topology,
+                                sized_topology_ref)
 
 REQUIRED = {"dgx-a100", "selene-a100", "dgx-h100", "h100-ib", "llama3-h100-24k",
             "two-buildings-h100", "four-buildings-h100", "localhost-gloo"}
@@ -41,6 +42,20 @@ def test_size_overrides_and_gpus():
     t = load_topology("h100-ib:node.nic_bandwidth=200Gb/s,nodes=2")
     nic = [i for i, k in enumerate(t.links.kind) if k == "nic"]
     assert t.links.bandwidth_Bps[nic[0]] == pytest.approx(25e9)
+
+
+def test_sized_reference_holds_the_gpus_and_keeps_explicit_sizes():
+    import doctest
+    import simulator.topology.build as build
+    assert doctest.testmod(build).failed == 0
+    for ref, gpus in (("dgx-h100", 64), ("dgx-a100:node.nic_bandwidth=200Gb/s", 20),
+                      ("two-buildings-h100", 4100)):
+        grown = sized_topology_ref(ref, gpus)
+        assert load_topology(grown).num_gpus == load_topology(ref, gpus=gpus).num_gpus >= gpus
+    assert sized_topology_ref("dgx-a100:node.nic_bandwidth=200Gb/s", 20).startswith(
+        "dgx-a100:node.nic_bandwidth=200Gb/s,nodes=")
+    assert sized_topology_ref("dgx-a100:nodes=2", 64) == "dgx-a100:nodes=2"   # the user's size
+    assert sized_topology_ref("two-buildings-h100", 16) == "two-buildings-h100"  # holds them
 
 
 def test_buildings_join_through_wan():

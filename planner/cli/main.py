@@ -51,6 +51,7 @@ main commands (each has --help):
   clusterplan simulate dp-step --topology h100-ib --straggler 3=1.1 --diagnose   what-if faults
   clusterplan plan llama3-70b --topology two-buildings-h100 --out plan.json   LLM layout search
   clusterplan plan criteo-dlrm --devices 8 --planner mip --out dlrm.json    embedding sharding
+  clusterplan simulate mlperf-dcnv2 --topology dgx-h100 --gpus 64 --trainer hugectr   DLRM step
   clusterplan plan criteo-dlrm --devices 16 --topology h100-ib:nodes=2 --dmt   DMT towers
   clusterplan measure criteo-dlrm dlrm.json            run a sharding plan for real (CPU)
   clusterplan export plan.json --to megatron|torchtitan|deepspeed|torchrec|hostfile

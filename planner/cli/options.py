@@ -13,9 +13,10 @@ from simulator.topology import Topology, load_topology
 
 from planner.model.llm.spec import LLMSpec, builtin_model_names
 from planner.model.llm.trainer import PRESETS, TRAINER_KEYS, trainer_from_args
+from planner.model.tables.spec import builtin_spec_names
 from planner.model.tables.trainer import DLRM_PRESETS
 
-__all__ = ["topology_arguments", "topology_from_args", "is_model", "is_llm_plan",
+__all__ = ["topology_arguments", "topology_from_args", "is_model", "is_llm_plan", "is_table_spec",
            "trainer_arguments", "with_trainer"]
 
 
@@ -84,3 +85,14 @@ def is_llm_plan(ref: str) -> bool:
     """True when ``ref`` is a plan written by ``clusterplan plan MODEL`` (``kind: llm-plan``)."""
     doc = _peek(ref)
     return isinstance(doc, dict) and doc.get("kind") == "llm-plan"
+
+
+def is_table_spec(ref: str) -> bool:
+    """True when ``ref`` is a built-in table spec name (criteo-dlrm ...), a CSV of tables, or a
+    YAML file with a ``tables:`` section and no ``model:`` one."""
+    if ref in builtin_spec_names():
+        return True
+    if Path(ref).suffix.lower() == ".csv" and Path(ref).is_file():
+        return True
+    doc = _peek(ref)
+    return isinstance(doc, dict) and "tables" in doc and "model" not in doc

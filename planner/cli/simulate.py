@@ -15,6 +15,7 @@ from planner.cli.options import (
     is_het,
     is_llm_plan,
     is_model,
+    is_table_spec,
     topology_arguments,
     topology_from_args,
     trainer_arguments,
@@ -22,7 +23,7 @@ from planner.cli.options import (
 )
 from planner.cli.output import add_timings_option, emit
 from planner.cli.simulate_het import simulate_het
-from planner.cli.simulate_sharding import simulate_sharding_plan
+from planner.cli.simulate_sharding import simulate_sharding_plan, simulate_table_spec
 from planner.measure.validate.dlrm import is_sharding_plan
 from planner.model.llm.spec import load_llm_spec
 from planner.model.reliability import add_arguments as _reliability_arguments
@@ -44,10 +45,12 @@ def register(p: argparse.ArgumentParser) -> None:
                      "training:, parallel:; see planner/model/llm/spec.py) or a workload "
                      "YAML (an op DAG; see simulator/workload_spec.py), a parameter-server "
                      "spec with worker caches (kind: het; planner/workloads/het.py), by path or "
-                     "built-in name (llama3-405b, gpt3-175b, dp-step ...), or a plan.json "
-                     "from `plan` (a sharding plan on its own topology unless --topology).")
+                     "built-in name (llama3-405b, gpt3-175b, dp-step ...), a plan.json "
+                     "from `plan` (a sharding plan on its own topology unless --topology), "
+                     "or a table spec (criteo-dlrm, mlperf-dcnv2, YAML or CSV), sharded by "
+                     "greedy over --gpus N of --topology first.")
     p.add_argument("workload", metavar="MODEL|WORKLOAD|PLAN",
-                   help="YAML or JSON file, a built-in name, or a plan.json from `plan MODEL`")
+                   help="YAML, JSON or CSV file, a built-in name, or a plan.json from `plan`")
     topology_arguments(p, default="")
     p.add_argument("--parallel", metavar="SPEC", help="e.g. tp=8,cp=1,pp=16,dp=128,vpp=1")
     p.add_argument("--global-batch", type=int, metavar="N", help="sequences per step")
@@ -90,6 +93,8 @@ def run(args) -> int:
     if not args.topology:
         raise SpecError("simulate needs --topology (a sharding plan brings its own)",
                         field="--topology", fix="pass e.g. --topology dgx-h100:nodes=2")
+    if is_table_spec(args.workload):
+        return simulate_table_spec(args, emit)
     if is_llm_plan(args.workload):
         return _simulate_plan(args)
     topo = topology_from_args(args)

@@ -1,5 +1,6 @@
-"""``clusterplan simulate PLAN.json`` for a sharding plan: its training step again, on the plan's
-topology or ``--topology``, with the spec's trainer or ``--trainer-set`` overrides."""
+"""``clusterplan simulate`` for embedding models: a sharding plan (``plan.json``) on the plan's
+topology or ``--topology``, or a table spec planned by greedy first; the spec's trainer or
+``--trainer``/``--trainer-set``."""
 
 from __future__ import annotations
 
@@ -7,23 +8,32 @@ from dataclasses import replace
 
 from simulator.errors import SpecError
 from simulator.fileio import read_json_file
+from simulator.topology import load_topology, sized_topology_ref
 from simulator.units import format_time
 
 from planner.model.tables.plan import plan_model, read_plan_json
+from planner.model.tables.spec import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
 from planner.model.tables.trainer import dlrm_trainer_from_args
+from planner.sharding.planners import get_planner
 from planner.workloads.dlrm.step import simulate_step
 
-__all__ = ["simulate_sharding_plan"]
+__all__ = ["simulate_sharding_plan", "simulate_table_spec"]
+
+#: the planner ``simulate TABLES`` shards with (``plan TABLES --planner ...`` for another)
+TABLE_SPEC_PLANNER = "greedy"
+
+
+def _with_trainer(model, args):
+    return replace(model, trainer=dlrm_trainer_from_args(
+        model.trainer, getattr(args, "trainer", None), getattr(args, "trainer_set", None)))
 
 
 def simulate_sharding_plan(args, emit) -> int:
     """Simulate the plan's step and print it (``--json``: one object)."""
     doc = read_json_file(args.workload, field="PLAN", missing_fix="give a plan from "
                          "clusterplan plan TABLES --out plan.json", json_fix="re-plan")
-    model = plan_model(doc, args.workload)
-    model = replace(model, trainer=dlrm_trainer_from_args(
-        model.trainer, getattr(args, "trainer", None), getattr(args, "trainer_set", None)))
+    model = _with_trainer(plan_model(doc, args.workload), args)
     devices = int(doc.get("devices") or 0)
     if devices < 1:
         raise SpecError("the plan has no device count", source=args.workload, field="devices",
@@ -31,8 +41,42 @@ def simulate_sharding_plan(args, emit) -> int:
     topo = args.topology or str(doc.get("topology") or "")
     problem = prepare(ShardingTask(model=model, topology=topo), devices)
     sim = simulate_step(problem, read_plan_json(doc, problem))
+    return _report(args, emit, {"plan": args.workload}, problem, sim)
+
+
+def simulate_table_spec(args, emit) -> int:
+    """Shard a table spec (built-in name, YAML or CSV) with greedy over ``--gpus`` ranks of
+    ``--topology`` (default: all of its GPUs; a generated topology grows to hold them), then
+    simulate that plan's step and print it. ``--global-batch`` sets the batch (samples)."""
+    for flag in ("parallel", "micro_batch"):
+        if getattr(args, flag, None) is not None:
+            raise SpecError(f"--{flag.replace('_', '-')} applies to model specs, not table specs",
+                            source=args.workload, field=f"--{flag.replace('_', '-')}",
+                            fix="drop the flag (a table spec's plan comes from the planner)")
+    if args.global_batch is not None and args.global_batch < 1:
+        raise SpecError(f"--global-batch must be ≥ 1, got {args.global_batch}",
+                        source="--global-batch", fix="pass samples per step, e.g. 65536")
+    model = load_model_spec(args.workload).with_overrides(batch_size=args.global_batch)
+    model = _with_trainer(model, args)
+    devices = args.gpus or load_topology(args.topology).num_gpus
+    task = ShardingTask(model=model, topology=sized_topology_ref(args.topology, devices))
+    plan = get_planner(TABLE_SPEC_PLANNER).plan(task, devices, seed=0)
+    if not plan.valid:
+        raise SpecError(f"no valid {TABLE_SPEC_PLANNER} plan on {devices} devices: "
+                        + "; ".join(plan.problems[:3]), source=args.workload, field="--gpus",
+                        fix="simulate on more GPUs, or plan with clusterplan plan TABLES "
+                            "--planner mip --out plan.json and simulate plan.json")
+    problem = prepare(task, devices)
+    sim = simulate_step(problem, plan.shardings)
+    return _report(args, emit, {"tables": args.workload, "planner": TABLE_SPEC_PLANNER},
+                   problem, sim)
+
+
+def _report(args, emit, head: dict, problem, sim) -> int:
+    """Print one simulated DLRM step (``--json``: one object starting with ``head``)."""
+    model, devices = problem.model, problem.devices
     rate = model.batch_size / sim.step_time_s
-    data = {"plan": args.workload, "model": model.name, "topology": problem.topology_ref,
+    data = {**head, "model": model.name, "topology": problem.topology_ref,
             "devices": devices, "batch_size": model.batch_size,
             "trainer": model.trainer.to_dict(), "step_time_s": sim.step_time_s,
             "samples_per_s": rate, "breakdown_s": sim.breakdown_s, "a2a_bytes": sim.a2a_bytes,
@@ -45,6 +89,9 @@ def simulate_sharding_plan(args, emit) -> int:
              f"{format_time(sim.step_time_s)}, {rate:,.0f} samples/s",
              "  " + ", ".join(f"{k} {format_time(v)}" for k, v in sim.breakdown_s.items() if v),
              f"  trainer: {model.trainer.describe()}"]
+    if "planner" in head:
+        lines.append(f"  plan: {head['planner']}, seed 0 (clusterplan plan {head['tables']} "
+                     "--planner NAME --out plan.json, then simulate plan.json, for another)")
     lines += [f"  extrapolated: {x}" for x in data["extrapolated"]]
     if args.trace:
         lines.append(f"  trace: {args.trace} (open in https://ui.perfetto.dev)")

@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from simulator.errors import ClusterplanError, SpecError
+from simulator.topology import sized_topology_ref
 from simulator.fileio import dumps_json, parse_yaml, read_text
 from simulator.units import format_bytes, format_time, parse_bytes
 
@@ -56,7 +57,8 @@ def add_arguments(p: argparse.ArgumentParser, *, devices_required: bool = True) 
                         "columns name,num_embeddings,embedding_dim,pooling_factor")
     p.add_argument("--devices", type=int, required=devices_required, metavar="N", help="number of GPUs")
     p.add_argument("--topology", default=None, metavar="NAME|FILE",
-                   help="topology (default dgx-a100:nodes=ceil(N/8)); ranks 0..N-1 are used")
+                   help="topology (default dgx-a100:nodes=ceil(N/8)); ranks 0..N-1 are used; a "
+                        "generated one grows to hold --devices (NAME:nodes=K)")
     p.add_argument("--planner", default="greedy", metavar="NAME",
                    help=f"one of {', '.join(PLANNER_NAMES)} (default greedy)")
     p.add_argument("--seed", type=int, default=0, help="seed (same inputs and seed: same plan)")
@@ -110,7 +112,7 @@ def _task(args) -> ShardingTask:
     if args.memory is not None:
         memory = parse_bytes(args.memory, field="--memory", allow_zero=False)
     types = parse_sharding_types(args.sharding_types) if args.sharding_types else None
-    topology = args.topology
+    topology = sized_topology_ref(args.topology, args.devices) if args.topology else None
     if topology is None and getattr(args, "measure", False):
         topology = cpu_topology_ref(args.devices)
     return ShardingTask(model=model, topology=topology, memory_bytes=memory,

@@ -5,9 +5,10 @@
 (8, 'a100-80gb')
 """
 
-from simulator.topology.build import DEFAULT_COMM, build_topology, load_topology
+from simulator.topology.build import DEFAULT_COMM, build_topology, load_topology, sized_topology_ref
 from simulator.topology.model import CommProfile, Hierarchy, LinkTable, Routing, Tier, Topology
 from simulator.topology.spec import builtin_topology_names, parse_topology_ref
 
 __all__ = ["load_topology", "build_topology", "builtin_topology_names", "parse_topology_ref",
+           "sized_topology_ref",
            "Topology", "LinkTable", "Hierarchy", "Tier", "CommProfile", "Routing", "DEFAULT_COMM"]

@@ -34,10 +34,10 @@ from simulator.topology.model import (
     Tier,
     Topology,
 )
-from simulator.topology.spec import read_topology_mapping
+from simulator.topology.spec import parse_topology_ref, read_topology_mapping
 from simulator.validation import Fields
 
-__all__ = ["load_topology", "build_topology", "DEFAULT_COMM"]
+__all__ = ["load_topology", "build_topology", "sized_topology_ref", "DEFAULT_COMM"]
 
 #: Defaults when a topology file has no ``collectives:`` section. alpha: NCCL-like per-step
 #: latency of the same order as the vTrain A100 tables' small-message floor; efficiency 1.0 means
@@ -74,10 +74,33 @@ def load_topology(ref: str | Path, *, overrides: Mapping[str, Any] | None = None
         if gpus <= 0:
             raise SpecError(f"--gpus must be positive, got {gpus}", source="--gpus",
                             fix="pass a positive GPU count")
-        b = doc.get("buildings", {}) or {}
-        per_building = math.ceil(gpus / per / max(1, int(b.get("count", 1) or 1)))
-        doc["nodes"] = per_building
+        doc["nodes"] = _nodes_for(doc, per, gpus)
     return build_topology(doc, source=source)
+
+
+def _nodes_for(doc: Mapping[str, Any], per_node: int, gpus: int) -> int:
+    """Nodes (per building) a generated topology needs to hold ``gpus`` GPUs."""
+    b = doc.get("buildings", {}) or {}
+    return math.ceil(gpus / per_node / max(1, int(b.get("count", 1) or 1)))
+
+
+def sized_topology_ref(ref: str, gpus: int) -> str:
+    """``ref`` grown to hold ``gpus`` GPUs: ``NAME:nodes=K`` appended when it names a generated
+    topology with fewer GPUs and sets no ``nodes`` itself, else ``ref`` unchanged.
+
+    For callers that keep the reference (a sharding plan records it), where
+    ``load_topology(ref, gpus=...)`` would lose it.
+
+    >>> sized_topology_ref("dgx-h100", 64), sized_topology_ref("dgx-h100", 8)
+    ('dgx-h100:nodes=8', 'dgx-h100')
+    """
+    if Path(ref).exists() or "nodes" in parse_topology_ref(ref)[1]:
+        return ref
+    doc, _ = read_topology_mapping(ref)
+    per = doc.get("node", {}).get("gpus") if isinstance(doc.get("node"), dict) else None
+    if not isinstance(per, int) or per <= 0 or load_topology(ref).num_gpus >= gpus:
+        return ref
+    return f"{ref}{',' if ':' in ref else ':'}nodes={_nodes_for(doc, per, gpus)}"
 
 
 def build_topology(doc: Mapping[str, Any], *, source: str = "<mapping>") -> Topology:

@@ -267,6 +267,34 @@ def test_cli_simulate_resimulates_a_sharding_plan(tmp_path):
     assert bad.returncode == 2 and "--topology" in bad.stderr
 
 
+def test_cli_simulate_a_table_spec_plans_it_with_greedy_first(tmp_path):
+    """``simulate TABLES`` is ``plan TABLES --simulate`` with greedy: the same step, the
+    trainer and batch flags applied, the topology grown to --gpus, bad flags refused."""
+    r = _cli("plan", "mlperf-dcnv2", "--devices", "16", "--topology", "dgx-h100", "--simulate",
+             "--json", "--trainer", "hugectr", "--batch-size", "32768")
+    assert r.returncode == 0, r.stderr
+    planned = json.loads(r.stdout)
+    r = _cli("simulate", "mlperf-dcnv2", "--topology", "dgx-h100", "--gpus", "16", "--json",
+             "--trainer", "hugectr", "--global-batch", "32768")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["step_time_s"] == pytest.approx(planned["simulation"]["step_time_s"], rel=1e-12)
+    assert doc["topology"] == planned["topology"] == "dgx-h100:nodes=2"
+    assert doc["planner"] == "greedy" and doc["devices"] == 16 and doc["batch_size"] == 32768
+    assert doc["trainer"]["mixed_precision"] == "pure"
+    r = _cli("simulate", "criteo-dlrm", "--topology", "dgx-a100")     # every GPU of it
+    assert r.returncode == 0 and "on 8 × a100-80gb" in r.stdout and "plan: greedy" in r.stdout
+    csv = tmp_path / "t.csv"
+    csv.write_text("name,num_embeddings,embedding_dim,pooling_factor\na,1000,16,2\nb,50,8,1\n")
+    r = _cli("simulate", str(csv), "--topology", "dgx-h100", "--gpus", "2", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["devices"] == 2, r.stderr
+    for flags, field in ((["--parallel", "tp=2"], "--parallel"),
+                         (["--global-batch", "0"], "--global-batch"),
+                         (["--trainer", "megatron-core"], "--trainer")):
+        bad = _cli("simulate", "mlperf-dcnv2", "--topology", "dgx-h100", *flags)
+        assert bad.returncode == 2 and field in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_autocast_casts_are_ops():
     """Closed form: under autocast every weight and bias is copied to bf16 forward and its
     gradient back to fp32 (8 MLP layers + 3 DCNv2 layers of two weights and a bias), and so
