@@ -29,6 +29,10 @@ simulator can time a step the way such a machine runs it:
   on the shared cores, so a rank that sends more than the others is helped by their idle
   cores: ``alltoall_uneven.weight`` (measured, :mod:`planner.measure.validate.uneven_a2a`)
   places its time between the equal exchange of the mean bytes and that of the busiest rank's.
+- **Skinny layers by shape.** The matmul curve is keyed by FLOPs and measured on a small
+  transformer's shapes; a recommendation model's narrow layers on large batches run at a
+  fraction of that rate, so their three GEMMs are timed by shape (``linear_layers``,
+  :class:`~simulator.linear_table.LinearTable`).
 
 Units: seconds, bytes, FLOP/s, as everywhere in the simulator.
 """
@@ -45,6 +49,7 @@ from simulator.compute import ComputeProfile, EfficiencyCurve, monotone_time_poi
 from simulator.errors import SpecError
 from simulator.fileio import parse_yaml, read_text
 from simulator.hardware import gpu_spec
+from simulator.linear_table import LinearTable
 
 __all__ = ["CommTable", "GlooProfile", "load_gloo_profile", "gloo_profile_from_dict", "COMM_KINDS"]
 
@@ -152,6 +157,9 @@ class GlooProfile:
     #: where between the mean rank's and the busiest rank's bytes an uneven all-to-all's time
     #: falls (``alltoall_uneven.weight``, 0..1); None: not measured (the busiest rank's)
     alltoall_uneven_weight: float | None = None
+    #: linear layers' GEMMs timed by shape (``linear_layers:``, :mod:`simulator.linear_table`);
+    #: None when the profile predates the probe (the matmul curve prices them)
+    linear: LinearTable | None = None
 
     def comm_time_s(self, kind: str, nranks: int, nbytes: float, gap_s: float = 0.0, *,
                     splits=None) -> float | None:
@@ -184,6 +192,13 @@ class GlooProfile:
         i = bisect.bisect_right([g for g, _ in pts], gap_s)
         (g0, e0), (g1, e1) = pts[i - 1], pts[i]
         return e0 + (e1 - e0) * math.log(gap_s / g0) / math.log(g1 / g0)
+
+
+def _linear(section: Any, source: str) -> LinearTable | None:
+    if not isinstance(section, Mapping) or not section.get("points"):
+        return None
+    return LinearTable.from_points(section["points"], source=source,
+                                   field="linear_layers.points")
 
 
 def _fresh_alloc(section: Any, source: str) -> tuple[float, float] | None:
@@ -262,7 +277,7 @@ def gloo_profile_from_dict(doc: Mapping[str, Any], *, source: str = "<dict>") ->
                        if isinstance(doc.get("permute_pooled"), Mapping) else None,
                        heap=_heap(doc, source), alone_speedup=_alone_speedup(doc, source),
                        alltoall_uneven_weight=_uneven_weight(doc, source),
-                       **_cores(doc, source))
+                       linear=_linear(doc.get("linear_layers"), source), **_cores(doc, source))
 
 
 def _uneven_scale(splits, weight: float) -> float:

@@ -24,7 +24,8 @@ from planner.measure.compute.host import host_overhead_yaml, measure_host_overhe
 from planner.measure.network.fit import fit_collective_profile, read_nccl_table
 from planner.measure.tables.fit_gpu import fit_fused_tbe, fit_gpu_embedding, gpu_embedding_yaml
 from planner.measure.validate.cache import store_calibration
-from planner.measure.validate.calibrate import GlooCalibration, measure_gloo, summary_lines
+from planner.measure.validate.calibrate import GlooCalibration, measure_gloo
+from planner.measure.validate.calibrate_summary import summary_lines
 from planner.model.tables.gpu_lookup import gpu_lookup_file
 
 __all__ = ["register", "run"]

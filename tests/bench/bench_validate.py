@@ -232,8 +232,8 @@ def main(argv=None) -> int:
         GlooCalibration,
         measure_gloo_raw,
         profile_from_raw,
-        summary_lines,
     )
+    from planner.measure.validate.calibrate_summary import summary_lines
     from planner.measure.validate.dlrm_report import validate_dlrm
     from planner.measure.validate.load import OTHER_CORES_LIMIT, LoadMeter
     from planner.measure.validate.report import validate

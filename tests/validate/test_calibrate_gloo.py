@@ -18,6 +18,7 @@ from planner.measure.validate.calibrate import (
     profile_from_raw,
 )
 from planner.measure.validate.calibrate_dlrm import merge_torchrec
+from planner.measure.validate.dlrm_linear import linear_shapes
 from planner.measure.validate.runner import Pool
 
 
@@ -58,6 +59,12 @@ def test_quick_real_calibration_loads_and_is_plausible():
     assert size == 1 << 20 and all(1e-6 < t < 1.0 for t in (equal, skewed, at_max))
     assert prof.alltoall_uneven_weight == doc["alltoall_uneven"]["weight"]
     assert 0.0 <= prof.alltoall_uneven_weight <= 1.0
+    # the linear-layer probe: every quick shape's three GEMMs, a table the predictions read
+    pts = doc["linear_layers"]["points"]
+    assert len(pts) == 3 * len(linear_shapes(quick=True))
+    assert all(1e-7 < s < 1.0 for *_, s in pts)
+    for p, b, i, o, s in pts[-3:]:
+        assert prof.linear.seconds(p, b, i, o) == pytest.approx(s, rel=1e-6)
 
 
 def test_calibration_runs_spread_over_time_merge_as_rounds():

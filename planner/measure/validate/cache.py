@@ -29,13 +29,20 @@ __all__ = ["host_fingerprint", "cache_path", "cached_calibration", "store_calibr
            "ensure_host_profile"]
 
 
+#: bumped when the calibration gains a section the predictions read (2: ``linear_layers``), so
+#: that a calibration kept from before is measured again rather than read without it
+CACHE_SCHEMA = 2
+
+
 def cache_path(world: int, heap: str = DEFAULT_HEAP) -> Path:
     """Where this host's calibration for ``world`` processes with the heap policy ``heap``
     (:mod:`planner.measure.heap`) is kept. The name holds the largest collective size measured
-    (:data:`~planner.measure.validate.calibrate.SIZES`), so that a calibration made before the
-    sizes grew is measured again rather than extrapolated from."""
+    (:data:`~planner.measure.validate.calibrate.SIZES`) and :data:`CACHE_SCHEMA`, so that a
+    calibration made before the sizes grew, or before a probe was added, is measured again
+    rather than extrapolated from."""
     top = SIZES[-1] // 2 ** 20
-    return cache_dir() / f"gloo-{host_fingerprint(world)}-w{int(world)}-{heap}-{top}MiB.yaml"
+    return cache_dir() / (f"gloo-{host_fingerprint(world)}-w{int(world)}-{heap}-{top}MiB"
+                          f"-s{CACHE_SCHEMA}.yaml")
 
 
 def store_calibration(doc: dict, world: int, heap: str | None = None) -> Path:

@@ -33,7 +33,10 @@ same time (as in a step, so shared caches and memory bandwidth are loaded as the
   (:func:`planner.measure.validate.lookup_probe.time_lookup_probe`), whose ratio to the CPU
   embedding profile scales the lookups of validated DLRM plans;
 - **TorchRec's reorder of column-wise pooled embeddings** (FBGEMM's permute, forward and
-  backward) at a few shapes on every rank at once (:mod:`planner.measure.validate.dlrm_permute`).
+  backward) at a few shapes on every rank at once (:mod:`planner.measure.validate.dlrm_permute`);
+- **a DLRM's linear layers by shape**: each of a layer's three GEMMs on a grid of batches and
+  widths, every rank at once (:mod:`planner.measure.validate.dlrm_linear`), where the FLOP-keyed
+  matmul curve misprices narrow layers on large batches.
 
 Everything is measured ``rounds`` times (2 by default); the profile keeps the per-entry median
 over rounds and records the spread between rounds beside it (``noise``). The machine's load
@@ -50,7 +53,6 @@ import warnings
 from dataclasses import dataclass, field, replace
 
 from simulator.gloo_profile import CommTable, gloo_profile_from_dict
-from simulator.units import format_time
 
 from planner.machine import MMAP_THRESHOLD_BYTES, platform_description
 from planner.measure.heap import DEFAULT_HEAP
@@ -62,9 +64,9 @@ from planner.measure.validate.calibrate_dlrm import (
 )
 from planner.measure.validate.comm import Recorder
 from planner.measure.validate.comm_timing import time_calls, time_comm
-from planner.measure.validate.dlrm_probes import predicted_lookup_s
 from planner.measure.validate.lookup_probe import time_lookup_probe
 from planner.measure.validate.uneven_a2a import UNEVEN_BYTES, time_uneven_a2a, uneven_section
+from planner.measure.validate.dlrm_linear import linear_section, time_linear_probe
 from planner.measure.validate.dlrm_permute import permute_section, time_permute_probe
 from planner.measure.validate.load import LoadMeter
 from planner.measure.validate.runner import Pool
@@ -72,7 +74,7 @@ from planner.measure.validate.worker import pin_main_thread, unpin
 from planner.model.llm.spec import ModelSpec
 
 __all__ = ["GlooCalibration", "measure_gloo", "measure_gloo_raw", "profile_from_raw",
-           "profile_document", "summary_lines", "SIZES"]
+           "profile_document", "SIZES"]
 
 SIZES = tuple(4 * 4 ** i for i in range(14))          # 4 B .. 256 MiB
 KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv")
@@ -106,6 +108,7 @@ class GlooCalibration:
     torchrec: bool = True                # TorchRec probe plans (calibrate_dlrm.py) if installed
     torchrec_rounds: int | None = None   # runs per probe (None: 2, 1 when quick)
     lookup: bool = True                  # the co-running lookup probe (calibrate_dlrm.py)
+    linear: bool = True                  # DLRM layers' GEMMs by shape (dlrm_linear.py)
     heap: str = DEFAULT_HEAP             # the ranks' heap policy (planner/measure/heap.py)
     steps: int = 1                       # the runner's progress bar: one "step"
     warmup: int = 0
@@ -150,6 +153,11 @@ def _rank_main(cfg: GlooCalibration, rank: int, rdzv: str, progress, report) -> 
             sizes=UNEVEN_BYTES[:1] if cfg.quick else UNEVEN_BYTES)
         out["compute"][rnd] = _time_compute(dist, torch, _compute_sample_s(cfg), quick=cfg.quick,
                                             note=note)
+        if cfg.linear:
+            note("linear-layer probes")
+            min_s = _compute_sample_s(cfg)
+            out.setdefault("linear", {})[rnd] = time_linear_probe(
+                torch, lambda fn: _sync_time(dist, torch, fn, min_s), quick=cfg.quick)
         note("host probes")
         out["host"][rnd] = _time_host(dist, torch, cfg.world, rank)
         note("wake probes")
@@ -462,6 +470,8 @@ def profile_document(ranks: list[dict], cfg: GlooCalibration, *, load: dict | No
            if "lookup" in ranks[0] else {}),
         **({"permute_pooled": permute_section([r["permute"] for r in ranks])}
            if "permute" in ranks[0] else {}),
+        **({"linear_layers": linear_section([r["linear"] for r in ranks])}
+           if "linear" in ranks[0] else {}),
         **(uneven_section([r["uneven"] for r in ranks]) if "uneven" in ranks[0] else {}),
         **({"fresh_alloc": _fresh_section(ranks, rounds)}
            if ranks[0]["compute"][0].get("fresh") else {}),
@@ -555,7 +565,7 @@ def _renumbered(rank_rows: list[dict], rounds: list[int]) -> dict:
     for rows, n in zip(rank_rows, rounds):
         for (rnd, kind, size), v in rows["comm"].items():
             out["comm"][(base + rnd, kind, size)] = v
-        for key in ("compute", "host", "wake", "lookup", "permute", "uneven"):
+        for key in ("compute", "host", "wake", "lookup", "permute", "uneven", "linear"):
             for rnd, v in rows.get(key, {}).items():
                 out.setdefault(key, {})[base + rnd] = v
         out["cpu"] = [a + b for a, b in zip(out["cpu"], rows["cpu"])]
@@ -587,41 +597,3 @@ def measure_gloo(cfg: GlooCalibration | None = None, *, pool=None) -> dict:
     """Run the calibration (on ``pool`` when given) and return the profile mapping; the load
     of other processes during it is recorded (``measured.other_cores``)."""
     return profile_from_raw([measure_gloo_raw(cfg, pool=pool)])
-
-
-def summary_lines(doc: dict) -> list[str]:
-    """A few lines a person reads: latency and bandwidth per kind, compute, noise, load."""
-    m, c, n = doc["measured"], doc["compute"], doc["noise"]
-    mach = m["machine"]
-    lines = [f"gloo on {mach.get('cpu_model', mach['platform'])} ({mach['cpu_count']} cores), "
-             f"{m['processes']} processes × 1 thread, {m['rounds']} rounds, {m['wall_s']:.0f} s; "
-             f"other processes used {m.get('other_cores', 0):.2f} cores"]
-    for key, rows in doc["comm"].items():
-        kind = key.split("@")[0]
-        small, big = rows[0], rows[-1]
-        lines.append(f"  {kind:13s} {format_time(small[1])} at {int(small[0])} B, "
-                     f"{big[0] / big[1] / 1e9:.2f} GB/s at {big[0] / 2**20:.0f} MiB "
-                     f"(round-to-round spread median {n['comm'][kind]['median']:.0%})")
-    wake = doc.get("wake_penalty_s") or []
-    if wake:
-        lines.append("  after compute: +" + ", +".join(
-            f"{format_time(e)} after {format_time(g)}" for g, e in wake))
-    lines.append(f"  one core: matmul {c['peak_fp32_flops'] / 1e9:.0f} GFLOP/s peak, memory "
-                 f"{c['memory_bandwidth_Bps'] / 1e9:.0f} GB/s peak, dispatch "
-                 f"{format_time(c['launch_overhead_s'])} per op (spread {n['matmul']['median']:.0%})")
-    hb = doc["host_block_s"]
-    lk = doc.get("lookup")
-    if lk:
-        lines.append(f"  lookups on every rank at once: {format_time(lk['measured_s'])} for the "
-                     f"probe, {lk['measured_s'] / predicted_lookup_s():.2f}x the CPU embedding "
-                     "profile's prediction")
-    ct = doc.get("contention")
-    if ct and ct.get("alone_s"):
-        lines.append(f"  the probe on one rank alone: {format_time(ct['alone_s'])}; a core alone "
-                     f"computes {ct['alone_speedup']:.2f}x as fast as with every rank busy")
-    hn = n.get("host", {}).get("swiglu")
-    lines.append(f"  host per block: forward {format_time(hb['forward'])}, backward "
-                 f"{format_time(hb['backward'])}"
-                 + (f" (round-to-round spread {hn['forward']:.0%} / {hn['backward']:.0%})"
-                    if hn else ""))
-    return lines

@@ -134,7 +134,8 @@ def predicted(cfg: DLRMRunConfig, step: int, calibration=None) -> dict:
         w = build_torchrec_step_workload(problem, cfg.shardings, ops,
                                          compute=calibration.compute, host_s=host,
                                          fresh=calibration.fresh_alloc,
-                                         reorder=permute_costs(calibration))
+                                         reorder=permute_costs(calibration),
+                                         linear=calibration.linear)
         res = simulate(problem.topology, w, compute=calibration.compute,
                        measured_comm=calibration)
     per = res.per_device()
@@ -195,7 +196,8 @@ def _host_costs(calibration, world: int) -> dict:
                                              expected_ops(cfg, cfg.warmup),
                                              compute=calibration.compute, host_s=host,
                                              fresh=calibration.fresh_alloc,
-                                             reorder=permute_costs(calibration))
+                                             reorder=permute_costs(calibration),
+                                             linear=calibration.linear)
             return simulate(problem.topology, w, compute=calibration.compute,
                             measured_comm=calibration).step_time_s
         _HOST_COSTS[key] = (calibration, host_costs(calibration, world, sim))

@@ -73,13 +73,14 @@ def dense_pass_times(d, dims: Sequence[int], batch: float, *, optimizer: str,
                         elementwise_bytes=elementwise_bytes, fused=fused)
     passes: dict = {}
     bound = 0
-    for block, phase, flops, nbytes, new in ops:
-        kernel = op_time(profile, flops=flops, bytes_moved=nbytes, dtype=d.dtype) \
-            + fresh_alloc_s(new, fresh)
-        floor = 0.0 if host is None else (host.forward_op_s if phase == "fwd"
+    for op in ops:
+        kernel = op_time(profile, flops=op.flops, bytes_moved=op.bytes, dtype=d.dtype) \
+            + fresh_alloc_s(op.out_bytes, fresh)
+        floor = 0.0 if host is None else (host.forward_op_s if op.phase == "fwd"
                                           else host.backward_op_s)
         bound += floor > kernel
-        passes[(block, phase)] = passes.get((block, phase), 0.0) + max(kernel, floor)
+        key = (op.block, op.phase)
+        passes[key] = passes.get(key, 0.0) + max(kernel, floor)
     params = d.param_count(dims)
     opt = op_time(profile, flops=0.0,
                   bytes_moved=params * optimizer_bytes_per_param(optimizer))
@@ -91,13 +92,17 @@ def dense_pass_times(d, dims: Sequence[int], batch: float, *, optimizer: str,
 class DenseOp(NamedTuple):
     """One eager op of the dense part: ``block`` (``bottom`` or ``top``), ``phase`` (``fwd``
     or ``bwd``), its FLOPs, the bytes it reads and writes, and the bytes of the new tensor it
-    allocates for its output (0 when it writes a view or in place)."""
+    allocates for its output (0 when it writes a view or in place); a linear layer's GEMM also
+    names itself as ``gemm`` = ``(pass, batch, in, out)`` (pass ``fwd``, ``dx`` or ``dw``;
+    :mod:`simulator.linear_table`), so that a profile that timed such GEMMs by shape can
+    price it."""
 
     block: str
     phase: str
     flops: float
     bytes: float
     out_bytes: float
+    gemm: tuple | None = None
 
 
 def weighted_sum_loss_ops(dims: Sequence[int], batch: float) -> list[DenseOp]:
@@ -141,9 +146,9 @@ def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float
     out: list[DenseOp] = []
     ls = dense.layers(dims)
 
-    def op(block, phase, flops, elems, new):
+    def op(block, phase, flops, elems, new, gemm=None):
         e = e_gemm if flops else e_ew
-        out.append(DenseOp(block, phase, float(flops), e * elems, e * new))
+        out.append(DenseOp(block, phase, float(flops), e * elems, e * new, gemm))
 
     def casts(block, *elems, grad=True):
         """Autocast's copies into the GEMM dtype before a GEMM (weights, bias, an fp32 input)
@@ -162,15 +167,15 @@ def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float
             casts(block, i * o, o)
             if k == 0:
                 casts(block, B * i, grad=first_needs_grad)
-            op(block, "fwd", 2 * B * i * o, B * i + i * o + 2 * B * o, B * o)
+            op(block, "fwd", 2 * B * i * o, B * i + i * o + 2 * B * o, B * o, ("fwd", B, i, o))
             if not last and not fused:
                 op(block, "fwd", 0.0, 2 * B * o, B * o)                             # relu
                 op(block, "bwd", 0.0, 3 * B * o, B * o)                             # relu bwd
-            op(block, "bwd", 2 * B * i * o, B * o + B * i + i * o, i * o)           # dW
+            op(block, "bwd", 2 * B * i * o, B * o + B * i + i * o, i * o, ("dw", B, i, o))
             if not fused:
                 op(block, "bwd", 0.0, B * o + o, o)                                 # db
             if k > 0 or first_needs_grad:
-                op(block, "bwd", 2 * B * i * o, B * o + i * o + B * i, B * i)       # dX
+                op(block, "bwd", 2 * B * i * o, B * o + i * o + B * i, B * i, ("dx", B, i, o))
     mlp("bottom", ls["bottom"], False)
     top_in = ls["top"][0][0]
     if dense.interaction == "dot":
@@ -219,16 +224,17 @@ def _cross_layer(op, B: float, w: int, p: int, fused: bool) -> None:
     ``x0``, ``v`` and the running ``x0`` gradient and writes ``v``'s gradient (with the bias
     gradient) and the ``x0`` gradient."""
     x = B * w
-    op("top", "fwd", 2 * x * p, x + w * p + B * p, B * p)                           # u
-    op("top", "fwd", 2 * x * p, B * p + w * p + x, x)                               # v
+    op("top", "fwd", 2 * x * p, x + w * p + B * p, B * p, ("fwd", B, w, p))         # u
+    op("top", "fwd", 2 * x * p, B * p + w * p + x, x, ("fwd", B, p, w))             # v
     if fused:
         op("top", "fwd", 0.0, 4 * x, x)
     else:
         op("top", "fwd", 0.0, 2 * x, x)
         op("top", "fwd", 0.0, 3 * x, x)
         op("top", "fwd", 0.0, 3 * x, x)
-    for new in (w * p, B * p, w * p, x):                                            # u, v grads
-        op("top", "bwd", 2 * x * p, x + B * p + w * p, new)
+    for new, gemm in ((w * p, ("dw", B, p, w)), (B * p, ("dx", B, p, w)),           # v grads
+                      (w * p, ("dw", B, w, p)), (x, ("dx", B, w, p))):              # u grads
+        op("top", "bwd", 2 * x * p, x + B * p + w * p, new, gemm)
     if fused:
         op("top", "bwd", 0.0, 6 * x + w, x)
         return

@@ -40,6 +40,7 @@ from typing import Sequence
 import numpy as np
 
 from simulator.compute import op_time
+from simulator.linear_table import LinearTable
 from simulator.workload import Workload
 
 from planner.model.tables.cost import F_BWD, F_FWD
@@ -283,11 +284,25 @@ def rank_events(ops: Sequence[CommOp], rank: int) -> dict[str, list[tuple]]:
     return out
 
 
+def _dense_op_time(op, compute, dtype: str, linear: LinearTable | None, fresh,
+                   working_set: float | None) -> float:
+    """Seconds of one dense op on a measured CPU: a linear layer's GEMM from ``linear`` where
+    it has a rate for the shape (allocation included), else the profile's curves plus the new
+    output's page faults."""
+    if linear is not None and op.gemm is not None and dtype == "fp32":
+        t = linear.seconds(*op.gemm)
+        if t is not None:
+            return t
+    return op_time(compute, flops=op.flops, bytes_moved=op.bytes, dtype=dtype,
+                   working_set=working_set) + fresh_alloc_s(op.out_bytes, fresh)
+
+
 def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], ops: Sequence[CommOp],
                                  *, compute=None, host_s: Sequence[float] | None = None,
                                  dense_op_s: float = 0.0,
                                  fresh: tuple[float, float] | None = None,
-                                 reorder: Reorder | None = None) -> Workload:
+                                 reorder: Reorder | None = None,
+                                 linear: LinearTable | None = None) -> Workload:
     """The step's :class:`Workload` with ``ops`` as its collectives and the compute of
     :func:`planner.workloads.dlrm.step.build_step_workload` (lookups, MLPs) between them.
 
@@ -301,7 +316,9 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     bytes per second): what a new tensor above glibc's mmap threshold costs in page faults on a
     CPU (:func:`~planner.model.tables.dense.fresh_alloc_s`), charged to every op that allocates
     one, and, with ``compute``, the copies TorchRec makes of the pooled embeddings
-    (:func:`pooled_moves`; ``reorder``: its permute of column-wise slices)."""
+    (:func:`pooled_moves`; ``reorder``: its permute of column-wise slices); ``linear``: the
+    profile's linear-layer GEMMs timed by shape, which price the dense part's GEMMs in place of
+    the matmul curve where they cover them (their times hold the new output's allocation)."""
     cm = problem.cost
     n = problem.devices
     F = cm.plan_features(shardings)
@@ -321,11 +338,10 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
         walked: dict[str, float] = {}
         for op in dense_ops if d is None else ():
             walked[op.phase] = walked.get(op.phase, 0.0) + op.bytes
-        for block, phase, flops, nbytes, new in dense_ops:
-            ws = walked.get(phase)
-            dur[(block, phase)] = dur.get((block, phase), 0.0) + dense_op_s + op_time(
-                compute, flops=flops, bytes_moved=nbytes, dtype=dtype, working_set=ws) \
-                + fresh_alloc_s(new, fresh)
+        for op in dense_ops:
+            dur[(op.block, op.phase)] = (dur.get((op.block, op.phase), 0.0) + dense_op_s
+                                         + _dense_op_time(op, compute, dtype, linear, fresh,
+                                                          walked.get(op.phase)))
     moves = pooled_moves(problem, shardings, compute, fresh, reorder)
 
     def mlp_op(r, name, block, phase, flops, deps=None):
