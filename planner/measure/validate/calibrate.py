@@ -153,7 +153,7 @@ def _rank_main(cfg: GlooCalibration, rank: int, rdzv: str, progress, report) -> 
             sizes=UNEVEN_BYTES[:1] if cfg.quick else UNEVEN_BYTES)
         out["compute"][rnd] = _time_compute(dist, torch, _compute_sample_s(cfg), quick=cfg.quick,
                                             note=note)
-        if cfg.linear:
+        if cfg.linear and rnd == cfg.rounds - 1:     # one round: 273 GEMMs, 3 samples each
             note("linear-layer probes")
             min_s = _compute_sample_s(cfg)
             out.setdefault("linear", {})[rnd] = time_linear_probe(
