@@ -141,7 +141,8 @@ def test_cli_bad_values_exit_2(tmp_path, capsys):
     assert err.count("\n") == 1 and "'a'" in err and "-1" in err and "fix:" in err
     assert main(["criteo-dlrm", "--devices", "2", "--planner", "nope"]) == 2
     assert main(["criteo-dlrm", "--devices", "0"]) == 2
-    assert main(["criteo-dlrm", "--devices", "16", "--topology", "dgx-a100"]) == 2
+    assert main(["criteo-dlrm", "--devices", "16", "--topology", "dgx-a100:nodes=1"]) == 2
+    assert main(["criteo-dlrm", "--devices", "16", "--topology", "dgx-a100"]) == 0   # grows
     assert main(["criteo-dlrm", "--devices", "2", "--memory=-3GiB"]) == 2
     assert main(["criteo-dlrm", "--devices", "2", "--sharding-types", "diagonal"]) == 2
     assert main(["criteo-dlrm", "--devices", "2", "--time-limit", "0"]) == 2
