@@ -124,6 +124,11 @@ def test_a_profile_with_the_table_prices_the_gemms_from_it():
         assert got == pytest.approx(rest + gemm, rel=1e-9)
         assert predicted(cfg, cfg.warmup, bare)["per_kind"][f"mlp_{phase}"] == pytest.approx(
             rest + curve, rel=1e-9)
+    # the probe's grid (batches 256-4,096 here) holds this batch; a larger one is flagged
+    assert not any("linear layer" in x for x in predicted(cfg, cfg.warmup, timed)["extrapolated"])
+    big = replace(cfg, model=replace(cfg.model, batch_size=2 * 16384))
+    flags = [x for x in predicted(big, big.warmup, timed)["extrapolated"] if "linear layer" in x]
+    assert flags and all("16,384 rows" in x and "256-4096" in x for x in flags)
 
 
 def test_the_section_keeps_each_shapes_slowest_rank_median_over_rounds():

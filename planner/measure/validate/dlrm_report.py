@@ -31,6 +31,7 @@ from planner.measure.validate.dlrm_probes import (at_host, host_costs, lookup_sc
 from planner.measure.validate.report import verdict_lines
 from planner.measure.validate.runner import RunResult, run
 from planner.model.tables.cost import CostConfig
+from planner.model.tables.dense import dense_op_list
 from planner.model.tables.task import ShardingTask, prepare
 from planner.workloads.dlrm.torchrec import build_torchrec_step_workload, rank_events
 
@@ -139,7 +140,8 @@ def predicted(cfg: DLRMRunConfig, step: int, calibration=None) -> dict:
         res = simulate(problem.topology, w, compute=calibration.compute,
                        measured_comm=calibration)
     per = res.per_device()
-    beyond = comm_extrapolations(w, calibration) if calibration is not None else []
+    beyond = (comm_extrapolations(w, calibration) + linear_extrapolations(problem, calibration)
+              if calibration is not None else [])
     kinds = {}
     for cat in ("emb_fwd", "emb_bwd", "mlp_fwd", "mlp_bwd", "a2a", "rw_comm",
                 "dense_allreduce", "dp_allreduce"):
@@ -165,6 +167,21 @@ def comm_extrapolations(workload, calibration) -> list[str]:
     return [f"{kind} of up to {nbytes / 1e6:.1f} MB on {n} processes: above the calibration's "
             f"largest measured size ({top / 1e6:.1f} MB), timed at its last interval's rate"
             for (kind, n), (nbytes, top) in sorted(worst.items())]
+
+
+def linear_extrapolations(problem, calibration) -> list[str]:
+    """One line per dense-part layer shape (batch, in, out) outside the grid the calibration's
+    linear-layer probe measured: its GEMMs take the grid's edge rate."""
+    table, d = getattr(calibration, "linear", None), problem.model.dense
+    if table is None or d is None:
+        return []
+    dims = [t.embedding_dim for t in problem.model.tables]
+    shapes = sorted({op.gemm[1:] for op in dense_op_list(d, dims, problem.cost.local_batch)
+                     if op.gemm is not None and not table.covers(*op.gemm[1:])})
+    r = table.ranges()
+    return [f"linear layer {i} -> {o} on {b:,.0f} rows: outside the calibration's measured "
+            f"batches {r['batch'][0]}-{r['batch'][1]} and widths {r['in'][0]}-{r['in'][1]}, "
+            "timed at the grid's edge rate" for b, i, o in shapes]
 
 
 _HOST_COSTS: dict = {}
