@@ -28,6 +28,8 @@ and core-seconds.
 
 from __future__ import annotations
 
+import math
+
 import simpy
 
 __all__ = ["CpuShare"]
@@ -103,8 +105,10 @@ class CpuShare:
         if gen != self.gen:
             return
         self._advance()
-        # the ops due now: rounding leaves them a few ulps either side of zero
-        tol = 1e-9 * max(first, 1e-12)
+        # the ops due now: rounding leaves them a few ulps either side of zero, and what is
+        # left of an op shorter than the clock's resolution at ``now`` (a few ulps of it) is
+        # due too, since a wake-up that much later is ``now`` again and would repeat forever
+        tol = max(1e-9 * max(first, 1e-12), 4.0 * math.ulp(self.env.now))
         rates = self.rates()
         for k in [k for k, w in self.left.items() if w <= tol * rates[k]]:
             del self.left[k]

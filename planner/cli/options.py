@@ -14,7 +14,7 @@ from simulator.topology import Topology, load_topology
 from planner.model.llm.spec import LLMSpec, builtin_model_names
 from planner.model.llm.trainer import PRESETS, TRAINER_KEYS, trainer_from_args
 from planner.model.tables.spec import builtin_spec_names
-from planner.model.tables.trainer import DLRM_PRESETS
+from planner.model.tables.trainer import DLRM_PRESETS, dlrm_trainer_from_args
 
 __all__ = ["topology_arguments", "topology_from_args", "is_model", "is_llm_plan", "is_table_spec",
            "trainer_arguments", "with_trainer"]
@@ -52,6 +52,13 @@ def with_trainer(spec: LLMSpec, args: argparse.Namespace) -> LLMSpec:
     if not name and not sets:
         return spec
     return replace(spec, trainer=trainer_from_args(spec.trainer, name, sets))
+
+
+def with_dlrm_trainer(model, args: argparse.Namespace):
+    """A table spec's ``model`` (:class:`planner.model.tables.spec.ModelSpec`) with
+    ``--trainer`` and ``--trainer-set`` applied to its ``trainer:``."""
+    return replace(model, trainer=dlrm_trainer_from_args(
+        model.trainer, getattr(args, "trainer", None), getattr(args, "trainer_set", None)))
 
 
 def _peek(ref: str):

@@ -4,17 +4,15 @@ topology or ``--topology``, or a table spec planned by greedy first; the spec's 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from simulator.errors import SpecError
 from simulator.fileio import read_json_file
 from simulator.topology import load_topology, sized_topology_ref
 from simulator.units import format_time
 
+from planner.cli.options import with_dlrm_trainer
 from planner.model.tables.plan import plan_model, read_plan_json
 from planner.model.tables.spec import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
-from planner.model.tables.trainer import dlrm_trainer_from_args
 from planner.sharding.planners import get_planner
 from planner.workloads.dlrm.step import simulate_step
 
@@ -24,16 +22,11 @@ __all__ = ["simulate_sharding_plan", "simulate_table_spec"]
 TABLE_SPEC_PLANNER = "greedy"
 
 
-def _with_trainer(model, args):
-    return replace(model, trainer=dlrm_trainer_from_args(
-        model.trainer, getattr(args, "trainer", None), getattr(args, "trainer_set", None)))
-
-
 def simulate_sharding_plan(args, emit) -> int:
     """Simulate the plan's step and print it (``--json``: one object)."""
     doc = read_json_file(args.workload, field="PLAN", missing_fix="give a plan from "
                          "clusterplan plan TABLES --out plan.json", json_fix="re-plan")
-    model = _with_trainer(plan_model(doc, args.workload), args)
+    model = with_dlrm_trainer(plan_model(doc, args.workload), args)
     devices = int(doc.get("devices") or 0)
     if devices < 1:
         raise SpecError("the plan has no device count", source=args.workload, field="devices",
@@ -57,7 +50,7 @@ def simulate_table_spec(args, emit) -> int:
         raise SpecError(f"--global-batch must be ≥ 1, got {args.global_batch}",
                         source="--global-batch", fix="pass samples per step, e.g. 65536")
     model = load_model_spec(args.workload).with_overrides(batch_size=args.global_batch)
-    model = _with_trainer(model, args)
+    model = with_dlrm_trainer(model, args)
     devices = args.gpus or load_topology(args.topology).num_gpus
     task = ShardingTask(model=model, topology=sized_topology_ref(args.topology, devices))
     plan = get_planner(TABLE_SPEC_PLANNER).plan(task, devices, seed=0)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from typing import Sequence
 
 from simulator.errors import ClusterplanError, SpecError
@@ -31,6 +30,7 @@ from simulator.fileio import dumps_json, parse_yaml, read_text
 from simulator.units import format_bytes, format_time, parse_bytes
 
 from planner.cli.dmt import add_dmt_arguments, dmt_section, format_dmt
+from planner.cli.options import with_dlrm_trainer
 from planner.cli.output import (add_timings_option, progress_line, report_timings,
                                 split_timings, write_json)
 from planner.machine import make_cache_dir
@@ -41,7 +41,6 @@ from planner.model.tables.cpu_profile import host_profile_path, load_cpu_profile
 from planner.model.tables.shards import parse_sharding_types
 from planner.model.tables.spec import OPTIMIZERS, load_model_spec
 from planner.model.tables.task import ShardingTask
-from planner.model.tables.trainer import dlrm_trainer_from_args
 from planner.sharding.planners import PLANNER_NAMES, get_planner
 from planner.workloads.dlrm.step import simulate_plan
 
@@ -106,8 +105,7 @@ def _task(args) -> ShardingTask:
         raise SpecError(f"--batch-size must be ≥ 1, got {args.batch_size}", source="--batch-size",
                         fix="pass the global batch, e.g. --batch-size 65536")
     model = model.with_overrides(batch_size=args.batch_size, optimizer=args.optimizer)
-    model = replace(model, trainer=dlrm_trainer_from_args(
-        model.trainer, getattr(args, "trainer", None), getattr(args, "trainer_set", None)))
+    model = with_dlrm_trainer(model, args)
     memory = None
     if args.memory is not None:
         memory = parse_bytes(args.memory, field="--memory", allow_zero=False)
