@@ -54,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser, *, devices_required: bool = True) 
     p.add_argument("tables", metavar="TABLES",
                    help="built-in spec (criteo-dlrm, mlperf-dcnv2), a YAML spec or a CSV with "
                         "columns name,num_embeddings,embedding_dim,pooling_factor")
-    p.add_argument("--devices", type=int, required=devices_required, metavar="N", help="number of GPUs")
+    p.add_argument("--devices", type=int, required=devices_required, metavar="N",
+                   help="number of GPUs")
     p.add_argument("--topology", default=None, metavar="NAME|FILE",
                    help="topology (default dgx-a100:nodes=ceil(N/8)); ranks 0..N-1 are used; a "
                         "generated one grows to hold --devices (NAME:nodes=K)")
