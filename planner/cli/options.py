@@ -17,7 +17,7 @@ from planner.model.tables.spec import builtin_spec_names
 from planner.model.tables.trainer import DLRM_PRESETS, dlrm_trainer_from_args
 
 __all__ = ["topology_arguments", "topology_from_args", "is_model", "is_llm_plan", "is_table_spec",
-           "trainer_arguments", "with_trainer"]
+           "trainer_arguments", "with_trainer", "with_dlrm_trainer"]
 
 
 def topology_arguments(p: argparse.ArgumentParser, *, default: str | None = None) -> None:
