@@ -21,13 +21,8 @@ from typing import Any, Iterable, Mapping
 from simulator.errors import SpecError
 from simulator.fileio import read_json_file
 
-from planner.export.torchrec import (
-    check_torchrec_plan,
-    empty_row_shards,
-    parse_placement,
-    placement,
-    table_shapes,
-)
+from planner.export.torchrec_check import check_torchrec_plan, empty_row_shards
+from planner.export.torchrec_format import parse_placement, placement, table_shapes
 
 __all__ = ["load_sharding_plan", "read_torchrec_plan", "model_table_shapes"]
 

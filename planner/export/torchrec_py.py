@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from planner.export.torchrec import empty_row_shards, empty_shard_error
+from planner.export.torchrec_check import empty_row_shards, empty_shard_error
 
 __all__ = ["torchrec_plan_module", "TORCHREC_PY_FILE"]
 
