@@ -10,7 +10,9 @@ simulator can time a step the way such a machine runs it:
   at small sizes (``shared/reference/gloo-on-cpu.md``). A :class:`CommTable` per kind and group
   size, measured on the machine in the same run, gives the time of one call of ``n`` bytes by
   interpolation in log-log between measured sizes (the nccl-tests byte convention of
-  :mod:`simulator.collectives.plan`), and by the last measured bandwidth beyond them.
+  :mod:`simulator.collectives.plan`), and by the last measured bandwidth beyond them. An
+  all-to-all given its byte matrix (a sharding plan's) is timed on ``alltoallv``, the call
+  with split lists that TorchRec makes, keyed by the bytes a rank sends to the others.
 - **Communication competes with compute.** A rank is a process on one core: gloo reduces,
   copies and drives TCP on CPU cores, so a collective or message does not overlap that rank's
   compute, it takes turns with it (``shared_core``). The engine gives every rank one core
@@ -53,8 +55,10 @@ from simulator.linear_table import LinearTable
 
 __all__ = ["CommTable", "GlooProfile", "load_gloo_profile", "gloo_profile_from_dict", "COMM_KINDS"]
 
-#: collective kinds a profile may time (simulator names), plus ``sendrecv`` for messages
-COMM_KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv")
+#: collective kinds a profile may time (simulator names), plus ``sendrecv`` for messages and
+#: ``alltoallv``: the all-to-all with split lists, keyed by the bytes a rank sends to the others
+COMM_KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "alltoallv", "broadcast",
+              "sendrecv")
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,19 +171,30 @@ class GlooProfile:
         the longest time any member went without communication before it. ``splits``: an
         all-to-all's bytes from rank ``i`` to rank ``j`` (``nbytes`` is then its busiest
         rank's), priced at ``mean + weight · (max − mean)`` of each rank's larger of sent
-        and received bytes, off the diagonal (:mod:`planner.measure.validate.uneven_a2a`)."""
-        table = self.comm.get((kind, nranks))
+        and received bytes, off the diagonal (:mod:`planner.measure.validate.uneven_a2a`), on
+        the ``alltoallv`` table where the profile has one (the call with split lists)."""
+        table, nbytes = self._table(kind, nranks, nbytes, splits)
         if table is None:
             return None
         if kind == "alltoall" and splits is not None and self.alltoall_uneven_weight is not None:
             nbytes *= _uneven_scale(splits, self.alltoall_uneven_weight)
         return table.time_s(nbytes) + self.wake_s(gap_s)
 
-    def beyond_measured(self, kind: str, nranks: int, nbytes: float) -> float | None:
+    def _table(self, kind: str, nranks: int, nbytes: float, splits):
+        """The table that times a call and its bytes in that table's convention: an all-to-all
+        with ``splits`` goes to ``alltoallv`` at its busiest rank's bytes off the diagonal."""
+        if kind == "alltoall" and splits is not None:
+            table = self.comm.get(("alltoallv", nranks))
+            if table is not None:
+                return table, _off_diagonal_max(splits)
+        return self.comm.get((kind, nranks)), nbytes
+
+    def beyond_measured(self, kind: str, nranks: int, nbytes: float, *,
+                        splits=None) -> float | None:
         """The largest size measured for ``kind`` on ``nranks`` processes, bytes, when a call
         of ``nbytes`` is above it (its time is then extrapolated at the last interval's rate),
         else None."""
-        table = self.comm.get((kind, nranks))
+        table, nbytes = self._table(kind, nranks, nbytes, splits)
         return table.sizes[-1] if table is not None and nbytes > table.sizes[-1] else None
 
     def wake_s(self, gap_s: float) -> float:
@@ -280,13 +295,24 @@ def gloo_profile_from_dict(doc: Mapping[str, Any], *, source: str = "<dict>") ->
                        linear=_linear(doc.get("linear_layers"), source), **_cores(doc, source))
 
 
-def _uneven_scale(splits, weight: float) -> float:
-    """``(mean + weight · (max − mean)) / max`` of each rank's larger of sent and received
-    bytes, off the diagonal (1 for an equal exchange or no bytes)."""
+def _volumes(splits) -> list[float]:
+    """Each rank's larger of bytes sent and received, off the diagonal of ``splits``."""
     n = len(splits)
     sent = [sum(row[j] for j in range(n) if j != i) for i, row in enumerate(splits)]
     got = [sum(splits[i][j] for i in range(n) if i != j) for j in range(n)]
-    vol = [max(a, b) for a, b in zip(sent, got)]
+    return [max(a, b) for a, b in zip(sent, got)]
+
+
+def _off_diagonal_max(splits) -> float:
+    """The busiest rank's bytes off the diagonal of ``splits`` (sent or received)."""
+    return float(max(_volumes(splits), default=0.0))
+
+
+def _uneven_scale(splits, weight: float) -> float:
+    """``(mean + weight · (max − mean)) / max`` of each rank's larger of sent and received
+    bytes, off the diagonal (1 for an equal exchange or no bytes)."""
+    vol = _volumes(splits)
+    n = len(vol)
     top = max(vol, default=0.0)
     if top <= 0:
         return 1.0

@@ -263,6 +263,32 @@ def test_uneven_all_to_all_is_priced_between_the_mean_and_the_busiest_rank():
         assert prof.comm_time_s("allreduce", 2, 1024, splits=splits) == pytest.approx(200e-6)
 
 
+def test_all_to_all_with_a_byte_matrix_is_timed_on_the_alltoallv_table():
+    """A plan's all-to-all (split lists, as TorchRec calls it) is looked up on ``alltoallv``
+    at its busiest rank's bytes off the diagonal, whatever ``nbytes`` says; the equal table
+    (keyed by the whole buffer) still times a call without splits, and a profile without
+    ``alltoallv`` falls back to it. Rank 1 of 2 sends 3 KiB, rank 0 1 KiB: both ranks' larger
+    of sent and received is 3 KiB, the mean 3 KiB, so the weight changes nothing."""
+    k = 1024.0
+    splits = [[5 * k, k], [3 * k, 7 * k]]            # the diagonal (kept chunks) is not sent
+    equal = [[1024, 1e-4], [65536, 1e-3]]
+    v = [[1024, 3e-4], [65536, 3e-3]]
+    doc = profile_doc(comm={**profile_doc()["comm"], "alltoall@2": equal, "alltoallv@2": v},
+                      alltoall_uneven={"weight": 0.5})
+    prof = gloo_profile_from_dict(doc, source="p.yaml")
+    tv = CommTable("alltoallv", 2, (1024.0, 65536.0), (3e-4, 3e-3))
+    te = CommTable("alltoall", 2, (1024.0, 65536.0), (1e-4, 1e-3))
+    assert prof.comm_time_s("alltoall", 2, 12 * k, splits=splits) == pytest.approx(tv.time_s(3 * k))
+    assert prof.comm_time_s("alltoall", 2, 3 * k) == pytest.approx(te.time_s(3 * k))
+    del doc["comm"]["alltoallv@2"]
+    old = gloo_profile_from_dict(doc)
+    assert old.comm_time_s("alltoall", 2, 3 * k, splits=splits) == pytest.approx(te.time_s(3 * k))
+    # extrapolation is judged on the table that times the call, in its convention
+    big = [[0, 1e6], [1e5, 0]]
+    assert prof.beyond_measured("alltoall", 2, 5e4, splits=big) == 65536
+    assert prof.beyond_measured("alltoall", 2, 5e4) is None
+
+
 @pytest.mark.parametrize("value", [1.5, -0.1, "half", True, None])
 def test_bad_uneven_weight_names_the_field(value):
     with pytest.raises(SpecError) as err:

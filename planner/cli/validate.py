@@ -97,6 +97,10 @@ def register(p: argparse.ArgumentParser) -> None:
     u.add_argument("--rounds", type=int, default=1, metavar="K",
                    help="run the family K times, one after the other, and keep each plan's "
                         "median round (1; a shared host's speed drifts over an hour)")
+    u.add_argument("--min-seconds", type=float, default=3.0, metavar="S",
+                   help="measure each plan for at least S seconds of steps: a plan predicted "
+                        "short runs more than --steps (up to 100), so that one slow spell of "
+                        "a shared host does not cover all its steps (3; 0: --steps only)")
     u.add_argument("--out", metavar="FILE", help="write every row and the summary as JSON")
     u.add_argument("--repredict", metavar="FILE.json",
                    help="run nothing: predict the plans of a recorded run (its --out file, "

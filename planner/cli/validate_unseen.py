@@ -28,6 +28,8 @@ MAX_SETS = 200
 
 #: rounds of ``validate unseen --rounds``: each is a whole run of the family (10-45 minutes)
 MAX_ROUNDS = 5
+#: ``--min-seconds`` at most: measured seconds of steps per plan
+MAX_MIN_SECONDS = 60.0
 
 
 def calibrations_for(worlds, explicit: str | None, heap: str = DEFAULT_HEAP) -> dict:
@@ -47,7 +49,7 @@ def calibrations_for(worlds, explicit: str | None, heap: str = DEFAULT_HEAP) -> 
             continue
         def measure(w):
             print(f"clusterplan: no gloo calibration of this host for {w} processes yet: "
-                  "measuring it once (about a minute; `clusterplan calibrate gloo` refreshes "
+                  "measuring it once (5-10 minutes; `clusterplan calibrate gloo` refreshes "
                   "it)", file=sys.stderr, flush=True)
             return measure_gloo(GlooCalibration(world=w, rounds=2, heap=heap))
         path, _ = cached_calibration(world, measure=measure, heap=heap)
@@ -68,6 +70,10 @@ def run_unseen(args) -> int:
     if not 1 <= rounds <= MAX_ROUNDS:
         raise SpecError(f"--rounds {rounds} is outside 1..{MAX_ROUNDS}", field="--rounds",
                         fix="pass e.g. --rounds 3")
+    min_seconds = getattr(args, "min_seconds", 0.0)
+    if not 0 <= min_seconds <= MAX_MIN_SECONDS:
+        raise SpecError(f"--min-seconds {min_seconds:g} is outside 0..{MAX_MIN_SECONDS}",
+                        field="--min-seconds", fix="pass e.g. --min-seconds 3 (0: --steps only)")
     if args.out:
         from simulator.fileio import check_writable
         check_writable(args.out)
@@ -91,9 +97,11 @@ def run_unseen(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         rows = run_cases(cases, Path(tmp), steps=args.steps, warmup=args.warmup,
                          calibrations=cals, progress=progress, heap=args.heap, rounds=rounds,
-                         host_probe=getattr(args, "host_probe", True))
+                         host_probe=getattr(args, "host_probe", True),
+                         min_seconds=min_seconds)
     doc = {"seed": args.seed, "sets": args.sets, "steps": args.steps, "warmup": args.warmup,
-           "heap": args.heap, "rounds": rounds, "host_probe": getattr(args, "host_probe", True)}
+           "min_seconds": min_seconds, "heap": args.heap, "rounds": rounds,
+           "host_probe": getattr(args, "host_probe", True)}
     return _finish(args, doc, rows, cals)
 
 

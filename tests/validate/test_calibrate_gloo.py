@@ -41,13 +41,16 @@ def test_quick_real_calibration_loads_and_is_plausible():
     cfg = GlooCalibration(rounds=1, repeats=3, quick=True, sizes=(4, 4096, 262144, 1048576))
     doc = measure_gloo(cfg)
     prof = gloo_profile_from_dict(doc, source="quick")
-    for kind in ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv"):
+    for kind in ("allreduce", "allgather", "reducescatter", "alltoall", "alltoallv",
+                 "broadcast", "sendrecv"):
         table = prof.comm[(kind, 2)]
         assert len(table.sizes) == 4
         # loopback gloo: tens of µs to tens of ms per call, never faster for more bytes
         assert all(1e-6 < t < 1.0 for t in table.seconds)
         assert list(table.seconds) == sorted(table.seconds)
     assert prof.comm[("reducescatter", 2)] != prof.comm[("allgather", 2)]
+    # alltoallv is keyed by the bytes sent to the other rank (its buffer holds twice that)
+    assert prof.comm[("alltoallv", 2)].sizes == tuple(float(s) for s in cfg.sizes)
     gf = prof.compute.gpu.peak_flops["fp32"]
     assert 1e9 < gf < 1e12                                     # one core's fp32 matmul
     assert 0 < prof.host_block_s["forward"] < 0.1

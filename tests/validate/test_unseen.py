@@ -14,10 +14,12 @@ from planner.measure.validate.unseen import (
     DIMS,
     MAX_LOOKUPS,
     MAX_SET_BYTES,
+    MAX_STEPS,
     PLAN_KINDS,
     format_rows,
     kendall_tau_within,
     merge_rounds,
+    steps_for,
     summarise,
     unseen_cases,
 )
@@ -112,6 +114,7 @@ def test_cli_refuses_bad_family_arguments(tmp_path):
     repo = Path(__file__).resolve().parents[2]
     for args, field in ((["--sets", "0"], "--sets"), (["--steps", "0"], "--steps"),
                         (["--rounds", "0"], "--rounds"),
+                        (["--min-seconds", "-1"], "--min-seconds"),
                         (["--out", str(tmp_path / "missing" / "x.json")], "--out")):
         r = subprocess.run([sys.executable, "-m", "planner.cli", "validate", "unseen", *args],
                            capture_output=True, text=True, cwd=repo, timeout=120)
@@ -222,3 +225,19 @@ def test_host_speed_rescales_the_predictions_beside_the_plain_ones():
     merged = merge_rounds([[{**rows[0], "steps_s": [1.3]}], [{**rows[0], "measured_s": 1.5,
                                                                "steps_s": [1.5]}]])
     assert merged[0]["rounds_host_speed"] == pytest.approx([1.3, 1.3])
+
+
+def test_a_plan_predicted_short_gets_enough_steps_to_fill_the_minimum(family, tmp_path):
+    """``--min-seconds``: ``ceil(S / predicted step)`` steps when that is above ``--steps``,
+    never above :data:`MAX_STEPS`; 0 keeps ``--steps``. Timed by the uncalibrated model."""
+    from planner.measure.validate.dlrm import load_dlrm_config
+    from planner.measure.validate.dlrm_report import predicted
+    from planner.measure.validate.unseen import write_case
+    case = min((c for c in family if c.ranks == 2), key=lambda c: c.model.batch_size)
+    cfg = load_dlrm_config(str(write_case(case, tmp_path)), nproc=2, steps=10, warmup=3)
+    step_s = predicted(cfg, 3, None)["step_time_s"]
+    assert steps_for(case, tmp_path, 10, 3, None, 0.0) == 10
+    assert steps_for(case, tmp_path, 10, 3, None, 1e-9) == 10
+    assert steps_for(case, tmp_path, 10, 3, None, 40 * step_s * (1 - 1e-9)) == 40
+    assert steps_for(case, tmp_path, 10, 3, None, 1e6) == MAX_STEPS
+    assert steps_for(case, tmp_path, 150, 3, None, 1e6) == 150

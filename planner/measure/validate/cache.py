@@ -29,9 +29,10 @@ __all__ = ["host_fingerprint", "cache_path", "cached_calibration", "store_calibr
            "ensure_host_profile"]
 
 
-#: bumped when the calibration gains a section the predictions read (2: ``linear_layers``), so
-#: that a calibration kept from before is measured again rather than read without it
-CACHE_SCHEMA = 2
+#: bumped when the calibration gains a section the predictions read (2: ``linear_layers``;
+#: 3: the ``alltoallv`` tables), so that a calibration kept from before is measured again
+#: rather than read without it
+CACHE_SCHEMA = 3
 
 
 def cache_path(world: int, heap: str = DEFAULT_HEAP) -> Path:

@@ -160,7 +160,8 @@ def comm_extrapolations(workload, calibration) -> list[str]:
         if op.kind not in ("collective", "sendrecv"):
             continue
         kind = op.collective if op.kind == "collective" else "sendrecv"
-        top = calibration.beyond_measured(kind, len(op.ranks), op.bytes_moved)
+        top = calibration.beyond_measured(kind, len(op.ranks), op.bytes_moved,
+                                         splits=op.splits)
         if top is not None:
             key = (kind, len(op.ranks))
             worst[key] = (max(op.bytes_moved, worst.get(key, (0.0, top))[0]), top)

@@ -46,14 +46,16 @@ from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.planners import get_planner
 
 __all__ = ["UnseenCase", "unseen_cases", "write_case", "kendall_tau_within", "summarise",
-           "run_cases", "merge_rounds", "repredict_rows", "format_rows", "MAX_SET_BYTES",
-           "MAX_LOOKUPS"]
+           "run_cases", "steps_for", "merge_rounds", "repredict_rows", "format_rows",
+           "MAX_SET_BYTES", "MAX_LOOKUPS", "MAX_STEPS"]
 
 #: weights of one table (bytes) and of one set, so 4 ranks fit in this machine's memory
 MAX_TABLE_BYTES = 256 * 2 ** 20
 MAX_SET_BYTES = 2 ** 30
 #: ids looked up per step over all tables, so one step stays under a few seconds on one core
 MAX_LOOKUPS = 6_000_000
+#: measured steps of a plan at most, however short its predicted step (``min_seconds``)
+MAX_STEPS = 100
 DIMS = (16, 32, 64, 128, 256)
 PLAN_KINDS = ("greedy", "random", "column_wise", "row_wise+dp")
 #: data-parallel tables of a row_wise+dp plan in all (DDP keeps them in one 1 MiB bucket)
@@ -249,7 +251,8 @@ def summarise(rows: Sequence[dict]) -> dict:
 
 def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: int,
               calibrations: dict, timeout_s: float = 300.0, progress=None,
-              heap: str = DEFAULT_HEAP, rounds: int = 1, host_probe: bool = True) -> list[dict]:
+              heap: str = DEFAULT_HEAP, rounds: int = 1, host_probe: bool = True,
+              min_seconds: float = 0.0) -> list[dict]:
     """Run every case for real and predict it with the calibration of its world size; one row
     per case (see :func:`summarise`). With ``host_probe`` each run times the calibration's
     lookup probe before its warm-up and after its steps, and its row has the host's speed
@@ -258,13 +261,17 @@ def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: 
     plan whose run fails is a row with its ``error`` and the run goes on. ``rounds`` > 1 runs
     the whole family that many times, one round after the other, and keeps per plan the
     median round (:func:`merge_rounds`): a shared host's speed drifts by tens of percent over
-    an hour, which one run per plan cannot tell from a model error."""
+    an hour, which one run per plan cannot tell from a model error. ``min_seconds`` > 0 gives
+    a plan predicted short more measured steps (:func:`steps_for`), the same in every round."""
+    per_case = {(c.set_name, c.plan_kind): steps_for(c, folder, steps, warmup,
+                                                    calibrations[c.ranks], min_seconds)
+                for c in cases}
     per_round: list[list[dict]] = []
     for k in range(rounds):
         def tell(i, n, row, k=k):
             if progress is not None:
                 progress(k * len(cases) + i, rounds * len(cases), row)
-        per_round.append(_run_round(cases, folder, steps=steps, warmup=warmup,
+        per_round.append(_run_round(cases, folder, steps=per_case, warmup=warmup,
                                     calibrations=calibrations, timeout_s=timeout_s,
                                     progress=tell, heap=heap, host_probe=host_probe))
     return merge_rounds(per_round)
@@ -293,7 +300,22 @@ def merge_rounds(per_round: Sequence[Sequence[dict]]) -> list[dict]:
     return out
 
 
-def _run_round(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: int,
+def steps_for(case: UnseenCase, folder: Path, steps: int, warmup: int, calibration,
+              min_seconds: float) -> int:
+    """Measured steps of ``case``: ``steps``, or more for a plan whose predicted steps would
+    not fill ``min_seconds`` (up to :data:`MAX_STEPS`). A 100 ms plan's ten steps span one
+    second, which one slow spell of a shared host covers whole; thirty span three."""
+    if min_seconds <= 0:
+        return steps
+    from planner.measure.validate.dlrm import load_dlrm_config
+    from planner.measure.validate.dlrm_report import predicted
+    cfg = load_dlrm_config(str(write_case(case, folder)), nproc=case.ranks, steps=steps,
+                           warmup=warmup)
+    step_s = predicted(cfg, warmup, calibration)["step_time_s"]
+    return int(max(steps, min(MAX_STEPS, math.ceil(min_seconds / max(step_s, 1e-6)))))
+
+
+def _run_round(cases: Sequence[UnseenCase], folder: Path, *, steps: dict, warmup: int,
                calibrations: dict, timeout_s: float, progress, heap: str,
                host_probe: bool) -> list[dict]:
     from planner.measure.validate.runner import Pool, RunFailed
@@ -304,7 +326,8 @@ def _run_round(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup:
         try:
             for case in group:
                 try:
-                    row = _run_case(case, folder, pool, steps=steps, warmup=warmup,
+                    row = _run_case(case, folder, pool,
+                                    steps=steps[(case.set_name, case.plan_kind)], warmup=warmup,
                                     calibration=calibrations[case.ranks], timeout_s=timeout_s,
                                     heap=heap, host_probe=host_probe)
                 except RunFailed as e:
@@ -366,7 +389,7 @@ def _run_case(case: UnseenCase, folder: Path, pool, *, steps: int, warmup: int, 
                            timeout_s=timeout_s, heap=heap, host_probe=host_probe)
     d = validate_dlrm(cfg, result=pool.run(cfg), calibration=calibration)
     return _row(case, predicted_s=d["predicted_step_time_s"],
-                measured_s=d["measured_step_time_s"], steps_s=d["steps_s"],
+                measured_s=d["measured_step_time_s"], steps=steps, steps_s=d["steps_s"],
                 structure_match=d["structure"]["match"], per_kind=d["per_kind"],
                 extrapolated=d["extrapolated"],
                 **({k: d[k] for k in ("host_probe_s", "host_speed", "predicted_at_host_s")}
