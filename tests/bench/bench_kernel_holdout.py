@@ -46,11 +46,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from planner.measure.tables.fit import (  # noqa: E402
-    _point_model,
+from planner.measure.tables.fit import kernel_predictions  # noqa: E402
+from planner.measure.tables.kernel_sweep import (  # noqa: E402
     kernel_configs,
-    kernel_predictions,
     measure_kernel_points,
+    point_model,
 )
 from planner.measure.validate.unseen import unseen_cases  # noqa: E402
 from planner.model.tables.spec import ModelSpec, TableSpec  # noqa: E402
@@ -158,7 +158,7 @@ def repredict(path: Path) -> int:
     yf = np.array([p["fwd_s"] for p in pts])
     yb = np.array([p["bwd_s"] for p in pts])
     for label, held, (f, b) in (
-            ("sweep (fitted to)", [_point_model(p) for p in pts], (yf, yb)),
+            ("sweep (fitted to)", [point_model(p) for p in pts], (yf, yb)),
             (f"held-out ranks of {path.name}", models, (mf, mb))):
         pf, pb = kernel_predictions(pts, held)
         print(label)

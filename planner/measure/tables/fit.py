@@ -3,15 +3,15 @@ microbenchmarks on this machine.
 
 Two sweeps, neither of which looks at a benchmark task or a plan:
 
-1. **Kernels.** ``--kernel-points`` seeded single-rank configurations (:func:`kernel_configs`)
-   over the ranges a plan meets: half structured (1 to 16 tables, rows 10³…10⁷ log-uniform,
-   dims 4…256, pooling factors 1…64 log-uniform, batches 1,024…65,536, three access
-   distributions: every lookup a distinct row as far as the table allows, the dlrm_datasets
-   reuse histogram, Zipf 1.05) and half synthetic shard sets of 1 to 24 generator tables (a
-   quarter fp16), each timed as one fused TBE (forward, backward with the fused SGD update; one
-   thread; caches flushed; median of ``--repeats``), configurations interleaved so load from
-   other processes spreads over all. The cost model's lookup time of a configuration is
-   (``p`` bytes per weight, ids 8 bytes, pooled outputs 4 bytes) ::
+1. **Kernels.** ``--kernel-points`` seeded single-rank configurations
+   (:func:`.kernel_sweep.kernel_configs`) over the ranges a plan meets: half structured (1 to 16
+   tables, rows 10³…10⁷ log-uniform, dims 4…256, pooling factors 1…64 log-uniform, batches
+   1,024…65,536, three access distributions: every lookup a distinct row as far as the table
+   allows, the dlrm_datasets reuse histogram, Zipf 1.05) and half synthetic shard sets of 1 to
+   24 generator tables (a quarter fp16), each timed as one fused TBE (forward, backward with the
+   fused SGD update; one thread; caches flushed; median of ``--repeats``), configurations
+   interleaved so load from other processes spreads over all. The cost model's lookup time of a
+   configuration is (``p`` bytes per weight, ids 8 bytes, pooled outputs 4 bytes) ::
 
        fwd = launch + T·shard_overhead + Σ_tables [ids·(miss·dim·p + 8) + batch·dim·4] / BW
                  + Σ_tables [ids · overhead_bytes + distinct · walk_bytes · log2(bytes/reach)] / BW
@@ -46,7 +46,6 @@ import math
 import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -59,18 +58,21 @@ from simulator.fileio import atomic_write_text
 from planner.machine import MMAP_THRESHOLD_BYTES, cpu_description
 from planner.measure.tables.comm import oversubscription
 from planner.measure.tables.fit_comm import fit_comm_profile, measure_comm_points
-from planner.measure.tables.kernels import KernelTable, kernel_backend, time_ranks
+from planner.measure.tables.kernel_sweep import (
+    DISTRIBUTIONS,
+    kernel_configs,
+    measure_kernel_points,
+    point_model,
+)
+from planner.measure.tables.kernels import kernel_backend
 from planner.measure.tables.logfit import fit_log_nonneg, log_error
 from planner.model.tables.access import accesses_per_row, default_reuse_bins, zipf_reuse
 from planner.model.tables.cpu_profile import load_cpu_profile
-from planner.model.tables.generate import synthesize_tables
-from planner.model.tables.ids import model_ids
 from planner.model.tables.spec import ModelSpec, TableSpec
 
 __all__ = ["kernel_configs", "measure_kernel_points", "fit_kernel_profile", "calibrate",
-           "refit_profile", "kernel_predictions", "DISTRIBUTIONS"]
+           "refit_profile", "kernel_predictions", "DISTRIBUTIONS", "point_model"]
 
-DISTRIBUTIONS = ("distinct", "dlrm", "zipf")
 #: page reaches tried for the address-translation term (bytes)
 REACH_GRID = tuple(float(2 ** k) for k in (18, 19, 20, 21, 22, 23))
 ID_BYTES = 8
@@ -79,152 +81,6 @@ HALF_BYTES = 2.0
 OUT_BYTES = 4
 #: bytes of output gradient rows a core keeps in cache in the backward (the spill term's reach)
 GRAD_REACH_BYTES = 2.0 ** 18
-
-
-def _table(name: str, rows: int, dim: int, pooling: float, dist: str) -> TableSpec:
-    if dist == "distinct":
-        return TableSpec(name=name, num_embeddings=rows, embedding_dim=dim,
-                         pooling_factor=pooling, reuse_bins=tuple([1.0] + [0.0] * 16))
-    if dist == "zipf":
-        return TableSpec(name=name, num_embeddings=rows, embedding_dim=dim,
-                         pooling_factor=pooling, zipf_exponent=1.05)
-    return TableSpec(name=name, num_embeddings=rows, embedding_dim=dim, pooling_factor=pooling,
-                     reuse_bins=tuple(default_reuse_bins()))
-
-
-def kernel_configs(n: int, *, seed: int = 0, max_lookups: int = 4_000_000,
-                   max_bytes: int = 512 * 2 ** 20) -> list[ModelSpec]:
-    """``n`` seeded single-rank configurations (see the module docstring), each a ModelSpec.
-
-    Even-numbered ones are *structured*: 1–16 tables of log-uniform rows and pooling, random
-    dims, one access distribution per configuration (distinct / dlrm histogram / Zipf 1.05).
-    Odd-numbered ones are *synthetic ranks*: 1–24 tables drawn from
-    :func:`~planner.model.tables.generate.synthesize_tables` (dlrm_datasets-calibrated pooling,
-    reuse and rows; a pool seeded apart from every benchmark), rows and batch scaled together
-    to 1,024–8,192 samples, dims 4–128, a quarter of them fp16 — the kind of shard sets a
-    planner builds.
-    """
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xCA1B]))
-    pool = synthesize_tables(512, seed=int(seed) + 0xCA1B0, prefix="k")
-    dims = (4, 8, 16, 32, 64, 128, 256)
-    counts = (1, 2, 4, 8, 16)
-    batches = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
-    out = []
-    while len(out) < n:
-        k = len(out)
-        batch = int(batches[rng.integers(len(batches))])
-        tables = []
-        if k % 2 == 0:
-            T = int(counts[(k // 2) % len(counts)])
-            dist = DISTRIBUTIONS[(k // 2) % len(DISTRIBUTIONS)]
-            for i in range(T):
-                rows = int(round(10 ** rng.uniform(3.0, 7.0)))
-                dim = int(dims[rng.integers(len(dims))])
-                pooling = float(round(10 ** rng.uniform(0.0, math.log10(64.0)), 3))
-                tables.append(_table(f"c{k}t{i}", rows, dim, pooling, dist))
-            label = dist
-        else:
-            T = int(rng.integers(1, 25))
-            fp16 = rng.random() < 0.25
-            scale = batch / 65536.0
-            for i, j in enumerate(rng.choice(len(pool), size=T, replace=False)):
-                t = pool[int(j)]
-                tables.append(TableSpec(name=f"c{k}t{i}",
-                                        num_embeddings=max(1, int(round(t.num_embeddings * scale))),
-                                        embedding_dim=16 if fp16 else int(
-                                            dims[rng.integers(len(dims))]),
-                                        pooling_factor=t.pooling_factor, reuse_bins=t.reuse_bins,
-                                        precision="fp16" if fp16 else "fp32"))
-            label = "synthetic-fp16" if fp16 else "synthetic"
-        lookups = sum(batch * t.pooling_factor for t in tables)
-        size = sum(t.weight_bytes for t in tables)
-        if lookups > max_lookups or size > max_bytes:
-            continue
-        out.append(ModelSpec(name=f"kernel-{k}-{label}", tables=tuple(tables), batch_size=batch,
-                             optimizer="sgd", source=f"kernel_configs(seed={seed})"))
-    return out
-
-
-def measure_kernel_points(configs: Sequence[ModelSpec], *, repeats: int = 7, warmup: int = 2,
-                          backend: str = "auto", chunk: int = 8, rounds: int = 1,
-                          progress=None) -> list[dict]:
-    """Time every configuration as one fused kernel; returns one dict per configuration.
-
-    With ``rounds`` > 1 the whole sweep runs again (chunks in reverse order) and each
-    configuration's forward and backward are the mean of its per-round medians, which evens out
-    slow drifts of the machine's load.
-    """
-    if rounds > 1:
-        runs = [_measure_kernel_points(configs, repeats=repeats, warmup=warmup, backend=backend,
-                                       chunk=chunk, progress=progress, reverse=bool(i % 2))
-                for i in range(rounds)]
-        out = []
-        for pts in zip(*runs):
-            p = dict(pts[0])
-            p["fwd_s"] = float(np.mean([q["fwd_s"] for q in pts]))
-            p["bwd_s"] = float(np.mean([q["bwd_s"] for q in pts]))
-            p["rounds"] = [[q["fwd_s"], q["bwd_s"]] for q in pts]
-            out.append(p)
-        return out
-    return _measure_kernel_points(configs, repeats=repeats, warmup=warmup, backend=backend,
-                                  chunk=chunk, progress=progress)
-
-
-def _measure_kernel_points(configs, *, repeats, warmup, backend, chunk, progress=None,
-                           reverse: bool = False) -> list[dict]:
-    points: list = [None] * len(configs)
-    starts = list(range(0, len(configs), chunk))
-    done = 0
-    for start in (starts[::-1] if reverse else starts):
-        part = configs[start:start + chunk]
-        work = []
-        for m in part:
-            ids = model_ids(m, seed=0)
-            work.append([KernelTable(t.num_embeddings, t.embedding_dim, t.precision, x.indices,
-                                     x.offsets, name=t.name) for t, x in zip(m.tables, ids)])
-        timings = time_ranks(work, repeats=repeats, warmup=warmup, backend=backend,
-                             interleave=True)
-        for i, (m, tm) in enumerate(zip(part, timings)):
-            points[start + i] = {"name": m.name, "batch": m.batch_size,
-                                 "tables": [_table_row(t) for t in m.tables],
-                                 "fwd_s": tm.fwd_s, "bwd_s": tm.bwd_s, "kernel": tm.backend}
-        done += len(part)
-        if progress:
-            progress(f"kernels: {done}/{len(configs)}")
-    return points
-
-
-def _table_row(t: TableSpec) -> list:
-    """``[rows, dim, pooling, access, precision]``; access: ``distinct``, ``zipf``, ``dlrm`` (the
-    default histogram) or the 17 reuse bins."""
-    d = _dist_of(t)
-    acc = d if d != "dlrm" or t.reuse_bins == tuple(default_reuse_bins()) \
-        else [round(float(x), 6) for x in t.reuse_bins]
-    return [t.num_embeddings, t.embedding_dim, t.pooling_factor, acc, t.precision]
-
-
-def _dist_of(t: TableSpec) -> str:
-    if t.zipf_exponent is not None:
-        return "zipf"
-    if t.reuse_bins is not None and t.reuse_bins[0] == 1.0:
-        return "distinct"
-    return "dlrm"
-
-
-def _point_model(p: dict | ModelSpec) -> ModelSpec:
-    if isinstance(p, ModelSpec):
-        return p
-    tables = []
-    for i, row in enumerate(p["tables"]):
-        r, d, L, acc = row[:4]
-        prec = row[4] if len(row) > 4 else "fp32"
-        if isinstance(acc, str):
-            t = _table(f"t{i}", int(r), int(d), float(L), acc)
-        else:
-            t = TableSpec(name=f"t{i}", num_embeddings=int(r), embedding_dim=int(d),
-                          pooling_factor=float(L), reuse_bins=tuple(float(x) for x in acc))
-        tables.append(replace(t, precision=prec))
-    return ModelSpec(name=p["name"], tables=tuple(tables), batch_size=int(p["batch"]))
 
 
 def _unique_fraction(t: TableSpec, batch: int) -> float:
@@ -249,7 +105,7 @@ def _design(points: Sequence[dict], h: float, reach: float = 2.0 ** 20) -> np.nd
     ``walks`` = distinct rows × log2(table bytes / reach)."""
     rows = []
     for p in points:
-        m = _point_model(p)
+        m = point_model(p)
         B = m.batch_size
         byts = half = ids_total = walks = 0.0
         for t in m.tables:
@@ -276,7 +132,7 @@ def _backward_design(points: Sequence[dict], reach: float,
     core's cache as the batch grows)."""
     rows = []
     for p in points:
-        m = _point_model(p)
+        m = point_model(p)
         B = m.batch_size
         ids_t = grad = upd = half = walks = spills = 0.0
         for t in m.tables:
@@ -303,7 +159,7 @@ def _fresh_bytes(points: Sequence[dict]) -> np.ndarray:
     kernel's, so the fit takes them out."""
     out = []
     for p in points:
-        m = _point_model(p)
+        m = point_model(p)
         tot = 0.0
         for half in (False, True):
             nbytes = m.batch_size * OUT_BYTES * sum(
