@@ -26,7 +26,8 @@ from simulator.fileio import dumps_json, read_json_file
 from planner.cli.output import atomic_write
 from planner.export import TARGETS, export_plan
 from planner.export._plan import check_plan
-from planner.export.torchrec import export_torchrec_plan, is_sharding_plan, torchrec_plan_json
+from planner.export.torchrec import export_torchrec_plan
+from planner.export.torchrec_format import is_sharding_plan, torchrec_plan_json
 from planner.export.torchrec_py import TORCHREC_PY_FILE, torchrec_plan_module
 from planner.model.llm.spec import builtin_model_names, load_llm_spec
 

@@ -29,8 +29,9 @@ optimizer fused into backward).
 ``context.sha256`` hashes what the plan was made for (table shapes, world size, local world
 size, batch size, topology); a loader recomputes it to detect a context edited by hand and
 compares the tables and world size with the model it is given
-(:func:`planner.export.torchrec_load.load_sharding_plan`). :func:`check_torchrec_plan`
-re-parses a document the way the loader does: shards must tile each table exactly, row-wise
+(:func:`planner.export.torchrec_load.load_sharding_plan`).
+:func:`~planner.export.torchrec_check.check_torchrec_plan` re-parses a document the way the
+loader does: shards must tile each table exactly, row-wise
 blocks must be TorchRec's even blocks (uneven ones run but give wrong results, formats.md
 §2.10), table-row-wise shards must cover one host's ranks.
 """
@@ -41,21 +42,15 @@ from typing import Any, Mapping
 
 from simulator.topology import load_topology
 
-from planner.export.torchrec_check import check_torchrec_plan, empty_row_shards, empty_shard_error
+from planner.export.torchrec_check import check_torchrec_plan
 from planner.export.torchrec_format import (
     FORMAT,
-    KERNELS,
     MAX_WORLD,
     SCHEMA_VERSION,
     SHARDING_PLAN_FORMAT,
-    SUPPORTED_TYPES,
     TORCHREC_VERSION,
     context_sha256,
-    is_sharding_plan,
-    parse_placement,
     placement,
-    table_shapes,
-    torchrec_plan_json,
 )
 from planner.export.torchrec_format import spec_error as _err
 from planner.model.tables.shards import (
@@ -66,10 +61,7 @@ from planner.model.tables.shards import (
     validate_sharding,
 )
 
-__all__ = ["FORMAT", "SCHEMA_VERSION", "TORCHREC_VERSION", "SHARDING_PLAN_FORMAT",
-           "SUPPORTED_TYPES", "KERNELS", "export_torchrec_plan", "check_torchrec_plan",
-           "context_sha256", "placement", "parse_placement", "table_shapes",
-           "torchrec_plan_json", "is_sharding_plan", "empty_row_shards", "empty_shard_error"]
+__all__ = ["export_torchrec_plan"]
 
 _SHARDING_PLAN_VERSION = 1
 _DEVICES = ("cpu", "cuda")

@@ -4,7 +4,7 @@
 >>> model = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=plan,
 ...                                  sharders=[sharder])                       # doctest: +SKIP
 
-The file is checked first (:func:`~planner.export.torchrec.check_torchrec_plan`: format,
+The file is checked first (:func:`~planner.export.torchrec_check.check_torchrec_plan`: format,
 schema version, context hash, shards tiling each table, TorchRec's row-wise blocks), then against
 the trainer: the world size, the local world size, and the tables (names and ``[rows, dim]``).
 Any mismatch is a :class:`~simulator.errors.SpecError` naming the file, the field and the fix,

@@ -243,7 +243,8 @@ EMPTY = "row_wise_empty_shard"
 
 def _run_group(world: int, tmp: Path) -> dict:
     """Export every case for ``world`` ranks, run the ranks, return ``{rank: results}``."""
-    from planner.export.torchrec import export_torchrec_plan, torchrec_plan_json
+    from planner.export.torchrec import export_torchrec_plan
+    from planner.export.torchrec_format import torchrec_plan_json
     mod = _plans_module()
     plan_dir, out_dir = tmp / "plans", tmp / "out"
     plan_dir.mkdir()

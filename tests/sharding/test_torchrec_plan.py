@@ -18,14 +18,10 @@ from isolation import NO_CLUSTERPLAN
 
 from simulator.errors import SpecError
 
-from planner.export.torchrec import (
-    FORMAT,
-    SCHEMA_VERSION,
-    check_torchrec_plan,
-    context_sha256,
-    export_torchrec_plan,
-    torchrec_plan_json,
-)
+from planner.export.torchrec import export_torchrec_plan
+from planner.export.torchrec_check import check_torchrec_plan
+from planner.export.torchrec_format import (FORMAT, SCHEMA_VERSION, context_sha256,
+                                             torchrec_plan_json)
 from planner.model.tables import shards as sh
 from planner.model.tables.plan import PlannerStats, make_plan
 from planner.model.tables.spec import ModelSpec, TableSpec
@@ -275,7 +271,7 @@ def test_loader_refuses_another_world_tables_or_host_size():
 def test_empty_row_shards_are_refused_for_cpu_placements():
     """TorchRec's own row-wise layout of 5 rows on 4 ranks ends in an empty shard; FBGEMM's CPU
     kernel mishandles it (test_torchrec_dmp.py), so the loader refuses it for CPU runs."""
-    from planner.export.torchrec import empty_row_shards
+    from planner.export.torchrec_check import empty_row_shards
     from planner.export.torchrec_load import load_sharding_plan
     doc = export_torchrec_plan(sharding_plan("row_wise", 4, EMPTY_SHARD_TABLES), device="cpu")
     assert [s["shard_sizes"][0] for s in doc["plan"][""]["e0"]["shards"]] == [2, 2, 1, 0]

@@ -17,7 +17,8 @@ from pathlib import Path
 from simulator.errors import SpecError
 from simulator.fileio import read_json_file
 
-from planner.export.torchrec import empty_row_shards, empty_shard_error, export_torchrec_plan
+from planner.export.torchrec import export_torchrec_plan
+from planner.export.torchrec_check import empty_row_shards, empty_shard_error
 from planner.measure.heap import DEFAULT_HEAP
 from planner.measure.tables.plans import cpu_topology_ref
 from planner.measure.validate.config import MAX_PROCESSES, Fault
