@@ -186,7 +186,8 @@ def test_host_time_is_added_to_kernels_on_a_cpu():
     from planner.model.llm.host import HostOverhead
     from planner.model.llm.layout import Layout
     from planner.model.llm.spec import load_llm_spec, parse_parallel
-    from planner.workloads.llm.step import pass_times, resolve_parallel
+    from planner.workloads.llm.passes import pass_times
+    from planner.workloads.llm.step import resolve_parallel
     spec = load_llm_spec("llama3-8b")
     spec = dc_replace(spec, training=dc_replace(spec.training, precision="fp32"))
     topo = load_topology("localhost-gloo:node.gpus=1")

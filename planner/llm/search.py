@@ -35,7 +35,8 @@ from planner.model.llm.memory import memory_per_gpu
 from planner.model.llm.offload import OffloadSpec
 from planner.model.llm.spec import LLMSpec, ParallelSpec
 from planner.progress import track
-from planner.workloads.llm.step import offload_plan_for, pass_times, resolve_parallel
+from planner.workloads.llm.passes import offload_plan_for, pass_times
+from planner.workloads.llm.step import resolve_parallel
 
 __all__ = ["Candidate", "search"]
 

@@ -9,7 +9,7 @@ from simulator.topology import load_topology
 from planner.model.llm.host import HostOverhead, load_host_overhead
 from planner.model.llm.layout import Layout
 from planner.model.llm.spec import LLMSpec, ModelSpec, ParallelSpec, TrainingSpec, load_llm_spec
-from planner.workloads.llm.step import pass_times
+from planner.workloads.llm.passes import pass_times
 
 
 def _times(spec, topo, host, p=ParallelSpec(tp=1, pp=1, dp=8)):
