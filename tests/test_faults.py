@@ -175,7 +175,7 @@ def test_link_fault_inputs_and_cli(pods, tmp_path, capsys):
 
 def test_loss_on_long_links_follows_the_mathis_bound():
     from simulator.collectives import simulate_collective
-    from simulator.topology.build import wan_link_goodput
+    from simulator.topology.generated_spec import wan_link_goodput
     # 400 Gb/s, 0.5 ms one way: RTT 1 ms; p = 1e-6 → 1.22 · 4096 B / (1 ms · 1e-3) per flow
     per_flow = 1.22 * 4096 / (1e-3 * 1e-3)
     assert wan_link_goodput(50e9, 0.5e-3, 1e-6, flows=4) == pytest.approx(4 * per_flow)
