@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from planner.measure.compute.gpu import _meta, _torch, _write_csv
+from planner.measure.compute.gpu_timing import run_meta, torch_module, write_csv
 
 __all__ = ["driver_parser", "check_driver_args", "start_driver", "open_driver", "run_parts"]
 
@@ -47,10 +47,10 @@ def check_driver_args(ap: argparse.ArgumentParser, args, *extra: tuple[str, floa
 def start_driver(module: str, args, argv: list[str] | None) -> tuple:
     """(device, meta) of a driver run: the device ``--device`` names (CUDA when available) and
     the machine facts with the command line as typed."""
-    torch = _torch()
+    torch = torch_module()
     dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    meta = _meta(dev, args) | {"command": " ".join(
-        ["python", "-m", module, *(argv if argv is not None else sys.argv[1:])])}
+    meta = run_meta(dev, args, " ".join(
+        ["python", "-m", module, *(argv if argv is not None else sys.argv[1:])]))
     return dev, meta
 
 
@@ -74,11 +74,11 @@ def run_parts(dev, args, meta: dict, parts) -> None:
         t0 = time.monotonic()
         left = max(0.0, args.budget_s - (t0 - start))
         rows = measure(dev, quick=args.quick, samples=args.samples, deadline=t0 + share * left)
-        _write_csv(args.out / f"{name}.csv", rows)
+        write_csv(args.out / f"{name}.csv", rows)
         meta[f"{name}_rows"] = len(rows)
         meta[f"{name}_wall_s"] = round(time.monotonic() - t0, 1)
         print(f"{name}: {len(rows)} rows in {meta[f'{name}_wall_s']} s", flush=True)
         if dev.type == "cuda":
-            _torch().cuda.empty_cache()
+            torch_module().cuda.empty_cache()
     meta["wall_s"] = round(time.monotonic() - start, 1)
     (args.out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")

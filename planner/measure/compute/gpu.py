@@ -46,87 +46,26 @@ is the mean over its calls; the reported time is the median of ``samples`` sampl
 from __future__ import annotations
 
 import argparse
-import contextlib
-import csv
-import datetime
 import json
 import os
-import platform
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from planner.measure.compute import gpu_timing
+from planner.measure.compute.gpu_blocks import measure_blocks, measure_steps
+from planner.measure.compute.gpu_timing import (
+    auto_time,
+    flash_ctx,
+    run_meta,
+    time_call,
+    torch_module,
+    write_csv,
+)
 from planner.measure.compute.host import measure_host_overhead
 
-__all__ = ["main"]
-
-
-def _torch():
-    import torch
-    return torch
-
-
-def _sync(dev):
-    torch = _torch()
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _time_call(fn, dev, *, reps: int, samples: int, warmup: int = 3,
-               graph: bool = False) -> tuple[float, float]:
-    """(median seconds per call, IQR / median) of ``fn`` run ``reps`` times per sample.
-
-    ``graph=True`` (CUDA only) captures the ``reps`` calls in a CUDA graph and times its
-    replay: the GPU's own time per kernel, without the host's dispatch (which eager calls
-    issued back to back pay whenever a kernel is shorter than it).
-    """
-    torch = _torch()
-    calls = reps                       # calls of the original fn per timed sample
-    if graph and dev.type == "cuda":
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(warmup):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(reps):
-                fn()
-        fn, reps = g.replay, 1
-    for _ in range(warmup):
-        fn()
-    _sync(dev)
-    vals = []
-    for _ in range(samples):
-        if dev.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(reps):
-                fn()
-            b.record()
-            b.synchronize()
-            vals.append(a.elapsed_time(b) / 1e3 / calls)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            vals.append((time.perf_counter() - t0) / calls)
-    vals.sort()
-    med = statistics.median(vals)
-    q = statistics.quantiles(vals, n=4) if len(vals) >= 4 else [vals[0], med, vals[-1]]
-    return med, (q[2] - q[0]) / med if med > 0 else 0.0
-
-
-def _reps_for(est_s: float, target_s: float = 0.02, max_reps: int = 200) -> int:
-    return max(1, min(max_reps, int(target_s / max(est_s, 1e-7))))
-
-
-def _auto_time(fn, dev, *, samples: int, graph: bool = False) -> tuple[float, float]:
-    t, _ = _time_call(fn, dev, reps=1, samples=2, warmup=2)
-    return _time_call(fn, dev, reps=_reps_for(t), samples=samples, warmup=1, graph=graph)
+__all__ = ["main", "measure_kernels", "measure_attention", "attention_rows",
+           "measure_embedding", "measure_host"]
 
 
 # -- kernels ----------------------------------------------------------------------------------
@@ -148,11 +87,11 @@ def _gemm_shapes(quick: bool) -> list[tuple[int, int, int]]:
 
 
 def measure_kernels(dev, *, quick: bool, samples: int, graph: bool = False) -> list[dict]:
-    torch = _torch()
+    torch = torch_module()
     rows: list[dict] = []
     # launch: a one-element add issued back to back
     x = torch.zeros(1, device=dev)
-    t, iqr = _time_call(lambda: x.add_(1.0), dev, reps=2000 if not quick else 50,
+    t, iqr = time_call(lambda: x.add_(1.0), dev, reps=2000 if not quick else 50,
                         samples=samples, graph=graph)
     rows.append(dict(kind="launch", dtype="", flops="", bytes="", seconds=t, shape="1",
                      iqr_rel=iqr))
@@ -179,7 +118,7 @@ def measure_kernels(dev, *, quick: bool, samples: int, graph: bool = False) -> l
                     b = torch.randn(k, n, device=dev, dtype=tdt[dt])
                     fn = (lambda a=a, b=b: a @ b)
                     nbytes = a.element_size() * (m * k + k * n + m * n)
-                t, iqr = _auto_time(fn, dev, samples=samples, graph=graph)
+                t, iqr = auto_time(fn, dev, samples=samples, graph=graph)
             except (RuntimeError, TypeError) as exc:  # a dtype/shape this build cannot run
                 print(f"skip {dt} {m}x{n}x{k}: {str(exc).splitlines()[0]}", file=sys.stderr)
                 continue
@@ -197,12 +136,12 @@ def measure_kernels(dev, *, quick: bool, samples: int, graph: bool = False) -> l
         n = nb // 2
         a = torch.empty(n, device=dev, dtype=torch.bfloat16).normal_()
         b = torch.empty_like(a)
-        t, iqr = _auto_time(lambda: b.copy_(a), dev, samples=samples, graph=graph)
+        t, iqr = auto_time(lambda: b.copy_(a), dev, samples=samples, graph=graph)
         rows.append(dict(kind="memory", dtype="bf16", flops="", bytes=2 * nb, seconds=t,
                          shape=f"copy {nb}", iqr_rel=iqr))
         if nb <= top // 2:
             c = torch.empty_like(a)
-            t, iqr = _auto_time(lambda: torch.add(a, b, out=c), dev, samples=samples,
+            t, iqr = auto_time(lambda: torch.add(a, b, out=c), dev, samples=samples,
                                     graph=graph)
             rows.append(dict(kind="memory", dtype="bf16", flops="", bytes=3 * nb, seconds=t,
                              shape=f"add {nb}", iqr_rel=iqr))
@@ -213,7 +152,7 @@ def measure_kernels(dev, *, quick: bool, samples: int, graph: bool = False) -> l
 
 # -- attention --------------------------------------------------------------------------------
 def measure_attention(dev, *, quick: bool, samples: int) -> list[dict]:
-    torch = _torch()
+    torch = torch_module()
     import torch.nn.functional as F
     rows = []
     dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -221,7 +160,7 @@ def measure_attention(dev, *, quick: bool, samples: int) -> list[dict]:
               [(1, 8, 1024, 128), (4, 16, 1024, 128), (1, 16, 2048, 128), (2, 32, 2048, 128),
                (1, 32, 4096, 128), (2, 32, 4096, 128), (1, 64, 4096, 128), (1, 32, 8192, 128),
                (1, 64, 8192, 128), (1, 16, 16384, 128), (8, 16, 2048, 64)])
-    ctx = _flash_ctx()
+    ctx = flash_ctx()
     for (b, heads, s, d) in shapes:
         q, k, v = (torch.randn(b, heads, s, d, device=dev, dtype=dt, requires_grad=True)
                    for _ in range(3))
@@ -229,12 +168,12 @@ def measure_attention(dev, *, quick: bool, samples: int) -> list[dict]:
         with ctx():
             def fwd():
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            tf, iqr_f = _auto_time(fwd, dev, samples=samples)
+            tf, iqr_f = auto_time(fwd, dev, samples=samples)
 
             def fwd_bwd():
                 o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
                 o.backward(g)
-            tfb, iqr_fb = _auto_time(fwd_bwd, dev, samples=samples)
+            tfb, iqr_fb = auto_time(fwd_bwd, dev, samples=samples)
         rows += attention_rows(b, heads, s, d, "bf16" if dt == torch.bfloat16 else "fp32",
                                forward_s=tf, backward_s=tfb - tf, iqr_fwd=iqr_f,
                                iqr_fwd_bwd=iqr_fb)
@@ -261,168 +200,11 @@ def attention_rows(b: int, heads: int, s: int, d: int, dtype: str, *, forward_s:
     return [r for r in rows if r["seconds"] > 0]
 
 
-#: SDPA backend the attention, block and step parts use (``--attention-backend``)
-ATTENTION_BACKEND = "flash"
-
-
-def _flash_ctx():
-    torch = _torch()
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        if torch.cuda.is_available():
-            backend = {"flash": SDPBackend.FLASH_ATTENTION,
-                       "cudnn": SDPBackend.CUDNN_ATTENTION,
-                       "efficient": SDPBackend.EFFICIENT_ATTENTION}[ATTENTION_BACKEND]
-            return lambda: sdpa_kernel([backend])
-    except ImportError:
-        pass
-    return contextlib.nullcontext
-
-
-# -- blocks and steps -------------------------------------------------------------------------
-def _block_class():
-    torch = _torch()
-    import torch.nn.functional as F
-    nn = torch.nn
-
-    class Block(nn.Module):
-        """Llama-style block: pre-RMSNorm, fused QKV (GQA), causal SDPA, SwiGLU MLP."""
-
-        def __init__(self, h: int, f: int, heads: int, kv_heads: int):
-            super().__init__()
-            self.h, self.heads, self.kv = h, heads, kv_heads
-            self.d = h // heads
-            self.n1, self.n2 = nn.RMSNorm(h), nn.RMSNorm(h)
-            self.qkv = nn.Linear(h, h + 2 * kv_heads * self.d, bias=False)
-            self.out = nn.Linear(h, h, bias=False)
-            self.up = nn.Linear(h, 2 * f, bias=False)
-            self.down = nn.Linear(f, h, bias=False)
-
-        def forward(self, x):                                     # x: (b, s, h)
-            b, s, _ = x.shape
-            q, k, v = self.qkv(self.n1(x)).split([self.h, self.kv * self.d, self.kv * self.d],
-                                                 dim=-1)
-            q = q.view(b, s, self.heads, self.d).transpose(1, 2)
-            k = k.view(b, s, self.kv, self.d).transpose(1, 2)
-            v = v.view(b, s, self.kv, self.d).transpose(1, 2)
-            if self.kv != self.heads:
-                k = k.repeat_interleave(self.heads // self.kv, dim=1)
-                v = v.repeat_interleave(self.heads // self.kv, dim=1)
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.out(a.transpose(1, 2).reshape(b, s, self.h))
-            gate, up = self.up(self.n2(x)).chunk(2, dim=-1)
-            return x + self.down(F.silu(gate) * up)
-
-    return Block
-
-
-BLOCKS = [  # name, hidden, ffn, heads, kv_heads, seq, micro-batch
-    ("h1024-s1024-b1", 1024, 2816, 8, 8, 1024, 1),
-    ("h1024-s2048-b4", 1024, 2816, 8, 8, 2048, 4),
-    ("h2048-s2048-b1", 2048, 5632, 16, 8, 2048, 1),
-    ("h2048-s2048-b4", 2048, 5632, 16, 8, 2048, 4),
-    ("h4096-s2048-b1", 4096, 14336, 32, 8, 2048, 1),
-    ("h4096-s4096-b1", 4096, 14336, 32, 8, 4096, 1),
-    ("h4096-s4096-b2", 4096, 14336, 32, 8, 4096, 2),
-    ("h4096-s8192-b1", 4096, 14336, 32, 8, 8192, 1),
-    ("h8192-s4096-b1", 8192, 28672, 64, 8, 4096, 1),
-    ("h8192-s8192-b1", 8192, 28672, 64, 8, 8192, 1),
-    ("h5120-s2048-b1-mha", 5120, 13824, 40, 40, 2048, 1),
-    ("h512-s512-b1", 512, 1408, 8, 8, 512, 1),
-]
-
-STEPS = [  # name, layers, hidden, ffn, heads, kv, vocab, seq, micro-batch
-    ("tiny-4L-h1024", 4, 1024, 2816, 8, 8, 32000, 1024, 4),
-    ("small-8L-h2048", 8, 2048, 5632, 16, 8, 32000, 2048, 2),
-    ("llama8b-4L", 4, 4096, 14336, 32, 8, 128256, 4096, 1),
-    ("llama8b-4L-b2", 4, 4096, 14336, 32, 8, 128256, 4096, 2),
-    ("llama70b-2L", 2, 8192, 28672, 64, 8, 128256, 4096, 1),
-]
-
-
-def measure_blocks(dev, *, quick: bool, samples: int) -> list[dict]:
-    torch = _torch()
-    Block = _block_class()
-    dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    rows = []
-    todo = BLOCKS if not quick else [("q-h256-s128-b1", 256, 704, 4, 2, 128, 1)]
-    ctx = _flash_ctx()
-    for (name, h, f, heads, kv, s, b) in todo:
-        blk = Block(h, f, heads, kv).to(device=dev, dtype=dt)
-        x = torch.randn(b, s, h, device=dev, dtype=dt, requires_grad=True)
-        g = torch.randn(b, s, h, device=dev, dtype=dt)
-        with ctx():
-            tf, iqr_f = _auto_time(lambda: blk(x), dev, samples=samples)
-
-            def fb():
-                blk(x).backward(g)
-            tfb, iqr_fb = _auto_time(fb, dev, samples=samples)
-            # host time alone: the same calls without waiting (GPU work enqueued)
-        rows.append(dict(name=name, hidden=h, ffn=f, heads=heads, kv_heads=kv, seq=s,
-                         micro_batch=b, dtype=str(dt).split(".")[-1], forward_s=tf,
-                         backward_s=tfb - tf, iqr_rel_fwd=iqr_f, iqr_rel_fwd_bwd=iqr_fb))
-        del blk, x, g
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-    return rows
-
-
-def measure_steps(dev, *, quick: bool, samples: int) -> list[dict]:
-    torch = _torch()
-    import torch.nn.functional as F
-    nn = torch.nn
-    Block = _block_class()
-    dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    todo = STEPS if not quick else [("q-2L", 2, 256, 704, 4, 2, 1000, 128, 2)]
-    rows = []
-    ctx = _flash_ctx()
-    for (name, L, h, f, heads, kv, V, s, b) in todo:
-        class Model(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.emb = nn.Embedding(V, h)
-                self.blocks = nn.ModuleList(Block(h, f, heads, kv) for _ in range(L))
-                self.norm = nn.RMSNorm(h)
-                self.head = nn.Linear(h, V, bias=False)
-
-            def forward(self, ids, labels):
-                x = self.emb(ids)
-                for blk in self.blocks:
-                    x = blk(x)
-                logits = self.head(self.norm(x))
-                return F.cross_entropy(logits.float().view(-1, V), labels.view(-1))
-
-        model = Model().to(device=dev, dtype=dt)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4,
-                                fused=dev.type == "cuda")
-        ids = torch.randint(0, V, (b, s), device=dev)
-        labels = torch.randint(0, V, (b, s), device=dev)
-        with ctx():
-            def fb():
-                model(ids, labels).backward()
-            tfb, iqr_fb = _auto_time(fb, dev, samples=samples)
-
-            def fwd():
-                with torch.no_grad():
-                    model(ids, labels)
-            tf, iqr_f = _auto_time(fwd, dev, samples=samples)
-            to, iqr_o = _auto_time(lambda: opt.step(), dev, samples=samples)
-        params = sum(p.numel() for p in model.parameters())
-        rows.append(dict(name=name, layers=L, hidden=h, ffn=f, heads=heads, kv_heads=kv,
-                         vocab=V, seq=s, micro_batch=b, params=params,
-                         dtype=str(dt).split(".")[-1], forward_s=tf, forward_backward_s=tfb,
-                         optimizer_s=to, iqr_rel_fwd_bwd=iqr_fb, iqr_rel_opt=iqr_o))
-        del model, opt
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-    return rows
-
-
 def measure_embedding(dev, *, quick: bool, samples: int) -> list[dict]:
     """``nn.EmbeddingBag(mode="sum")`` forward and backward (dense fp32 gradients into a
     preallocated buffer are not what a fused TBE does, so backward uses ``sparse=True``);
     ids uniform over the rows (the worst case for caches)."""
-    torch = _torch()
+    torch = torch_module()
     rows = []
     configs = ([(10_000, 16, 4, 256)] if quick else
                [(r, d, p, b) for r in (100_000, 10_000_000) for d in (16, 64, 256)
@@ -433,13 +215,13 @@ def measure_embedding(dev, *, quick: bool, samples: int) -> list[dict]:
         emb = torch.nn.EmbeddingBag(nrows, dim, mode="sum", sparse=True).to(dev)
         ids = torch.randint(0, nrows, (batch * pool,), device=dev)
         offsets = torch.arange(0, batch * pool, pool, device=dev)
-        tf, iqr_f = _auto_time(lambda: emb(ids, offsets), dev, samples=samples)
+        tf, iqr_f = auto_time(lambda: emb(ids, offsets), dev, samples=samples)
         g = torch.randn(batch, dim, device=dev)
 
         def fb():
             emb.weight.grad = None          # sparse gradients would pile up across calls
             emb(ids, offsets).backward(g)
-        tfb, iqr_fb = _auto_time(fb, dev, samples=samples)
+        tfb, iqr_fb = auto_time(fb, dev, samples=samples)
         rows.append(dict(rows=nrows, dim=dim, pooling=pool, batch=batch, dtype="fp32",
                          forward_s=tf, backward_s=tfb - tf,
                          gathered_bytes=4.0 * batch * pool * dim,
@@ -459,40 +241,6 @@ def measure_host(dev, *, quick: bool, samples: int) -> list[dict]:
             for k, v in doc["per_block_s"].items()]
 
 
-# -- driver -----------------------------------------------------------------------------------
-def _meta(dev, args) -> dict:
-    torch = _torch()
-    meta = {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([os.path.basename(sys.executable), "-m", "planner.measure.compute.gpu",
-                                 *sys.argv[1:]]),
-            "torch": torch.__version__, "python": platform.python_version(),
-            "host": platform.node(), "cpu": platform.processor() or platform.machine(),
-            "device": str(dev), "samples": args.samples, "quick": args.quick,
-            "attention_backend": args.attention_backend}
-    if dev.type == "cuda":
-        p = torch.cuda.get_device_properties(dev)
-        meta |= {"gpu": p.name, "multiprocessors": p.multi_processor_count,
-                 "memory_bytes": p.total_memory, "cuda": torch.version.cuda}
-        try:
-            q = "name,driver_version,clocks.max.sm,clocks.max.mem,power.limit,clocks.sm"
-            out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=30).stdout.strip()
-            meta["nvidia_smi"] = {"query": q, "value": out}
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    return meta
-
-
-def _write_csv(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        return
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m planner.measure.compute.gpu", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -506,12 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="kernels,kernels_graph,attention,blocks,steps,host,embedding",
                     help="comma-separated parts to run")
     args = ap.parse_args(argv)
-    global ATTENTION_BACKEND
-    ATTENTION_BACKEND = args.attention_backend
-    torch = _torch()
+    gpu_timing.ATTENTION_BACKEND = args.attention_backend
+    torch = torch_module()
     dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = _meta(dev, args)
+    meta = run_meta(dev, args, " ".join([os.path.basename(sys.executable), "-m",
+                                         "planner.measure.compute.gpu", *sys.argv[1:]]))
     parts = {"kernels": measure_kernels, "attention": measure_attention,
              "blocks": measure_blocks, "steps": measure_steps,
              "kernels_graph": lambda d, **kw: measure_kernels(d, graph=True, **kw),
@@ -519,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     for part in args.only.split(","):
         t0 = time.perf_counter()
         rows = parts[part](dev, quick=args.quick, samples=args.samples)
-        _write_csv(args.out / f"{part}.csv", rows)
+        write_csv(args.out / f"{part}.csv", rows)
         meta[f"{part}_wall_s"] = round(time.perf_counter() - t0, 1)
         print(f"{part}: {len(rows)} rows in {meta[f'{part}_wall_s']} s", flush=True)
     (args.out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")

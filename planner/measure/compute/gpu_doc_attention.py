@@ -35,7 +35,7 @@ from __future__ import annotations
 import time
 
 from planner.measure.compute.driver import open_driver, run_parts
-from planner.measure.compute.gpu import _auto_time, _flash_ctx
+from planner.measure.compute.gpu_timing import auto_time, flash_ctx
 
 __all__ = ["main", "doc_lengths", "chunk_shapes"]
 
@@ -69,15 +69,15 @@ def _time_attention(dev, b: int, q_len: int, kv_len: int, causal: bool, heads: i
     k, v = (torch.randn(b, heads, kv_len, HEAD_DIM, device=dev, dtype=dt, requires_grad=True)
             for _ in range(2))
     g = torch.randn(b, heads, q_len, HEAD_DIM, device=dev, dtype=dt)
-    ctx = _flash_ctx()
+    ctx = flash_ctx()
     with ctx():
         def fwd():
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
         def fwd_bwd():
             fwd().backward(g)
-        tf, iqr_f = _auto_time(fwd, dev, samples=samples)
-        tfb, iqr_fb = _auto_time(fwd_bwd, dev, samples=samples)
+        tf, iqr_f = auto_time(fwd, dev, samples=samples)
+        tfb, iqr_fb = auto_time(fwd_bwd, dev, samples=samples)
     return tf, max(tfb - tf, 0.0), max(iqr_f, iqr_fb)
 
 

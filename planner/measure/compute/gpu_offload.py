@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from planner.measure.compute.driver import open_driver, run_parts
-from planner.measure.compute.gpu import _flash_ctx
+from planner.measure.compute.gpu_timing import flash_ctx
 
 __all__ = ["main", "copy_sizes"]
 
@@ -130,7 +130,7 @@ def _compute_jobs(dev, quick: bool) -> dict:
     c = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
     s, heads = (1024, 4) if quick else (16384, 32)
     q, k, v = (torch.randn(1, heads, s, 128, device=dev, dtype=torch.bfloat16) for _ in range(3))
-    ctx = _flash_ctx()
+    ctx = flash_ctx()
 
     def attention():
         with ctx():

@@ -56,7 +56,7 @@ import time
 from pathlib import Path
 
 from planner.measure.compute.driver import check_driver_args, driver_parser
-from planner.measure.compute.gpu import _auto_time, _meta
+from planner.measure.compute.gpu_timing import auto_time, run_meta
 from planner.measure.tables.gpu_fused import _DTYPES, FusedTables, check_triton, lookup_kernels
 
 __all__ = ["main", "MLPERF_DCNV2_TABLES"]
@@ -123,14 +123,14 @@ def _time_parts(ft, lk, grad, dev, samples: int) -> dict:
     if lk is ft:
         uniq, inv = ft.sort()
         acc = ft.reduce(grad, uniq, inv)
-        ts, _ = _auto_time(ft.sort, dev, samples=samples)
-        tr, _ = _auto_time(lambda: ft.reduce(grad, uniq, inv), dev, samples=samples)
-        tu, _ = _auto_time(lambda: ft.update(uniq, acc.clone()), dev, samples=samples)
-        tc, _ = _auto_time(lambda: acc.clone(), dev, samples=samples)
+        ts, _ = auto_time(ft.sort, dev, samples=samples)
+        tr, _ = auto_time(lambda: ft.reduce(grad, uniq, inv), dev, samples=samples)
+        tu, _ = auto_time(lambda: ft.update(uniq, acc.clone()), dev, samples=samples)
+        tc, _ = auto_time(lambda: acc.clone(), dev, samples=samples)
         return dict(sort_s=ts, reduce_s=tr, update_s=max(tu - tc, 0.0))
     runs = lk.sort()
-    ts, _ = _auto_time(lk.sort, dev, samples=samples)
-    tu, _ = _auto_time(lambda: lk.update(grad, *runs), dev, samples=samples)
+    ts, _ = auto_time(lk.sort, dev, samples=samples)
+    tu, _ = auto_time(lambda: lk.update(grad, *runs), dev, samples=samples)
     return dict(sort_s=ts, reduce_s=float("nan"), update_s=tu)
 
 
@@ -145,8 +145,8 @@ def measure_tbe(dev, *, quick: bool, samples: int, out: Path, deadline: float,
         ft = FusedTables([(rows, pool)] * tables, dim, batch, dtype, dist, dev)
         lk = lookup_kernels(ft, kernel, pool)
         grad = torch.randn(ft.bags, dim, device=dev, dtype=ft.weight.dtype)
-        tf, iqr_f = _auto_time(lk.forward, dev, samples=samples)
-        tb, iqr_b = _auto_time(lambda: lk.backward(grad), dev, samples=samples)
+        tf, iqr_f = auto_time(lk.forward, dev, samples=samples)
+        tb, iqr_b = auto_time(lambda: lk.backward(grad), dev, samples=samples)
         key = dict(kernel=kernel, tables=tables, rows=rows, dim=dim, pooling=pool, batch=batch,
                    dtype=dtype, ids=dist, lookups=ft.ids.numel(), distinct=ft.distinct)
         main_rows.add(key | dict(forward_s=tf, backward_s=tb, iqr_rel_fwd=iqr_f,
@@ -189,12 +189,12 @@ def measure_gemm(dev, *, quick: bool, samples: int, out: Path, deadline: float) 
 
                 def fb():
                     lin(x).backward(g)
-                tf, iqr_f = _auto_time(lambda: lin(x), dev, samples=samples, graph=graph)
+                tf, iqr_f = auto_time(lambda: lin(x), dev, samples=samples, graph=graph)
                 try:
-                    tfb, iqr_fb = _auto_time(fb, dev, samples=samples, graph=graph)
+                    tfb, iqr_fb = auto_time(fb, dev, samples=samples, graph=graph)
                     mode = "graph" if graph else "eager"
                 except RuntimeError:                # a backward that cannot be captured
-                    tfb, iqr_fb = _auto_time(fb, dev, samples=samples)
+                    tfb, iqr_fb = auto_time(fb, dev, samples=samples)
                     mode = "eager"
                 rows.add(dict(layer=name, batch=batch, in_features=k, out_features=m,
                               dtype=dtype, forward_flops=2.0 * batch * k * m, forward_s=tf,
@@ -334,10 +334,11 @@ MEMORY_BLOCKS = [(4096, 14336, 32, 8, s, 2) for s in (4096, 16384, 32768, 65536)
 def measure_memory(dev, *, quick: bool, samples: int, out: Path, deadline: float) -> int:
     """Bytes a Llama-style block (bf16, flash SDPA, micro-batch 1) keeps for backward: memory
     allocated after the forward minus before, per layer, and the peak over forward+backward."""
-    from planner.measure.compute.gpu import _block_class, _flash_ctx
+    from planner.measure.compute.gpu_blocks import block_class
+    from planner.measure.compute.gpu_timing import flash_ctx
     del samples
     torch = _torch()
-    Block = _block_class()
+    Block = block_class()
     rows, n = _Rows(out / "memory.csv"), 0
     configs = [(256, 512, 4, 2, 128, 2)] if quick else MEMORY_BLOCKS
     dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -351,7 +352,7 @@ def measure_memory(dev, *, quick: bool, samples: int, out: Path, deadline: float
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(dev)
             before = torch.cuda.memory_allocated(dev)
-        with _flash_ctx()():
+        with flash_ctx()():
             y = blocks(x)
             kept = (torch.cuda.memory_allocated(dev) - before) if dev.type == "cuda" else 0
             y.sum().backward()
@@ -383,9 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     check_driver_args(ap, args, ("--max-table-gib", args.max_table_gib or 1.0))
     torch = _torch()
     dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    meta = _meta(dev, args) | {"command": " ".join(
+    meta = run_meta(dev, args, " ".join(
         ["python", "-m", "planner.measure.tables.gpu_dlrm", *(argv if argv is not None
-                                                              else sys.argv[1:])])}
+                                                              else sys.argv[1:])]))
     mem = torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else 2**30
     max_table = args.max_table_gib * 2**30 if args.max_table_gib else 0.72 * mem
     if args.kernel == "triton":

@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 
 from planner.measure.compute.driver import open_driver, run_parts
-from planner.measure.compute.gpu import _auto_time
+from planner.measure.compute.gpu_timing import auto_time
 
 __all__ = ["main", "CODECS"]
 
@@ -103,8 +103,8 @@ def measure_quant(dev, *, quick: bool, samples: int, deadline: float) -> list[di
             codes = enc(x)
             err = float((dec(codes) - x).abs().max())
             out_bytes = sum(c.numel() * c.element_size() for c in codes)
-            tc, iqr_c = _auto_time(lambda: enc(x), dev, samples=samples)
-            td, iqr_d = _auto_time(lambda: dec(codes), dev, samples=samples)
+            tc, iqr_c = auto_time(lambda: enc(x), dev, samples=samples)
+            td, iqr_d = auto_time(lambda: dec(codes), dev, samples=samples)
             n = x.numel() * 4
             rows.append(dict(codec=name, rows=r, dim=d, bytes_in=n, bytes_out=out_bytes,
                              compress_s=tc, decompress_s=td, compress_gbps=n / tc / 1e9,
