@@ -40,7 +40,7 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", metavar="MODEL|PLAN.json|unseen",
                    help="model spec (YAML path or built-in name), a plan from clusterplan plan, "
                         "or `unseen`: seeded sharding plans of table sets nothing was fitted to "
-                        "(--sets, --seed; planner/measure/validate/unseen.py)")
+                        "(--sets, --seed; planner/measure/validate/unseen_family.py)")
     p.add_argument("--parallel", metavar="SPEC",
                    help="layout to run, e.g. tp=2,pp=2,dp=1 (overrides the plan's)")
     p.add_argument("--nproc", type=int, metavar="N", help="processes (= tp·pp·dp; fills dp)")

@@ -17,8 +17,9 @@ from planner.measure.heap import DEFAULT_HEAP
 from planner.measure.validate.cache import cached_calibration, ensure_host_profile
 from planner.measure.validate.calibrate import GlooCalibration, measure_gloo
 from planner.measure.validate.dlrm_report import heap_notes
-from planner.measure.validate.unseen import (format_rows, repredict_rows, run_cases, summarise,
-                                             unseen_cases)
+from planner.measure.validate.unseen import repredict_rows, run_cases
+from planner.measure.validate.unseen_family import unseen_cases
+from planner.measure.validate.unseen_report import format_rows, summarise
 from planner.model.tables.cpu_profile import load_cpu_profile
 
 __all__ = ["run_unseen", "calibrations_for"]

@@ -11,7 +11,7 @@ embedding`` times its sweep):
 
 - the calibration's kernel sweep (``kernel_configs(120, seed=0)``), and
 - the held-out shard sets: every rank of the greedy and the random table-wise plans of the
-  unseen family's sets (``planner/measure/validate/unseen.py``, ``--seeds``) as one fused
+  unseen family's sets (``planner/measure/validate/unseen_family.py``, ``--seeds``) as one fused
   kernel, the way a validation rank runs it (ranks over 3 M ids left out, for time).
 
 The kernel model is fitted to the sweep alone (``fit.kernel_predictions``) and the held-out
@@ -52,7 +52,7 @@ from planner.measure.tables.kernel_sweep import (  # noqa: E402
     measure_kernel_points,
     point_model,
 )
-from planner.measure.validate.unseen import unseen_cases  # noqa: E402
+from planner.measure.validate.unseen_family import unseen_cases  # noqa: E402
 from planner.model.tables.spec import ModelSpec, TableSpec  # noqa: E402
 
 MAX_IDS = 3e6

@@ -2,14 +2,14 @@
 
     python tests/bench/probe_fused_tables.py [SEED:SET ...]      # default 1:3 1:6 2:9 2:11
 
-For sets of the unseen family (``planner/measure/validate/unseen.py``), rank 0's shards of the
-greedy plan on 2 ranks: one fused FBGEMM TBE over all of them (forward + backward, fused SGD)
-and each table alone in turn, one thread, with the heap policy validation ranks run with
-(``retain``), the output gradient written before each backward and not timed. Each fused time
-is paired back to back with the gloo calibration's lookup probe (4 small tables, batch 2,048:
-what the calibration charges every lookup), so the host's drift cancels in "x the probe's
-ratio": how much more than the calibration charges this set's lookups take. 2026-11-27 16:31,
-AMD EPYC VM (32 MiB L3), nothing else running:
+For sets of the unseen family (``planner/measure/validate/unseen_family.py``), rank 0's shards
+of the greedy plan on 2 ranks: one fused FBGEMM TBE over all of them (forward + backward, fused
+SGD) and each table alone in turn, one thread, with the heap policy validation ranks run with
+(``retain``), the output gradient written before each backward and not timed. Each fused time is
+paired back to back with the gloo calibration's lookup probe (4 small tables, batch 2,048: what
+the calibration charges every lookup), so the host's drift cancels in "x the probe's ratio": how
+much more than the calibration charges this set's lookups take. 2026-11-27 16:31, AMD EPYC VM
+(32 MiB L3), nothing else running:
 
     set   shards  batch   profile    fused (x profile, x the probe's)   tables alone summed
     1:3   16      9,320   196.6 ms   240.8 (1.22x, 1.07x)               223.3 (1.14x)
@@ -38,7 +38,7 @@ from planner.measure.tables.kernels import time_shard_set  # noqa: E402
 from planner.measure.tables.plans import rank_work  # noqa: E402
 from planner.measure.validate.dlrm_probes import predicted_lookup_s  # noqa: E402
 from planner.measure.validate.lookup_probe import lookup_probe_model, probe_shardings  # noqa: E402
-from planner.measure.validate.unseen import unseen_cases  # noqa: E402
+from planner.measure.validate.unseen_family import unseen_cases  # noqa: E402
 from planner.model.tables.ids import model_ids  # noqa: E402
 from planner.model.tables.plan import evaluate_shardings  # noqa: E402
 from planner.model.tables.task import ShardingTask, prepare  # noqa: E402

@@ -10,19 +10,15 @@ from simulator.gloo_profile import _fresh_alloc
 
 from planner.measure.validate import cache
 from planner.measure.validate.calibrate import MMAP_THRESHOLD_BYTES, _fresh_section
-from planner.measure.validate.unseen import (
+from planner.measure.validate.unseen import MAX_STEPS, merge_rounds, steps_for
+from planner.measure.validate.unseen_family import (
     DIMS,
     MAX_LOOKUPS,
     MAX_SET_BYTES,
-    MAX_STEPS,
     PLAN_KINDS,
-    format_rows,
-    kendall_tau_within,
-    merge_rounds,
-    steps_for,
-    summarise,
     unseen_cases,
 )
+from planner.measure.validate.unseen_report import format_rows, kendall_tau_within, summarise
 from planner.model.tables.dense import fresh_alloc_s
 from planner.model.tables.shards import ShardingType
 
@@ -232,7 +228,7 @@ def test_a_plan_predicted_short_gets_enough_steps_to_fill_the_minimum(family, tm
     never above :data:`MAX_STEPS`; 0 keeps ``--steps``. Timed by the uncalibrated model."""
     from planner.measure.validate.dlrm import load_dlrm_config
     from planner.measure.validate.dlrm_report import predicted
-    from planner.measure.validate.unseen import write_case
+    from planner.measure.validate.unseen_family import write_case
     case = min((c for c in family if c.ranks == 2), key=lambda c: c.model.batch_size)
     cfg = load_dlrm_config(str(write_case(case, tmp_path)), nproc=2, steps=10, warmup=3)
     step_s = predicted(cfg, 3, None)["step_time_s"]

@@ -21,8 +21,9 @@ pytest.importorskip("torchrec")
 from simulator.gloo_profile import gloo_profile_from_dict  # noqa: E402
 
 from planner.measure.validate.calibrate import SIZES, GlooCalibration, measure_gloo  # noqa: E402
-from planner.measure.validate.unseen import (repredict_rows, run_cases, summarise,  # noqa: E402
-                                             unseen_cases)
+from planner.measure.validate.unseen import repredict_rows, run_cases  # noqa: E402
+from planner.measure.validate.unseen_family import unseen_cases  # noqa: E402
+from planner.measure.validate.unseen_report import summarise  # noqa: E402
 
 SEED = 7                      # a seed no model was developed on
 TOLERANCE = 0.25

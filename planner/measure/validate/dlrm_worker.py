@@ -29,7 +29,7 @@ from planner.measure.runner import init_group
 from planner.measure.validate.comm import Recorder
 from planner.measure.validate.dlrm_ops import step_batch
 from planner.measure.validate.lookup_probe import time_together
-from planner.measure.validate.worker import _inject, pin_main_thread, timed_steps, unpin
+from planner.measure.validate.worker import inject_fault, pin_main_thread, timed_steps, unpin
 
 __all__ = ["run_rank"]
 
@@ -305,7 +305,7 @@ def run_rank(rank: int, cfg, rdzv: str, progress, report, state: dict) -> dict:
             rec.step = state["step"] = step
             rec.note(f"step {step} start")
             if cfg.fault is not None and cfg.fault.rank == rank and cfg.fault.step == step:
-                _inject(cfg.fault.kind, rank, step)
+                inject_fault(cfg.fault.kind, rank, step)
             dense_x, kjt, coef = batches.pop(step) if step in batches else batch(step)
             for p in params:
                 p.grad = None

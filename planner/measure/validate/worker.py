@@ -39,7 +39,7 @@ from planner.workloads.llm.partition import (
     vstage_layer_offsets,
 )
 
-__all__ = ["worker_main"]
+__all__ = ["worker_main", "timed_steps", "inject_fault", "pin_main_thread", "unpin"]
 
 
 def worker_main(slot: int, inbox, progress: Progress, outbox, heap: str = DEFAULT_HEAP) -> None:
@@ -296,7 +296,7 @@ class _Stage:
         rec.step = self.state["step"] = step
         rec.note(f"step {step} start")
         if cfg.fault is not None and cfg.fault.rank == rank and cfg.fault.step == step:
-            _inject(cfg.fault.kind, rank, step)
+            inject_fault(cfg.fault.kind, rank, step)
         for ch in self.chunks.values():
             for q in ch.parameters():
                 q.grad = None
@@ -377,7 +377,9 @@ def timed_steps(rec: Recorder, run_step, cfg, rank: int) -> tuple[list, str | No
     return steps, trace
 
 
-def _inject(kind: str, rank: int, step: int) -> None:
+def inject_fault(kind: str, rank: int, step: int) -> None:
+    """The fault a run was asked for on this rank at this step: ``raise`` an error, ``hang``,
+    or ``exit`` the process (code 3), so the runner's handling of each can be tested."""
     if kind == "raise":
         raise RuntimeError(f"injected fault on rank {rank} at step {step}")
     if kind == "hang":

@@ -15,7 +15,7 @@ import numpy as np
 from simulator.collectives import simulate_collective
 from simulator.topology import Topology, load_topology
 
-__all__ = ["CommModel", "SyncCommModel", "calibrate_comm"]
+__all__ = ["CommModel", "SyncCommModel", "calibrate_comm", "calibrate_cached"]
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,9 @@ def _onehot(node_of: bytes, dtype: str) -> np.ndarray | None:
 
 
 @functools.lru_cache(maxsize=32)
-def _calibrate_cached(ref: str, n: int) -> CommModel:
+def calibrate_cached(ref: str, n: int) -> CommModel:
+    """:func:`calibrate_comm` on ranks ``0..n-1`` of the topology ``ref`` names, kept for the
+    32 latest (reference, ranks): a planner prices many plans on one topology."""
     return calibrate_comm(load_topology(ref), n, ref=ref)
 
 

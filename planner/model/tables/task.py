@@ -11,7 +11,7 @@ import numpy as np
 from simulator.errors import SpecError
 from simulator.topology import load_topology
 
-from planner.model.tables.comm_model import _calibrate_cached
+from planner.model.tables.comm_model import calibrate_cached
 from planner.model.tables.cost import CostConfig, CostModel
 from planner.model.tables.memory import device_capacity_bytes
 from planner.model.tables.shards import ALL_SHARDING_TYPES, ShardingType
@@ -85,7 +85,7 @@ class Problem:
             cap = device_capacity_bytes(topo.gpu.hbm_bytes, self.model,
                                         reserve_fraction=task.cost.reserve_fraction)
         self.capacity_bytes = tuple(cap for _ in range(devices))
-        comm = _calibrate_cached(self.topology_ref, devices)
+        comm = calibrate_cached(self.topology_ref, devices)
         self.cost = CostModel(self.model, topo, devices, comm, self.hosts, task.cost)
         allowed = set(task.sharding_types or ALL_SHARDING_TYPES)
         self._allowed = [frozenset(s for s in ALL_SHARDING_TYPES
