@@ -11,7 +11,7 @@ documents of unequal length.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from simulator.collectives import simulate_collective
 from simulator.compute import ComputeProfile, op_time
@@ -65,10 +65,6 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
     sequence_parallel = tr.sequence_parallel if sequence_parallel is None else sequence_parallel
     if tp_comm_overlap is None:
         tp_comm_overlap = tr.tp_comm_overlap and sequence_parallel
-    b = t.micro_batch_size
-    e = bytes_per_element("bf16" if t.precision == "fp8" else t.precision)
-    T = b * m.seq_len / p.cp
-    reps = [lay.rank(pp=s) for s in range(p.pp)]
     comm_cache = {} if comm_cache is None else comm_cache
 
     def coll(kind: str, ranks: list[int], size: float) -> float:
@@ -78,20 +74,8 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
                 if len(ranks) > 1 and size > 0 else 0.0
         return comm_cache[key]
 
-    blk = block_kernels(m, b=b, tp=p.tp, cp=p.cp, precision=t.precision, attention=attention,
-                        sequence_parallel=sequence_parallel, ep=p.ep)
     kprof = replace(prof, launch_overhead_s=0.0) if host_serial and host else prof
-    blk_f, blk_b = kernels_time(kprof, blk), kernels_time(kprof, blk, backward=True)
-    attn = [k for k in blk if k.name.startswith("attention")]
-    attn_f, attn_b = kernels_time(prof, attn), kernels_time(prof, attn, backward=True)
-    # the attention half of a block (QKV, attention, output projection): its share of the
-    # block's kernel time, forward and backward (the host time splits the same way)
-    half = [k for k in blk if k.name in ("qkv", "attn_out") or k.name.startswith("attention")]
-    frac_f = kernels_time(kprof, half) / blk_f if blk_f > 0 else 0.5
-    frac_b = kernels_time(kprof, half, backward=True) / blk_b if blk_b > 0 else 0.5
-    logit = logits_kernels(m, b=b, tp=p.tp, cp=p.cp, precision=t.precision)
-    logit_f, logit_b = kernels_time(prof, logit), kernels_time(prof, logit, backward=True)
-
+    blk = _block_times(spec, p, prof, kprof, attention, sequence_parallel, tp_comm_overlap)
     if isinstance(host, str):
         host = host_overhead_for(topo.gpu.name) if topo.gpu.name != "cpu" else None
     host_f = host.forward_s if host else 0.0
@@ -99,59 +83,117 @@ def pass_times(spec: LLMSpec, p: ParallelSpec, topo: Topology, lay: Layout,
 
     def floor(kernel_s: float, host_s: float) -> float:
         return kernel_s + host_s if host_serial else max(kernel_s, host_s)
-    # GEMMs a TP all-gather / reduce-scatter hides under with tp_comm_overlap (s each)
-    beside = [kernels_time(kprof, [k]) for k in blk
-              if k.name in ("qkv", "attn_out", "mlp_up", "mlp_down")] if tp_comm_overlap else []
+    ends = _end_times(spec, p, prof, blk)
     layers_per_chunk = chunk_layer_counts(m.layers, p.pp, p.vpp, tr.trim_first_last_stage)
+    reps = [lay.rank(pp=s) for s in range(p.pp)]
     fwd_s, bwd_s, tpc_s = [], [], []
-    chunk_layers = []
     for s in range(p.pp):
         tp_ar, cp_ag, ep_a2a = _stage_collectives(spec, p, lay, reps[s], coll) \
             if include_comm else (0.0, 0.0, 0.0)
-        if detail is not None:   # EP all-to-all seconds per micro-batch and layer, per stage
-            detail.setdefault("ep_a2a_s", []).append(ep_a2a)
-            detail.setdefault("layer_attention_s", []).append((attn_f, attn_b))
-            detail.setdefault("layer_attn_frac_f", []).append(frac_f)
-            detail.setdefault("layer_attn_frac_b", []).append(frac_b)
-        tp_x = _tp_exposed(tp_ar, beside, p.tp)
+        tp_x = _tp_exposed(tp_ar, blk.beside, p.tp)
         comm_f = tp_x + cp_ag + 2 * ep_a2a
         comm_b = tp_x + 2 * cp_ag + 2 * ep_a2a
-        recompute = {"none": 0.0, "selective": attn_f, "full": blk_f + comm_f}[
+        recompute = {"none": 0.0, "selective": blk.attn_f, "full": blk.fwd_s + comm_f}[
             t.activation_recompute]
+        layer_f = floor(blk.fwd_s + comm_f, host_f)
+        layer_b = floor(blk.bwd_s + comm_b + recompute, host_b)
         if detail is not None:
-            layer_b = floor(blk_b + comm_b + recompute, host_b)
-            layer_r = blk_f if t.activation_recompute == "full" and not include_comm else 0.0
-            detail.setdefault("layer_fwd_s", []).append(floor(blk_f + comm_f, host_f))
-            detail.setdefault("layer_recompute_s", []).append(layer_r)
-            detail.setdefault("layer_bwd_s", []).append(layer_b - layer_r)
-        per_chunk = layers_per_chunk[s]
-        chunk_layers.append(per_chunk)
-        f_row, b_row, c_row = [], [], []
-        for c, n in enumerate(per_chunk):
-            vs = c * p.pp + s
-            f = n * floor(blk_f + comm_f, host_f)
-            bw = n * floor(blk_b + comm_b + recompute, host_b)
-            embed_f = op_time(prof, flops=0, bytes_moved=2 * T * m.hidden_size * e)
-            embed_b = op_time(prof, flops=0, bytes_moved=3 * T * m.hidden_size * e)
-            logits_b = logit_b + (logit_f if t.activation_recompute == "full" else 0.0)
-            if detail is not None:
-                detail.update(embed_fwd_s=embed_f, embed_bwd_s=embed_b, logits_fwd_s=logit_f,
-                              logits_bwd_s=logits_b)
-            if vs == 0:
-                f += embed_f
-                bw += embed_b
-            if vs == p.pp * p.vpp - 1:
-                f += logit_f
-                bw += logits_b
-            f_row.append(f)
-            b_row.append(bw)
-            c_row.append(n * (comm_f + comm_b + (comm_f if t.activation_recompute == "full"
-                                                 else 0.0)))
+            _stage_detail(detail, blk, ep_a2a, layer_f, layer_b,
+                          t.activation_recompute == "full" and not include_comm)
+            detail.update(ends)
+        per_layer_comm = comm_f + comm_b + (comm_f if t.activation_recompute == "full" else 0.0)
+        f_row, b_row = _chunk_passes(p, s, layers_per_chunk[s], layer_f, layer_b, ends)
         fwd_s.append(f_row)
         bwd_s.append(b_row)
-        tpc_s.append(c_row)
+        tpc_s.append([n * per_layer_comm for n in layers_per_chunk[s]])
+    return fwd_s, bwd_s, tpc_s, [layers_per_chunk[s] for s in range(p.pp)]
 
-    return fwd_s, bwd_s, tpc_s, chunk_layers
+
+@dataclass(frozen=True)
+class _BlockTimes:
+    """One block's kernel seconds for one micro-batch on one rank (no communication, no host
+    floor): forward and backward (``fwd_s``, ``bwd_s``), its attention kernels alone
+    (``attn_f``, ``attn_b``), the attention half's share of the block (QKV, attention, output
+    projection: ``frac_f``, ``frac_b``), the logits' (``logit_f``, ``logit_b``), and the four
+    GEMMs a TP collective hides under with ``tp_comm_overlap`` (``beside``; empty without)."""
+
+    fwd_s: float
+    bwd_s: float
+    attn_f: float
+    attn_b: float
+    frac_f: float
+    frac_b: float
+    logit_f: float
+    logit_b: float
+    beside: tuple[float, ...]
+
+
+def _block_times(spec: LLMSpec, p: ParallelSpec, prof: ComputeProfile, kprof: ComputeProfile,
+                 attention: str, sequence_parallel: bool, tp_comm_overlap: bool) -> _BlockTimes:
+    """The block's kernels (:func:`block_kernels`) timed on ``kprof`` (the attention and
+    logits kernels on ``prof``: they keep their launch overhead)."""
+    m, t = spec.model, spec.training
+    blk = block_kernels(m, b=t.micro_batch_size, tp=p.tp, cp=p.cp, precision=t.precision,
+                        attention=attention, sequence_parallel=sequence_parallel, ep=p.ep)
+    blk_f, blk_b = kernels_time(kprof, blk), kernels_time(kprof, blk, backward=True)
+    attn = [k for k in blk if k.name.startswith("attention")]
+    half = [k for k in blk if k.name in ("qkv", "attn_out") or k.name.startswith("attention")]
+    logit = logits_kernels(m, b=t.micro_batch_size, tp=p.tp, cp=p.cp, precision=t.precision)
+    beside = tuple(kernels_time(kprof, [k]) for k in blk
+                   if k.name in ("qkv", "attn_out", "mlp_up", "mlp_down")) \
+        if tp_comm_overlap else ()
+    return _BlockTimes(
+        fwd_s=blk_f, bwd_s=blk_b, attn_f=kernels_time(prof, attn),
+        attn_b=kernels_time(prof, attn, backward=True),
+        frac_f=kernels_time(kprof, half) / blk_f if blk_f > 0 else 0.5,
+        frac_b=kernels_time(kprof, half, backward=True) / blk_b if blk_b > 0 else 0.5,
+        logit_f=kernels_time(prof, logit), logit_b=kernels_time(prof, logit, backward=True),
+        beside=beside)
+
+
+def _end_times(spec: LLMSpec, p: ParallelSpec, prof: ComputeProfile,
+               blk: _BlockTimes) -> dict[str, float]:
+    """Seconds of the embedding (first virtual stage) and the logits (last), forward and
+    backward (the logits' recomputed forward too under full recompute)."""
+    m, t = spec.model, spec.training
+    e = bytes_per_element("bf16" if t.precision == "fp8" else t.precision)
+    T = t.micro_batch_size * m.seq_len / p.cp
+    return {"embed_fwd_s": op_time(prof, flops=0, bytes_moved=2 * T * m.hidden_size * e),
+            "embed_bwd_s": op_time(prof, flops=0, bytes_moved=3 * T * m.hidden_size * e),
+            "logits_fwd_s": blk.logit_f,
+            "logits_bwd_s": blk.logit_b + (blk.logit_f if t.activation_recompute == "full"
+                                           else 0.0)}
+
+
+def _stage_detail(detail: dict, blk: _BlockTimes, ep_a2a: float, layer_f: float,
+                  layer_b: float, recompute_apart: bool) -> None:
+    """Append one stage's block times to ``detail`` (see :func:`pass_times`); with
+    ``recompute_apart`` a full recompute's forward is listed apart from the backward."""
+    layer_r = blk.fwd_s if recompute_apart else 0.0
+    for key, value in (("ep_a2a_s", ep_a2a), ("layer_attention_s", (blk.attn_f, blk.attn_b)),
+                       ("layer_attn_frac_f", blk.frac_f), ("layer_attn_frac_b", blk.frac_b),
+                       ("layer_fwd_s", layer_f), ("layer_recompute_s", layer_r),
+                       ("layer_bwd_s", layer_b - layer_r)):
+        detail.setdefault(key, []).append(value)
+
+
+def _chunk_passes(p: ParallelSpec, s: int, layers: list[int], layer_f: float, layer_b: float,
+                  ends: dict[str, float]) -> tuple[list[float], list[float]]:
+    """Forward and backward seconds of each chunk of stage ``s`` (``layers`` blocks each),
+    the first virtual stage with the embedding, the last with the logits."""
+    f_row, b_row = [], []
+    for c, n in enumerate(layers):
+        vs = c * p.pp + s
+        f, bw = n * layer_f, n * layer_b
+        if vs == 0:
+            f += ends["embed_fwd_s"]
+            bw += ends["embed_bwd_s"]
+        if vs == p.pp * p.vpp - 1:
+            f += ends["logits_fwd_s"]
+            bw += ends["logits_bwd_s"]
+        f_row.append(f)
+        b_row.append(bw)
+    return f_row, b_row
 
 
 def offload_plan_for(spec: LLMSpec, p: ParallelSpec, topo: Topology, prof: ComputeProfile,
