@@ -128,17 +128,7 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
     out = a2a("output_a2a_fwd", mats["output_fwd"], sent)
     if comp is not None and out is not None:
         out = codec("decompress output_a2a_fwd", [cm.decompress_fwd_s] * n, out)
-    rw_rs = None
-    if F[0, F_RW] > 0 and n > 1:
-        rw_rs = w.collective("reducescatter", ranks, float(F[0, F_RW]), name="rw_reducescatter",
-                             deps=fwd, stream="comm", category="rw_comm")
-    host_rs = {}
-    for h, members in enumerate(problem.hosts):
-        size = float(F[members[0], F_HRS])
-        if size > 0 and len(members) > 1:
-            host_rs[h] = w.collective("reducescatter", members, size, name=f"twrw_rs_h{h}",
-                                      deps=[fwd[r] for r in members], stream="comm",
-                                      category="rw_comm")
+    rw_rs, host_rs = _row_wise_collectives(w, problem, F, "reducescatter", fwd)
     top_fwd, top_bwd, bottom_bwd, bwd = [], [], [], []
     for r in ranks:
         got = out[r] if isinstance(out, list) else out     # a rank's own decompression
@@ -154,17 +144,7 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
                if packed else top_bwd)
     if packed and grad is not None:
         grad = codec("decompress output_a2a_bwd", codec_b, grad)
-    rw_ag = None
-    if F[0, F_RW] > 0 and n > 1:
-        rw_ag = w.collective("allgather", ranks, float(F[0, F_RW]), name="rw_allgather",
-                             deps=top_bwd, stream="comm", category="rw_comm")
-    host_ag = {}
-    for h, members in enumerate(problem.hosts):
-        size = float(F[members[0], F_HRS])
-        if size > 0 and len(members) > 1:
-            host_ag[h] = w.collective("allgather", members, size, name=f"twrw_ag_h{h}",
-                                      deps=[top_bwd[r] for r in members], stream="comm",
-                                      category="rw_comm")
+    rw_ag, host_ag = _row_wise_collectives(w, problem, F, "allgather", top_bwd)
     for r in ranks:
         bottom_bwd.append(dense(r, "bottom_mlp_bwd", "bottom", "bwd", 2 * fl["bottom"],
                                 [top_bwd[r]]) if fl["bottom"] else top_bwd[r])
@@ -190,6 +170,28 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
                       deps=[bwd[r]] + ([dense_ar] if dense_ar is not None else []),
                       category="optimizer")
     return w, mats
+
+
+def _row_wise_collectives(w: Workload, problem: Problem, F: np.ndarray, kind: str,
+                          after: list[int]) -> tuple[int | None, dict[int, int]]:
+    """The row-wise tables' collective of ``kind`` (the pooled partial sums reduce-scattered
+    forward, their gradients all-gathered backward) over every rank, and the table-row-wise
+    tables' over each host's ranks, each after its ranks' ops in ``after``: the global op id
+    (None without row-wise tables) and the per-host op ids."""
+    ranks = list(range(problem.devices))
+    short = {"reducescatter": "rs", "allgather": "ag"}[kind]
+    everywhere = None
+    if F[0, F_RW] > 0 and len(ranks) > 1:
+        everywhere = w.collective(kind, ranks, float(F[0, F_RW]), name=f"rw_{kind}",
+                                  deps=after, stream="comm", category="rw_comm")
+    per_host = {}
+    for h, members in enumerate(problem.hosts):
+        size = float(F[members[0], F_HRS])
+        if size > 0 and len(members) > 1:
+            per_host[h] = w.collective(kind, members, size, name=f"twrw_{short}_h{h}",
+                                       deps=[after[r] for r in members], stream="comm",
+                                       category="rw_comm")
+    return everywhere, per_host
 
 
 def simulate_step(problem: Problem, shardings: Sequence[TableSharding], *,

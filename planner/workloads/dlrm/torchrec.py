@@ -297,6 +297,39 @@ def _dense_op_time(op, compute, dtype: str, linear: LinearTable | None, fresh,
                    working_set=working_set) + fresh_alloc_s(op.out_bytes, fresh)
 
 
+def _dense_durations(problem, compute, dtype: str, dense_op_s: float,
+                     linear: LinearTable | None, fresh) -> dict[tuple[str, str], float]:
+    """Seconds per (block, phase) of the dense part op by op on the measured CPU ``compute``
+    (see :func:`build_torchrec_step_workload`)."""
+    cm, d = problem.cost, problem.model.dense
+    dims = [t.embedding_dim for t in problem.model.tables]
+    dense_ops = (dense_op_list(d, dims, cm.local_batch) if d is not None
+                 else weighted_sum_loss_ops(dims, cm.local_batch))
+    # the loss walks the pooled embeddings feature by feature: each slice comes from DRAM
+    walked: dict[str, float] = {}
+    for op in dense_ops if d is None else ():
+        walked[op.phase] = walked.get(op.phase, 0.0) + op.bytes
+    dur: dict[tuple[str, str], float] = {}
+    for op in dense_ops:
+        dur[(op.block, op.phase)] = (dur.get((op.block, op.phase), 0.0) + dense_op_s
+                                     + _dense_op_time(op, compute, dtype, linear, fresh,
+                                                      walked.get(op.phase)))
+    return dur
+
+
+def _add_collective(w: Workload, op: CommOp, deps) -> int:
+    """``op`` as a collective of ``w`` after ``deps``: an all-to-all with its byte matrix
+    (the bytes each rank keeps left out), the others by size; their categories and streams."""
+    if op.kind == "alltoall":
+        m = op.matrix.astype(float) * (1.0 - np.eye(len(op.group)))
+        return w.collective("alltoall", op.group, float(m.sum(axis=1).max()), name=op.name,
+                            splits=m, deps=deps, stream="comm", category="a2a")
+    cat = "dense_allreduce" if op.name.startswith("dense") else (
+        "dp_allreduce" if op.kind == "allreduce" else "rw_comm")
+    return w.collective(op.kind, op.group, float(op.size), name=op.name, deps=deps,
+                        stream="comm:dp" if op.kind == "allreduce" else "comm", category=cat)
+
+
 def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], ops: Sequence[CommOp],
                                  *, compute=None, host_s: Sequence[float] | None = None,
                                  dense_op_s: float = 0.0,
@@ -320,28 +353,16 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     profile's linear-layer GEMMs timed by shape, which price the dense part's GEMMs in place of
     the matmul curve where they cover them (their times hold the new output's allocation)."""
     cm = problem.cost
-    n = problem.devices
     F = cm.plan_features(shardings)
     d = problem.model.dense
     dtype = d.dtype if d is not None else "fp32"
     fl = mlp_flops(problem)
-    ranks = list(range(n))
+    ranks = list(range(problem.devices))
     w = Workload(name=f"dlrm-torchrec-step:{problem.model.name}")
     hbm = cm.hbm_Bps
     fixed_fwd, fixed_bwd = cm.call_s(F)          # each rank's fused lookup calls
-    dur: dict[tuple[str, str], float] = {}
-    if compute is not None:
-        dims = [t.embedding_dim for t in problem.model.tables]
-        dense_ops = (dense_op_list(d, dims, cm.local_batch) if d is not None
-                     else weighted_sum_loss_ops(dims, cm.local_batch))
-        # the loss walks the pooled embeddings feature by feature: each slice comes from DRAM
-        walked: dict[str, float] = {}
-        for op in dense_ops if d is None else ():
-            walked[op.phase] = walked.get(op.phase, 0.0) + op.bytes
-        for op in dense_ops:
-            dur[(op.block, op.phase)] = (dur.get((op.block, op.phase), 0.0) + dense_op_s
-                                         + _dense_op_time(op, compute, dtype, linear, fresh,
-                                                          walked.get(op.phase)))
+    dur = _dense_durations(problem, compute, dtype, dense_op_s, linear, fresh) \
+        if compute is not None else {}
     moves = pooled_moves(problem, shardings, compute, fresh, reorder)
 
     def mlp_op(r, name, block, phase, flops, deps=None):
@@ -355,17 +376,6 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
         host = [w.compute(r, "torchrec_host", duration_s=float(host_s[r]), category="host")
                 for r in ranks]
 
-    def coll(op: CommOp, deps) -> int:
-        if op.kind == "alltoall":
-            m = op.matrix.astype(float) * (1.0 - np.eye(len(op.group)))
-            return w.collective("alltoall", op.group, float(m.sum(axis=1).max()), name=op.name,
-                                splits=m, deps=deps, stream="comm", category="a2a")
-        cat = "dense_allreduce" if op.name.startswith("dense") else (
-            "dp_allreduce" if op.kind == "allreduce" else "rw_comm")
-        return w.collective(op.kind, op.group, float(op.size), name=op.name, deps=deps,
-                            stream="comm:dp" if op.kind == "allreduce" else "comm",
-                            category=cat)
-
     fwd_ops = [op for op in ops if op.phase == "fwd"]
     bwd_ops = [op for op in ops if op.phase == "bwd"]
     ids_ops = [op for op in fwd_ops if "pooled" not in op.name]
@@ -373,7 +383,7 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     last: int | None = None
     ids_done = []
     for op in ids_ops:
-        last = coll(op, [last] if last is not None else host)
+        last = _add_collective(w, op, [last] if last is not None else host)
         ids_done.append(last)
     bottom = [mlp_op(r, "bottom_mlp_fwd", "bottom", "fwd", fl["bottom"])
               if fl["bottom"] else None for r in ranks]
@@ -383,7 +393,7 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
                      category="emb_fwd") for r in ranks]
     outs = []
     for op in out_ops:
-        outs.append(coll(op, [fwd[r] for r in op.group] + outs[-1:]))
+        outs.append(_add_collective(w, op, [fwd[r] for r in op.group] + outs[-1:]))
     recat = [w.compute(r, "pooled_recat", duration_s=moves[r][1], deps=[fwd[r]] + outs,
                        category="emb_fwd") for r in ranks]
     top_fwd = [mlp_op(r, "interaction_top_mlp_fwd", "top", "fwd", fl["top"],
@@ -398,9 +408,9 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     grads, dense_ar = [], []
     for op in bwd_ops:
         if op.name.startswith("dense"):
-            dense_ar.append(coll(op, bottom_bwd + dense_ar[-1:]))
+            dense_ar.append(_add_collective(w, op, bottom_bwd + dense_ar[-1:]))
         elif not op.name.startswith("data-parallel"):
-            grads.append(coll(op, [top_bwd[r] for r in op.group] + grads[-1:]))
+            grads.append(_add_collective(w, op, [top_bwd[r] for r in op.group] + grads[-1:]))
     # measured profile: the autograd engine's order (the bottom MLP's nodes are newer than the
     # lookups', and the DDP hook's all-reduce blocks the backward thread), not any ready order
     after = dense_ar[-1:] if compute is not None else []
@@ -411,7 +421,7 @@ def build_torchrec_step_workload(problem, shardings: Sequence[TableSharding], op
     dp_ar: list[int] = []
     for op in bwd_ops:
         if op.name.startswith("data-parallel"):
-            dp_ar.append(coll(op, bwd + dp_ar[-1:]))
+            dp_ar.append(_add_collective(w, op, bwd + dp_ar[-1:]))
     return w
 
 
