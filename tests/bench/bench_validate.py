@@ -228,11 +228,8 @@ def main(argv=None) -> int:
 
     from simulator.gloo_profile import gloo_profile_from_dict
 
-    from planner.measure.validate.calibrate import (
-        GlooCalibration,
-        measure_gloo_raw,
-        profile_from_raw,
-    )
+    from planner.measure.validate.calibrate import GlooCalibration, measure_gloo_raw
+    from planner.measure.validate.calibrate_profile import profile_from_raw
     from planner.measure.validate.calibrate_summary import summary_lines
     from planner.measure.validate.dlrm_report import validate_dlrm
     from planner.measure.validate.load import OTHER_CORES_LIMIT, LoadMeter

@@ -11,12 +11,8 @@ import pytest
 
 from simulator.gloo_profile import gloo_profile_from_dict
 
-from planner.measure.validate.calibrate import (
-    GlooCalibration,
-    measure_gloo,
-    measure_gloo_raw,
-    profile_from_raw,
-)
+from planner.measure.validate.calibrate import GlooCalibration, measure_gloo, measure_gloo_raw
+from planner.measure.validate.calibrate_profile import profile_from_raw
 from planner.measure.validate.calibrate_dlrm import merge_torchrec
 from planner.measure.validate.dlrm_linear import linear_shapes
 from planner.measure.validate.runner import Pool

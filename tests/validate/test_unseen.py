@@ -8,8 +8,9 @@ import pytest
 from simulator.errors import SpecError
 from simulator.gloo_profile import _fresh_alloc
 
+from planner.machine import MMAP_THRESHOLD_BYTES
 from planner.measure.validate import cache
-from planner.measure.validate.calibrate import MMAP_THRESHOLD_BYTES, _fresh_section
+from planner.measure.validate.calibrate_profile import fresh_section
 from planner.measure.validate.unseen import MAX_STEPS, merge_rounds, steps_for
 from planner.measure.validate.unseen_family import (
     DIMS,
@@ -90,7 +91,7 @@ def test_fresh_allocation_section_and_cost():
     def rank(extra):
         rows = [(16.0 * 2 ** 20, 1e-3, 1e-3), (64.0 * 2 ** 20, 1e-3 + extra, 1e-3)]
         return {"compute": {0: {"fresh": rows}, 1: {"fresh": rows}}}
-    sec = _fresh_section([rank(0.02), rank(0.025)], rounds=2)
+    sec = fresh_section([rank(0.02), rank(0.025)], rounds=2)
     assert sec["threshold_bytes"] == MMAP_THRESHOLD_BYTES
     assert sec["points"][0][1] == 0.0
     assert sec["Bps"] == pytest.approx(64 * 2 ** 20 / 0.025, rel=1e-3)
