@@ -140,57 +140,14 @@ def _greedy(cat: Catalog, *, split: bool, parts, by_phase: bool, work: Work
             ) -> tuple[list, list[str]]:
     """One greedy plan: choices and notes; ``by_phase``: the split rule of
     :func:`_heavy_split`; ``work``: charged for every candidate plan priced."""
-    n = cat.n
-    cm = cat.cost
-    T = cat.model.num_tables
+    n, T = cat.n, cat.model.num_tables
     choices: list = [None] * T
     notes: list[str] = []
-    capmax = float(cat.cap.max())
-    forced_k: dict[int, int] = {}
-    for t in range(T):
-        if cat.tw(t)[F_MEM] <= capmax:
-            continue
-        ks = [k for k in cat.cw_parts(t, parts)
-              if cat.cw(t, k)[0][F_MEM] + cat.cw(t, k)[1][F_MEM] <= capmax]
-        if ks:
-            forced_k[t] = ks[0]
-            notes.append(f"{cat.model.tables[t].name}: {ks[0]} column parts (fits no single "
-                         "device)")
-        elif cat.can(t, ShardingType.ROW_WISE):
-            choices[t] = ("rw",)
-            notes.append(f"{cat.model.tables[t].name}: row-wise (fits no single device)")
+    forced_k = _forced_splits(cat, parts, choices, notes)
     F = cat.features(choices) + _table_wise_call(cat)
-    empty = _phase_max(cm, F)
-    one = np.zeros((T, n, cm.width))
-    for t in range(T):
-        one[t] = F
-        one[t, 0] += cat.tw(t)
-    standalone = _phase_max(cm, one) - empty            # (tables, phases)
-    work.spend(T * n)
-    free = [t for t in range(T) if choices[t] is None]
-    target = standalone[free].sum(axis=0) / n if free else np.zeros(len(BREAKDOWN_KEYS))
-    shared = np.zeros(len(BREAKDOWN_KEYS))     # per phase, what every rank carries (row-wise)
-    units: list[tuple[float, int, int]] = []
-    parts_of: dict[int, int] = {}
-    # costliest first: a table spread over every rank raises the load beside every other one
-    for t in sorted(free, key=lambda t: (-float(standalone[t].sum()), t)):
-        k, unit = forced_k.get(t, 1), float(standalone[t].sum())
-        own = standalone[t] + shared
-        heavy = np.any(own > target * (1 + 1e-9)) if by_phase else own.sum() > target.sum() > 0
-        if split and k == 1 and heavy:
-            k, unit, c, units_n = _heavy_split(cat, t, F, empty, standalone[t], target, shared,
-                                               parts, by_phase)
-            options = 2 + len(cat.cw_parts(t, parts))
-            work.spend(n * options, calls=options)
-            target = target + (units_n * c - standalone[t]) / n
-            if k == RW_UNIT:
-                shared = shared + c
-                # every rank now makes a row-wise call: the next spread's price excludes it
-                F = F + _call_mark(cat, ShardingType.ROW_WISE, t)
-                empty = _phase_max(cm, F)
-        parts_of[t] = k
-        units.extend([(unit, t, k)] * max(k, 1))
-    units.sort(key=lambda u: (-u[0], u[1]))
+    units, parts_of, F = _sized_units(cat, F, [t for t in range(T) if choices[t] is None],
+                                      forced_k, split=split, parts=parts, by_phase=by_phase,
+                                      work=work)
     hosts = len(cat.cost.hosts)
     placed = sum(1 for _, _, k in units if k not in (TWRW_UNIT, RW_UNIT))
     on_hosts = sum(k == TWRW_UNIT for _, _, k in units)
@@ -216,28 +173,12 @@ def _greedy(cat: Catalog, *, split: bool, parts, by_phase: bool, work: Work
                              "(over capacity)")
             continue
         if k == 1:
-            delta = np.broadcast_to(cat.tw(t), (n, cm.width))
+            delta = np.broadcast_to(cat.tw(t), (n, cat.cost.width))
         else:
             base, part = cat.cw(t, k)
             held = counts.setdefault(t, np.zeros(n, dtype=int)) > 0
             delta = part[None, :] + (~held)[:, None] * base[None, :]
-        room = F[:, F_MEM] + delta[:, F_MEM] <= cat.cap
-        cands = np.flatnonzero(room)
-        if cands.size == 0:
-            d = int(np.argmax(cat.cap - F[:, F_MEM]))
-            notes.append(f"{cat.model.tables[t].name}: no rank has room; put on rank {d} "
-                         "(over capacity)")
-        else:
-            if cands.size > short:
-                work.spend(n)
-                now = cm.rank_costs(F)[cands]
-                cands = np.sort(cands[np.lexsort((cands, now))[:short]])
-            work.spend(cands.size * n)
-            Fc = np.repeat(F[None], cands.size, axis=0)
-            Fc[np.arange(cands.size), cands] += delta[cands]
-            worst, spread = step_scores(cm, Fc)
-            order = np.lexsort((cands, spread, worst))
-            d = int(cands[order[0]])
+        d = _best_rank(cat, t, F, delta, short, work, notes)
         F = F.copy()
         F[d] += delta[d]
         if k == 1:
@@ -247,6 +188,92 @@ def _greedy(cat: Catalog, *, split: bool, parts, by_phase: bool, work: Work
     for t, c in counts.items():
         choices[t] = cat.normalise(("cw", parts_of[t], tuple(int(x) for x in c)))
     return choices, notes
+
+
+def _forced_splits(cat: Catalog, parts, choices: list, notes: list[str]) -> dict[int, int]:
+    """Tables that fit no single device: the fewest column parts that fit (table -> parts),
+    else row-wise (set in ``choices``); each noted."""
+    capmax = float(cat.cap.max())
+    forced_k: dict[int, int] = {}
+    for t in range(cat.model.num_tables):
+        if cat.tw(t)[F_MEM] <= capmax:
+            continue
+        ks = [k for k in cat.cw_parts(t, parts)
+              if cat.cw(t, k)[0][F_MEM] + cat.cw(t, k)[1][F_MEM] <= capmax]
+        if ks:
+            forced_k[t] = ks[0]
+            notes.append(f"{cat.model.tables[t].name}: {ks[0]} column parts (fits no single "
+                         "device)")
+        elif cat.can(t, ShardingType.ROW_WISE):
+            choices[t] = ("rw",)
+            notes.append(f"{cat.model.tables[t].name}: row-wise (fits no single device)")
+    return forced_k
+
+
+def _sized_units(cat: Catalog, F: np.ndarray, free: list[int], forced_k: dict[int, int], *,
+                 split: bool, parts, by_phase: bool, work: Work
+                 ) -> tuple[list[tuple[float, int, int]], dict[int, int], np.ndarray]:
+    """The units to place, costliest first: ``(cost, table, parts)`` per unit (``parts``
+    units of a column-split table; one of a table placed whole, row-wise or on a host), the
+    parts per table, and ``F`` with the row-wise tables' lookup calls marked. A table heavier
+    than a rank's fair share (every phase's with ``by_phase``, the total's otherwise) is split
+    by :func:`_heavy_split` when ``split``."""
+    n, cm = cat.n, cat.cost
+    empty = _phase_max(cm, F)
+    one = np.zeros((cat.model.num_tables, n, cm.width))
+    for t in range(cat.model.num_tables):
+        one[t] = F
+        one[t, 0] += cat.tw(t)
+    standalone = _phase_max(cm, one) - empty            # (tables, phases)
+    work.spend(cat.model.num_tables * n)
+    target = standalone[free].sum(axis=0) / n if free else np.zeros(len(BREAKDOWN_KEYS))
+    shared = np.zeros(len(BREAKDOWN_KEYS))     # per phase, what every rank carries (row-wise)
+    units: list[tuple[float, int, int]] = []
+    parts_of: dict[int, int] = {}
+    # costliest first: a table spread over every rank raises the load beside every other one
+    for t in sorted(free, key=lambda t: (-float(standalone[t].sum()), t)):
+        k, unit = forced_k.get(t, 1), float(standalone[t].sum())
+        own = standalone[t] + shared
+        heavy = np.any(own > target * (1 + 1e-9)) if by_phase else own.sum() > target.sum() > 0
+        if split and k == 1 and heavy:
+            k, unit, c, units_n = _heavy_split(cat, t, F, empty, standalone[t], target, shared,
+                                               parts, by_phase)
+            options = 2 + len(cat.cw_parts(t, parts))
+            work.spend(n * options, calls=options)
+            target = target + (units_n * c - standalone[t]) / n
+            if k == RW_UNIT:
+                shared = shared + c
+                # every rank now makes a row-wise call: the next spread's price excludes it
+                F = F + _call_mark(cat, ShardingType.ROW_WISE, t)
+                empty = _phase_max(cm, F)
+        parts_of[t] = k
+        units.extend([(unit, t, k)] * max(k, 1))
+    units.sort(key=lambda u: (-u[0], u[1]))
+    return units, parts_of, F
+
+
+def _best_rank(cat: Catalog, t: int, F: np.ndarray, delta: np.ndarray, short: int, work: Work,
+               notes: list[str]) -> int:
+    """The rank that takes one unit of table ``t`` (``delta``: the features it adds per
+    rank): of the ranks with room (the ``short`` least loaded of them), the one whose plan
+    has the lowest slowest rank, then the smallest spread; the roomiest rank, noted, when
+    none has room."""
+    cands = np.flatnonzero(F[:, F_MEM] + delta[:, F_MEM] <= cat.cap)
+    if cands.size == 0:
+        d = int(np.argmax(cat.cap - F[:, F_MEM]))
+        notes.append(f"{cat.model.tables[t].name}: no rank has room; put on rank {d} "
+                     "(over capacity)")
+        return d
+    cm = cat.cost
+    if cands.size > short:
+        work.spend(cat.n)
+        now = cm.rank_costs(F)[cands]
+        cands = np.sort(cands[np.lexsort((cands, now))[:short]])
+    work.spend(cands.size * cat.n)
+    Fc = np.repeat(F[None], cands.size, axis=0)
+    Fc[np.arange(cands.size), cands] += delta[cands]
+    worst, spread = step_scores(cm, Fc)
+    return int(cands[np.lexsort((cands, spread, worst))[0]])
 
 
 def _table_wise_call(cat: Catalog) -> np.ndarray:
