@@ -115,25 +115,62 @@ def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8
 
     On a multi-building topology the placement order is searched too (ScaleAcross): PP
     outermost (``tp-cp-dp-pp``: pipeline stages split across buildings) or DP outermost
-    (``tp-cp-pp-dp``: replicas per building, gradients reduced across); with more buildings than
-    pipeline stages both cross ("mixed"). ``stats["scale_across"]`` reports every crossing axis,
-    the pipeline stages held in each building, and the gain of the best layout over the baseline "DP across buildings, default
-    1F1B schedule" (the best simulated layout with DP outermost and vpp = 1).
+    (``tp-cp-pp-dp``: replicas per building, gradients reduced across); with more buildings
+    than pipeline stages both cross ("mixed"). ``stats["scale_across"]`` reports every
+    crossing axis, the pipeline stages held in each building, and the gain of the best layout
+    over the baseline "DP across buildings, default 1F1B schedule" (the best simulated layout
+    with DP outermost and vpp = 1).
     """
     buildings = int(topo.params.get("buildings", 1) or 1)
     if orders is None:
         orders = ("tp-cp-dp-pp", "tp-cp-pp-dp") if buildings > 1 else ("tp-cp-dp-pp",)
     t0 = time.perf_counter()
-    prof = load_compute_profile(topo.gpu)
-    cache: dict = {}
     stats = {"enumerated": 0, "invalid": 0, "excluded": 0, "out_of_memory": 0, "estimated": 0,
              "simulated": 0}
-    cands: list[Candidate] = []
-    layouts = enumerate_layouts(spec, topo.num_gpus, topo.gpus_per_node)
     swapping = spec.training.offload is not None
     if swapping:                       # each layout without the swap: MEMO's baseline
         spec = replace(spec, training=replace(spec.training, offload=None,
                                               activation_recompute="full"))
+    cands = _estimated(spec, topo, orders, allow, stats, swapping=swapping)
+    if not cands:
+        raise SpecError(f"no layout of {spec.model.name} fits on {topo.num_gpus} × {topo.gpu.name}"
+                        f" ({stats['out_of_memory']} out of memory, {stats['invalid']} invalid, "
+                        f"{stats['excluded']} excluded by constraints)",
+                        source=spec.source, field="training",
+                        fix="add GPUs (--gpus), enable activation_recompute, or lower the batch")
+    cands.sort(key=lambda c: (c.estimate_s, c.parallel.tp, c.parallel.pp, c.micro_batch_size,
+                              c.parallel.fsdp, c.order))
+    chosen = cands[:simulate_top]
+    baseline = None
+    if buildings > 1:
+        base = [c for c in cands if c.crossing_axis == "dp" and c.parallel.vpp == 1]
+        baseline = base[0] if base else None
+        if baseline is not None and baseline not in chosen:
+            chosen.append(baseline)
+    sims: dict[Candidate, LLMResult] = {}
+    for c in track(chosen, len(chosen), f"simulating {len(chosen)} layouts"):
+        s = replace(spec, training=replace(spec.training, micro_batch_size=c.micro_batch_size))
+        if c.offload:
+            s = _with_offload(s)
+        sims[c] = simulate_llm(s, c.parallel, topo, order=c.order,
+                               schedule_name="interleaved" if c.parallel.vpp > 1 else "1f1b")
+        stats["simulated"] += 1
+    results = sorted(sims.values(), key=lambda r: r.step_time_s)
+    if baseline is not None:
+        stats["scale_across"] = _scale_across(results[0], baseline, sims[baseline], topo)
+    stats["wall_s"] = time.perf_counter() - t0
+    return results[:top], stats
+
+
+def _estimated(spec: LLMSpec, topo: Topology, orders: tuple[str, ...], allow, stats: dict, *,
+               swapping: bool) -> list[Candidate]:
+    """Every layout and micro-batch that is valid, allowed and fits memory, in each allowed
+    placement order, with its estimated step time (:func:`_estimate`); with ``swapping``
+    also its MEMO swap candidate where one applies. ``stats`` counts what was left out why."""
+    prof = load_compute_profile(topo.gpu)
+    cache: dict = {}
+    cands: list[Candidate] = []
+    layouts = enumerate_layouts(spec, topo.num_gpus, topo.gpus_per_node)
     for par, mbs in track(layouts, None, f"plan {spec.model.name}: layouts enumerated"):
         stats["enumerated"] += 1
         if spec.training.documents is not None and mbs != 1:
@@ -166,49 +203,28 @@ def search(spec: LLMSpec, topo: Topology, *, top: int = 5, simulate_top: int = 8
             cands.append(Candidate(p, mbs, _estimate(s, p, topo, prof, cache, order),
                                    mem.total_bytes, order))
             stats["estimated"] += 1
-    if not cands:
-        raise SpecError(f"no layout of {spec.model.name} fits on {topo.num_gpus} × {topo.gpu.name}"
-                        f" ({stats['out_of_memory']} out of memory, {stats['invalid']} invalid, "
-                        f"{stats['excluded']} excluded by constraints)",
-                        source=spec.source, field="training",
-                        fix="add GPUs (--gpus), enable activation_recompute, or lower the batch")
-    cands.sort(key=lambda c: (c.estimate_s, c.parallel.tp, c.parallel.pp, c.micro_batch_size,
-                              c.parallel.fsdp, c.order))
-    chosen = cands[:simulate_top]
-    baseline = None
-    if buildings > 1:
-        base = [c for c in cands if c.crossing_axis == "dp" and c.parallel.vpp == 1]
-        baseline = base[0] if base else None
-        if baseline is not None and baseline not in chosen:
-            chosen.append(baseline)
-    sims: dict[Candidate, LLMResult] = {}
-    for c in track(chosen, len(chosen), f"simulating {len(chosen)} layouts"):
-        s = replace(spec, training=replace(spec.training, micro_batch_size=c.micro_batch_size))
-        if c.offload:
-            s = _with_offload(s)
-        sims[c] = simulate_llm(s, c.parallel, topo, order=c.order,
-                               schedule_name="interleaved" if c.parallel.vpp > 1 else "1f1b")
-        stats["simulated"] += 1
-    results = sorted(sims.values(), key=lambda r: r.step_time_s)
-    if baseline is not None:
-        best, base_res = results[0], sims[baseline]
-        axes = crossing_axes(best.plan.layout, topo)
-        stats["scale_across"] = {
-            "buildings": buildings,
-            "crossing_axis": _crossing(best.plan.layout.order, best.parallel),
-            "crossing_axes": axes,
-            "placement": "mixed" if len(axes) > 1 else (f"{axes[0]} across" if axes else
-                                                         "inside one building"),
-            "stages_per_building": stages_per_building(best.plan.layout, topo),
-            "step_time_s": best.step_time_s,
-            "baseline": "DP across buildings, 1F1B, best such layout",
-            "baseline_step_time_s": base_res.step_time_s,
-            "baseline_parallel": {k: getattr(baseline.parallel, k)
-                                  for k in ("tp", "cp", "pp", "dp", "vpp", "fsdp", "ep")},
-            "gain": base_res.step_time_s / best.step_time_s - 1,
-        }
-    stats["wall_s"] = time.perf_counter() - t0
-    return results[:top], stats
+    return cands
+
+
+def _scale_across(best: LLMResult, baseline: Candidate, base_res: LLMResult,
+                  topo: Topology) -> dict:
+    """``stats["scale_across"]`` of :func:`search`: where the best layout crosses buildings
+    and its gain over the baseline (DP across buildings, 1F1B)."""
+    axes = crossing_axes(best.plan.layout, topo)
+    return {
+        "buildings": int(topo.params.get("buildings", 1) or 1),
+        "crossing_axis": _crossing(best.plan.layout.order, best.parallel),
+        "crossing_axes": axes,
+        "placement": "mixed" if len(axes) > 1 else (f"{axes[0]} across" if axes else
+                                                     "inside one building"),
+        "stages_per_building": stages_per_building(best.plan.layout, topo),
+        "step_time_s": best.step_time_s,
+        "baseline": "DP across buildings, 1F1B, best such layout",
+        "baseline_step_time_s": base_res.step_time_s,
+        "baseline_parallel": {k: getattr(baseline.parallel, k)
+                              for k in ("tp", "cp", "pp", "dp", "vpp", "fsdp", "ep")},
+        "gain": base_res.step_time_s / best.step_time_s - 1,
+    }
 
 
 def _can_offload(spec: LLMSpec, p: ParallelSpec, topo: Topology) -> bool:
@@ -239,7 +255,8 @@ def _offload_candidate(spec: LLMSpec, p: ParallelSpec, topo: Topology, prof, cac
                      offload=True)
 
 
-def _estimate(spec: LLMSpec, p: ParallelSpec, topo: Topology, prof, cache: dict, order: str) -> float:
+def _estimate(spec: LLMSpec, p: ParallelSpec, topo: Topology, prof, cache: dict,
+              order: str) -> float:
     lay = Layout(p.tp, p.cp, p.dp, p.pp, order)
     fwd, bwd, _, chunks = pass_times(spec, p, topo, lay, prof, cache)
     w = max(sum(f) + sum(b) for f, b in zip(fwd, bwd))
