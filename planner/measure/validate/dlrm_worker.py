@@ -216,13 +216,57 @@ def _host_probe(dist, rank: int, progress) -> list[float]:
         progress.end(rank)
 
 
-def run_rank(rank: int, cfg, rdzv: str, progress, report, state: dict) -> dict:
+def _hook_ddps(ddps: list, dist, torch, tap, world: int) -> None:
+    """Make each DDP bucket's all-reduce a blocking, recorded call tagged ``dense`` (the
+    dense model's) or ``dp-tables`` (a data-parallel lookup's), so the recorded time is the
+    all-reduce's (DDP waits on the future)."""
+    def hook(tag, bucket):
+        buf = bucket.buffer()
+        tap.tag = tag
+        try:
+            dist.all_reduce(buf)
+        finally:
+            tap.tag = ""
+        fut = torch.futures.Future()
+        fut.set_result(buf.div_(world))
+        return fut
+    for ddp in ddps:
+        dense = type(ddp.module).__name__ == "DLRM"      # else a data-parallel lookup
+        ddp.register_comm_hook("dense" if dense else "dp-tables", hook)
+
+
+def _local_batch(cfg, rank: int, step: int, torch, KeyedJaggedTensor):
+    """This rank's share of ``step``'s seeded batch (:func:`step_batch`): dense features,
+    the ids as a ``KeyedJaggedTensor``, and the loss's random coefficients per table."""
+    m, B = cfg.model, cfg.local_batch
+    lo, hi = rank * B, (rank + 1) * B
+    lengths, ids = step_batch(cfg, step)
+    ls, vs = [], []
+    for ln, x in zip(lengths, ids):
+        off = [0, *ln.cumsum().tolist()]
+        ls.append(torch.from_numpy(ln[lo:hi].copy()))
+        vs.append(torch.from_numpy(x[off[lo]:off[hi]].copy()))
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=[f"f_{t.name}" for t in m.tables],
+                                              values=torch.cat(vs), lengths=torch.cat(ls))
+    g = torch.Generator().manual_seed(cfg.seed * 31 + step * 977 + rank)
+    nd = m.dense.num_dense_features if m.dense is not None else 1
+    coef = [torch.randn(B, t.embedding_dim, generator=g) for t in m.tables]
+    return torch.randn(B, nd, generator=g), kjt, coef
+
+
+def _quiet_process(rank: int, local_world: int) -> None:
+    """Silence TorchRec's warnings and logs in this rank's process, and set the local rank
+    and world size TorchRec reads from the environment."""
     warnings.simplefilter("ignore")
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     # TorchRec 1.8 asks torch.fx whether it is tracing, which logs a deprecation per process
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
-    os.environ["LOCAL_WORLD_SIZE"] = str(cfg.local_world)
-    os.environ["LOCAL_RANK"] = str(rank % cfg.local_world)
+    os.environ["LOCAL_WORLD_SIZE"] = str(local_world)
+    os.environ["LOCAL_RANK"] = str(rank % local_world)
+
+
+def run_rank(rank: int, cfg, rdzv: str, progress, report, state: dict) -> dict:
+    _quiet_process(rank, cfg.local_world)
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -260,40 +304,11 @@ def run_rank(rank: int, cfg, rdzv: str, progress, report, state: dict) -> dict:
         # the DDPs reduce in C++: a hook makes each bucket's all-reduce a recorded call
         ddps = _ddps(model, nn)
         pin_main_thread(rank)          # TorchRec's groups (and their gloo threads) exist now
-        world = cfg.world
-
-        def hook(tag, bucket):
-            # blocking, so the recorded time is the all-reduce's (DDP waits on the future)
-            buf = bucket.buffer()
-            tap.tag = tag
-            try:
-                dist.all_reduce(buf)
-            finally:
-                tap.tag = ""
-            fut = torch.futures.Future()
-            fut.set_result(buf.div_(world))
-            return fut
-        for ddp in ddps:
-            dense = type(ddp.module).__name__ == "DLRM"      # else a data-parallel lookup
-            ddp.register_comm_hook("dense" if dense else "dp-tables", hook)
-        B = cfg.local_batch
-        lo, hi = rank * B, (rank + 1) * B
+        _hook_ddps(ddps, dist, torch, tap, cfg.world)
         params = [p for p in model.parameters() if p.requires_grad]
-        keys = [f"f_{t.name}" for t in m.tables]
 
         def batch(step: int):
-            lengths, ids = step_batch(cfg, step)
-            ls, vs = [], []
-            for ln, x in zip(lengths, ids):
-                off = [0, *ln.cumsum().tolist()]
-                ls.append(torch.from_numpy(ln[lo:hi].copy()))
-                vs.append(torch.from_numpy(x[off[lo]:off[hi]].copy()))
-            kjt = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.cat(vs),
-                                                      lengths=torch.cat(ls))
-            g = torch.Generator().manual_seed(cfg.seed * 31 + step * 977 + rank)
-            nd = m.dense.num_dense_features if m.dense is not None else 1
-            coef = [torch.randn(B, t.embedding_dim, generator=g) for t in m.tables]
-            return torch.randn(B, nd, generator=g), kjt, coef
+            return _local_batch(cfg, rank, step, torch, KeyedJaggedTensor)
 
         # inputs are made before the timed steps, as a data loader prefetches them (the
         # dense features' randn alone took ~2 ms of an 80 ms step); the same batches as before
