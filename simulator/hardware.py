@@ -130,41 +130,12 @@ def gpu_spec_from_dict(name: str, mapping: Mapping[str, Any], *, source: str | N
     def path(sub: str) -> str:
         return f"{field}.{sub}" if field else sub
 
-    if not isinstance(name, str) or not name.strip():
-        raise SpecError(f"GPU name must be a non-empty string, got {name!r}", source=source,
-                        field=path("name"), fix="write e.g. name: my-gpu")
-    if not isinstance(mapping, Mapping):
-        raise SpecError(f"expected a mapping of GPU fields, got {mapping!r}", source=source,
-                        field=field, fix="write peak_flops, hbm_bytes, hbm_bandwidth, ...")
-    unknown = sorted(str(k) for k in mapping if k not in _FIELDS)
-    if unknown:
-        raise SpecError(f"unknown field {unknown[0]!r}", source=source, field=path(unknown[0]),
-                        fix=f"use only: {', '.join(sorted(_FIELDS))}")
-    for required in ("peak_flops", "hbm_bytes", "hbm_bandwidth"):
-        if mapping.get(required) is None:
-            raise SpecError("missing field", source=source, field=path(required),
-                            fix=f"add {required}: (see {CATALOG_SOURCE} for examples)")
-
+    _check_fields(name, mapping, source, field, path)
     vendor = mapping.get("vendor_name", name)
     if not isinstance(vendor, str):
         raise SpecError(f"expected a string, got {vendor!r}", source=source,
                         field=path("vendor_name"), fix="write the marketing name as text")
-
-    raw_peaks = mapping["peak_flops"]
-    if not isinstance(raw_peaks, Mapping) or not raw_peaks:
-        raise SpecError(f"expected a mapping dtype → FLOP/s, got {raw_peaks!r}", source=source,
-                        field=path("peak_flops"),
-                        fix="write e.g. peak_flops: {bf16: 989.4 TFLOP/s}")
-    peaks: dict[str, float] = {}
-    for dtype, value in raw_peaks.items():
-        fp = path(f"peak_flops.{dtype}")
-        if dtype not in DTYPES:
-            raise SpecError(f"unknown dtype {dtype!r}", source=source, field=fp,
-                            fix=f"use one of: {', '.join(DTYPES)}")
-        try:
-            peaks[dtype] = parse_flops(value)
-        except SpecError as exc:
-            raise _located(exc, source, fp) from None
+    peaks = _peaks(mapping["peak_flops"], source, path)
 
     def quantity(key: str, parse, **kw) -> Any:
         try:
@@ -182,7 +153,53 @@ def gpu_spec_from_dict(name: str, mapping: Mapping[str, Any], *, source: str | N
     tdp = mapping.get("tdp_watts")
     tdp_w = None if tdp is None else _num(tdp, source=source, field=path("tdp_watts"),
                                           minimum_exclusive=True)
+    sources = _sources(mapping, peaks, source, path, require=require_sources)
+    return GPUSpec(name=name, vendor_name=vendor, peak_flops=peaks, hbm_bytes=hbm_bytes,
+                   hbm_bandwidth_Bps=hbm_bw, nvlink_bandwidth_Bps=nvlink_bw, tdp_watts=tdp_w,
+                   sources=sources)
 
+
+def _check_fields(name, mapping, source: str | None, field: str | None, path) -> None:
+    """A GPU's name is text, its mapping has only known fields and every required one."""
+    if not isinstance(name, str) or not name.strip():
+        raise SpecError(f"GPU name must be a non-empty string, got {name!r}", source=source,
+                        field=path("name"), fix="write e.g. name: my-gpu")
+    if not isinstance(mapping, Mapping):
+        raise SpecError(f"expected a mapping of GPU fields, got {mapping!r}", source=source,
+                        field=field, fix="write peak_flops, hbm_bytes, hbm_bandwidth, ...")
+    unknown = sorted(str(k) for k in mapping if k not in _FIELDS)
+    if unknown:
+        raise SpecError(f"unknown field {unknown[0]!r}", source=source, field=path(unknown[0]),
+                        fix=f"use only: {', '.join(sorted(_FIELDS))}")
+    for required in ("peak_flops", "hbm_bytes", "hbm_bandwidth"):
+        if mapping.get(required) is None:
+            raise SpecError("missing field", source=source, field=path(required),
+                            fix=f"add {required}: (see {CATALOG_SOURCE} for examples)")
+
+
+def _peaks(raw_peaks, source: str | None, path) -> dict[str, float]:
+    """``peak_flops``: FLOP/s per dtype."""
+    if not isinstance(raw_peaks, Mapping) or not raw_peaks:
+        raise SpecError(f"expected a mapping dtype → FLOP/s, got {raw_peaks!r}", source=source,
+                        field=path("peak_flops"),
+                        fix="write e.g. peak_flops: {bf16: 989.4 TFLOP/s}")
+    peaks: dict[str, float] = {}
+    for dtype, value in raw_peaks.items():
+        fp = path(f"peak_flops.{dtype}")
+        if dtype not in DTYPES:
+            raise SpecError(f"unknown dtype {dtype!r}", source=source, field=fp,
+                            fix=f"use one of: {', '.join(DTYPES)}")
+        try:
+            peaks[dtype] = parse_flops(value)
+        except SpecError as exc:
+            raise _located(exc, source, fp) from None
+    return peaks
+
+
+def _sources(mapping, peaks: dict[str, float], source: str | None, path, *,
+             require: bool) -> dict[str, str]:
+    """``sources``: field → where its number comes from; with ``require`` every number
+    given (each dtype's peak, or ``peak_flops`` for all) must have one."""
     raw_sources = mapping.get("sources") or {}
     if not isinstance(raw_sources, Mapping):
         raise SpecError(f"expected a mapping field → source text, got {raw_sources!r}",
@@ -194,8 +211,7 @@ def gpu_spec_from_dict(name: str, mapping: Mapping[str, Any], *, source: str | N
             raise SpecError(f"source must be non-empty text, got {text!r}", source=source,
                             field=path(f"sources.{key}"), fix="name the datasheet or measurement")
         sources[str(key)] = text.strip()
-
-    if require_sources:
+    if require:
         needed = [f"peak_flops.{d}" for d in peaks]
         needed += [k for k in _NUMBER_FIELDS if mapping.get(k) is not None]
         for key in needed:
@@ -203,10 +219,7 @@ def gpu_spec_from_dict(name: str, mapping: Mapping[str, Any], *, source: str | N
                 raise SpecError(f"no source for {key}", source=source, field=path("sources"),
                                 fix=f"add sources.{key} (or sources.{key.split('.')[0]}) naming "
                                     "the datasheet or measurement")
-
-    return GPUSpec(name=name, vendor_name=vendor, peak_flops=peaks, hbm_bytes=hbm_bytes,
-                   hbm_bandwidth_Bps=hbm_bw, nvlink_bandwidth_Bps=nvlink_bw, tdp_watts=tdp_w,
-                   sources=sources)
+    return sources
 
 
 @functools.cache
