@@ -316,6 +316,58 @@ def read_chakra_json(paths: Sequence[str | Path]) -> list[list[dict]]:
     return ranks
 
 
+def _compute_op(w: Workload, r: int, n: dict, t: str, name: str, deps: list[int],
+                path: Path) -> int:
+    """A compute (or memory, metadata) node of rank ``r`` as an op: its measured
+    ``durationMicros`` when it has one, else its FLOPs and bytes (``num_ops``,
+    ``tensor_size``), else nothing."""
+    a = _attrs(n)
+    dur = n.get("durationMicros")
+    if dur is not None and t != "METADATA_NODE":
+        return w.compute(r, name, duration_s=_int(dur, path, "durationMicros") * 1e-6,
+                         deps=deps)
+    return w.compute(r, name, flops=float(_int(a.get("num_ops", 0) or 0, path, "num_ops")),
+                     bytes_moved=float(_int(a.get("tensor_size", 0) or 0, path, "tensor_size")),
+                     deps=deps, duration_s=None if a.get("num_ops") or a.get("tensor_size")
+                     else 0.0)
+
+
+def _comm_call(n: dict, t: str, nid: int, r: int, world: int, groups: dict[str, list[int]],
+               path: Path) -> tuple[tuple, tuple, str, float]:
+    """A communication node of rank ``r``: the key that matches it with its peers' nodes,
+    its members, its kind (a collective's, or ``p2p``) and its size (bytes, the simulator's
+    convention: an all-gather's full output)."""
+    a = _attrs(n)
+
+    def size() -> float:
+        return float(_int(a.get("comm_size", 0) or 0, path, "comm_size"))
+    if t != "COMM_COLL_NODE":                      # send / recv
+        src = _int(a.get("comm_src"), path, f"node {nid}.comm_src")
+        dst = _int(a.get("comm_dst"), path, f"node {nid}.comm_dst")
+        return ("p2p", src, dst, a.get("comm_tag", 0)), (src, dst), "p2p", size()
+    ctype = _int(a.get("comm_type"), path, f"node {nid}.comm_type")
+    kind = CHAKRA_COLLECTIVES.get(ctype)
+    if kind is None:
+        raise SpecError(f"node {nid}: collective type {ctype} is not simulated",
+                        source=str(path), field="comm_type",
+                        fix="use ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, "
+                            "ALL_TO_ALL, BROADCAST or BARRIER")
+    pg = str(a.get("pg_name") or "")
+    members = tuple(range(world)) if pg in ("", "0") and pg not in groups \
+        else tuple(groups.get(pg, ()))
+    if not members:
+        raise SpecError(f"node {nid}: process group {pg!r} is not in the comm "
+                        "groups", source=str(path), field="pg_name",
+                        fix="pass --comm-groups FILE ({\"1\": [0, 1, ...]})")
+    if r not in members:
+        raise SpecError(f"node {nid}: rank {r} is not in process group {pg!r} "
+                        f"(ranks {list(members)})", source=str(path), field="pg_name",
+                        fix="check the comm groups file against the traces")
+    # the simulator's all-gather size is the full output buffer
+    return (("coll", kind, members), members, kind,
+            size() * (len(members) if kind == "allgather" else 1))
+
+
 def chakra_workload(paths: Sequence[str | Path], *, groups: dict[str, list[int]] | None = None
                     ) -> Workload:
     """The op graph of per-rank Chakra JSON views (``groups``: ``pg_name`` → ranks)."""
@@ -349,56 +401,14 @@ def chakra_workload(paths: Sequence[str | Path], *, groups: dict[str, list[int]]
                 t = n.get("type", "COMP_NODE")
                 t = {4: "COMP_NODE", 5: "COMM_SEND_NODE", 6: "COMM_RECV_NODE",
                      7: "COMM_COLL_NODE", 1: "METADATA_NODE"}.get(t, t)
-                a = _attrs(n)
                 name = str(n.get("name", f"node{nid}"))
                 if t in ("COMP_NODE", "MEM_LOAD_NODE", "MEM_STORE_NODE", "METADATA_NODE",
                          "INVALID_NODE"):
-                    dur = n.get("durationMicros")
-                    if dur is not None and t != "METADATA_NODE":
-                        op = w.compute(r, name, duration_s=_int(dur, path, "durationMicros")
-                                       * 1e-6, deps=deps)
-                    else:
-                        op = w.compute(r, name, flops=float(_int(a.get("num_ops", 0) or 0, path,
-                                                                  "num_ops")),
-                                       bytes_moved=float(_int(a.get("tensor_size", 0) or 0,
-                                                              path, "tensor_size")),
-                                       deps=deps, duration_s=None if a.get("num_ops") or
-                                       a.get("tensor_size") else 0.0)
-                    done[(r, nid)] = op
+                    done[(r, nid)] = _compute_op(w, r, n, t, name, deps, path)
                     ptr[r] += 1
                     progressed = True
                     continue
-                if t == "COMM_COLL_NODE":
-                    ctype = _int(a.get("comm_type"), path, f"node {nid}.comm_type")
-                    kind = CHAKRA_COLLECTIVES.get(ctype)
-                    if kind is None:
-                        raise SpecError(f"node {nid}: collective type {ctype} is not simulated",
-                                        source=str(path), field="comm_type",
-                                        fix="use ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, "
-                                            "ALL_TO_ALL, BROADCAST or BARRIER")
-                    pg = str(a.get("pg_name") or "")
-                    members = tuple(range(world)) if pg in ("", "0") and pg not in groups \
-                        else tuple(groups.get(pg, ()))
-                    if not members:
-                        raise SpecError(f"node {nid}: process group {pg!r} is not in the comm "
-                                        "groups", source=str(path), field="pg_name",
-                                        fix="pass --comm-groups FILE ({\"1\": [0, 1, ...]})")
-                    if r not in members:
-                        raise SpecError(f"node {nid}: rank {r} is not in process group {pg!r} "
-                                        f"(ranks {list(members)})", source=str(path),
-                                        field="pg_name",
-                                        fix="check the comm groups file against the traces")
-                    size = float(_int(a.get("comm_size", 0) or 0, path, "comm_size"))
-                    if kind == "allgather":
-                        size *= len(members)          # simulator: the full output buffer
-                    key = ("coll", kind, members)
-                else:                                  # send / recv
-                    src = _int(a.get("comm_src"), path, f"node {nid}.comm_src")
-                    dst = _int(a.get("comm_dst"), path, f"node {nid}.comm_dst")
-                    tag = a.get("comm_tag", 0)
-                    members, kind = (src, dst), "p2p"
-                    size = float(_int(a.get("comm_size", 0) or 0, path, "comm_size"))
-                    key = ("p2p", src, dst, tag)
+                key, members, kind, size = _comm_call(n, t, nid, r, world, groups, path)
                 k = key + (seen[(r, key)],)
                 if r not in waiting[k]:
                     waiting[k][r] = (n, deps)
