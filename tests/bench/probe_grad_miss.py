@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from planner.machine import l2_cache_bytes, last_level_cache_bytes  # noqa: E402
 from planner.measure.heap import DEFAULT_HEAP, apply_heap_policy  # noqa: E402
-from planner.measure.tables.kernels import KernelTable, RankKernels, make_flusher  # noqa: E402
+from planner.measure.tables.kernels import RankKernels, make_flusher  # noqa: E402
+from planner.measure.tables.tbe import KernelTable  # noqa: E402
 
 #: (pooling factor, dim) of the timed table
 CONFIGS = ((40, 128), (40, 32), (10, 128), (20, 64))

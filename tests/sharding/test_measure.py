@@ -450,7 +450,8 @@ def test_an_untimed_gradient_trains_the_same_rows():
     fused TBE and for the data-parallel replicas, repeatedly."""
     pytest.importorskip("fbgemm_gpu")
     import torch
-    from planner.measure.tables.kernels import KernelTable, RankKernels
+    from planner.measure.tables.kernels import RankKernels
+    from planner.measure.tables.tbe import KernelTable
     rng = np.random.default_rng(3)
     tables = [KernelTable(500, 16, "fp32", rng.integers(0, 500, 256 * 3).astype(np.int64),
                           np.arange(0, 256 * 3 + 1, 3, dtype=np.int64), name="s"),
@@ -481,7 +482,8 @@ def test_data_parallel_replicas_run_torchrec_s_dense_kernel_and_train_exactly():
     in both tables of the group."""
     pytest.importorskip("fbgemm_gpu")
     import torch
-    from planner.measure.tables.kernels import LR, KernelTable, RankKernels
+    from planner.measure.tables.kernels import RankKernels
+    from planner.measure.tables.tbe import LR, KernelTable
     rng = np.random.default_rng(5)
     ids = [rng.integers(0, 300, 64 * 4).astype(np.int64), rng.integers(0, 50, 64).astype(np.int64)]
     tables = [KernelTable(300, 8, "fp32", ids[0], np.arange(0, 64 * 4 + 1, 4, dtype=np.int64),

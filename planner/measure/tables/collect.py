@@ -56,7 +56,8 @@ from simulator.errors import SpecError
 from planner.costmodel.datafile import COLUMNS, meta_path, read_data
 from planner.machine import cpu_description, installed_description
 from planner.measure.runner import PythonRanks, end_processes, failed, release, rendezvous, wait
-from planner.measure.tables.kernels import KernelTable, kernel_backend, time_shard_set
+from planner.measure.tables.kernels import time_shard_set
+from planner.measure.tables.tbe import KernelTable, kernel_backend
 from planner.model.tables.generate import synthesize_tables
 from planner.model.tables.ids import table_ids
 

@@ -64,7 +64,7 @@ from planner.measure.tables.kernel_sweep import (
     measure_kernel_points,
     point_model,
 )
-from planner.measure.tables.kernels import kernel_backend
+from planner.measure.tables.tbe import kernel_backend
 from planner.measure.tables.logfit import fit_log_nonneg, log_error
 from planner.model.tables.access import accesses_per_row, default_reuse_bins, zipf_reuse
 from planner.model.tables.cpu_profile import load_cpu_profile

@@ -12,7 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.measure.tables.kernels import KernelTable, time_ranks
+from planner.measure.tables.kernels import time_ranks
+from planner.measure.tables.tbe import KernelTable
 from planner.model.tables.access import default_reuse_bins
 from planner.model.tables.generate import synthesize_tables
 from planner.model.tables.ids import model_ids

@@ -47,7 +47,8 @@ from simulator.units import format_bytes
 from planner.machine import cpu_description
 from planner.measure.heap import DEFAULT_HEAP, apply_heap_policy
 from planner.measure.tables.comm import GlooGroup, oversubscription
-from planner.measure.tables.kernels import KernelTable, time_ranks
+from planner.measure.tables.kernels import time_ranks
+from planner.measure.tables.tbe import KernelTable
 from planner.measure.tables.measurement import (
     COMM_KEYS,
     LOOKUP_KEYS,
@@ -96,7 +97,7 @@ def _row_block(ids: TableIds, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray]
 
 def rank_work(model: ModelSpec, shardings: Sequence[TableSharding], ids: Sequence[TableIds],
               devices: int) -> list[list]:
-    """Per rank, the :class:`~.measure_kernels.KernelTable` list of its shards."""
+    """Per rank, the :class:`~planner.measure.tables.tbe.KernelTable` list of its shards."""
     bounds = local_batches(model.batch_size, devices)
     out: list[list] = [[] for _ in range(devices)]
     for ts in shardings:
