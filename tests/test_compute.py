@@ -219,7 +219,8 @@ def test_unparseable_and_missing_files(tmp_path):
 
 
 def test_cpu_calibration_writes_a_loadable_profile(tmp_path):
-    from planner.measure.compute.cpu import measure_cpu_profile, write_profile
+    from planner.measure.compute.cpu import measure_cpu_profile
+    from planner.measure.compute.cpu_profile_file import write_profile
     prof = measure_cpu_profile(sizes=(16, 32), array_bytes=(4096, 65536), repeats=2,
                                single_thread=False, min_sample_s=1e-4, warm_up_s=0.0,
                                date="2026-11-22")

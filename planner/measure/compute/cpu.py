@@ -11,17 +11,17 @@ peak fp32 rate and memory bandwidth are not published figures but measurements t
   for reference;
 * launch overhead: the same add on 1-element arrays (numpy's per-call cost).
 
-Each size's time is the fastest (``statistic="min"``, the default) or the median of
-``repeats`` samples after a warm-up; a sample repeats the call enough times to last
-``min_sample_s``. The fastest is the default because interference from other tenants only
-ever slows a timing down, so the fastest sample is the better estimate of what the machine can
-do (on the 2-core VM this was written on, medians of a 2048² matmul ranged 93-131 ms between
-runs, fastest samples 86-105 ms); medians and spreads are recorded next to it. Samples are
-taken in rounds over all sizes, and a round during which other processes used more than
-:data:`CONTENTION_LIMIT` of the CPUs (from ``/proc/stat``) is retaken: on a shared 2-core VM
-one busy neighbour makes a 2-thread matmul up to 100x slower. Times are converted to rates after subtracting the launch overhead (so the
-model ``launch + work / (peak · eff)`` reproduces each measurement), and the peak is the best
-rate achieved, so efficiencies are ≤ 1 by construction and the best size is exactly 1.
+Each size's time is the fastest (``statistic="min"``, the default) or the median of ``repeats``
+samples after a warm-up; a sample repeats the call enough times to last ``min_sample_s``. The
+fastest is the default because interference from other tenants only ever slows a timing down, so
+the fastest sample is the better estimate of what the machine can do (on the 2-core VM this was
+written on, medians of a 2048² matmul ranged 93-131 ms between runs, fastest samples 86-105 ms);
+medians and spreads are recorded next to it. Samples are taken in rounds over all sizes, and a
+round during which other processes used more than :data:`CONTENTION_LIMIT` of the CPUs (from
+``/proc/stat``) is retaken: on a shared 2-core VM one busy neighbour makes a 2-thread matmul up
+to 100x slower. Times are converted to rates after subtracting the launch overhead (so the model
+``launch + work / (peak · eff)`` reproduces each measurement), and the peak is the best rate
+achieved, so efficiencies are ≤ 1 by construction and the best size is exactly 1.
 
 Run ``python -m planner.measure.compute.cpu`` to rewrite the shipped file, on an idle machine:
 on the VMs this was written on, a process that has just freed a few GB slows every core for
@@ -40,16 +40,23 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
-import yaml
 
-from simulator.compute import monotone_time_points
 from simulator.errors import SpecError
 from simulator.units import format_time
 
-__all__ = ["measure_cpu_profile", "write_profile", "main"]
+from planner.measure.compute.cpu_profile_file import (
+    CpuFit,
+    measured_record,
+    profile_notes,
+    profile_source,
+    sig,
+    write_profile,
+)
+
+__all__ = ["measure_cpu_profile", "main", "machine_busy_s"]
 
 DEFAULT_SIZES = (64, 128, 256, 512, 1024, 2048)
 #: the matmul measurement runs in a child process; it is ended after this many seconds
@@ -223,27 +230,6 @@ def _machine() -> dict[str, Any]:
             "python": platform.python_version(), "numpy": np.__version__, "blas": blas}
 
 
-def _curve(rows: Sequence[dict], work_key: str, launch_s: float, key: str
-           ) -> tuple[float, list[list[float]], list[list[float]]]:
-    """Peak rate (work/s, best achieved net of launch), the curve, and the raw efficiencies.
-
-    The curve is the raw ``[[work, rate / peak], ...]`` with smaller sizes raised where needed so
-    that predicted time never falls as the op grows (see ``monotone_time_points``).
-    """
-    rates = []
-    for r in rows:
-        net = max(r[key] - launch_s, 0.05 * r[key])
-        rates.append(r[work_key] / net)
-    peak = max(rates)
-    raw = [[float(r[work_key]), max(0.001, round(rate / peak, 3))]
-           for r, rate in zip(rows, rates)]
-    return peak, monotone_time_points(raw), raw
-
-
-def _sig(x: float, digits: int = 4) -> float:
-    return float(f"{x:.{digits}g}")
-
-
 def measure_cpu_profile(*, sizes: Sequence[int] = DEFAULT_SIZES,
                         array_bytes: Sequence[int] = DEFAULT_ARRAY_BYTES, repeats: int = 5,
                         threads: int | None = None, single_thread: bool = True,
@@ -290,7 +276,7 @@ def measure_cpu_profile(*, sizes: Sequence[int] = DEFAULT_SIZES,
     mm_run, one_thread = _run_matmuls(sizes, repeats, min_sample_s, threads, single_thread,
                                       warm_up_s)
     mem_run = _measure_memory(array_bytes, repeats, min_sample_s)
-    fit = _CpuFit(mm_run["rows"], mem_run, key)
+    fit = CpuFit(mm_run["rows"], mem_run, key)
     machine = _machine()
     n_threads = "all cores" if threads is None else f"{threads} thread(s)"
     method = (f"numpy fp32 n x n matmul ({n_threads}) for n in {list(sizes)}; numpy fp32 "
@@ -299,10 +285,10 @@ def measure_cpu_profile(*, sizes: Sequence[int] = DEFAULT_SIZES,
               f"samples of >= {min_sample_s * 1e3:g} ms after a warm-up, taken in rounds "
               f"over all sizes, rounds where other processes used > {CONTENTION_LIMIT:.0%} "
               "of the CPUs retaken; rates net of launch; efficiency = rate / best rate")
-    measured = _measured_record(fit, mm_run, mem_run, machine, date, method)
+    measured = measured_record(fit, mm_run, mem_run, machine, date, method, CONTENTION_LIMIT)
     if one_thread is not None:
         net = max(one_thread[key] - fit.launch_s, 1e-12)
-        measured["fp32_flops_1_thread"] = _sig(one_thread["flops"] / net)
+        measured["fp32_flops_1_thread"] = sig(one_thread["flops"] / net)
         measured["fp32_flops_1_thread_at_n"] = one_thread["n"]
     measured["duration_s"] = round(time.perf_counter() - started, 2)
     kept = mm_run["contended_rounds_kept"] + mem_run["contended_rounds_kept"]
@@ -312,12 +298,12 @@ def measure_cpu_profile(*, sizes: Sequence[int] = DEFAULT_SIZES,
                       RuntimeWarning, stacklevel=2)
     return {
         "gpu": "cpu",
-        "source": _profile_source(fit, machine, date, statistic, repeats, n_threads),
+        "source": profile_source(fit, machine, date, statistic, repeats, n_threads),
         "launch_overhead": f"{fit.launch_s * 1e6:.3g} us",
         "matmul": {"fp32": fit.mm_points},
         "memory": fit.mem_points,
         "measured": measured,
-        "notes": _profile_notes(fit),
+        "notes": profile_notes(fit),
     }
 
 
@@ -334,115 +320,6 @@ def _run_matmuls(sizes: Sequence[int], repeats: int, min_sample_s: float, thread
         one_thread = _measure_matmul_threads([max(sizes)], repeats, min_sample_s, 1,
                                              warm_up_s)["rows"][0]
     return mm_run, one_thread
-
-
-class _CpuFit:
-    """The measured rows (times under ``key``, seconds) turned into the profile's figures:
-    launch overhead (s), peak fp32 rate (FLOP/s) and memory bandwidth (bytes/s), both net of
-    the launch and the best achieved, their efficiency curves and the sizes reaching them,
-    the bandwidth at the largest array, and the samples' spreads ((max − min) / median)."""
-
-    __slots__ = ("mm", "add_rows", "copy_rows", "launch_s", "peak_flops", "mm_points", "peak_bw",
-                 "mem_points", "raised", "largest", "dram_bw", "spread_max", "spread_median",
-                 "best_n", "best_mem")
-
-    def __init__(self, mm: list[dict], mem_run: dict, key: str) -> None:
-        launch, add_rows, copy_rows = mem_run["launch"], mem_run["add"], mem_run["copy"]
-        self.mm, self.add_rows, self.copy_rows = mm, add_rows, copy_rows
-        launch_s = self.launch_s = launch[key]
-        self.peak_flops, self.mm_points, mm_raw = _curve(mm, "flops", launch_s, key)
-        self.peak_bw, self.mem_points, mem_raw = _curve(add_rows, "bytes_moved", launch_s, key)
-        self.raised = [f"matmul fp32 at {s:g} FLOP: {r:g} -> {e:g}"
-                       for (s, e), (_, r) in zip(self.mm_points, mm_raw) if e != r]
-        self.raised += [f"memory at {s:g} B: {r:g} -> {e:g}"
-                        for (s, e), (_, r) in zip(self.mem_points, mem_raw) if e != r]
-        largest = self.largest = add_rows[-1]
-        self.dram_bw = largest["bytes_moved"] / max(largest[key] - launch_s, 1e-12)
-        spreads = [r["spread"] for r in [*mm, *add_rows, launch]]
-        self.spread_max, self.spread_median = max(spreads), float(np.median(spreads))
-        self.best_n = mm[int(np.argmax([p[1] for p in self.mm_points]))]["n"]
-        self.best_mem = add_rows[int(np.argmax([p[1] for p in self.mem_points]))]["array_bytes"]
-
-
-def _measured_record(fit: _CpuFit, mm_run: dict, mem_run: dict, machine: dict, date: str,
-                     method: str) -> dict[str, Any]:
-    """The profile's ``measured`` section: how, where and what was measured (rates in FLOP/s
-    and bytes/s, times in seconds), rounded to 4 significant digits."""
-    return {
-        "date": date,
-        "tool": "planner/measure/compute/cpu.py (measure_cpu_profile)",
-        "machine": machine,
-        "method": method,
-        "peak_fp32_flops": _sig(fit.peak_flops),
-        "peak_fp32_at_n": int(fit.best_n),
-        "memory_bandwidth": _sig(fit.peak_bw),
-        "memory_bandwidth_at_array_bytes": int(fit.best_mem),
-        "memory_bandwidth_largest_array": _sig(fit.dram_bw),
-        "launch_overhead_s": _sig(fit.launch_s),
-        "raised_for_monotone_time": fit.raised,
-        "spread_max": round(fit.spread_max, 3),
-        "spread_median": round(fit.spread_median, 3),
-        "contention_limit": CONTENTION_LIMIT,
-        "rounds_discarded": {"matmul": mm_run["rounds_discarded"],
-                             "memory": mem_run["rounds_discarded"]},
-        "contended_rounds_kept": {"matmul": mm_run["contended_rounds_kept"],
-                                  "memory": mem_run["contended_rounds_kept"]},
-        "matmul_fp32": [{k: (_sig(v) if isinstance(v, float) else v) for k, v in r.items()}
-                        for r in fit.mm],
-        "add": [{k: (_sig(v) if isinstance(v, float) else v) for k, v in r.items()}
-                for r in fit.add_rows],
-        "copy": [{k: (_sig(v) if isinstance(v, float) else v) for k, v in r.items()}
-                 for r in fit.copy_rows],
-    }
-
-
-def _profile_source(fit: _CpuFit, machine: dict, date: str, statistic: str, repeats: int,
-                    n_threads: str) -> str:
-    """The profile's ``source`` line: where and how it was measured, peaks in GFLOP/s, GB/s."""
-    largest = fit.largest
-    return (f"Measured on this machine ({machine['cpu_model']}, {machine['cpu_count']} cores, "
-            f"{machine['platform']}) on {date} by planner/measure/compute/cpu.py: numpy fp32 "
-            f"matmul and add, {statistic} of {repeats} timings; peak fp32 "
-            f"{fit.peak_flops / 1e9:.1f} GFLOP/s "
-            f"(best achieved, n={fit.best_n}, {n_threads}), memory {fit.peak_bw / 1e9:.1f} GB/s "
-            f"(best achieved by a single-thread add, {fit.best_mem} B per array; "
-            f"{fit.dram_bw / 1e9:.1f} GB/s at {largest['array_bytes']} B per array)")
-
-
-def _profile_notes(fit: _CpuFit) -> str:
-    """The profile's ``notes``: what its efficiencies are relative to, and the spreads."""
-    return ("Efficiencies are relative to the best rate achieved here, so they are <= 1 and the "
-            "best size is exactly 1; they are not fractions of a theoretical peak. The memory "
-            "peak is reached at in-cache sizes; DRAM-sized arrays get the lower efficiency "
-            "listed at the largest sizes. Bytes moved count reads and writes (3 per add), not "
-            "write-allocate traffic. Numpy elementwise ops use one core, BLAS matmul all of "
-            f"them. Sample-to-sample spread (max-min)/median: median "
-            f"{fit.spread_median:.1%}, largest {fit.spread_max:.1%}. "
-            "Re-run 'python -m planner.measure.compute.cpu' to refresh.")
-
-
-class _Dumper(yaml.SafeDumper):
-    """Writes [size, efficiency] pairs on one line each."""
-
-
-def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
-    pair = len(data) == 2 and all(isinstance(v, (int, float)) for v in data)
-    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=pair)
-
-
-_Dumper.add_representer(list, _represent_list)
-
-
-def write_profile(profile_dict: Mapping[str, Any], path: str | Path) -> Path:
-    """Write a profile mapping (from :func:`measure_cpu_profile`) as an efficiency YAML file."""
-    path = Path(path)
-    header = ("# Compute-efficiency profile MEASURED by planner/measure/compute/cpu.py; "
-              "see 'measured' for method and raw data.\n")
-    text = yaml.dump(dict(profile_dict), Dumper=_Dumper, sort_keys=False, width=100,
-                     allow_unicode=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(header + text, encoding="utf-8")
-    return path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
