@@ -45,7 +45,7 @@ def worker(rank, world, store_path, q):
                             world_size=world)
     os.sched_setaffinity(0, {rank % os.cpu_count()})
     from planner.model.tables.ids import model_ids
-    from planner.measure.tables.plans import rank_work
+    from planner.measure.tables.plan_work import rank_work
     from planner.measure.tables.kernels import time_shard_set
     res = {}
     for name, (m, sh, dev) in sets(world).items():

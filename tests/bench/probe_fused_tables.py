@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from planner.measure.heap import DEFAULT_HEAP, apply_heap_policy  # noqa: E402
 from planner.measure.tables.kernels import time_shard_set  # noqa: E402
-from planner.measure.tables.plans import rank_work  # noqa: E402
+from planner.measure.tables.plan_work import rank_work  # noqa: E402
 from planner.measure.validate.dlrm_probes import predicted_lookup_s  # noqa: E402
 from planner.measure.validate.lookup_probe import lookup_probe_model, probe_shardings  # noqa: E402
 from planner.measure.validate.unseen_family import unseen_cases  # noqa: E402

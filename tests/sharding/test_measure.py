@@ -16,7 +16,8 @@ import pytest
 from simulator.errors import SpecError
 
 from planner.measure.tables.paired import step_ratio_interval
-from planner.measure.tables.plans import comm_ops, cpu_topology_ref, rank_work, scale_model
+from planner.measure.tables.plan_work import comm_ops, rank_work
+from planner.measure.tables.plans import cpu_topology_ref, scale_model
 from planner.model.tables.access import default_reuse_bins
 from planner.model.tables.cost import CostConfig
 from planner.model.tables.cpu_profile import load_cpu_profile

@@ -7,7 +7,7 @@ For a plan on N ranks (``clusterplan measure TABLES PLAN.json`` or ``clusterplan
    (:mod:`.ids`: reuse bins or Zipf). Same seed, same ids, whatever the plan, so every
    planner's plan of a task is measured on the same data.
 2. **Lookups, per rank.** The rank's shards as one fused table-batched EmbeddingBag
-   (:mod:`.measure_kernels`; FBGEMM's CPU TBE, or ``torch.nn.EmbeddingBag``): table- and
+   (:mod:`.kernels`; FBGEMM's CPU TBE, or ``torch.nn.EmbeddingBag``): table- and
    column-wise shards serve the global batch, a row-wise block the ids that fall in it, a
    data-parallel replica the rank's local batch (dense gradient, whole-table update). Forward
    and backward with the fused optimizer, one thread, caches flushed before each iteration,
@@ -15,14 +15,14 @@ For a plan on N ranks (``clusterplan measure TABLES PLAN.json`` or ``clusterplan
    iterations interleaved over ranks, so compute is timed free of interference (as NeuroShard
    times it).
 3. **Communication, per rank.** ``torch.distributed`` with gloo across N spawned processes
-   (:mod:`.measure_comm`), with the exact split sizes the plan and the ids imply: the ids
+   (:mod:`.comm`), with the exact split sizes the plan and the ids imply: the ids
    all-to-all (8-byte ids + a 4-byte length per bag, from each rank's local batch to the ranks
    holding the shards), the pooled-embedding all-to-all forward (each table/column-wise shard's
    rows for every rank's samples) and backward (the transpose), row-wise reduce-scatter and
    all-gather of the ``batch × dim`` partial sums, and one all-reduce of all data-parallel
    tables' fp32 gradients (DDP-style bucketing). After a barrier every rank stamps its call's
    start and end on the system-wide monotonic clock; a rank's time counts from the last rank's
-   start (:func:`~.measure_comm.align`: waiting for a process the scheduler had not yet run is
+   start (:func:`~.comm.align`: waiting for a process the scheduler had not yet run is
    not communication); median of ``comm_repeats``.
 4. **Cost per rank** = lookups forward + backward + all of its communication; the plan's cost
    is the maximum over ranks (NeuroShard's and DreamShard's definition). Beside it the analytic
@@ -48,7 +48,7 @@ from planner.machine import cpu_description
 from planner.measure.heap import DEFAULT_HEAP, apply_heap_policy
 from planner.measure.tables.comm import GlooGroup, oversubscription
 from planner.measure.tables.kernels import time_ranks
-from planner.measure.tables.tbe import KernelTable
+from planner.measure.tables.plan_work import comm_ops, rank_work
 from planner.measure.tables.measurement import (
     COMM_KEYS,
     LOOKUP_KEYS,
@@ -56,121 +56,20 @@ from planner.measure.tables.measurement import (
     format_measurement,
 )
 from planner.model.tables.cost import BREAKDOWN_KEYS
-from planner.model.tables.ids import TableIds, local_batches, model_ids
+from planner.model.tables.ids import TableIds, model_ids
 from planner.model.tables.memory import shard_memory_bytes
 from planner.model.tables.plan import evaluate_shardings
-from planner.model.tables.shards import ShardingType, TableSharding
-from planner.model.tables.spec import PRECISION_BYTES, ModelSpec
+from planner.model.tables.shards import TableSharding
+from planner.model.tables.spec import ModelSpec
 from planner.model.tables.task import prepare
 from planner.progress import Bar
 
 __all__ = ["Measurement", "measure_shardings", "measure_many", "measure_plan", "scale_model",
-           "cpu_topology_ref", "rank_work", "comm_ops", "LOOKUP_KEYS", "COMM_KEYS",
-           "format_measurement"]
-
-ID_BYTES = 8
-LENGTH_BYTES = 4
-
+           "cpu_topology_ref", "LOOKUP_KEYS", "COMM_KEYS", "format_measurement"]
 
 def cpu_topology_ref(devices: int) -> str:
     """The topology of this machine with ``devices`` gloo processes on one host."""
     return f"localhost-gloo:node.gpus={int(devices)}"
-
-
-# ---------------------------------------------------------------------------------------------
-# what each rank runs
-
-def _slice_bags(ids: TableIds, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-    o = ids.offsets
-    return ids.indices[o[lo]:o[hi]], o[lo:hi + 1] - o[lo]
-
-
-def _row_block(ids: TableIds, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ids of every bag that fall in rows ``[r0, r1)``, shifted to the block."""
-    keep = (ids.indices >= r0) & (ids.indices < r1)
-    per_bag = np.add.reduceat(keep.astype(np.int64), ids.offsets[:-1]) if ids.indices.size \
-        else np.zeros(ids.batch, dtype=np.int64)
-    per_bag = np.where(np.diff(ids.offsets) > 0, per_bag, 0)
-    offsets = np.concatenate([[0], np.cumsum(per_bag)]).astype(np.int64)
-    return ids.indices[keep] - r0, offsets
-
-
-def rank_work(model: ModelSpec, shardings: Sequence[TableSharding], ids: Sequence[TableIds],
-              devices: int) -> list[list]:
-    """Per rank, the :class:`~planner.measure.tables.tbe.KernelTable` list of its shards."""
-    bounds = local_batches(model.batch_size, devices)
-    out: list[list] = [[] for _ in range(devices)]
-    for ts in shardings:
-        t = model.tables[ts.table]
-        tid = ids[ts.table]
-        st = ts.sharding_type
-        for s in ts.shards:
-            if st == ShardingType.DATA_PARALLEL:
-                idx, off = _slice_bags(tid, int(bounds[s.rank]), int(bounds[s.rank + 1]))
-                out[s.rank].append(KernelTable(s.rows, s.cols, t.precision, idx, off, dense=True,
-                                               name=t.name))
-            elif st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
-                idx, off = _row_block(tid, s.row_offset, s.row_offset + s.rows)
-                out[s.rank].append(KernelTable(s.rows, s.cols, t.precision, idx, off,
-                                               name=t.name))
-            else:
-                out[s.rank].append(KernelTable(s.rows, s.cols, t.precision, tid.indices,
-                                               tid.offsets, name=t.name))
-    return out
-
-
-def comm_ops(model: ModelSpec, shardings: Sequence[TableSharding], ids: Sequence[TableIds],
-             devices: int, hosts: Sequence[Sequence[int]] | None = None) -> list[tuple]:
-    """The collectives the plan implies, with exact byte counts (see :mod:`.measure_comm`)."""
-    n = devices
-    bounds = local_batches(model.batch_size, n)
-    b = np.diff(bounds)
-    o = PRECISION_BYTES[model.comm_precision]
-    ids_m = np.zeros((n, n))
-    out_cols = np.zeros(n)
-    rw_bytes = 0.0
-    twrw_bytes = 0.0
-    dp_bytes = 0.0
-    for ts in shardings:
-        t = model.tables[ts.table]
-        tid = ids[ts.table]
-        st = ts.sharding_type
-        if st == ShardingType.DATA_PARALLEL:
-            dp_bytes += t.num_embeddings * t.embedding_dim * 4.0
-            continue
-        for s in ts.shards:
-            if st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
-                if s.rows == 0:
-                    continue
-                keep = (tid.indices >= s.row_offset) & (tid.indices < s.row_offset + s.rows)
-                cum = np.concatenate([[0], np.cumsum(keep)])
-                per_src = cum[tid.offsets[bounds[1:]]] - cum[tid.offsets[bounds[:-1]]]
-            else:
-                per_src = tid.offsets[bounds[1:]] - tid.offsets[bounds[:-1]]
-                out_cols[s.rank] += s.cols
-            ids_m[:, s.rank] += per_src * ID_BYTES + b * LENGTH_BYTES
-        if st == ShardingType.ROW_WISE:
-            rw_bytes += model.batch_size * t.embedding_dim * o
-        elif st == ShardingType.TABLE_ROW_WISE:
-            twrw_bytes += model.batch_size * t.embedding_dim * o
-    ops: list[tuple] = []
-    if n < 2:
-        return ops
-    out_m = np.outer(out_cols * o, b).astype(float)          # j → i: j's pooled rows for i
-    if ids_m.sum() > 0:
-        ops.append(("a2a", "input_a2a_s", ids_m.tolist()))
-    if out_m.sum() > 0:
-        ops.append(("a2a", "output_a2a_fwd_s", out_m.tolist()))
-        ops.append(("a2a", "output_a2a_bwd_s", out_m.T.tolist()))
-    if rw_bytes > 0:
-        ops.append(("reducescatter", "rw_reducescatter", rw_bytes))
-        ops.append(("allgather", "rw_allgather", rw_bytes))
-    if twrw_bytes > 0:
-        ops.append(("reducescatter", "twrw_reducescatter", twrw_bytes))
-        ops.append(("allgather", "twrw_allgather", twrw_bytes))
-    if dp_bytes > 0:
-        ops.append(("allreduce", "data_parallel_allreduce_s", dp_bytes))
-    return ops
 
 
 _OP_KEY = {"input_a2a_s": "input_a2a_s", "output_a2a_fwd_s": "output_a2a_fwd_s",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 
 from planner.measure.tables.kernels import time_shard_set
-from planner.measure.tables.plans import rank_work
+from planner.measure.tables.plan_work import rank_work
 from planner.model.tables.ids import model_ids
 from planner.model.tables.shards import table_wise
 from planner.model.tables.spec import ModelSpec, TableSpec
