@@ -7,7 +7,7 @@ distinct rows per batch and rows keep their ratio; every pool table is augmented
 {4, 8, 16, 32, 64, 128} (its ids do not depend on the dim, so the copies share one id batch).
 Sample ``i`` draws 1–``max_tables`` (table, dim) configurations uniformly with replacement,
 redrawn until their fp32 size ≤ ``max_bytes``, builds one fused FBGEMM TBE and times forward +
-backward with the fused exact-SGD update (``measure_kernels.time_shard_set``, on the CPU with
+backward with the fused exact-SGD update (``kernels.time_shard_set``, on the CPU with
 one thread or with ``device="cuda"`` on the GPU (its name joins the hardware record); cache
 flushed before every iteration, ``repeats`` timed iterations after ``warmup``; the row keeps
 their median ``total_ms`` and their fastest ``total_min_ms``).

@@ -135,7 +135,7 @@ def measure_shardings(problem, shardings: Sequence[TableSharding], *, repeats: i
                       heap: str | None = None) -> Measurement:
     """Measure ``shardings`` (one per table) of ``problem``'s model on its ``devices`` ranks.
 
-    ``group``: a :class:`~.measure_comm.GlooGroup` of ``devices`` processes to reuse (else one is
+    ``group``: a :class:`~.comm.GlooGroup` of ``devices`` processes to reuse (else one is
     started and closed here); ``comm=False`` skips the collectives (their columns are 0).
     ``ids``: precomputed :func:`model_ids` (else drawn with ``seed``). The prediction is
     ``problem``'s cost model on the same layouts. ``heap``: a C heap policy of
