@@ -8,12 +8,12 @@
         [--balance EPS] [--coaccess FILE]
 
 The plan made by ``--planner`` is the flat baseline. With ``--dmt`` the features are also
-partitioned into towers (:mod:`.partition`), each host's tables are sharded inside the host by
-the same planner, both steps are simulated (:mod:`.simulate`), and the plan JSON gets a ``dmt``
-section: towers (tables, host, pooled width in, module width), the partition's tower costs,
-imbalance and affinity kept, each host's layout in global ranks, the simulated flat and DMT step
-times and speedup with breakdowns and cross-host bytes, and the layout as TorchRec embedding-tower
-shardings (:mod:`.export`).
+partitioned into towers (:mod:`planner.dmt.partition`), each host's tables are sharded inside
+the host by the same planner, both steps are simulated (:mod:`.simulate`), and the plan JSON
+gets a ``dmt`` section: towers (tables, host, pooled width in, module width), the partition's
+tower costs, imbalance and affinity kept, each host's layout in global ranks, the simulated flat
+and DMT step times and speedup with breakdowns and cross-host bytes, and the layout as TorchRec
+embedding-tower shardings (:mod:`planner.export.dmt`).
 """
 
 from __future__ import annotations

@@ -7,11 +7,11 @@ parameter (DDP refuses a module without one), so the identity here is ``x · one
 learnable scalar ``one = 1``. ``LOCAL_WORLD_SIZE`` sets the ranks per host (TorchRec's
 ``intra_and_cross_node_pg``).
 
-:func:`run_torchrec_towers` spawns the processes, builds the ``EmbeddingTowerCollection`` of
-the export's towers (:mod:`.export`), shards it with the exported ``ParameterSharding`` s, copies
-seeded full weights into the local shards, runs one forward pass on each rank's seeded ids and
-returns TorchRec's output beside a local reference (the same weights, sum pooling, towers
-concatenated by host, then tower index — TorchRec's output order).
+:func:`run_torchrec_towers` spawns the processes, builds the ``EmbeddingTowerCollection`` of the
+export's towers (:mod:`planner.export.dmt`), shards it with the exported ``ParameterSharding``
+s, copies seeded full weights into the local shards, runs one forward pass on each rank's seeded
+ids and returns TorchRec's output beside a local reference (the same weights, sum pooling,
+towers concatenated by host, then tower index — TorchRec's output order).
 """
 
 from __future__ import annotations
@@ -115,8 +115,8 @@ def run_torchrec_towers(doc: dict, tables: dict, *, world: int, per_host: int, b
                         seed: int = 0, timeout_s: float = 150.0) -> list[dict]:
     """Per rank ``{out, ref}``: TorchRec's tower output and the local reference.
 
-    ``doc`` is :func:`.export.tower_sharding_plan`'s output; ``tables`` maps each table name to
-    ``(rows, dim, mean pooling)``.
+    ``doc`` is :func:`planner.export.dmt.tower_sharding_plan`'s output; ``tables`` maps each
+    table name to ``(rows, dim, mean pooling)``.
     """
     return spawn_gloo(_worker, world, (doc, tables, world, per_host, batch, seed),
                       timeout_s=timeout_s)

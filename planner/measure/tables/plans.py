@@ -4,8 +4,8 @@ For a plan on N ranks (``clusterplan measure TABLES PLAN.json`` or ``clusterplan
 --measure``):
 
 1. **Ids.** Every table gets one global batch of ids drawn from its access distribution
-   (:mod:`.ids`: reuse bins or Zipf). Same seed, same ids, whatever the plan, so every
-   planner's plan of a task is measured on the same data.
+   (:mod:`planner.model.tables.ids`: reuse bins or Zipf). Same seed, same ids, whatever the
+   plan, so every planner's plan of a task is measured on the same data.
 2. **Lookups, per rank.** The rank's shards as one fused table-batched EmbeddingBag
    (:mod:`.kernels`; FBGEMM's CPU TBE, or ``torch.nn.EmbeddingBag``): table- and
    column-wise shards serve the global batch, a row-wise block the ids that fall in it, a

@@ -4,8 +4,8 @@ Its 17 reuse bins (the default dlrm_datasets histogram when it has none) give th
 distinct rows (lookups / accesses per row, as the cost model assumes) and how often each is hit;
 a Zipf exponent draws Zipf ids instead. Distinct rows are spread over the table at random
 (hashing), bag lengths average the pooling factor. Same seed, same ids, whatever the plan: every
-planner's plan of a task is measured (:mod:`.measure`) and run (``planner/measure/validate``) on the same
-data."""
+planner's plan of a task is measured (:mod:`planner.measure.tables.plans`) and run
+(``planner/measure/validate``) on the same data."""
 
 from __future__ import annotations
 
