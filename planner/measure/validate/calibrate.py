@@ -65,7 +65,7 @@ from planner.measure.validate.load import LoadMeter
 from planner.measure.validate.lookup_probe import time_lookup_probe
 from planner.measure.validate.runner import Pool
 from planner.measure.validate.uneven_a2a import UNEVEN_BYTES, time_uneven_a2a
-from planner.measure.validate.worker import pin_main_thread, unpin
+from planner.measure.validate.rank_steps import pin_main_thread, unpin
 
 __all__ = ["GlooCalibration", "measure_gloo", "measure_gloo_raw", "SIZES"]
 

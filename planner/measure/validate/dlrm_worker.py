@@ -29,7 +29,7 @@ from planner.measure.runner import init_group
 from planner.measure.validate.comm import Recorder
 from planner.measure.validate.dlrm_ops import step_batch
 from planner.measure.validate.lookup_probe import time_together
-from planner.measure.validate.worker import inject_fault, pin_main_thread, timed_steps, unpin
+from planner.measure.validate.rank_steps import inject_fault, pin_main_thread, timed_steps, unpin
 
 __all__ = ["run_rank"]
 

@@ -1,6 +1,7 @@
 """How a transformer's layers, parameters, gradient buckets and pipeline activations divide
 over the ranks of a TP/CP/PP/DP layout: exact counts per rank, shared by the simulated step
-(:mod:`planner.workloads.llm.step`) and the real run that validates it (:mod:`planner.measure.validate.worker`)."""
+(:mod:`planner.workloads.llm.step`) and the real run that validates it
+(:mod:`planner.measure.validate.llm_worker`)."""
 
 from __future__ import annotations
 
