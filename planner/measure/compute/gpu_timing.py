@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 __all__ = ["torch_module", "sync", "time_call", "reps_for", "auto_time", "ATTENTION_BACKEND",
-           "flash_ctx", "run_meta", "write_csv"]
+           "flash_ctx", "run_meta", "write_csv", "CsvRows"]
 
 
 def torch_module():
@@ -138,3 +138,22 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         w.writeheader()
         for r in rows:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
+class CsvRows:
+    """A CSV file written one row at a time (flushed), header from the first row."""
+
+    def __init__(self, path: Path):
+        self.path, self.fh, self.w = path, None, None
+
+    def add(self, row: dict) -> None:
+        if self.w is None:
+            self.fh = self.path.open("w", newline="")
+            self.w = csv.DictWriter(self.fh, fieldnames=list(row))
+            self.w.writeheader()
+        self.w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+        self.fh.flush()
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()

@@ -48,47 +48,21 @@ back-to-back calls to last ~20 ms); ``iqr_rel`` the samples' inter-quartile rang
 
 from __future__ import annotations
 
-import csv
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 from planner.measure.compute.driver import check_driver_args, driver_parser
-from planner.measure.compute.gpu_timing import auto_time, run_meta
+from planner.measure.compute.gpu_memory import measure_memory
+from planner.measure.compute.gpu_timing import CsvRows, auto_time, run_meta
+from planner.measure.tables.gpu_dlrm_step import measure_step
 from planner.measure.tables.gpu_fused import _DTYPES, FusedTables, check_triton, lookup_kernels
 
-__all__ = ["main", "MLPERF_DCNV2_TABLES"]
+__all__ = ["main"]
 
 #: the parts ``--only`` may name
 _PARTS = ("step", "tbe", "gemm", "memory")
-
-#: (rows, multi-hot size) of MLPerf DLRM-DCNv2's 26 tables (planner/examples/mlperf-dcnv2.yaml)
-MLPERF_DCNV2_TABLES = [
-    (40_000_000, 3), (39_060, 2), (17_295, 1), (7_424, 2), (20_265, 6), (3, 1), (7_122, 1),
-    (1_543, 1), (63, 1), (40_000_000, 7), (3_067_956, 3), (405_282, 8), (10, 1), (2_209, 6),
-    (11_938, 9), (155, 5), (4, 1), (976, 1), (14, 1), (40_000_000, 12), (40_000_000, 100),
-    (40_000_000, 27), (590_152, 10), (12_973, 3), (108, 1), (36, 1)]
-
-
-class _Rows:
-    """A CSV file written one row at a time (flushed), header from the first row."""
-
-    def __init__(self, path: Path):
-        self.path, self.fh, self.w = path, None, None
-
-    def add(self, row: dict) -> None:
-        if self.w is None:
-            self.fh = self.path.open("w", newline="")
-            self.w = csv.DictWriter(self.fh, fieldnames=list(row))
-            self.w.writeheader()
-        self.w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
-        self.fh.flush()
-
-    def close(self) -> None:
-        if self.fh is not None:
-            self.fh.close()
 
 
 def _torch():
@@ -137,7 +111,7 @@ def _time_parts(ft, lk, grad, dev, samples: int) -> dict:
 def measure_tbe(dev, *, quick: bool, samples: int, out: Path, deadline: float,
                 kernel: str = "torch") -> int:
     torch = _torch()
-    main_rows, part_rows, n = _Rows(out / "tbe.csv"), _Rows(out / "parts.csv"), 0
+    main_rows, part_rows, n = CsvRows(out / "tbe.csv"), CsvRows(out / "parts.csv"), 0
     for (tables, rows, dim, pool, batch, dtype, dist) in _tbe_configs(quick):
         if time.monotonic() > deadline:
             print(f"tbe: budget spent after {n} rows", flush=True)
@@ -170,7 +144,7 @@ def _gemm_layers() -> list[tuple[str, int, int]]:
 
 def measure_gemm(dev, *, quick: bool, samples: int, out: Path, deadline: float) -> int:
     torch = _torch()
-    rows, n = _Rows(out / "gemm.csv"), 0
+    rows, n = CsvRows(out / "gemm.csv"), 0
     batches = (64,) if quick else (1_024, 4_096, 8_192, 16_384, 65_536)
     dtypes = ("fp32",) if quick else ("bf16", "tf32", "fp32")
     graph = dev.type == "cuda"
@@ -202,169 +176,6 @@ def measure_gemm(dev, *, quick: bool, samples: int, out: Path, deadline: float) 
                               iqr_rel_fb=iqr_fb))
                 n += 1
     torch.backends.cuda.matmul.allow_tf32 = False
-    rows.close()
-    return n
-
-
-def _dcnv2_model(dev):
-    torch = _torch()
-    nn = torch.nn
-
-    def mlp(sizes, last_act=True):
-        layers = []
-        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-            layers.append(nn.Linear(a, b))
-            if last_act or i < len(sizes) - 2:
-                layers.append(nn.ReLU())
-        return nn.Sequential(*layers)
-
-    class Dense(nn.Module):
-        """Bottom MLP, DCNv2 low-rank cross layers over [bottom output, 26 pooled embeddings],
-        top MLP, logit."""
-
-        def __init__(self):
-            super().__init__()
-            d = 27 * 128
-            self.bottom = mlp([13, 512, 256, 128])
-            self.v = nn.ModuleList(nn.Linear(d, 512, bias=False) for _ in range(3))
-            self.u = nn.ModuleList(nn.Linear(512, d) for _ in range(3))
-            self.top = mlp([d, 1024, 1024, 512, 256, 1], last_act=False)
-
-        def forward(self, dense, pooled):                 # pooled: (batch, 26 * 128)
-            x0 = torch.cat([self.bottom(dense), pooled], dim=1)
-            x = x0
-            for v, u in zip(self.v, self.u):
-                x = x0 * u(v(x)) + x
-            return self.top(x).squeeze(1)
-
-    return Dense().to(dev)
-
-
-def measure_step(dev, *, quick: bool, samples: int, out: Path, deadline: float,
-                 max_table_bytes: float, kernel: str = "torch") -> int:
-    """The one-GPU DLRM-DCNv2 step (see the module docstring), phases timed with CUDA events."""
-    torch = _torch()
-    import torch.nn.functional as F
-    rows, n = _Rows(out / "step.csv"), 0
-    big = [r for r, _ in MLPERF_DCNV2_TABLES if r >= 1_000_000]
-    cap = max(big)
-    if sum(big) * 128 * 4 > max_table_bytes:           # the large tables cut to fit the GPU
-        cap = max(1, int(max_table_bytes / (128 * 4 * len(big))))
-    tables = [(min(r, cap), p) for r, p in MLPERF_DCNV2_TABLES]
-    if quick:
-        tables = [(min(r, 1000), p) for r, p in MLPERF_DCNV2_TABLES]
-    batches = (64,) if quick else (2_048, 8_192, 16_384, 32_768)
-    steps = 3 if quick else max(samples, 8)
-    for dist in ("uniform", "zipf1.05"):
-        ft = None
-        for batch in batches:
-            if time.monotonic() > deadline:
-                print(f"step: budget spent after {n} rows", flush=True)
-                rows.close()
-                return n
-            ft = None
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
-            ft = FusedTables(tables, 128, batch, "fp32", dist, dev, seed=1)
-            lk = lookup_kernels(ft, kernel, max(p for _, p in tables))
-            model = _dcnv2_model(dev)
-            opt = torch.optim.Adagrad(model.parameters(), lr=0.01, foreach=True)
-            dense = torch.randn(batch, 13, device=dev)
-            label = (torch.rand(batch, device=dev) < 0.25).float()
-            phases = ("lookup_fwd", "dense_fwd_bwd", "lookup_bwd", "dense_opt")
-            times = {p: [] for p in phases + ("step",)}
-
-            def one_step(record):
-                ev = [torch.cuda.Event(enable_timing=True) for _ in range(5)] if record else []
-
-                def mark(i):
-                    if ev:
-                        ev[i].record()
-                mark(0)
-                pooled = lk.forward().view(len(tables), batch, 128).transpose(0, 1) \
-                    .reshape(batch, -1).detach().requires_grad_(True)
-                mark(1)
-                with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-                    logit = model(dense, pooled)
-                loss = F.binary_cross_entropy_with_logits(logit.float(), label)
-                loss.backward()
-                mark(2)
-                grad = pooled.grad.view(batch, len(tables), 128).transpose(0, 1).reshape(-1, 128)
-                lk.backward(grad)
-                mark(3)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                mark(4)
-                return ev
-
-            for _ in range(3):
-                one_step(False)
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            for _ in range(steps):
-                if dev.type != "cuda":
-                    t0 = time.perf_counter()
-                    one_step(False)
-                    times["step"].append(time.perf_counter() - t0)
-                    continue
-                ev = one_step(True)
-                ev[4].synchronize()
-                for i, p in enumerate(phases):
-                    times[p].append(ev[i].elapsed_time(ev[i + 1]) / 1e3)
-                times["step"].append(ev[0].elapsed_time(ev[4]) / 1e3)
-            med = {f"{p}_s": (statistics.median(v) if v else float("nan"))
-                   for p, v in times.items()}
-            q = statistics.quantiles(times["step"], n=4) if len(times["step"]) >= 4 else None
-            rows.add(dict(kernel=kernel, batch=batch, ids=dist, tables=len(tables), table_rows=sum(
-                r for r, _ in tables), lookups=ft.ids.numel(), distinct=ft.distinct, **med,
-                step_iqr_rel=((q[2] - q[0]) / med["step_s"]) if q else float("nan"),
-                steps=steps))
-            n += 1
-            model = opt = lk = None
-        ft = None
-    rows.close()
-    return n
-
-
-#: (hidden, ffn, heads, kv heads, seq, layers) of the activation-memory probe
-MEMORY_BLOCKS = [(4096, 14336, 32, 8, s, 2) for s in (4096, 16384, 32768, 65536)] + \
-    [(8192, 28672, 64, 8, s, 1) for s in (8192, 32768)]
-
-
-def measure_memory(dev, *, quick: bool, samples: int, out: Path, deadline: float) -> int:
-    """Bytes a Llama-style block (bf16, flash SDPA, micro-batch 1) keeps for backward: memory
-    allocated after the forward minus before, per layer, and the peak over forward+backward."""
-    from planner.measure.compute.gpu_blocks import block_class
-    from planner.measure.compute.gpu_timing import flash_ctx
-    del samples
-    torch = _torch()
-    Block = block_class()
-    rows, n = _Rows(out / "memory.csv"), 0
-    configs = [(256, 512, 4, 2, 128, 2)] if quick else MEMORY_BLOCKS
-    dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    for (h, f, heads, kv, seq, layers) in configs:
-        if time.monotonic() > deadline:
-            break
-        blocks = torch.nn.Sequential(*[Block(h, f, heads, kv) for _ in range(layers)]) \
-            .to(dev, dt)
-        x = torch.randn(1, seq, h, device=dev, dtype=dt, requires_grad=True)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats(dev)
-            before = torch.cuda.memory_allocated(dev)
-        with flash_ctx()():
-            y = blocks(x)
-            kept = (torch.cuda.memory_allocated(dev) - before) if dev.type == "cuda" else 0
-            y.sum().backward()
-        peak = (torch.cuda.max_memory_allocated(dev) - before) if dev.type == "cuda" else 0
-        rows.add(dict(hidden=h, ffn=f, heads=heads, kv_heads=kv, seq=seq, micro_batch=1,
-                      layers=layers, dtype=str(dt).removeprefix("torch."),
-                      kept_bytes_per_layer=kept / layers, peak_bytes=peak,
-                      param_bytes=sum(p.numel() * p.element_size() for p in blocks.parameters())))
-        n += 1
-        del blocks, x, y
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
     rows.close()
     return n
 
