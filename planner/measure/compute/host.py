@@ -146,5 +146,5 @@ def _aten_ops(run, mode: str) -> int:
 
 def host_overhead_yaml(doc: dict) -> str:
     """The document of :func:`measure_host_overhead` as the YAML file the model reads."""
-    return "# Host overhead of eager PyTorch per transformer block (seconds); see planner/model/llm/host.py\n" \
-        + yaml.safe_dump(doc, sort_keys=False)
+    return ("# Host overhead of eager PyTorch per transformer block (seconds); "
+            "see planner/model/llm/host.py\n" + yaml.safe_dump(doc, sort_keys=False))
