@@ -43,7 +43,26 @@ def export_megatron(plan: dict, *, num_layers: int | None = None,
     prec = _plan.precision(plan, precision)
     mode = p.get("fsdp", "none")
     tr = plan.get("trainer") or {}
-    trim = int(tr.get("trim_first_last_stage", 0))
+    a = (_layer_flags(p, layers, int(tr.get("trim_first_last_stage", 0)), tr)
+         + _expert_flags(plan, p) + [[flag] for flag in _ORDERS[order]]
+         + _batch_flags(plan, p, seq) + _precision_flags(prec)
+         + _data_parallel_flags(p, mode, tr))
+    header = (f"# clusterplan export: Megatron-LM pretrain_gpt.py arguments for "
+              f"{plan.get('model')} on {plan.get('topology')}; world {_plan.world(plan)} "
+              f"(dp = {p['dp']}, micro-batches per step = {plan.get('microbatches')}), "
+              f"fsdp={mode}\n")
+    if mode == "hsdp":
+        header += ("# hsdp: Megatron FSDP shards over the whole DP group here; "
+                   "the plan's replicate split is not expressed\n")
+    text = header + "\n".join(" ".join(shlex.quote(t) for t in line) for line in a) + "\n"
+    files = {ARGS_FILE: text}
+    validate_megatron(files, plan)
+    return files
+
+
+def _layer_flags(p: dict, layers: int | None, trim: int, tr: dict) -> list[list[str]]:
+    """Layers, tensor (sequence parallelism, its overlap, the attention kernel), pipeline
+    (virtual stages, uneven end stages) and context parallelism."""
     a: list[list[str]] = []
     if layers is not None:
         if (layers + 2 * trim) % p["pp"]:
@@ -66,37 +85,61 @@ def export_megatron(plan: dict, *, num_layers: int | None = None,
         a.append(["--attention-backend", "flash"])
     a.append(["--pipeline-model-parallel-size", str(p["pp"])])
     if p["vpp"] > 1:
-        if layers is None:
-            raise SpecError("vpp > 1 needs the model's layer count for "
-                            "--num-layers-per-virtual-pipeline-stage", field="num_layers",
-                            fix="pass --num-layers N (or a plan that records num_layers)")
-        if (layers + 2 * trim) % (p["pp"] * p["vpp"]):
-            raise SpecError(f"{layers} layers do not split into pp*vpp = {p['pp'] * p['vpp']} "
-                            "virtual stages", field="parallel.vpp",
-                            fix="choose vpp so that layers divide by pp*vpp")
-        if trim:     # uneven end stages: Megatron-Core counts chunks, not layers per chunk
-            a.append(["--num-virtual-stages-per-pipeline-rank", str(p["vpp"])])
-        else:
-            a.append(["--num-layers-per-virtual-pipeline-stage",
-                      str(layers // (p["pp"] * p["vpp"]))])
+        a.append(_virtual_stages_flag(p, layers, trim))
     a.append(["--context-parallel-size", str(p["cp"])])
-    if plan.get("num_experts", 0) > 1:
-        a.append(["--num-experts", str(plan["num_experts"])])
-        a.append(["--moe-router-topk", str(plan.get("moe_top_k", 1))])
-        a.append(["--expert-model-parallel-size", str(p.get("ep", 1))])
-    for flag in _ORDERS[order]:
-        a.append([flag])
-    a.append(["--micro-batch-size", str(plan["micro_batch_size"])])
-    a.append(["--global-batch-size", str(plan["global_batch_size"])])
+    return a
+
+
+def _virtual_stages_flag(p: dict, layers: int | None, trim: int) -> list[str]:
+    """The virtual pipeline stages: chunks per rank with uneven end stages (Megatron-Core
+    counts chunks, not layers per chunk, then), else layers per chunk."""
+    if layers is None:
+        raise SpecError("vpp > 1 needs the model's layer count for "
+                        "--num-layers-per-virtual-pipeline-stage", field="num_layers",
+                        fix="pass --num-layers N (or a plan that records num_layers)")
+    if (layers + 2 * trim) % (p["pp"] * p["vpp"]):
+        raise SpecError(f"{layers} layers do not split into pp*vpp = {p['pp'] * p['vpp']} "
+                        "virtual stages", field="parallel.vpp",
+                        fix="choose vpp so that layers divide by pp*vpp")
+    if trim:
+        return ["--num-virtual-stages-per-pipeline-rank", str(p["vpp"])]
+    return ["--num-layers-per-virtual-pipeline-stage", str(layers // (p["pp"] * p["vpp"]))]
+
+
+def _expert_flags(plan: dict, p: dict) -> list[list[str]]:
+    """Mixture of experts: experts, router top-k, expert parallelism (none for dense)."""
+    if plan.get("num_experts", 0) <= 1:
+        return []
+    return [["--num-experts", str(plan["num_experts"])],
+            ["--moe-router-topk", str(plan.get("moe_top_k", 1))],
+            ["--expert-model-parallel-size", str(p.get("ep", 1))]]
+
+
+def _batch_flags(plan: dict, p: dict, seq: int | None) -> list[list[str]]:
+    """Micro-batch and global batch sizes, and the sequence length."""
+    a = [["--micro-batch-size", str(plan["micro_batch_size"])],
+         ["--global-batch-size", str(plan["global_batch_size"])]]
     if seq is not None:
         if p["cp"] > 1 and seq % (2 * p["cp"]):
             raise SpecError(f"seq_len {seq} is not a multiple of 2*cp", field="seq_len",
                             fix="pick a sequence length divisible by 2*cp")
         a.append(["--seq-length", str(seq)])
+    return a
+
+
+def _precision_flags(prec: str | None) -> list[list[str]]:
+    """bf16 or fp16 training, or fp8 (hybrid format) on top of bf16."""
     if prec in ("bf16", "fp16"):
-        a.append([f"--{prec}"])
-    elif prec == "fp8":
-        a += [["--bf16"], ["--fp8-format", "hybrid"]]
+        return [[f"--{prec}"]]
+    if prec == "fp8":
+        return [["--bf16"], ["--fp8-format", "hybrid"]]
+    return []
+
+
+def _data_parallel_flags(p: dict, mode: str, tr: dict) -> list[list[str]]:
+    """The sharded optimizer or FSDP of ``mode``, and the overlap of gradient reduction and
+    parameter gathering with compute."""
+    a: list[list[str]] = []
     if mode in ("zero1", "zero2"):
         # Megatron's distributed optimizer shards optimizer state and reduce-scatters gradients
         a.append(["--use-distributed-optimizer"])
@@ -114,17 +157,7 @@ def export_megatron(plan: dict, *, num_layers: int | None = None,
             a.append(["--grad-reduce-in-bf16"])
         if mode != "none":
             a.append(["--overlap-param-gather"])
-    header = (f"# clusterplan export: Megatron-LM pretrain_gpt.py arguments for "
-              f"{plan.get('model')} on {plan.get('topology')}; world {_plan.world(plan)} "
-              f"(dp = {p['dp']}, micro-batches per step = {plan.get('microbatches')}), "
-              f"fsdp={mode}\n")
-    if mode == "hsdp":
-        header += ("# hsdp: Megatron FSDP shards over the whole DP group here; "
-                   "the plan's replicate split is not expressed\n")
-    text = header + "\n".join(" ".join(shlex.quote(t) for t in line) for line in a) + "\n"
-    files = {ARGS_FILE: text}
-    validate_megatron(files, plan)
-    return files
+    return a
 
 
 def parse_megatron_args(text: str) -> dict[str, str | bool]:
