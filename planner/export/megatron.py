@@ -190,7 +190,8 @@ def validate_megatron(files: Mapping[str, str], plan: Mapping | None = None) -> 
         mb = int(args["global-batch-size"]) // (int(args["micro-batch-size"]) * max(dp, 1))
         vpp = 1
         if "num-layers-per-virtual-pipeline-stage" in args:
-            vpp = int(args["num-layers"]) // pp // int(args["num-layers-per-virtual-pipeline-stage"])
+            per_chunk = int(args["num-layers-per-virtual-pipeline-stage"])
+            vpp = int(args["num-layers"]) // pp // per_chunk
         elif "num-virtual-stages-per-pipeline-rank" in args:
             vpp = int(args["num-virtual-stages-per-pipeline-rank"])
         got = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "vpp": vpp}
