@@ -182,6 +182,42 @@ def export_torchrec_plan(plan: Any, *, module_fqn: str = "", device: str | None 
     format version 1 or a layout is not one TorchRec can run.
     """
     doc = plan.to_dict(stable=True) if hasattr(plan, "to_dict") else plan
+    _check_document(doc, source)
+    world = _int(doc.get("devices"), "devices", source, minimum=1)
+    if world > MAX_WORLD:
+        raise _err(f"{world} devices, above {MAX_WORLD:,}", "devices",
+                   "regenerate the plan with `clusterplan plan`", source)
+    if not isinstance(module_fqn, str) or (module_fqn and not all(
+            part.isidentifier() for part in module_fqn.split("."))):
+        raise _err(f"module path {module_fqn!r} is not a dotted attribute path",
+                   "--module-fqn", "pass e.g. sparse.ebc, or nothing when the "
+                   "EmbeddingBagCollection is the wrapped module", source)
+    layouts = _read_layouts(doc, source)
+    lws = _local_world_size(doc, world, local_world_size, layouts, source)
+    if device is None:
+        device = "cpu" if doc.get("gpu") == "cpu" else "cuda"
+    if device not in _DEVICES:
+        raise _err(f"device {device!r} is not cpu or cuda", "--device", "use cpu or cuda",
+                   source)
+    task = doc.get("task") if isinstance(doc.get("task"), Mapping) else {}
+    tables, entries = _entries(layouts, device, lws, world, source)
+    context = {"tables": tables, "batch_size": task.get("batch_size"),
+               "topology": doc.get("topology"), "model_sha256": task.get("sha256")}
+    context["sha256"] = context_sha256(tables, world, lws, context["batch_size"],
+                                       context["topology"])
+    out = {"format": FORMAT, "schema_version": SCHEMA_VERSION,
+           "torchrec_version": TORCHREC_VERSION, "world_size": world,
+           "local_world_size": lws, "device": device, "context": context,
+           "source": {"format": SHARDING_PLAN_FORMAT, "planner": doc.get("planner"),
+                      "task": task.get("name"), "valid": doc.get("valid"),
+                      "max_cost_s": doc.get("max_cost_s")},
+           "plan": {module_fqn: entries}}
+    check_torchrec_plan(out, source=source)        # re-parse our own output, as the loader will
+    return out
+
+
+def _check_document(doc, source: str | None) -> None:
+    """A sharding plan of this exporter's format version that its planner found valid."""
     if not isinstance(doc, Mapping):
         raise _err(f"expected a JSON object, got {type(doc).__name__}", "(top level)",
                    "pass the file written by `clusterplan plan TABLES --devices N --out "
@@ -201,23 +237,12 @@ def export_torchrec_plan(plan: Any, *, module_fqn: str = "", device: str | None 
         raise _err(f"the plan is not valid ({problems or 'see its problems'}): a trainer "
                    "cannot run it", "valid", "re-plan with more devices, --memory or other "
                    "sharding types", source)
-    world = _int(doc.get("devices"), "devices", source, minimum=1)
-    if world > MAX_WORLD:
-        raise _err(f"{world} devices, above {MAX_WORLD:,}", "devices",
-                   "regenerate the plan with `clusterplan plan`", source)
-    if not isinstance(module_fqn, str) or (module_fqn and not all(
-            part.isidentifier() for part in module_fqn.split("."))):
-        raise _err(f"module path {module_fqn!r} is not a dotted attribute path",
-                   "--module-fqn", "pass e.g. sparse.ebc, or nothing when the "
-                   "EmbeddingBagCollection is the wrapped module", source)
-    layouts = _read_layouts(doc, source)
-    lws = _local_world_size(doc, world, local_world_size, layouts, source)
-    if device is None:
-        device = "cpu" if doc.get("gpu") == "cpu" else "cuda"
-    if device not in _DEVICES:
-        raise _err(f"device {device!r} is not cpu or cuda", "--device", "use cpu or cuda",
-                   source)
-    task = doc.get("task") if isinstance(doc.get("task"), Mapping) else {}
+
+
+def _entries(layouts: list[TableSharding], device: str, lws: int, world: int,
+             source: str | None) -> tuple[dict[str, list[int]], dict[str, Any]]:
+    """Each table's ``[rows, dim]`` and its ``ParameterSharding`` entry; a layout TorchRec
+    cannot run is an error naming it."""
     tables: dict[str, list[int]] = {}
     entries: dict[str, Any] = {}
     for i, ts in enumerate(layouts):
@@ -232,19 +257,7 @@ def export_torchrec_plan(plan: Any, *, module_fqn: str = "", device: str | None 
                        source)
         tables[ts.name] = [rows, dim]
         entries[ts.name] = _entry(ts, device, lws, world)
-    context = {"tables": tables, "batch_size": task.get("batch_size"),
-               "topology": doc.get("topology"), "model_sha256": task.get("sha256")}
-    context["sha256"] = context_sha256(tables, world, lws, context["batch_size"],
-                                       context["topology"])
-    out = {"format": FORMAT, "schema_version": SCHEMA_VERSION,
-           "torchrec_version": TORCHREC_VERSION, "world_size": world,
-           "local_world_size": lws, "device": device, "context": context,
-           "source": {"format": SHARDING_PLAN_FORMAT, "planner": doc.get("planner"),
-                      "task": task.get("name"), "valid": doc.get("valid"),
-                      "max_cost_s": doc.get("max_cost_s")},
-           "plan": {module_fqn: entries}}
-    check_torchrec_plan(out, source=source)        # re-parse our own output, as the loader will
-    return out
+    return tables, entries
 
 
 def _twrw_problems(ts: TableSharding, rows: int, lws: int) -> list[str]:
