@@ -75,34 +75,7 @@ def check_feasible(problem: Problem, types: Sequence[ShardingType]) -> None:
             what += "; no allowed sharding type applies)"
         bad.append((i, t.name, full))
         descs.append(what)
-        # what would help: a type the user ruled out, or one this planner does not use
-        help_ = []
-        words = {ShardingType.ROW_WISE: "row-wise", ShardingType.COLUMN_WISE: "column-wise",
-                 ShardingType.TABLE_ROW_WISE: "table-row-wise"}
-        for s, word in words.items():
-            if s in sizes:
-                continue
-            v = min_device_bytes(t, s, opt, n, host)
-            if v is None or v > cap:
-                continue
-            if s in types:
-                help_.append(f"allow {word} for {t.name!r} ({format_bytes(v)} per device on "
-                             f"{n} devices; --sharding-types or the table's sharding_types)")
-            else:
-                help_.append(f"use a planner with {word} sharding for {t.name!r} "
-                             f"({format_bytes(v)} per device; --planner greedy or mip)")
-            break
-        if not help_:
-            # row-wise over more devices: the smallest footprint scales with 1/N
-            per_row = shard_memory_bytes(t, 1, t.embedding_dim, ShardingType.ROW_WISE, opt)
-            need = math.ceil(t.num_embeddings * per_row / cap) if cap > 0 else 0
-            if cap <= 0:
-                help_.append("give the devices memory (--memory) or use a GPU with more HBM")
-            else:
-                rw = "" if ShardingType.ROW_WISE in sizes else "allow row-wise and "
-                help_.append(f"{rw}use ≥ {need} devices, fp16 weights, or an optimizer with "
-                             f"less state for {t.name!r}")
-        fixes.append(help_[0])
+        fixes.append(_fix_for(t, sizes, types, opt, n, host, cap))
     if bad:
         msg = (f"{len(bad)} table(s) fit on no device (largest device: {format_bytes(cap)} for "
                f"embeddings on {gpu}): " + "; ".join(descs[:4]))
@@ -122,3 +95,30 @@ def check_feasible(problem: Problem, types: Sequence[ShardingType]) -> None:
             model.name, field="tables",
             fix=f"use ≥ {more} devices, fp16 weights, or an optimizer with less state")
 
+
+def _fix_for(t, sizes: dict, types: Sequence[ShardingType], opt: str, n: int, host: int,
+             cap: float) -> str:
+    """What would let table ``t`` fit a device of ``cap`` bytes: a type the user ruled out, or
+    one this planner does not use; else row-wise over more devices, fp16 weights or less
+    optimizer state."""
+    words = {ShardingType.ROW_WISE: "row-wise", ShardingType.COLUMN_WISE: "column-wise",
+             ShardingType.TABLE_ROW_WISE: "table-row-wise"}
+    for s, word in words.items():
+        if s in sizes:
+            continue
+        v = min_device_bytes(t, s, opt, n, host)
+        if v is None or v > cap:
+            continue
+        if s in types:
+            return (f"allow {word} for {t.name!r} ({format_bytes(v)} per device on "
+                    f"{n} devices; --sharding-types or the table's sharding_types)")
+        return (f"use a planner with {word} sharding for {t.name!r} "
+                f"({format_bytes(v)} per device; --planner greedy or mip)")
+    if cap <= 0:
+        return "give the devices memory (--memory) or use a GPU with more HBM"
+    # row-wise over more devices: the smallest footprint scales with 1/N
+    per_row = shard_memory_bytes(t, 1, t.embedding_dim, ShardingType.ROW_WISE, opt)
+    need = math.ceil(t.num_embeddings * per_row / cap)
+    rw = "" if ShardingType.ROW_WISE in sizes else "allow row-wise and "
+    return (f"{rw}use ≥ {need} devices, fp16 weights, or an optimizer with less state for "
+            f"{t.name!r}")
