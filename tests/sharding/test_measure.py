@@ -401,6 +401,25 @@ def test_measure_many_pairs_plans(gloo2):
     assert 0 < lo <= hi < math.inf
 
 
+def test_measure_many_in_turn_when_plans_do_not_fit_together(gloo2, monkeypatch):
+    """Plans too large to build together are timed one after another, forward then reverse,
+    each rank's two medians averaged: the same plan twice measures alike, with collectives,
+    and no per-iteration samples are kept for the lookups (they were not interleaved)."""
+    import planner.measure.tables.plans as plans
+    m, task, sh = _two_rank_task()
+    problem = prepare(task, 2)
+    monkeypatch.setattr(plans, "_available_bytes", lambda: 1.0)    # nothing fits together
+    a, b = plans.measure_many(problem, [sh, sh], repeats=3, comm_repeats=3, group=gloo2,
+                              memory_limit_bytes=2 ** 40)
+    for m_ in (a, b):
+        assert m_.settings["interleaved"] is False
+        assert all(x > 0 for x in m_.measured_s["lookup_fwd_s"] + m_.measured_s["lookup_bwd_s"])
+        assert "lookup_fwd_s" not in m_.samples_s
+        assert any(any(v) for k, v in m_.measured_s.items() if not k.startswith("lookup"))
+    # the same plan, measured twice in turn: the host's noise, not a factor of two
+    assert 0.5 < sum(a.lookup_s) / sum(b.lookup_s) < 2.0
+
+
 def test_plan_measure_and_measure_commands(tmp_path, capsys):
     """``plan --measure`` and ``measure`` run and report; ``--heap system`` keeps this test
     process's C heap as it is (``retain``, the default, would hold it for the whole run)."""

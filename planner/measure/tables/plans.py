@@ -239,48 +239,15 @@ def _measure_many(problem, plans: Sequence[Sequence[TableSharding]], *, repeats:
     measured = [{k: [0.0] * n for k in BREAKDOWN_KEYS} for _ in plans]
     samples: list[dict[str, list[list[float]]]] = [{} for _ in plans]
     together = sum(totals) <= 0.3 * _available_bytes()
-    kind = backend
-    if together:
-        work = [w for sh in plans for w in rank_work(model, sh, ids, n)]
-        tm = time_ranks(work, optimizer=model.optimizer, repeats=repeats, warmup=warmup,
-                        backend=backend, flush=flush, threads=threads, interleave=True)
-        kind = tm[0].backend
-        for i in range(len(plans)):
-            measured[i]["lookup_fwd_s"] = [t.fwd_s for t in tm[i * n:(i + 1) * n]]
-            measured[i]["lookup_bwd_s"] = [t.bwd_s for t in tm[i * n:(i + 1) * n]]
-            samples[i]["lookup_fwd_s"] = [list(t.fwd_samples) for t in tm[i * n:(i + 1) * n]]
-            samples[i]["lookup_bwd_s"] = [list(t.bwd_samples) for t in tm[i * n:(i + 1) * n]]
-    else:
-        order = list(range(len(plans)))
-        for i in order + order[::-1]:
-            tm = time_ranks(rank_work(model, plans[i], ids, n), optimizer=model.optimizer,
-                            repeats=repeats, warmup=warmup, backend=backend, flush=flush,
-                            threads=threads, interleave=totals[i] <= 0.25 * _available_bytes())
-            kind = tm[0].backend
-            for r, t in enumerate(tm):
-                measured[i]["lookup_fwd_s"][r] += t.fwd_s / 2
-                measured[i]["lookup_bwd_s"][r] += t.bwd_s / 2
+    timing = dict(repeats=repeats, warmup=warmup, backend=backend, flush=flush, threads=threads)
+    kind = (_time_lookups(model, plans, ids, n, measured, samples, **timing) if together
+            else _time_lookups_in_turn(model, plans, ids, n, measured, totals, **timing))
     if bar is not None:
         bar.update(1)
     notes: list[str] = []
     if comm and n > 1:
-        ops = []
-        for i, sh in enumerate(plans):
-            ops += [(k, f"{i}|{name}", arg) for k, name, arg in comm_ops(model, sh, ids, n)]
-        if ops:
-            own = group is None
-            g = GlooGroup(n, heap=heap or DEFAULT_HEAP) if own else group
-            try:
-                res = g.run(ops, repeats=comm_repeats, warmup=comm_warmup)
-            finally:
-                if own:
-                    g.close()
-            for r in range(n):
-                for name, v in res[r].items():
-                    i, op = name.split("|", 1)
-                    measured[int(i)][_OP_KEY[op]][r] += float(v["median_s"])
-                    if together:
-                        _add_rounds(samples[int(i)], _OP_KEY[op], r, n, v["samples_s"])
+        _time_collectives(model, plans, ids, n, measured, samples if together else None,
+                          group=group, heap=heap, repeats=comm_repeats, warmup=comm_warmup)
         over = oversubscription(n)
         if over > 1:
             notes.append(f"{n} gloo processes share {n / over:.0f} cores ({over:.1f} per core): "
@@ -304,6 +271,66 @@ def _measure_many(problem, plans: Sequence[Sequence[TableSharding]], *, repeats:
                                settings=settings, notes=tuple(notes),
                                wall_s=time.perf_counter() - t0))
     return out
+
+
+def _time_lookups(model, plans, ids, n: int, measured: list[dict], samples: list[dict], *,
+                  repeats: int, warmup: int, backend: str, flush: bool, threads: int) -> str:
+    """Every plan's ranks' lookups built together, their iterations interleaved; medians
+    into ``measured`` and every sample into ``samples``; the kernel backend used."""
+    work = [w for sh in plans for w in rank_work(model, sh, ids, n)]
+    tm = time_ranks(work, optimizer=model.optimizer, repeats=repeats, warmup=warmup,
+                    backend=backend, flush=flush, threads=threads, interleave=True)
+    for i in range(len(plans)):
+        measured[i]["lookup_fwd_s"] = [t.fwd_s for t in tm[i * n:(i + 1) * n]]
+        measured[i]["lookup_bwd_s"] = [t.bwd_s for t in tm[i * n:(i + 1) * n]]
+        samples[i]["lookup_fwd_s"] = [list(t.fwd_samples) for t in tm[i * n:(i + 1) * n]]
+        samples[i]["lookup_bwd_s"] = [list(t.bwd_samples) for t in tm[i * n:(i + 1) * n]]
+    return tm[0].backend
+
+
+def _time_lookups_in_turn(model, plans, ids, n: int, measured: list[dict], totals: list[float],
+                          *, repeats: int, warmup: int, backend: str, flush: bool,
+                          threads: int) -> str:
+    """Plans too large to hold together (``totals``: each plan's bytes): each plan's lookups
+    alone, in forward then reverse order, each rank's two medians averaged into
+    ``measured``; the kernel backend used."""
+    kind = backend
+    order = list(range(len(plans)))
+    for i in order + order[::-1]:
+        tm = time_ranks(rank_work(model, plans[i], ids, n), optimizer=model.optimizer,
+                        repeats=repeats, warmup=warmup, backend=backend, flush=flush,
+                        threads=threads, interleave=totals[i] <= 0.25 * _available_bytes())
+        kind = tm[0].backend
+        for r, t in enumerate(tm):
+            measured[i]["lookup_fwd_s"][r] += t.fwd_s / 2
+            measured[i]["lookup_bwd_s"][r] += t.bwd_s / 2
+    return kind
+
+
+def _time_collectives(model, plans, ids, n: int, measured: list[dict],
+                      samples: list[dict] | None, *, group, heap: str | None, repeats: int,
+                      warmup: int) -> None:
+    """Every plan's collectives in one gloo job (``group``, else one made and closed here),
+    interleaved per round; medians added into ``measured``, each round into ``samples``
+    when given."""
+    ops = []
+    for i, sh in enumerate(plans):
+        ops += [(k, f"{i}|{name}", arg) for k, name, arg in comm_ops(model, sh, ids, n)]
+    if not ops:
+        return
+    own = group is None
+    g = GlooGroup(n, heap=heap or DEFAULT_HEAP) if own else group
+    try:
+        res = g.run(ops, repeats=repeats, warmup=warmup)
+    finally:
+        if own:
+            g.close()
+    for r in range(n):
+        for name, v in res[r].items():
+            i, op = name.split("|", 1)
+            measured[int(i)][_OP_KEY[op]][r] += float(v["median_s"])
+            if samples is not None:
+                _add_rounds(samples[int(i)], _OP_KEY[op], r, n, v["samples_s"])
 
 
 def _add_rounds(samples: dict, key: str, rank: int, n: int, rounds: Sequence[float]) -> None:
