@@ -164,15 +164,7 @@ def measure_shardings(problem, shardings: Sequence[TableSharding], *, repeats: i
     notes: list[str] = []
     ops = comm_ops(model, shardings, ids, n, problem.hosts)
     if comm and ops and n > 1:
-        own = group is None
-        g = GlooGroup(n, heap=heap or DEFAULT_HEAP) if own else group
-        if g.world != n:
-            raise ValueError(f"gloo group has {g.world} ranks, the plan {n}")
-        try:
-            res = g.run(ops, repeats=comm_repeats, warmup=comm_warmup)
-        finally:
-            if own:
-                g.close()
+        res = _run_collectives(ops, n, group, heap, repeats=comm_repeats, warmup=comm_warmup)
         for r in range(n):
             for name, v in res[r].items():
                 measured[_OP_KEY[name]][r] += float(v["median_s"])
@@ -318,19 +310,28 @@ def _time_collectives(model, plans, ids, n: int, measured: list[dict],
         ops += [(k, f"{i}|{name}", arg) for k, name, arg in comm_ops(model, sh, ids, n)]
     if not ops:
         return
-    own = group is None
-    g = GlooGroup(n, heap=heap or DEFAULT_HEAP) if own else group
-    try:
-        res = g.run(ops, repeats=repeats, warmup=warmup)
-    finally:
-        if own:
-            g.close()
+    res = _run_collectives(ops, n, group, heap, repeats=repeats, warmup=warmup)
     for r in range(n):
         for name, v in res[r].items():
             i, op = name.split("|", 1)
             measured[int(i)][_OP_KEY[op]][r] += float(v["median_s"])
             if samples is not None:
                 _add_rounds(samples[int(i)], _OP_KEY[op], r, n, v["samples_s"])
+
+
+def _run_collectives(ops: list, n: int, group, heap: str | None, *, repeats: int,
+                     warmup: int) -> list[dict]:
+    """Per rank, each op's timings from one gloo job on ``group`` (of ``n`` ranks), or on a
+    group of its own, made and closed here."""
+    own = group is None
+    g = GlooGroup(n, heap=heap or DEFAULT_HEAP) if own else group
+    if g.world != n:
+        raise ValueError(f"gloo group has {g.world} ranks, the plan {n}")
+    try:
+        return g.run(ops, repeats=repeats, warmup=warmup)
+    finally:
+        if own:
+            g.close()
 
 
 def _add_rounds(samples: dict, key: str, rank: int, n: int, rounds: Sequence[float]) -> None:
