@@ -13,7 +13,8 @@ from simulator.errors import SpecError
 from simulator.topology import load_topology
 
 from planner.cli.main import main
-from planner.workloads.replay import chakra_workload, kineto_workload, read_kineto
+from planner.workloads.chakra import chakra_workload
+from planner.workloads.replay import kineto_workload, read_kineto
 
 torch = pytest.importorskip("torch")
 STEPS = 3

@@ -11,7 +11,8 @@ from simulator.topology import load_topology
 from simulator.units import format_time
 
 from planner.cli.output import emit
-from planner.workloads.replay import chakra_workload, kineto_workload, read_kineto
+from planner.workloads.chakra import chakra_workload
+from planner.workloads.replay import kineto_workload, read_kineto
 
 __all__ = ["register", "run"]
 
