@@ -132,8 +132,9 @@ def test_lookup_probe_is_recorded_and_scales_the_plans_lookups():
     ct = doc["contention"]
     assert ct["together_s"] == lk["measured_s"] and ct["share_of_core"] == 1.0
     assert 1e-4 < ct["alone_s"] < 1.0
+    # all three are rounded to 4 significant figures, each off by up to 5e-4 relative
     assert ct["alone_speedup"] == pytest.approx(max(1.0, ct["together_s"] / ct["alone_s"]),
-                                                rel=1e-3)
+                                                rel=1.6e-3)
     prof = gloo_profile_from_dict(doc, source="probe")
     assert prof.alone_speedup == ct["alone_speedup"]
     scale = lookup_scale(prof)
