@@ -19,6 +19,10 @@ CASES = [
     ["simulate", "dp-step", "--topology", "dgx-a100:nodes=2", "--straggler", "3=1.2", "--json"],
     ["simulate", "llama3-8b", "--topology", "h100-ib:nodes=2", "--parallel", "tp=8,pp=2,dp=1"],
     ["reorder", "--topology", "cloud-64", "--collective", "allreduce", "--json"],
+    ["reorder", "--topology", "cloud-64", "--collective", "hierarchical", "--group-size", "4",
+     "--json"],
+    ["plan", "criteo-dlrm", "--devices", "16", "--topology", "dgx-a100:nodes=2", "--dmt",
+     "--towers", "4", "--json"],
     ["collective", "alltoall", "--size", "64MiB", "--ranks", "16", "--topology", "h100-ib:nodes=2",
      "--json"],
 ]

@@ -301,3 +301,28 @@ def test_hierarchical_model_and_reorder():
     cloud = placement_cost_matrix(generate_placement(cloud_spec_for(16, seed=5)))
     r = reorder(cloud, "hierarchical", m, time_limit_s=2, group_size=4)
     assert sorted(r.order) == list(range(16)) and r.speedup >= 1
+
+
+def test_the_swap_search_stops_on_its_budget_not_the_clock():
+    """A slower machine (each cost evaluation 0.2 ms later) finds the same order: the search
+    stops on its evaluation budget or on 2·n² swaps without a gain, never on the clock unless
+    the time runs out, which it then says."""
+    import time
+
+    from planner.reorder.search import swap_search
+    rng = np.random.default_rng(4)
+    w = rng.uniform(0, 1, (12, 12))
+
+    def cost(o):
+        return float(sum(w[o[k], o[(k + 1) % len(o)]] for k in range(len(o))))
+
+    def slow(o):
+        time.sleep(2e-4)
+        return cost(o)
+
+    fast = swap_search(cost, np.arange(12), time_limit_s=60, seed=1, max_evals=3000)
+    late = swap_search(slow, np.arange(12), time_limit_s=60, seed=1, max_evals=3000)
+    assert np.array_equal(fast[0], late[0]) and fast[1] == late[1] < cost(np.arange(12))
+    assert not fast[2] and not late[2]
+    cut = swap_search(slow, np.arange(12), time_limit_s=0.01, seed=1, max_evals=3000)
+    assert cut[2] and cut[1] <= cost(np.arange(12))

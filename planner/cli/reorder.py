@@ -136,6 +136,10 @@ def run(args) -> int:
              "  launch        " + ("torchrun: hosts in this order, --node-rank = position"
                                    if rm["torchrun_ok"] else
                                    "needs a per-rank map (rankfile or RANK remap; see --out)")]
+    if res.clock_stopped:
+        lines.append("  note          the pair-swap search ran out of --time-limit before its "
+                     "budget: this order depends on the machine's speed and load (a larger "
+                     "--time-limit makes it repeatable)")
     for f in (args.out, args.plan_out):
         if f:
             lines.append(f"  wrote {f}")

@@ -135,12 +135,13 @@ def reorder_plan(cm: CostMatrix, traffic: PlanTraffic, *, exact_max_n: int = 16,
     cands = {"given": np.arange(n), "ring-packed": ring}
     times = {k: cost(o) for k, o in cands.items()}
     start = min(times, key=times.get)
-    left = max(0.2, time_limit_s - (time.perf_counter() - t0)) / 4
-    cands["swaps"], times["swaps"] = swap_search(cost, cands[start], time_limit_s=left, seed=seed)
+    left = max(0.2, time_limit_s - (time.perf_counter() - t0))
+    cands["swaps"], times["swaps"], clock = swap_search(cost, cands[start], time_limit_s=left,
+                                                        seed=seed)
     method = min(times, key=times.get)
     return ReorderResult("plan", traffic.dp_bytes, tuple(int(x) for x in cands[method]),
                          times["given"], times[method], method, times,
-                         time.perf_counter() - t0)
+                         time.perf_counter() - t0, clock)
 
 
 def placed_plan(plan: Mapping[str, Any], order, hostnames) -> dict:

@@ -73,3 +73,38 @@ def test_resolve_towers():
     for bad in ("x", 0, 101):
         with pytest.raises(SpecError):
             resolve_towers(bad, 100, 8)
+
+
+def _affinity_problem(features: int, seed: int = 0):
+    """A |corr| affinity of features drawn in latent groups, costs and widths."""
+    rng = np.random.default_rng(seed)
+    groups = features // 8 + 1
+    x = rng.normal(size=(400, features)) + \
+        rng.normal(size=(400, groups))[:, rng.integers(0, groups, features)]
+    a = np.abs(np.corrcoef(x, rowvar=False))
+    np.fill_diagonal(a, 0.0)
+    return a, rng.uniform(1, 2, features), rng.choice([32, 64, 128], features).astype(float)
+
+
+def test_a_mip_stopped_by_its_node_budget_repeats_exactly():
+    """The budget is a function of the model's size and the limit, not of the clock: the
+    incumbent it stops on is the same on every run (a clock-stopped one would vary with load)."""
+    from planner.dmt.partition import node_budget, partition_features
+    a, w, width = _affinity_problem(120)
+    runs = [partition_features(a, w, 8, time_limit_s=0.5, width=width) for _ in range(2)]
+    assert runs[0][1]["solver"].startswith("mip (node limit")
+    assert np.array_equal(runs[0][0], runs[1][0])
+    assert node_budget(5_000, 0.5) == node_budget(5_000, 0.5) > 0
+    assert node_budget(10_000_000, 5.0) is None            # the root alone would not fit
+
+
+def test_a_mip_stopped_by_the_clock_is_not_used(monkeypatch):
+    """With a budget too large for the time (as on a slow or busy machine) CBC's clock stops
+    it; that incumbent depends on the machine, so the deterministic repair is kept."""
+    import planner.dmt.partition as partition
+    monkeypatch.setattr(partition, "node_budget", lambda nonzeros, limit_s: 10**6)
+    a, w, width = _affinity_problem(200)
+    lab, notes = partition.partition_features(a, w, 8, time_limit_s=0.3, width=width)
+    assert notes["solver"] == "repair"
+    assert all("stopped by the clock" in why for why in notes["mip_not_used"])
+    assert np.bincount(lab, minlength=8).min() >= 1

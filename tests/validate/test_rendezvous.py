@@ -63,6 +63,8 @@ def test_ranks_listen_on_loopback_only(tmp_path):
 
 
 def _exit_holding_store(rank: int, world: int) -> None:
+    import torch.distributed as dist
+    dist.barrier()          # both ranks connected: neither leaves the other mid-handshake
     os._exit(0)             # no destructor runs: torch's store never removes its file
 
 
