@@ -456,14 +456,14 @@ def _child(argv: list[str], folder: str, command) -> int:
 _SERVER: list = []
 
 
-_LAZY_LIBRARIES = ["pandas", "sklearn.cluster", "sklearn.ensemble", "scipy.optimize",
+_LAZY_LIBRARIES = ["pandas", "scipy.cluster.vq", "sklearn.ensemble", "scipy.optimize",
                    "scipy.stats", "pulp", "networkx"]
 
 
 def _context():
     """A fork server started fresh (no torch, no OpenMP threads of the test process, which a
     plain fork would copy half-initialised) with every CLI command imported (none imports
-    torch), and the libraries commands import only when a case needs them (KMeans for DMT
+    torch), and the libraries commands import only when a case needs them (k-means for DMT
     towers, pandas, the MIP solver): each case is a fork of it, as quick to start as an
     in-process call. Without them the first case of a kind pays their import from a cold disk
     (12 s once on a fresh CI clone), which is not a hang of ours."""

@@ -10,7 +10,7 @@ papers.md §3.4):
 2. **Affinity** ``A_ij = |corr(activity_i, activity_j)|`` (zero diagonal).
 3. **Feature embeddings**: the spectral embedding of ``A`` (top eigenvectors of
    ``D^-1/2 A D^-1/2``, rows normalised) — features that are accessed together land close.
-4. **Clustering**: scikit-learn ``KMeans`` into ``T`` clusters.
+4. **Clustering**: k-means (SciPy's, four seeded k-means++ starts) into ``T`` clusters.
 5. **Balance**: a PuLP/CBC MIP assigns every feature to one tower, maximising each feature's
    mean affinity to its tower's cluster, subject to tower cost ≤ ``(1 + ε)·W/T`` and the tower
    memory cap; warm-started from a repair of the clusters (moves of the least-attached features
@@ -100,6 +100,26 @@ def spectral_embedding(a: np.ndarray, dims: int) -> np.ndarray:
     e = vecs[:, -k:]
     n = np.linalg.norm(e, axis=1, keepdims=True)
     return e / np.maximum(n, 1e-12)
+
+
+def kmeans(points: np.ndarray, k: int, *, seed: int = 0, starts: int = 4, iterations: int = 50
+           ) -> tuple[np.ndarray | None, float]:
+    """Labels of ``points`` (rows) in ``k`` clusters and their inertia (sum of squared
+    distances to the centroids): SciPy's k-means from ``starts`` seeded k-means++ starts, the
+    lowest inertia kept; (None, inf) when every start leaves a cluster empty."""
+    from scipy.cluster.vq import ClusterError, kmeans2
+    best, best_inertia = None, math.inf
+    for start in range(starts):
+        rng = np.random.default_rng(np.random.SeedSequence([int(seed), start, 0x4B4D]))
+        try:
+            centroids, labels = kmeans2(points, k, iter=iterations, minit="++",
+                                        missing="raise", rng=rng)
+        except ClusterError:
+            continue
+        inertia = float(((points - centroids[labels]) ** 2).sum())
+        if inertia < best_inertia - 1e-12:
+            best, best_inertia = labels.astype(int), inertia
+    return best, best_inertia
 
 
 def feature_costs(task: ShardingTask, devices: int) -> tuple[np.ndarray, np.ndarray]:
@@ -221,11 +241,14 @@ ROOT_S_PER_NZ, NODE_S_PER_NZ = 6e-5, 1e-6
 #: the node budget plans for this share of the time after the root: the rest is margin for a
 #: slower or busier machine before the clock's safety stop fires
 BUDGET_SHARE = 0.5
+#: the clock stops CBC at this many times the planned limit (a machine that much slower)
+SAFETY = 2.0
 
 
 def node_budget(nonzeros: int, time_limit_s: float) -> int | None:
     """CBC nodes planned into ``time_limit_s`` (seconds) for a model of ``nonzeros``; None when
-    the root node alone would not fit."""
+    the root node alone would not fit. Planned, not enforced: the clock stops CBC only at
+    ``SAFETY`` times the limit."""
     spare = time_limit_s - ROOT_S_PER_NZ * nonzeros
     return int(BUDGET_SHARE * spare / (NODE_S_PER_NZ * max(nonzeros, 1))) if spare > 0 else None
 
@@ -239,8 +262,8 @@ def _solve(prob: pulp.LpProblem, *, time_limit_s: float, seed: int) -> tuple[dic
     nodes = node_budget(nonzeros, time_limit_s)
     if nodes is None:
         return None, f"not run: its root node would not finish in {time_limit_s:g} s"
-    values, info = run_cbc(prob, start=True, seconds=time_limit_s, max_nodes=nodes,
-                           hard_deadline=time.perf_counter() + 1.5 * time_limit_s + 1.0,
+    values, info = run_cbc(prob, start=True, seconds=SAFETY * time_limit_s, max_nodes=nodes,
+                           hard_deadline=time.perf_counter() + SAFETY * time_limit_s + 1.0,
                            seed=seed)
     result = info.get("result", "").lower()
     if info.get("killed") or not ("optimal" in result or "node limit" in result):
@@ -297,10 +320,10 @@ def partition_features(a: np.ndarray | None, w: np.ndarray, T: int, *, method: s
         raise SpecError("the affinity partitioner needs co-access statistics", source="coaccess",
                         fix="pass a samples × features activity matrix")
     t0 = time.perf_counter()
-    from sklearn.cluster import KMeans
-    emb = spectral_embedding(a, embed_dims or T)
-    km = KMeans(n_clusters=T, n_init=4, random_state=int(seed)).fit(emb)
-    clusters = km.labels_.astype(int)
+    clusters, inertia = kmeans(spectral_embedding(a, embed_dims or T), T, seed=seed)
+    if clusters is None:
+        notes["kmeans"] = "no clustering without an empty cluster: the cost-balanced start"
+        clusters = lpt
     # s[f, t]: mean affinity of f to the other members of cluster t
     onehot = np.eye(T)[clusters]
     counts = onehot.sum(axis=0)
@@ -343,7 +366,7 @@ def partition_features(a: np.ndarray | None, w: np.ndarray, T: int, *, method: s
                 break
         if width is not None and "width_cap" not in notes:
             notes["width_cap"] = "dropped (no assignment within both caps in the MIP's budget)"
-    notes.update({"solver": status, "kmeans_inertia": float(km.inertia_),
+    notes.update({"solver": status, "kmeans_inertia": inertia if clusters is not lpt else None,
                   "balance_cap_s": float(cap), "wall_s": time.perf_counter() - t0})
     return lab, notes
 

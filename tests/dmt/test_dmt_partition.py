@@ -90,8 +90,8 @@ def test_a_mip_stopped_by_its_node_budget_repeats_exactly():
     """The budget is a function of the model's size and the limit, not of the clock: the
     incumbent it stops on is the same on every run (a clock-stopped one would vary with load)."""
     from planner.dmt.partition import node_budget, partition_features
-    a, w, width = _affinity_problem(120)
-    runs = [partition_features(a, w, 8, time_limit_s=0.5, width=width) for _ in range(2)]
+    a, w, width = _affinity_problem(200)
+    runs = [partition_features(a, w, 8, time_limit_s=1.0, width=width) for _ in range(2)]
     assert runs[0][1]["solver"].startswith("mip (node limit")
     assert np.array_equal(runs[0][0], runs[1][0])
     assert node_budget(5_000, 0.5) == node_budget(5_000, 0.5) > 0
@@ -104,7 +104,7 @@ def test_a_mip_stopped_by_the_clock_is_not_used(monkeypatch):
     import planner.dmt.partition as partition
     monkeypatch.setattr(partition, "node_budget", lambda nonzeros, limit_s: 10**6)
     a, w, width = _affinity_problem(200)
-    lab, notes = partition.partition_features(a, w, 8, time_limit_s=0.3, width=width)
+    lab, notes = partition.partition_features(a, w, 8, time_limit_s=0.15, width=width)
     assert notes["solver"] == "repair"
     assert all("stopped by the clock" in why for why in notes["mip_not_used"])
     assert np.bincount(lab, minlength=8).min() >= 1
