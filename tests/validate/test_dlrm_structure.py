@@ -30,7 +30,12 @@ from planner.measure.validate.runner import RunFailed, run_many
 from planner.model.tables.plan import PlannerStats, make_plan
 from planner.model.tables.spec import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
-from planner.workloads.dlrm.torchrec import KJT_SPLITS, ddp_buckets, rank_events, torchrec_comm_ops
+from planner.workloads.dlrm.torchrec_comms import (
+    KJT_SPLITS,
+    ddp_buckets,
+    rank_events,
+    torchrec_comm_ops,
+)
 
 #: rows split evenly over 4 ranks and over 2 ranks per host (TorchRec's row blocks, no empty
 #: shard); dims multiples of 4 (column-wise widths)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.model.tables.ids import table_ids
-from planner.workloads.dlrm.torchrec import torchrec_comm_ops
+from planner.workloads.dlrm.torchrec_comms import torchrec_comm_ops
 
 __all__ = ["step_batch", "dense_param_sizes", "expected_ops"]
 

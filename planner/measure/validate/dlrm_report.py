@@ -2,7 +2,7 @@
 
 :func:`validate_dlrm` returns the ``--json`` dictionary of ``clusterplan validate PLAN.json``
 for a sharding plan: ``structure`` (every rank's collectives per step and process group against
-:func:`planner.workloads.dlrm.torchrec.torchrec_comm_ops` of the same batch: kind, bytes,
+:func:`planner.workloads.dlrm.torchrec_comms.torchrec_comm_ops` of the same batch: kind, bytes,
 all-to-all send and receive splits in bytes, order), ``predicted_step_time_s`` (the simulated
 step on this machine's topology and CPU profile), ``measured_step_time_s`` (median over the
 measured steps of the slowest rank), ``relative_error``, ``per_kind`` and the configuration.
@@ -33,7 +33,8 @@ from planner.measure.validate.runner import RunResult, run
 from planner.model.tables.cost import CostConfig
 from planner.model.tables.dense import dense_op_list
 from planner.model.tables.task import ShardingTask, prepare
-from planner.workloads.dlrm.torchrec import build_torchrec_step_workload, rank_events
+from planner.workloads.dlrm.torchrec import build_torchrec_step_workload
+from planner.workloads.dlrm.torchrec_comms import rank_events
 
 __all__ = ["measured_channels", "compare_dlrm", "validate_dlrm", "format_dlrm_report",
            "per_kind_rows", "predicted"]

@@ -46,7 +46,8 @@ from planner.model.tables.plan import Plan
 from planner.model.tables.shards import TableSharding
 from planner.model.tables.task import Problem, prepare
 from planner.workloads.dlrm.dense import mlp_flops
-from planner.workloads.dlrm.torchrec import build_torchrec_step_workload, torchrec_step_ops
+from planner.workloads.dlrm.torchrec import build_torchrec_step_workload
+from planner.workloads.dlrm.torchrec_comms import torchrec_step_ops
 
 __all__ = ["StepSimulation", "build_step_workload", "simulate_step", "simulate_plan"]
 
@@ -199,7 +200,7 @@ def simulate_step(problem: Problem, shardings: Sequence[TableSharding], *,
     """Simulate one training step of ``shardings`` on the problem's topology.
 
     ``comm="model"``: the averaged all-to-alls above; ``comm="torchrec"``: the collectives
-    TorchRec 1.8.0 issues for one seeded batch (:mod:`planner.workloads.dlrm.torchrec`,
+    TorchRec 1.8.0 issues for one seeded batch (:mod:`planner.workloads.dlrm.torchrec_comms`,
     checked call for call against real runs by ``clusterplan validate``)."""
     if comm == "torchrec":
         ops = torchrec_step_ops(problem, shardings)
