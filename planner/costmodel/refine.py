@@ -75,7 +75,6 @@ def _key(per: np.ndarray) -> tuple[float, float]:
 def refine(obj, units, ranks, rowwise=frozenset(), *, max_evals: int = 20000,
            deadline: float | None = None, allow_rowwise: bool = True) -> RefineResult:
     """Descend from the state ``(units, ranks, rowwise)`` (module docstring)."""
-    problem, n = obj.problem, obj.n
     parts: dict[int, dict[int, int]] = {}
     for u, r in zip(units, ranks):
         per = parts.setdefault(u[0], {})
@@ -85,70 +84,17 @@ def refine(obj, units, ranks, rowwise=frozenset(), *, max_evals: int = 20000,
     cur = _key(cur_per)
     start = cur[0]
     evals, moves, stopped = 1, {}, "optimum"
-    allowed = problem.allowed
-    dims = [t.embedding_dim for t in problem.model.tables]
-
-    def legal(t: int, per: dict) -> bool:
-        return allowed(t, _TW if len(per) == 1 else _CW)
-
-    def neighbours(b: int):
-        on_b = sorted((t for t in parts if b in parts[t]),
-                      key=lambda t: (-obj.single((t, 0, parts[t][b])), t))
-        for t in on_b:
-            w = parts[t][b]
-            for r in range(n):
-                if r == b:
-                    continue
-                per = dict(parts[t])
-                del per[b]
-                per[r] = per.get(r, 0) + w
-                if legal(t, per):
-                    yield "move", {t: per}, rw
-                if allowed(t, _CW):
-                    for q in split_widths(w):
-                        per = dict(parts[t])
-                        per[b] = w - q
-                        per[r] = per.get(r, 0) + q
-                        yield "split", {t: per}, rw
-            if allow_rowwise and allowed(t, _RW):
-                yield "rowwise", {t: None}, rw | {t}
-        for t in sorted(rw):
-            if allowed(t, _TW):
-                for r in range(n):
-                    yield "unrowwise", {t: {r: dims[t]}}, rw - {t}
-        for t in on_b:
-            w = parts[t][b]
-            for t2 in sorted(parts):
-                if t2 == t or b in parts[t2]:
-                    continue
-                for r2, w2 in sorted(parts[t2].items()):
-                    if r2 in parts[t]:
-                        continue
-                    p1 = dict(parts[t])
-                    del p1[b]
-                    p1[r2] = w
-                    p2 = dict(parts[t2])
-                    del p2[r2]
-                    p2[b] = w2
-                    if legal(t, p1) and legal(t2, p2):
-                        yield "swap", {t: p1, t2: p2}, rw
-
     while True:
         b = int(np.argmax(cur_per))
         best = None
-        for kind, change, new_rw in neighbours(b):
+        for kind, change, new_rw in _neighbours(obj, parts, rw, b, allow_rowwise):
             if evals >= max_evals:
                 stopped = "max_evals"
                 break
             if deadline is not None and time.perf_counter() > deadline:
                 stopped = "deadline"
                 break
-            cand = dict(parts)
-            for t, per in change.items():
-                if per is None:
-                    cand.pop(t, None)
-                else:
-                    cand[t] = per
+            cand = _changed(parts, change)
             u2, r2 = _flat(cand)
             if np.any(obj.memory(u2, r2, new_rw) > obj.cap * (1 + 1e-12)):
                 continue
@@ -166,3 +112,72 @@ def refine(obj, units, ranks, rowwise=frozenset(), *, max_evals: int = 20000,
     u, r = _flat(parts)
     return RefineResult(units=u, ranks=r, rowwise=rw, score_ms=cur[0], start_ms=start,
                         moves=moves, evals=evals, stopped_by=stopped)
+
+
+def _changed(parts: dict, change: dict) -> dict:
+    """``parts`` with ``change`` applied: a table's new ``{rank: width}``, or None (row-wise)."""
+    cand = dict(parts)
+    for t, per in change.items():
+        if per is None:
+            cand.pop(t, None)
+        else:
+            cand[t] = per
+    return cand
+
+
+def _neighbours(obj, parts: dict, rw: frozenset, b: int, allow_rowwise: bool):
+    """``(kind, change, rowwise)`` of every move off the bottleneck rank ``b``, in the order the
+    descent tries them: its tables' moves and column splits to each other rank (costliest
+    table first), row-wise turns, row-wise tables back onto one rank, then swaps."""
+    n, allowed = obj.n, obj.problem.allowed
+    dims = [t.embedding_dim for t in obj.problem.model.tables]
+    on_b = sorted((t for t in parts if b in parts[t]),
+                  key=lambda t: (-obj.single((t, 0, parts[t][b])), t))
+    for t in on_b:
+        w = parts[t][b]
+        for r in range(n):
+            if r == b:
+                continue
+            per = dict(parts[t])
+            del per[b]
+            per[r] = per.get(r, 0) + w
+            if _legal(allowed, t, per):
+                yield "move", {t: per}, rw
+            if allowed(t, _CW):
+                for q in split_widths(w):
+                    per = dict(parts[t])
+                    per[b] = w - q
+                    per[r] = per.get(r, 0) + q
+                    yield "split", {t: per}, rw
+        if allow_rowwise and allowed(t, _RW):
+            yield "rowwise", {t: None}, rw | {t}
+    for t in sorted(rw):
+        if allowed(t, _TW):
+            for r in range(n):
+                yield "unrowwise", {t: {r: dims[t]}}, rw - {t}
+    yield from _swaps(allowed, parts, on_b, b, rw)
+
+
+def _swaps(allowed, parts: dict, on_b: list, b: int, rw: frozenset):
+    """Swaps of a table's part on rank ``b`` with another table's part on a rank it is not on."""
+    for t in on_b:
+        w = parts[t][b]
+        for t2 in sorted(parts):
+            if t2 == t or b in parts[t2]:
+                continue
+            for r2, w2 in sorted(parts[t2].items()):
+                if r2 in parts[t]:
+                    continue
+                p1 = dict(parts[t])
+                del p1[b]
+                p1[r2] = w
+                p2 = dict(parts[t2])
+                del p2[r2]
+                p2[b] = w2
+                if _legal(allowed, t, p1) and _legal(allowed, t2, p2):
+                    yield "swap", {t: p1, t2: p2}, rw
+
+
+def _legal(allowed, t: int, per: dict) -> bool:
+    """Whether table ``t`` may lie as ``per`` (one rank: table-wise, several: column-wise)."""
+    return allowed(t, _TW if len(per) == 1 else _CW)
