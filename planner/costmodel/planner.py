@@ -23,15 +23,17 @@ included). Halves that land on one device are one shard.
 moves, swaps, column splits that need not be halvings and row-wise for hot tables, descending
 on the full objective from the search's plan; never worse than it.
 
-Each stage's work is bounded by counts (grid searches, objective evaluations), so the plan
-depends only on the inputs; ``time_limit_s`` (default 8 s) is a safety stop, noted when hit.
+Each stage's work is bounded by counts (shards placed by grid searches, objective
+evaluations) planned into ``time_limit_s`` (default 8 s) from the seconds each took on this
+project's host (:func:`work_budget`), so the plan depends only on the inputs, the limit included;
+the clock is a safety stop for a machine much slower than planned, noted when hit.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +58,36 @@ from planner.model.tables.task import ShardingTask, prepare
 __all__ = ["NeuroShardPlanner", "GRID", "learned_plan_cost_ms"]
 
 GRID = tuple(round(1.0 + 0.05 * i, 2) for i in range(11))
+#: seconds per shard a grid search places and per local-search evaluation (``a + b·tables``),
+#: measured on the project's 2-core host over 8-96 tables and 2-8 ranks, planned about a third
+#: above: with learned all-to-all nets for the rank count 0.15-0.19 ms per shard and
+#: 0.2-0.45 ms per evaluation; with the analytic all-to-alls (no nets for that count)
+#: 0.31-0.40 ms per shard and 0.3-0.4 ms + 12-17 µs per table
+LEARNED_COST = (2.5e-4, 2.0e-4, 5.0e-6)
+ANALYTIC_COST = (5.0e-4, 5.0e-4, 2.0e-5)
+#: the budgets plan for this share of the time; the rest is margin for a slower or busier machine
+BUDGET_SHARE = 0.5
+
+
+def work_budget(limit_s: float, tables: int, *, learned_comm: bool, refine: bool = True
+                ) -> tuple[int, int]:
+    """``(shard placements for the grid and beam search, evaluations per local search)``
+    planned into ``limit_s`` seconds for ``tables`` tables: the beam gets 75% of the time when
+    the local search follows (two local searches share the rest), all of it otherwise;
+    ``learned_comm``: the weights hold all-to-all nets for the rank count (cheaper to score)."""
+    per_unit, eval_a, eval_b = LEARNED_COST if learned_comm else ANALYTIC_COST
+    beam = 0.75 if refine else 1.0
+    units = int(BUDGET_SHARE * beam * limit_s / per_unit)
+    evals = int(BUDGET_SHARE * (1.0 - beam) * limit_s / 2 / (eval_a + eval_b * tables))
+    return units, evals
+
+
+@dataclass
+class _Budget:
+    """The work one plan has left (:func:`work_budget`)."""
+
+    units: int          # shard placements the grid searches may still make
+    evals: int          # objective evaluations of each local search
 
 
 class NeuroShardPlanner:
@@ -65,7 +97,7 @@ class NeuroShardPlanner:
     ``beam=0`` skips the beam search (table-wise grid search only); otherwise ``beam``
     sequences, ``candidates`` shards per ranking, ``depth`` halvings and ``max_grids`` grid
     searches at most. ``refine``: the local search, with at most ``refine_evals`` objective
-    evaluations.
+    evaluations. Both also stop on the work :func:`work_budget` plans into the time limit.
 
     The learned model times one kind of device: the weights (``weights``, default the shipped
     ones) must have been trained on the task's device kind (``cpu`` or a catalog GPU, from the
@@ -118,11 +150,14 @@ class NeuroShardPlanner:
         # the beam stops at 75% of the time limit so that the local search has time left
         beam_deadline = t0 + (0.75 if self.refine else 1.0) * limit
         stops: list[str] = []
+        learned_comm = pred.comm_ms([0.0] * n, [0.0] * n) is not None
+        budget = _Budget(*work_budget(limit, model.num_tables, learned_comm=learned_comm,
+                                      refine=self.refine))
 
-        best = self._table_wise_plan(obj, state0, mean_dim, base_used, notes)
+        best = self._table_wise_plan(obj, state0, mean_dim, base_used, notes, budget)
         tw_best = best
         best, grids, depth_done = self._beam_search(obj, best, state0, mean_dim, base_used,
-                                                    beam_deadline, limit, stops)
+                                                    beam_deadline, limit, stops, budget)
         score, state, units, ranks, s_best = best
         splits = sum(len(w) - 1 for _, w in state)
         notes.append(f"learned cost: predicted max {score:.3f} ms per step at batch "
@@ -131,7 +166,7 @@ class NeuroShardPlanner:
         rw_final = frozenset()
         if self.refine and n >= 2:
             units, ranks, rw_final = self._local_search(obj, best, tw_best, deadline, limit,
-                                                        notes, stops)
+                                                        notes, stops, budget.evals)
         notes += stops
         shardings = obj.layouts(units, ranks, rw_final)
         if rowwise:
@@ -176,10 +211,13 @@ class NeuroShardPlanner:
         stats = replace(plan.stats, notes=(msg,) + tuple(plan.stats.notes))
         return replace(plan, planner=self.name, stats=stats)
 
-    def _grid_search(self, obj: Objective, state, mean_dim: float, base_used):
+    def _grid_search(self, obj: Objective, state, mean_dim: float, base_used,
+                     budget: "_Budget | None" = None):
         """The best grid point of ``state`` (learned cost, ms) as ``(score, state, units,
         ranks, s)``, over the dim caps ``s × mean_dim``; None when no cap admits a plan."""
         units = obj.units(state)
+        if budget is not None:
+            budget.units -= len(units)
         order = sorted(range(len(units)), key=lambda k: (-obj.single(units[k]), k))
         best = None
         for s in self.grid:
@@ -192,10 +230,10 @@ class NeuroShardPlanner:
         return best
 
     def _table_wise_plan(self, obj: Objective, state0, mean_dim: float, base_used,
-                         notes: list[str]):
+                         notes: list[str], budget: "_Budget | None" = None):
         """The grid search's plan of the whole tables ``state0``; when no grid point keeps the
         dim cap, a memory-only greedy one (round robin, noted, when even that fails)."""
-        best = self._grid_search(obj, state0, mean_dim, base_used)
+        best = self._grid_search(obj, state0, mean_dim, base_used, budget)
         if best is None:           # no grid point kept the dim cap: memory-only greedy
             units = obj.units(state0)
             order = sorted(range(len(units)), key=lambda k: (-obj.single(units[k]), k))
@@ -207,7 +245,7 @@ class NeuroShardPlanner:
         return best
 
     def _beam_search(self, obj: Objective, best, state0, mean_dim: float, base_used,
-                     beam_deadline: float, limit: float, stops: list[str]):
+                     beam_deadline: float, limit: float, stops: list[str], budget: "_Budget"):
         """Column-wise beam search from ``best``: the best plan seen, the grid searches run
         and the depth reached. Why it stopped early goes to ``stops``."""
         grids, depth_done = 1, 0
@@ -230,9 +268,14 @@ class NeuroShardPlanner:
                     new = _halve(b[1], cand)
                     if new in seen:
                         continue
+                    if len(obj.units(new)) > budget.units:
+                        stops.append(f"beam search stopped at depth {depth + 1}: its work "
+                                     f"budget for {limit:g} s is spent (a larger --time-limit "
+                                     "searches further)")
+                        break
                     seen.add(new)
                     grids += 1
-                    r = self._grid_search(obj, new, mean_dim, base_used)
+                    r = self._grid_search(obj, new, mean_dim, base_used, budget)
                     if r is not None:
                         found.append(r)
                 if stops:
@@ -249,7 +292,7 @@ class NeuroShardPlanner:
         return best, grids, depth_done
 
     def _local_search(self, obj: Objective, best, tw_best, deadline: float, limit: float,
-                      notes: list[str], stops: list[str]):
+                      notes: list[str], stops: list[str], evals: int):
         """Local search from the beam's plan and from the table-wise one (the halvings the
         beam chose on the compute-only grid can be a worse start for the full objective);
         the better result's units, ranks and row-wise tables."""
@@ -257,7 +300,7 @@ class NeuroShardPlanner:
             else [("table-wise", tw_best)]
         results = []
         for label, (_, _, u0, r0, _) in starts:
-            res = local_search(obj, u0, r0, max_evals=self.refine_evals,
+            res = local_search(obj, u0, r0, max_evals=min(self.refine_evals, evals),
                                deadline=deadline)
             results.append((res.score_ms, len(results), label, res))
             done = ", ".join(f"{v} {k}" for k, v in sorted(res.moves.items())) \

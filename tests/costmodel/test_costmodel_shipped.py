@@ -32,15 +32,20 @@ def test_shipped_weights_load_and_predict():
     assert np.all(np.isfinite(f)) and np.all(f > 0) and np.all(b > 0)
 
 
-def test_planner_neuroshard_returns_a_valid_plan():
+def _scaled_task():
+    """A NeuroShard-shaped task scaled to this CPU (1/16 of the rows and memory), 4 ranks."""
     from planner.measure.tables.plans import cpu_topology_ref, scale_model
     from planner.model.tables.generate import neuroshard_tasks
-    from planner.sharding.planners import PLANNER_NAMES, get_planner
-    assert "neuroshard" in PLANNER_NAMES
     bt = neuroshard_tasks(3, 1)[0]
     model = scale_model(bt.model, 1 / 16)
-    task = bt.task(model=model, memory_bytes=bt.memory_bytes // 16,
-                   topology=cpu_topology_ref(4))
+    return model, bt.task(model=model, memory_bytes=bt.memory_bytes // 16,
+                          topology=cpu_topology_ref(4))
+
+
+def test_planner_neuroshard_returns_a_valid_plan():
+    from planner.sharding.planners import PLANNER_NAMES, get_planner
+    assert "neuroshard" in PLANNER_NAMES
+    model, task = _scaled_task()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tw = get_planner("neuroshard", beam=0, refine=False).plan(task, 4, seed=0)
@@ -74,3 +79,30 @@ def test_planner_neuroshard_returns_a_valid_plan():
     t0 = model.tables[0]
     dp = (data_parallel(0, t0.name, t0.num_embeddings, t0.embedding_dim, 4),) + tw.shardings[1:]
     assert learned_plan_cost_ms(task, 4, dp) is None
+
+
+def test_neuroshard_plans_the_same_on_a_machine_half_as_fast(monkeypatch):
+    """Its work is budgeted from the time limit, not cut by the clock: with the clock running
+    1.6× faster (a machine that much slower or busier) the plan and its notes are the same."""
+    import time
+
+    from planner.costmodel.planner import work_budget
+    from planner.sharding.planners import get_planner
+    model, task = _scaled_task()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fast = get_planner("neuroshard").plan(task, 4, seed=0, time_limit_s=8)
+        real, t0 = time.perf_counter, time.perf_counter()
+        monkeypatch.setattr(time, "perf_counter", lambda: t0 + 1.6 * (real() - t0))
+        slow = get_planner("neuroshard").plan(task, 4, seed=0, time_limit_s=8)
+    assert slow.shardings == fast.shardings and slow.stats.notes == fast.stats.notes
+    assert not any("time limit 8 s" in n for n in slow.stats.notes)
+    with warnings.catch_warnings():                 # a short limit: the budget binds
+        warnings.simplefilter("ignore")
+        short = [get_planner("neuroshard").plan(task, 4, seed=0, time_limit_s=2)
+                 for _ in range(2)]
+    assert short[0].shardings == short[1].shardings
+    assert any("work budget for 2 s is spent" in n for n in short[0].stats.notes)
+    units, evals = work_budget(8.0, model.num_tables, learned_comm=True)
+    assert units > 0 and evals > 0
+    assert work_budget(16.0, model.num_tables, learned_comm=True)[0] == 2 * units
