@@ -89,7 +89,8 @@ def _affinity_problem(features: int, seed: int = 0):
 def test_a_mip_stopped_by_its_node_budget_repeats_exactly():
     """The budget is a function of the model's size and the limit, not of the clock: the
     incumbent it stops on is the same on every run (a clock-stopped one would vary with load)."""
-    from planner.dmt.partition import node_budget, partition_features
+    from planner.dmt.partition import partition_features
+    from planner.dmt.tower_mip import node_budget
     a, w, width = _affinity_problem(200)
     runs = [partition_features(a, w, 8, time_limit_s=1.0, width=width) for _ in range(2)]
     assert runs[0][1]["solver"].startswith("mip (node limit")
@@ -102,7 +103,8 @@ def test_a_mip_stopped_by_the_clock_is_not_used(monkeypatch):
     """With a budget too large for the time (as on a slow or busy machine) CBC's clock stops
     it; that incumbent depends on the machine, so the deterministic repair is kept."""
     import planner.dmt.partition as partition
-    monkeypatch.setattr(partition, "node_budget", lambda nonzeros, limit_s: 10**6)
+    import planner.dmt.tower_mip as tower_mip
+    monkeypatch.setattr(tower_mip, "node_budget", lambda nonzeros, limit_s: 10**6)
     a, w, width = _affinity_problem(200)
     lab, notes = partition.partition_features(a, w, 8, time_limit_s=0.15, width=width)
     assert notes["solver"] == "repair"
