@@ -25,7 +25,7 @@ on the full objective from the search's plan; never worse than it.
 
 Each stage's work is bounded by counts (shards placed by grid searches, objective
 evaluations) planned into ``time_limit_s`` (default 8 s) from the seconds each took on this
-project's host (:func:`work_budget`), so the plan depends only on the inputs, the limit included;
+project's host (:mod:`.budget`), so the plan depends only on the inputs, the limit included;
 the clock is a safety stop for a machine much slower than planned, noted when hit.
 """
 
@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from simulator.errors import SpecError
 
+from planner.costmodel.budget import Budget, work_budget
 from planner.costmodel.objective import Objective
 from planner.costmodel.refine import refine as local_search
 from planner.costmodel.weights import (
@@ -58,38 +59,6 @@ from planner.model.tables.task import ShardingTask, prepare
 __all__ = ["NeuroShardPlanner", "GRID", "learned_plan_cost_ms"]
 
 GRID = tuple(round(1.0 + 0.05 * i, 2) for i in range(11))
-#: seconds per shard a grid search places and per local-search evaluation (``a + b·tables``),
-#: measured on the project's 2-core host over 8-96 tables and 2-8 ranks, planned about a third
-#: above: with learned all-to-all nets for the rank count 0.15-0.19 ms per shard and
-#: 0.2-0.45 ms per evaluation; with the analytic all-to-alls (no nets for that count)
-#: 0.31-0.40 ms per shard and 0.3-0.4 ms + 12-17 µs per table
-LEARNED_COST = (2.5e-4, 2.0e-4, 5.0e-6)
-ANALYTIC_COST = (5.0e-4, 5.0e-4, 2.0e-5)
-#: the budgets plan for this share of the time; the rest is margin for a slower or busier machine
-BUDGET_SHARE = 0.5
-
-
-def work_budget(limit_s: float, tables: int, *, learned_comm: bool, refine: bool = True
-                ) -> tuple[int, int]:
-    """``(shard placements for the grid and beam search, evaluations per local search)``
-    planned into ``limit_s`` seconds for ``tables`` tables: the beam gets 75% of the time when
-    the local search follows (two local searches share the rest), all of it otherwise;
-    ``learned_comm``: the weights hold all-to-all nets for the rank count (cheaper to score)."""
-    per_unit, eval_a, eval_b = LEARNED_COST if learned_comm else ANALYTIC_COST
-    beam = 0.75 if refine else 1.0
-    units = int(BUDGET_SHARE * beam * limit_s / per_unit)
-    evals = int(BUDGET_SHARE * (1.0 - beam) * limit_s / 2 / (eval_a + eval_b * tables))
-    return units, evals
-
-
-@dataclass
-class _Budget:
-    """The work one plan has left (:func:`work_budget`)."""
-
-    units: int          # shard placements the grid searches may still make
-    evals: int          # objective evaluations of each local search
-
-
 class NeuroShardPlanner:
     """Greedy grid search, column-wise beam search and local search on the learned cost
     (module docstring).
@@ -97,7 +66,7 @@ class NeuroShardPlanner:
     ``beam=0`` skips the beam search (table-wise grid search only); otherwise ``beam``
     sequences, ``candidates`` shards per ranking, ``depth`` halvings and ``max_grids`` grid
     searches at most. ``refine``: the local search, with at most ``refine_evals`` objective
-    evaluations. Both also stop on the work :func:`work_budget` plans into the time limit.
+    evaluations. Both also stop on the work :func:`.budget.work_budget` plans into the limit.
 
     The learned model times one kind of device: the weights (``weights``, default the shipped
     ones) must have been trained on the task's device kind (``cpu`` or a catalog GPU, from the
@@ -151,7 +120,7 @@ class NeuroShardPlanner:
         beam_deadline = t0 + (0.75 if self.refine else 1.0) * limit
         stops: list[str] = []
         learned_comm = pred.comm_ms([0.0] * n, [0.0] * n) is not None
-        budget = _Budget(*work_budget(limit, model.num_tables, learned_comm=learned_comm,
+        budget = Budget(*work_budget(limit, model.num_tables, learned_comm=learned_comm,
                                       refine=self.refine))
 
         best = self._table_wise_plan(obj, state0, mean_dim, base_used, notes, budget)
@@ -212,7 +181,7 @@ class NeuroShardPlanner:
         return replace(plan, planner=self.name, stats=stats)
 
     def _grid_search(self, obj: Objective, state, mean_dim: float, base_used,
-                     budget: "_Budget | None" = None):
+                     budget: "Budget | None" = None):
         """The best grid point of ``state`` (learned cost, ms) as ``(score, state, units,
         ranks, s)``, over the dim caps ``s × mean_dim``; None when no cap admits a plan."""
         units = obj.units(state)
@@ -230,7 +199,7 @@ class NeuroShardPlanner:
         return best
 
     def _table_wise_plan(self, obj: Objective, state0, mean_dim: float, base_used,
-                         notes: list[str], budget: "_Budget | None" = None):
+                         notes: list[str], budget: "Budget | None" = None):
         """The grid search's plan of the whole tables ``state0``; when no grid point keeps the
         dim cap, a memory-only greedy one (round robin, noted, when even that fails)."""
         best = self._grid_search(obj, state0, mean_dim, base_used, budget)
@@ -245,7 +214,7 @@ class NeuroShardPlanner:
         return best
 
     def _beam_search(self, obj: Objective, best, state0, mean_dim: float, base_used,
-                     beam_deadline: float, limit: float, stops: list[str], budget: "_Budget"):
+                     beam_deadline: float, limit: float, stops: list[str], budget: "Budget"):
         """Column-wise beam search from ``best``: the best plan seen, the grid searches run
         and the depth reached. Why it stopped early goes to ``stops``."""
         grids, depth_done = 1, 0

@@ -88,7 +88,7 @@ def test_neuroshard_plans_the_same_on_a_machine_ten_times_slower(monkeypatch):
     spent, no time limit hit. (With fixed counts, the slow clock cut the beam at 3 s.)"""
     import time
 
-    from planner.costmodel.planner import work_budget
+    from planner.costmodel.budget import work_budget
     from planner.sharding.planners import get_planner
     model, task = _scaled_task()
 
