@@ -4,6 +4,8 @@ numbers; bad arguments exit 2 before any process starts."""
 
 from __future__ import annotations
 
+import doctest
+import statistics
 import subprocess
 import sys
 
@@ -13,7 +15,8 @@ from simulator.gloo_profile import gloo_profile_from_dict
 
 from planner.measure.validate.calibrate import GlooCalibration, measure_gloo, measure_gloo_raw
 from planner.measure.validate.calibrate_profile import profile_from_raw
-from planner.measure.validate.calibrate_dlrm import merge_torchrec
+from planner.measure.validate.calibrate_dlrm import lookup_sections, merge_torchrec
+from planner.measure.validate import lookup_probe
 from planner.measure.validate.dlrm_linear import linear_shapes
 from planner.measure.validate.runner import Pool
 
@@ -125,12 +128,15 @@ def test_lookup_probe_is_recorded_and_scales_the_plans_lookups():
     with Pool(2) as pool:
         doc = profile_from_raw([measure_gloo_raw(cfg, pool=pool)])
     lk = doc["lookup"]
-    assert len(lk["rounds_s"]) == 2 and min(lk["rounds_s"]) <= lk["measured_s"] <= max(
-        lk["rounds_s"])
+    # each round's probe, then two readings per round between stages (quick), averaged
+    assert len(lk["rounds_s"]) == 2 and lk["readings_s"][:2] == lk["rounds_s"]
+    assert len(lk["readings_s"]) == 6 and lk["statistic"] == "trimmed mean of 6 readings"
+    assert lk["measured_s"] == pytest.approx(statistics.fmean(lk["readings_s"]), rel=1e-3)
     assert 1e-4 < lk["measured_s"] < 1.0
     # the same probe on each rank alone: how much faster a core runs with the other idle
     ct = doc["contention"]
-    assert ct["together_s"] == lk["measured_s"] and ct["share_of_core"] == 1.0
+    assert ct["together_s"] == pytest.approx(statistics.median(lk["rounds_s"]), rel=1e-3)
+    assert ct["share_of_core"] == 1.0
     assert 1e-4 < ct["alone_s"] < 1.0
     # all three are rounded to 4 significant figures, each off by up to 5e-4 relative
     assert ct["alone_speedup"] == pytest.approx(max(1.0, ct["together_s"] / ct["alone_s"]),
@@ -150,3 +156,28 @@ def test_lookup_probe_is_recorded_and_scales_the_plans_lookups():
         return ev.breakdown_s["lookup_fwd_s"][0], ev.breakdown_s["lookup_bwd_s"][0]
     base, scaled = lookups(1.0), lookups(1.7)
     assert scaled[0] == pytest.approx(1.7 * base[0]) and scaled[1] == pytest.approx(1.7 * base[1])
+
+
+def test_lookup_sections_average_a_host_that_switches_speed():
+    """A host whose cores run the probe at 7 or 11 ms, switching within seconds: the rounds'
+    two probes caught the slow state, the readings between stages both; the calibration keeps
+    the mean over every reading (slowest rank each), not the rounds' snapshot, and the
+    contention ratio from the rounds' alternated pairs alone."""
+    fast, slow = 0.007, 0.011
+    pairs = [{0: (slow, 0.010), 1: (slow, 0.010)}, {0: (slow - 1e-4, 0.010), 1: (slow, 0.010)}]
+    states = [fast, slow, fast, fast, slow, fast, slow, fast, slow]
+    series = [{0: states[:5], 1: states[5:]},
+              {0: [x - 1e-4 for x in states[:5]], 1: [x - 1e-4 for x in states[5:]]}]
+    sec = lookup_sections(pairs, world=2, cores=2, series=series)
+    lk = sec["lookup"]
+    assert lk["rounds_s"] == [slow, slow]
+    assert lk["readings_s"] == [slow, slow] + states
+    # 11 readings: the lowest and the highest dropped, the mean of the other nine
+    kept = sorted([slow, slow] + states)[1:-1]
+    assert lk["measured_s"] == pytest.approx(statistics.fmean(kept), rel=1e-3)
+    assert fast < lk["measured_s"] < slow
+    assert sec["contention"]["together_s"] == slow
+    assert sec["contention"]["alone_speedup"] == pytest.approx(1.1)
+    # a calibration made without the series reads as before: the rounds' probes
+    assert lookup_sections(pairs, 2, 2)["lookup"]["measured_s"] == slow
+    assert doctest.testmod(lookup_probe).failed == 0

@@ -197,9 +197,9 @@ def test_host_speed_rescales_the_predictions_beside_the_plain_ones():
     assert host_speed(cal, 0.012) == pytest.approx(1.2)
     assert host_speed(SimpleNamespace(lookup=None), 0.012) is None
     assert host_speed(cal, None) is None and _at_host(1.0, [], cal) == {}
-    at = _at_host(2.0, [0.011, 0.013, 0.012, 0.02, 0.01], cal)      # the probes' median
-    assert at["host_speed"] == pytest.approx(1.2)
-    assert at["predicted_at_host_s"] == pytest.approx(2.4)
+    at = _at_host(2.0, [0.011, 0.013, 0.012, 0.02, 0.01], cal)      # the probes' mean
+    assert at["host_speed"] == pytest.approx(1.32)
+    assert at["predicted_at_host_s"] == pytest.approx(2.64)
 
     def row(plan, predicted, measured, probe):
         return {"set": "s", "plan": plan, "ranks": 2, "tables": 3, "batch": 64,

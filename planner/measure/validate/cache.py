@@ -29,10 +29,11 @@ __all__ = ["host_fingerprint", "cache_path", "cached_calibration", "store_calibr
            "ensure_host_profile"]
 
 
-#: bumped when the calibration gains a section the predictions read (2: ``linear_layers``;
-#: 3: the ``alltoallv`` tables), so that a calibration kept from before is measured again
-#: rather than read without it
-CACHE_SCHEMA = 3
+#: bumped when the calibration gains a section the predictions read, or reads one differently
+#: (2: ``linear_layers``; 3: the ``alltoallv`` tables; 4: ``lookup.measured_s`` the mean of
+#: readings spread over the calibration), so that a calibration kept from before is measured
+#: again rather than read without it
+CACHE_SCHEMA = 4
 
 
 def cache_path(world: int, heap: str = DEFAULT_HEAP) -> Path:

@@ -34,7 +34,10 @@ same time (as in a step, so shared caches and memory bandwidth are loaded as the
   step, where GEMMs and collectives run between a block's host work);
 - **lookups under the run's conditions**: one fused embedding kernel on every rank at once
   (:func:`planner.measure.validate.lookup_probe.time_lookup_probe`), whose ratio to the CPU
-  embedding profile scales the lookups of validated DLRM plans;
+  embedding profile scales the lookups of validated DLRM plans; also read between the stages
+  of every round (:class:`~planner.measure.validate.lookup_probe.ProbeSeries`), because a
+  shared VM's cores switch speed within seconds and a step spans many switches: the profile
+  keeps the mean of all readings;
 - **TorchRec's reorder of column-wise pooled embeddings** (FBGEMM's permute, forward and
   backward) at a few shapes on every rank at once (:mod:`planner.measure.validate.dlrm_permute`);
 - **a DLRM's linear layers by shape**: each of a layer's three GEMMs on a grid of batches and
@@ -62,7 +65,7 @@ from planner.measure.validate.core_probes import sync_time, time_compute, time_h
 from planner.measure.validate.dlrm_linear import time_linear_probe
 from planner.measure.validate.dlrm_permute import time_permute_probe
 from planner.measure.validate.load import LoadMeter
-from planner.measure.validate.lookup_probe import time_lookup_probe
+from planner.measure.validate.lookup_probe import ProbeSeries, time_lookup_probe
 from planner.measure.validate.runner import Pool
 from planner.measure.validate.uneven_a2a import UNEVEN_BYTES, time_uneven_a2a
 from planner.measure.validate.rank_steps import pin_main_thread, unpin
@@ -113,6 +116,7 @@ def _rank_main(cfg: GlooCalibration, rank: int, rdzv: str, progress, report) -> 
     pin_main_thread(rank)
     out = {"rank": rank, "comm": {}, "compute": {}, "host": {}, "cpu": []}
     t_cpu0, w0 = _proc_cpu(), time.monotonic()
+    series = ProbeSeries(dist, enabled=cfg.lookup)
     for rnd in range(cfg.rounds):
         def note(what: str, rnd: int = rnd) -> None:
             """Publish progress: a phase may run minutes with 4 processes on 2 cores (one
@@ -120,17 +124,21 @@ def _rank_main(cfg: GlooCalibration, rank: int, rdzv: str, progress, report) -> 
             takes a rank silent past its timeout for a hung one."""
             progress.begin(rank, f"{what} round {rnd}", rnd)
             progress.end(rank)
+        series.sample(rnd)
         for kind in KINDS:
             for size in cfg.sizes:
                 note(f"{kind} {size} B")
                 out["comm"][(rnd, kind, size)] = time_comm(dist, torch, kind, size, cfg.world,
                                                            rank, cfg.repeats)
+            if not cfg.quick:
+                series.sample(rnd)
         note("uneven all-to-all")
         out.setdefault("uneven", {})[rnd] = time_uneven_a2a(
             dist, torch, rank, cfg.world, repeats=3 if cfg.quick else 5,
             sizes=UNEVEN_BYTES[:1] if cfg.quick else UNEVEN_BYTES)
         out["compute"][rnd] = time_compute(dist, torch, _compute_sample_s(cfg), quick=cfg.quick,
                                             note=note)
+        series.sample(rnd)
         if cfg.linear and rnd == cfg.rounds - 1:     # one round: 273 GEMMs, 3 samples each
             note("linear-layer probes")
             min_s = _compute_sample_s(cfg)
@@ -140,6 +148,8 @@ def _rank_main(cfg: GlooCalibration, rank: int, rdzv: str, progress, report) -> 
         out["host"][rnd] = time_host(dist, torch, cfg.world, rank)
         note("wake probes")
         out.setdefault("wake", {})[rnd] = time_wake(dist, torch)
+        if not cfg.quick:
+            series.sample(rnd)
         if cfg.lookup:
             note("lookup probe")
             out.setdefault("lookup", {})[rnd] = time_lookup_probe(
@@ -147,6 +157,8 @@ def _rank_main(cfg: GlooCalibration, rank: int, rdzv: str, progress, report) -> 
             note("permute probe")
             out.setdefault("permute", {})[rnd] = time_permute_probe(
                 dist, repeats=3 if cfg.quick else 7)
+    if cfg.lookup:
+        out["lookup_series"] = series.readings
     out["cpu"] = [_proc_cpu() - t_cpu0, time.monotonic() - w0]
     dist.barrier()
     dist.destroy_process_group()

@@ -47,7 +47,7 @@ from dataclasses import replace
 
 from planner.measure.validate.dlrm_probes import PROBE_TYPES, probe_config
 from planner.measure.validate.dlrm_report import measure
-from planner.measure.validate.lookup_probe import LOOKUP_BATCH, LOOKUP_TABLES
+from planner.measure.validate.lookup_probe import LOOKUP_BATCH, LOOKUP_TABLES, host_mean
 
 __all__ = ["measure_torchrec", "merge_torchrec", "lookup_sections"]
 
@@ -110,17 +110,30 @@ def _sig(x: float) -> float:
     return float(f"{x:.4g}")
 
 
-def lookup_sections(per_rank: list[dict], world: int, cores: int) -> dict:
+def lookup_sections(per_rank: list[dict], world: int, cores: int,
+                    series: list[dict] | None = None) -> dict:
     """The profile's ``lookup`` and ``contention`` sections from each rank's ``{round:
-    (together_s, alone_s)}`` of :func:`~planner.measure.validate.lookup_probe.time_lookup_probe`.
+    (together_s, alone_s)}`` of :func:`~planner.measure.validate.lookup_probe.time_lookup_probe`
+    and, when given, each rank's ``{round: [seconds, ...]}`` of the readings between stages
+    (:class:`~planner.measure.validate.lookup_probe.ProbeSeries`).
 
-    ``lookup.measured_s``: per round the slowest rank together, their median (what scales the
-    plans' lookups). ``contention.alone_speedup``: that time at the share of a core each of
-    ``world`` ranks had on ``cores`` cores, over the median rank alone (over ranks and
-    rounds): how much faster a core computes while it is the only busy one, at least 1 (a
-    smaller ratio is noise); read by :mod:`simulator.cpushare`."""
+    ``lookup.measured_s`` (what scales the plans' lookups): the trimmed mean
+    (:func:`~planner.measure.validate.lookup_probe.host_mean`) over every reading of the
+    slowest rank's seconds: each round's probe together (median of its pairs) and every
+    reading of the series. The mean, not the median: a host whose cores switch between a fast
+    and a slow state within seconds runs a step's lookups at its average speed, and the median
+    of readings each caught in one state lands in either. ``rounds_s``: the probe per round;
+    ``readings_s``: those, then the series' readings round by round.
+    ``contention.alone_speedup``: the probe together, at the share of a core each of ``world``
+    ranks had on ``cores`` cores, over the median rank alone (over ranks and rounds; the
+    pairs alternate, so both see the same states): how much faster a core computes while it
+    is the only busy one, at least 1 (a smaller ratio is noise); read by
+    :mod:`simulator.cpushare`."""
     rounds = sorted(per_rank[0])
     per = [max(r[rnd][0] for r in per_rank) for rnd in rounds]
+    readings = list(per)
+    for rnd in sorted((series or [{}])[0]):
+        readings += [max(xs) for xs in zip(*(s[rnd] for s in series))]
     together = statistics.median(per)
     alone = statistics.median(r[rnd][1] for r in per_rank for rnd in rounds)
     share = min(1.0, cores / world)
@@ -128,7 +141,10 @@ def lookup_sections(per_rank: list[dict], world: int, cores: int) -> dict:
                                "zipf] at the batch, on every rank at once "
                                "(planner/measure/validate/calibrate_dlrm.py)",
                        "tables": [list(t) for t in LOOKUP_TABLES], "batch": LOOKUP_BATCH,
-                       "measured_s": _sig(together), "rounds_s": [_sig(x) for x in per]},
+                       "measured_s": _sig(host_mean(readings)),
+                       "statistic": f"trimmed mean of {len(readings)} readings",
+                       "rounds_s": [_sig(x) for x in per],
+                       "readings_s": [_sig(x) for x in readings]},
             "contention": {"what": "a core's speed while it is the only busy one over its "
                                    "speed with every rank busy, from the lookup probe "
                                    "(planner/measure/validate/lookup_probe.py); read by "

@@ -65,7 +65,8 @@ def _renumbered(rank_rows: list[dict], rounds: list[int]) -> dict:
     for rows, n in zip(rank_rows, rounds):
         for (rnd, kind, size), v in rows["comm"].items():
             out["comm"][(base + rnd, kind, size)] = v
-        for key in ("compute", "host", "wake", "lookup", "permute", "uneven", "linear"):
+        for key in ("compute", "host", "wake", "lookup", "lookup_series", "permute", "uneven",
+                    "linear"):
             for rnd, v in rows.get(key, {}).items():
                 out.setdefault(key, {})[base + rnd] = v
         out["cpu"] = [a + b for a, b in zip(out["cpu"], rows["cpu"])]
@@ -217,7 +218,8 @@ def _probe_sections(ranks: list[dict], rounds: int, world: int) -> dict:
     layers, uneven all-to-alls, new tensors' page faults."""
     first = ranks[0]
     return {
-        **(lookup_sections([r["lookup"] for r in ranks], world, os.cpu_count() or 1)
+        **(lookup_sections([r["lookup"] for r in ranks], world, os.cpu_count() or 1,
+                           series=[r.get("lookup_series", {}) for r in ranks])
            if "lookup" in first else {}),
         **({"permute_pooled": permute_section([r["permute"] for r in ranks])}
            if "permute" in first else {}),

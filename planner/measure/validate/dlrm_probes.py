@@ -9,13 +9,12 @@ lookup probe too, the host's speed then against the calibration's (:func:`host_s
 
 from __future__ import annotations
 
-import statistics
 
 from planner.export.torchrec import export_torchrec_plan
 from planner.measure.tables.plans import cpu_topology_ref
 from planner.measure.validate.dlrm import DLRMRunConfig
 from planner.measure.validate.dlrm_ops import expected_ops
-from planner.measure.validate.lookup_probe import lookup_probe_model, probe_shardings
+from planner.measure.validate.lookup_probe import host_mean, lookup_probe_model, probe_shardings
 from planner.model.tables import shards as sh
 from planner.model.tables.plan import PlannerStats, evaluate_shardings, make_plan
 from planner.model.tables.spec import ModelSpec, TableSpec
@@ -165,9 +164,9 @@ def host_speed(calibration, probe_s: float | None) -> float | None:
 
 def at_host(predicted_s: float, probe_s, calibration) -> dict:
     """A run's host probes (``probe_s``: the slowest rank's seconds before and after its
-    steps), the host's speed then (their median over the calibration's, :func:`host_speed`)
+    steps), the host's speed then (their mean over the calibration's, :func:`host_speed`)
     and the prediction at that speed; {} without a probe or a calibrated one."""
-    speed = host_speed(calibration, statistics.median(probe_s) if probe_s else None)
+    speed = host_speed(calibration, host_mean(probe_s) if probe_s else None)
     if speed is None:
         return {}
     return {"host_probe_s": list(probe_s), "host_speed": speed,
