@@ -13,7 +13,7 @@ from simulator.topology import Topology, load_topology
 
 from planner.model.llm.spec import LLMSpec, builtin_model_names
 from planner.model.llm.trainer import PRESETS, TRAINER_KEYS, trainer_from_args
-from planner.model.tables.spec import builtin_spec_names
+from planner.model.tables.spec_file import builtin_spec_names
 from planner.model.tables.trainer import DLRM_PRESETS, dlrm_trainer_from_args
 
 __all__ = ["topology_arguments", "topology_from_args", "is_model", "is_llm_plan", "is_table_spec",

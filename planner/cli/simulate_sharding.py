@@ -11,7 +11,7 @@ from simulator.units import format_time
 
 from planner.cli.options import with_dlrm_trainer
 from planner.model.tables.plan import plan_model, read_plan_json
-from planner.model.tables.spec import load_model_spec
+from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.planners import get_planner
 from planner.workloads.dlrm.step import simulate_step

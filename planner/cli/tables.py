@@ -8,10 +8,10 @@
                      [--json] [--out FILE]
 
 ``TABLES`` is a built-in spec (``criteo-dlrm``, ``mlperf-dcnv2``), a YAML spec or a CSV of tables
-(see :mod:`planner.model.tables.spec`). Prints per-rank cost and memory (``--json``: one object, the
-plan file's content); ``--out`` writes the plan JSON atomically. Exit codes: 0 valid plan,
-1 the planner produced an invalid plan (over memory; try another planner), 2 bad input or a task
-that cannot fit (one line naming the file, the field, the table, the numbers and the fix).
+(see :mod:`planner.model.tables.spec_file`). Prints per-rank cost and memory (``--json``: one
+object, the plan file's content); ``--out`` writes the plan JSON atomically. Exit codes: 0 valid
+plan, 1 the planner produced an invalid plan (over memory; try another planner), 2 bad input or
+a task that cannot fit (one line naming the file, the field, the table, the numbers and the fix).
 
 Also here: ``clusterplan calibrate embedding``
 (:func:`run_calibrate_embedding`, the CPU profile of the cost model,
@@ -39,7 +39,8 @@ from planner.measure.tables.fit import calibrate, refit_profile, write_profile
 from planner.measure.tables.plans import cpu_topology_ref, format_measurement, measure_plan
 from planner.model.tables.cpu_profile import host_profile_path, load_cpu_profile
 from planner.model.tables.shards import parse_sharding_types
-from planner.model.tables.spec import OPTIMIZERS, load_model_spec
+from planner.model.tables.spec import OPTIMIZERS
+from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask
 from planner.sharding.planners import PLANNER_NAMES, get_planner
 from planner.workloads.dlrm.step import simulate_plan

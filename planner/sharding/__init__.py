@@ -26,13 +26,8 @@ from planner.model.tables.feasible import InfeasibleError, check_feasible
 from planner.model.tables.generate import dreamshard_tasks, neuroshard_tasks, synthesize_tables
 from planner.model.tables.plan import Plan, PlannerStats
 from planner.model.tables.shards import Shard, ShardingType, TableSharding
-from planner.model.tables.spec import (
-           DenseSpec,
-           ModelSpec,
-           TableSpec,
-           builtin_spec_names,
-           load_model_spec,
-)
+from planner.model.tables.spec import DenseSpec, ModelSpec, TableSpec
+from planner.model.tables.spec_file import builtin_spec_names, load_model_spec
 from planner.model.tables.task import Problem, ShardingTask, prepare
 from planner.sharding.planners import PLANNER_NAMES, get_planner
 from planner.sharding.protocols import Planner

@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from planner.model.tables.compression import A2ACompression
-from planner.model.tables.spec import load_model_spec
+from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding import get_planner
 from planner.workloads.dlrm.step import simulate_step

@@ -99,7 +99,7 @@ def _small(text: str) -> str:
 def _hand_plan(spec: Path, kinds: tuple, out: Path) -> None:
     import planner.model.tables.shards as sh
     from planner.model.tables.plan import PlannerStats, make_plan
-    from planner.model.tables.spec import load_model_spec
+    from planner.model.tables.spec_file import load_model_spec
     from planner.model.tables.task import ShardingTask, prepare
     model = load_model_spec(spec)
     problem = prepare(ShardingTask(model=model, topology="localhost-gloo:node.gpus=2"), 2)

@@ -94,7 +94,7 @@ def test_torchrec_parameter_shardings_build():
     from planner.dmt.partition import partition_layout
     from planner.dmt.towers import shard_hosts
     from planner.export.dmt import to_parameter_shardings, tower_sharding_plan
-    from planner.model.tables.spec import load_model_spec
+    from planner.model.tables.spec_file import load_model_spec
     from planner.model.tables.task import ShardingTask, prepare
     task = ShardingTask(model=load_model_spec("criteo-dlrm"), topology="dgx-h100:nodes=2")
     part = partition_layout(task, 16)

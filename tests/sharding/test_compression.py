@@ -17,7 +17,7 @@ import yaml
 from simulator.errors import SpecError
 
 from planner.model.tables.compression import CALIBRATION, A2ACompression
-from planner.model.tables.spec import load_model_spec
+from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding import get_planner
 from planner.workloads.dlrm.step import simulate_step

@@ -7,7 +7,8 @@ import pytest
 
 from planner.model.tables.cost import F_BWD, F_FWD, F_IDS, F_OUT, CostConfig
 from planner.model.tables.shards import Shard, ShardingType
-from planner.model.tables.spec import ModelSpec, TableSpec, load_model_spec
+from planner.model.tables.spec import ModelSpec, TableSpec
+from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.common import catalog
 from planner.sharding.planners import get_planner

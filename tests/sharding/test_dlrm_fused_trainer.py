@@ -14,7 +14,7 @@ from simulator.compute import op_time
 from simulator.errors import SpecError
 
 from planner.model.tables.dense import dense_op_list
-from planner.model.tables.spec import load_model_spec
+from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
 from planner.model.tables.trainer import (DLRM_PRESETS, DlrmTrainer, dlrm_trainer_from_args,
                                           dlrm_trainer_from_mapping)

@@ -21,7 +21,7 @@ import pytest
 
 from simulator.compute import load_compute_profile, op_time
 
-from planner.model.tables.spec import load_model_spec
+from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
 from planner.model.tables.trainer import DlrmTrainer
 from planner.sharding.planners import get_planner

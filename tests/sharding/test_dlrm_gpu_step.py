@@ -20,7 +20,8 @@ from planner.model.llm.host import host_overhead_for
 from planner.model.tables.dense import ACTIVATION_BYTES, dense_op_list, dense_pass_times
 from planner.model.tables.gpu_lookup import load_gpu_lookup
 from planner.model.tables.shards import table_wise
-from planner.model.tables.spec import ModelSpec, TableSpec, load_model_spec
+from planner.model.tables.spec import ModelSpec, TableSpec
+from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
 from planner.model.tables.trainer import DlrmTrainer, dlrm_trainer_from_mapping
 from planner.sharding.planners import get_planner

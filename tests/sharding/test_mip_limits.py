@@ -17,7 +17,7 @@ import pytest
 
 from planner.cli.output import split_timings
 from planner.model.tables.generate import NEUROSHARD_DIMS, neuroshard_tasks, synthesize_tables
-from planner.model.tables.spec import load_model_spec
+from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask
 from planner.sharding.mip_cbc import TEMP_PREFIX
 from planner.sharding.planners import get_planner

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from planner.model.tables.plan import FORMAT_VERSION, read_plan_json
-from planner.model.tables.spec import load_model_spec
+from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.planners import get_planner
 

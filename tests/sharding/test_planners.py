@@ -14,7 +14,7 @@ from planner.costmodel.weights import HardwareMismatchWarning
 from planner.model.tables.cost import F_MEM
 from planner.model.tables.generate import neuroshard_tasks
 from planner.model.tables.shards import ShardingType
-from planner.model.tables.spec import load_model_spec
+from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.common import catalog
 from planner.sharding.local_search import improve_choices

@@ -24,7 +24,8 @@ from planner.model.tables.shards import (
     table_wise,
     validate_sharding,
 )
-from planner.model.tables.spec import ModelSpec, TableSpec, load_model_spec
+from planner.model.tables.spec import ModelSpec, TableSpec
+from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
 
 

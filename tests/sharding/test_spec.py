@@ -7,7 +7,7 @@ import pytest
 from simulator.errors import SpecError
 
 from planner.model.tables.shards import ShardingType
-from planner.model.tables.spec import builtin_spec_names, load_model_spec
+from planner.model.tables.spec_file import builtin_spec_names, load_model_spec
 
 
 def test_builtin_examples():

@@ -13,10 +13,11 @@ import pytest
 
 from simulator.gloo_profile import gloo_profile_from_dict
 
-from planner.measure.validate.calibrate import GlooCalibration, measure_gloo, measure_gloo_raw
-from planner.measure.validate.calibrate_profile import profile_from_raw
-from planner.measure.validate.calibrate_dlrm import lookup_sections, merge_torchrec
 from planner.measure.validate import lookup_probe
+from planner.measure.validate.calibrate import GlooCalibration, measure_gloo, measure_gloo_raw
+from planner.measure.validate.calibrate_dlrm import lookup_sections, merge_torchrec
+from planner.measure.validate.calibrate_profile import profile_from_raw
+from planner.measure.validate.calibrate_summary import summary_lines
 from planner.measure.validate.dlrm_linear import linear_shapes
 from planner.measure.validate.runner import Pool
 
@@ -133,6 +134,7 @@ def test_lookup_probe_is_recorded_and_scales_the_plans_lookups():
     assert len(lk["readings_s"]) == 6 and lk["statistic"] == "trimmed mean of 6 readings"
     assert lk["measured_s"] == pytest.approx(statistics.fmean(lk["readings_s"]), rel=1e-3)
     assert 1e-4 < lk["measured_s"] < 1.0
+    assert "(mean of 6 readings, " in "\n".join(summary_lines(doc))
     # the same probe on each rank alone: how much faster a core runs with the other idle
     ct = doc["contention"]
     assert ct["together_s"] == pytest.approx(statistics.median(lk["rounds_s"]), rel=1e-3)

@@ -28,7 +28,7 @@ from planner.measure.validate.dlrm_ops import expected_ops
 from planner.measure.validate.dlrm_report import validate_dlrm
 from planner.measure.validate.runner import RunFailed, run_many
 from planner.model.tables.plan import PlannerStats, make_plan
-from planner.model.tables.spec import load_model_spec
+from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
 from planner.workloads.dlrm.torchrec_comms import (
     KJT_SPLITS,

@@ -19,7 +19,8 @@ from planner.measure.validate.unseen_family import (
     PLAN_KINDS,
     unseen_cases,
 )
-from planner.measure.validate.unseen_report import format_rows, kendall_tau_within, summarise
+from planner.measure.validate.unseen_report import (format_rows, kendall_tau_within,
+                                                     measured_apart, summarise)
 from planner.model.tables.dense import fresh_alloc_s
 from planner.model.tables.shards import ShardingType
 
@@ -67,6 +68,33 @@ def test_tau_within_sets_counts_only_pairs_of_one_set():
     s = summarise(rows[:2])
     assert s["mape"] == pytest.approx((0.5 + 1 / 3) / 2)
     assert s["within_25pct"] == 0 and not s["goals"]["mape_le_15pct"]
+
+
+def test_tau_over_pairs_measured_apart_leaves_out_overlapping_measurements():
+    """Plans whose rounds (or, with one round, steps' quartiles) overlap are measured as ties
+    by the host's noise; the second tau keeps the pairs whose measurements do not overlap,
+    beside the plain one, which the goal reads."""
+    def row(plan, pred, rounds):
+        return {"set": "a", "plan": plan, "ranks": 2, "tables": 4, "batch": 1024,
+                "predicted_s": pred, "measured_s": min(rounds), "rounds_s": rounds,
+                "steps_s": rounds, "structure_match": True}
+    fast, near, slow = (row("g", 1.0, [1.00, 1.10]), row("r", 0.9, [1.05, 1.20]),
+                        row("c", 2.0, [1.50, 1.60]))
+    rows = [fast, near, slow]
+    assert not measured_apart(fast, near) and measured_apart(fast, slow)
+    assert measured_apart(near, slow)
+    assert kendall_tau_within(rows) == pytest.approx(1 / 3)    # g-r discordant, two concordant
+    assert kendall_tau_within(rows, apart_only=True) == pytest.approx(1.0)
+    s = summarise(rows)
+    assert (s["pairs"], s["pairs_apart"], s["kendall_tau_apart"]) == (3, 2, 1.0)
+    assert s["kendall_tau_within_sets"] == pytest.approx(1 / 3) and not s["goals"]["tau_ge_0.8"]
+    assert "(1.00 over the 2 of 3 pairs measured apart)" in format_rows(rows, s)
+    # one round: the steps' quartiles
+    one = [{**r, "rounds_s": [r["measured_s"]], "steps_s": [r["measured_s"] * f for f in
+                                                              (0.9, 1.0, 1.1, 1.2)]}
+           for r in (fast, slow)]
+    assert measured_apart(*one)
+    assert not measured_apart(one[0], {**one[0], "plan": "x"})
 
 
 def test_calibration_is_cached_per_host_and_world(tmp_path, monkeypatch):

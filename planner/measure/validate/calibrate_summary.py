@@ -43,7 +43,7 @@ def summary_lines(doc: dict) -> list[str]:
     if lk:
         lines.append(f"  lookups on every rank at once: {format_time(lk['measured_s'])} for the "
                      f"probe, {lk['measured_s'] / predicted_lookup_s():.2f}x the CPU embedding "
-                     "profile's prediction")
+                     "profile's prediction" + _readings(lk))
     ct = doc.get("contention")
     if ct and ct.get("alone_s"):
         lines.append(f"  the probe on one rank alone: {format_time(ct['alone_s'])}; a core alone "
@@ -54,3 +54,14 @@ def summary_lines(doc: dict) -> list[str]:
                  + (f" (round-to-round spread {hn['forward']:.0%} / {hn['backward']:.0%})"
                     if hn else ""))
     return lines
+
+
+def _readings(lk: dict) -> str:
+    """How much the probe's readings over the calibration varied (the host's speed), when the
+    profile kept them: their range and its width over the mean."""
+    xs = lk.get("readings_s") or []
+    if len(xs) < 2:
+        return ""
+    lo, hi = min(xs), max(xs)
+    return (f" (mean of {len(xs)} readings, {format_time(lo)}-{format_time(hi)}: the host's "
+            f"speed varied {(hi - lo) / lk['measured_s']:.0%} during the calibration)")

@@ -36,7 +36,8 @@ from simulator.errors import SpecError
 import planner.model.tables.shards as sh
 from planner.model.tables.plan import PlannerStats, make_plan
 from planner.model.tables.shards import ShardingType
-from planner.model.tables.spec import DenseSpec, ModelSpec, TableSpec, load_model_spec
+from planner.model.tables.spec import DenseSpec, ModelSpec, TableSpec
+from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.planners import get_planner
 

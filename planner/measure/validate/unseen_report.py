@@ -1,6 +1,7 @@
 """How well ``clusterplan validate unseen`` predicted its plans: per-row errors, the MAPE,
-rows within 25%, Kendall tau between plans of the same table set, the issue's goals, and the
-table a person reads (:func:`format_rows`). Rows are those of
+rows within 25%, Kendall tau between plans of the same table set (also over the pairs measured
+apart alone, :func:`measured_apart`), the issue's goals, and the table a person reads
+(:func:`format_rows`). Rows are those of
 :func:`planner.measure.validate.unseen.run_cases`; times are seconds.
 """
 
@@ -13,28 +14,52 @@ import numpy as np
 
 from planner.measure.validate.dlrm_probes import stale_note
 
-__all__ = ["kendall_tau_within", "summarise", "format_rows"]
+__all__ = ["kendall_tau_within", "measured_apart", "summarise", "format_rows"]
 
 
-def kendall_tau_within(rows: Sequence[dict], key: str = "predicted_s") -> float | None:
+def kendall_tau_within(rows: Sequence[dict], key: str = "predicted_s", *,
+                       apart_only: bool = False) -> float | None:
     """Kendall tau between predicted (``key``) and measured step times over every pair of
     plans of the same table set (ties count half; failed runs left out); None without such a
-    pair."""
+    pair. ``apart_only``: only the pairs measured apart (:func:`measured_apart`)."""
     conc = disc = 0.0
-    by_set: dict = {}
-    for r in _ok(rows):
-        by_set.setdefault(r["set"], []).append(r)
-    for group in by_set.values():
-        for i in range(len(group)):
-            for j in range(i + 1, len(group)):
-                a = group[i][key] - group[j][key]
-                b = group[i]["measured_s"] - group[j]["measured_s"]
-                s = np.sign(a) * np.sign(b)
-                conc += (s > 0) + 0.5 * (s == 0)
-                disc += (s < 0) + 0.5 * (s == 0)
+    for a, b in _pairs(rows):
+        if apart_only and not measured_apart(a, b):
+            continue
+        s = np.sign(a[key] - b[key]) * np.sign(a["measured_s"] - b["measured_s"])
+        conc += (s > 0) + 0.5 * (s == 0)
+        disc += (s < 0) + 0.5 * (s == 0)
     return None if conc + disc == 0 else float((conc - disc) / (conc + disc))
 
 
+def _pairs(rows: Sequence[dict]) -> list[tuple[dict, dict]]:
+    """Every pair of plans of the same table set that ran."""
+    by_set: dict = {}
+    for r in _ok(rows):
+        by_set.setdefault(r["set"], []).append(r)
+    return [(g[i], g[j]) for g in by_set.values() for i in range(len(g))
+            for j in range(i + 1, len(g))]
+
+
+def _range(row: dict) -> tuple[float, float]:
+    """Where a plan's step time was measured: its rounds' lowest and highest (several
+    rounds), else its steps' quartiles."""
+    rounds = row.get("rounds_s") or []
+    if len(rounds) >= 2:
+        return min(rounds), max(rounds)
+    steps = row.get("steps_s") or []
+    if len(steps) < 2:
+        return row["measured_s"], row["measured_s"]
+    q1, _, q3 = statistics.quantiles(steps, n=4)
+    return q1, q3
+
+
+def measured_apart(a: dict, b: dict) -> bool:
+    """True when two plans' measurements do not overlap (:func:`_range`): their order is the
+    host's and not its noise. On a shared VM the same plan's rounds differ by up to half, so a
+    pair measured 3% apart says nothing about which plan is faster."""
+    (alo, ahi), (blo, bhi) = _range(a), _range(b)
+    return ahi < blo or bhi < alo
 def _ok(rows: Sequence[dict]) -> list[dict]:
     return [r for r in rows if "error" not in r]
 
@@ -49,6 +74,9 @@ def _errors(rows: Sequence[dict], key: str, failed: int) -> dict:
             "worst": max(errs, key=abs) if errs else None,
             "within_25pct": sum(abs(e) <= 0.25 for e in errs),
             "kendall_tau_within_sets": tau,
+            "pairs": len(_pairs(rows)),
+            "pairs_apart": sum(measured_apart(a, b) for a, b in _pairs(rows)),
+            "kendall_tau_apart": kendall_tau_within(rows, key, apart_only=True),
             "goals": {"mape_le_15pct": mape is not None and mape <= 0.15,
                       "every_row_within_25pct": bool(errs) and not failed
                       and all(abs(e) <= 0.25 for e in errs),
@@ -116,11 +144,14 @@ def format_rows(rows: Sequence[dict], summary: dict) -> str:
 
 def _summary_lines(s: dict, head: str, plans: int) -> list[str]:
     """The error line and the goals line of one kind of prediction's summary."""
-    tau = s["kendall_tau_within_sets"]
+    tau, apart = s["kendall_tau_within_sets"], s.get("kendall_tau_apart")
     g = s["goals"]
     return [head + f"MAPE {s['mape']:.1%} (mean {s['mean_error']:+.1%}, worst "
                    f"{s['worst']:+.1%}), {s['within_25pct']} of {plans} within 25%, Kendall "
-                   "tau within sets " + ("-" if tau is None else f"{tau:.2f}"),
+                   "tau within sets " + ("-" if tau is None else f"{tau:.2f}")
+            + ("" if "pairs" not in s else
+               f" ({'-' if apart is None else f'{apart:.2f}'} over the {s['pairs_apart']} of "
+               f"{s['pairs']} pairs measured apart)"),
             "goals: MAPE <= 15% " + ("met" if g["mape_le_15pct"] else "NOT met")
             + "; every plan within 25% " + ("met" if g["every_row_within_25pct"] else "NOT met")
             + "; tau >= 0.8 " + ("met" if g["tau_ge_0.8"] else "NOT met")]
