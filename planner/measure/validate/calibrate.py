@@ -36,8 +36,8 @@ same time (as in a step, so shared caches and memory bandwidth are loaded as the
   (:func:`planner.measure.validate.lookup_probe.time_lookup_probe`), whose ratio to the CPU
   embedding profile scales the lookups of validated DLRM plans; also read between the stages
   of every round (:class:`~planner.measure.validate.lookup_probe.ProbeSeries`), because a
-  shared VM's cores switch speed within seconds and a step spans many switches: the profile
-  keeps the mean of all readings;
+  shared VM's cores switch speed within seconds and a plan's measured steps (seconds of them)
+  span several switches: the profile keeps the mean of all readings;
 - **TorchRec's reorder of column-wise pooled embeddings** (FBGEMM's permute, forward and
   backward) at a few shapes on every rank at once (:mod:`planner.measure.validate.dlrm_permute`);
 - **a DLRM's linear layers by shape**: each of a layer's three GEMMs on a grid of batches and

@@ -121,7 +121,7 @@ def lookup_sections(per_rank: list[dict], world: int, cores: int,
     (:func:`~planner.measure.validate.lookup_probe.host_mean`) over every reading of the
     slowest rank's seconds: each round's probe together (median of its pairs) and every
     reading of the series. The mean, not the median: a host whose cores switch between a fast
-    and a slow state within seconds runs a step's lookups at its average speed, and the median
+    and a slow state within seconds runs a plan's steps at its average speed, and the median
     of readings each caught in one state lands in either. ``rounds_s``: the probe per round;
     ``readings_s``: those, then the series' readings round by round.
     ``contention.alone_speedup``: the probe together, at the share of a core each of ``world``

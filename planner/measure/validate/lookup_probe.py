@@ -86,10 +86,11 @@ class ProbeSeries:
     Why: on a shared VM a core's speed switches between states within seconds (the 2-core
     Intel VM of 2026-11-29 ran the probe alone at 7.7 or 10.9 ms, about half the time each,
     111 readings 2 s apart over 4 minutes), so one or two readings per round catch one state at
-    random, while a step of a plan spans many: the calibration of 03:54 caught 9.9 ms for 2
-    processes, the one of 04:01 6.3 ms per core for 4, and the 2-process plans of the family run
-    after it were over-predicted, the 4-process ones under-predicted. ``readings[round]`` is
-    this rank's seconds per reading (:func:`time_together`, :data:`SERIES_REPEATS` calls)."""
+    random, while a plan's measured steps span several: the calibration of 03:54 caught 9.9 ms
+    for 2 processes, the one of 04:01 6.3 ms per core for 4, and the 2-process plans of the
+    family run after it were over-predicted, the 4-process ones under-predicted.
+    ``readings[round]`` is this rank's seconds per reading (:func:`time_together`,
+    :data:`SERIES_REPEATS` calls)."""
 
     def __init__(self, dist, *, enabled: bool = True):
         self._dist = dist
