@@ -95,8 +95,12 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="random table sets, up to 4 plans each (12)")
     u.add_argument("--seed", type=int, default=0, help="seed of the family (0)")
     u.add_argument("--rounds", type=int, default=1, metavar="K",
-                   help="run the family K times, one after the other, and keep each plan's "
-                        "median round (1; a shared host's speed drifts over an hour)")
+                   help="run the family K times, one after the other (1; a shared host's "
+                        "speed drifts)")
+    u.add_argument("--measured", default="steps", choices=("steps", "round"),
+                   help="a plan's measured step over several rounds: the median of all their "
+                        "steps (steps, the default: as the calibration, it spans the host's "
+                        "speed changes) or of its median round (round)")
     u.add_argument("--min-seconds", type=float, default=3.0, metavar="S",
                    help="measure each plan for at least S seconds of steps: a plan predicted "
                         "short runs more than --steps (up to 100), so that one slow spell of "

@@ -75,6 +75,7 @@ def run_unseen(args) -> int:
     if not 0 <= min_seconds <= MAX_MIN_SECONDS:
         raise SpecError(f"--min-seconds {min_seconds:g} is outside 0..{MAX_MIN_SECONDS}",
                         field="--min-seconds", fix="pass e.g. --min-seconds 3 (0: --steps only)")
+    measured = getattr(args, "measured", "steps")
     if args.out:
         from simulator.fileio import check_writable
         check_writable(args.out)
@@ -99,9 +100,10 @@ def run_unseen(args) -> int:
         rows = run_cases(cases, Path(tmp), steps=args.steps, warmup=args.warmup,
                          calibrations=cals, progress=progress, heap=args.heap, rounds=rounds,
                          host_probe=getattr(args, "host_probe", True),
-                         min_seconds=min_seconds)
+                         min_seconds=min_seconds, measured=measured)
     doc = {"seed": args.seed, "sets": args.sets, "steps": args.steps, "warmup": args.warmup,
            "min_seconds": min_seconds, "heap": args.heap, "rounds": rounds,
+           "measured": measured,
            "host_probe": getattr(args, "host_probe", True)}
     return _finish(args, doc, rows, cals)
 

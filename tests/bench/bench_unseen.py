@@ -4,14 +4,15 @@ sets nothing was fitted to (issue 22's first goal).
     python tests/bench/bench_unseen.py [--sets 12] [--seed 0] [--steps 10] [--warmup 3]
                                        [--calibration FILE] [--out FILE.json]
                                        [--heap retain|system] [--rounds K]
-                                       [--min-seconds S]
+                                       [--min-seconds S] [--measured steps|round]
 
 Runs ``clusterplan validate unseen`` (``planner/measure/validate/unseen.py``): ``--sets`` seeded
 random table sets (2 or 4 ranks, 4-40 tables, dims 16-256, pooling 1-60, rows 10³-10⁷ within
 this machine's memory, batch 1k-64k, Zipf 0-1.2, half with a DCNv2 dense part), up to four plans
 each (greedy, random table-wise, all column-wise, row-wise with small tables data-parallel),
 each run for real under TorchRec's DistributedModelParallel (median of ``--steps`` steps of the
-slowest rank, more for a plan predicted shorter than ``--min-seconds`` / ``--steps``) and
+slowest rank, more for a plan predicted shorter than ``--min-seconds`` / ``--steps``; with
+``--rounds`` K the median of all K rounds' steps, or with ``--measured round`` the median round) and
 predicted with this host's gloo calibration (cached per host and world size,
 measured on first use; never fitted to these runs). Prints one row per plan, the MAPE, the
 worst error, the plans within 25% and Kendall's tau between plans of the same set, against the
@@ -42,15 +43,20 @@ def main(argv=None) -> int:
     ap.add_argument("--min-seconds", type=float, default=3.0,
                     help="measured seconds of steps per plan at least (more steps when short)")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="whole runs of the family, each plan's median round kept")
+                    help="whole runs of the family, each plan measured over all of them")
+    ap.add_argument("--measured", default="steps", choices=("steps", "round"),
+                    help="a plan's measured step over its rounds: all steps' median or the "
+                         "median round's")
     ap.add_argument("--heap", default="retain", choices=("retain", "system"),
                     help="the ranks' heap policy (planner/measure/heap.py)")
     a = ap.parse_args(argv)
     from planner.cli.main import main as clusterplan
-    out = a.out or str(ROOT / "traces" / "validate" / f"unseen-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = a.out or str(ROOT / "traces" / "validate" / f"unseen-{stamp}.json")
     argv = ["validate", "unseen", "--sets", str(a.sets), "--seed", str(a.seed), "--steps",
             str(a.steps), "--warmup", str(a.warmup), "--out", out, "--heap", a.heap,
-            "--rounds", str(a.rounds), "--min-seconds", str(a.min_seconds)]
+            "--rounds", str(a.rounds), "--min-seconds", str(a.min_seconds),
+            "--measured", a.measured]
     if a.calibration:
         argv += ["--calibration", a.calibration]
     t0 = time.time()

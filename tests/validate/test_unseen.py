@@ -196,20 +196,27 @@ def test_extrapolated_plans_are_marked_and_their_calls_listed_once():
     assert "2 plan(s) extrapolated (*)" in text
 
 
-def test_rounds_keep_each_plans_median_round_and_every_step():
+def test_rounds_pool_every_step_or_keep_the_median_round():
+    """Several rounds: a plan is measured by the median of all its rounds' steps (the default),
+    or by its median round (the lower middle of an even count); a plan failed once is failed."""
     def row(plan, measured, steps, **kw):
         return {"set": "s", "plan": plan, "predicted_s": 1.0, "measured_s": measured,
                 "steps_s": steps, **kw}
-    rounds = [[row("a", 3.0, [3.0]), row("b", 1.0, [1.0])],
-              [row("a", 1.0, [1.0]), row("b", 2.0, [2.0]), ],
-              [row("a", 2.0, [2.0, 2.1]), {"set": "s", "plan": "b", "error": "boom"}]]
-    a, b = merge_rounds(rounds)
+    rounds = [[row("a", 3.0, [3.0, 3.2, 2.9]), row("b", 1.0, [1.0])],
+              [row("a", 1.0, [1.0, 1.1, 0.9]), row("b", 2.0, [2.0]), ],
+              [row("a", 2.0, [2.0, 2.1, 1.9]), {"set": "s", "plan": "b", "error": "boom"}]]
+    a, b = merge_rounds(rounds, "round")
     assert a["measured_s"] == 2.0 and a["rounds_s"] == [3.0, 1.0, 2.0]
-    assert a["steps_s"] == [3.0, 1.0, 2.0, 2.1]
+    assert a["steps_s"] == [3.0, 3.2, 2.9, 1.0, 1.1, 0.9, 2.0, 2.1, 1.9]
     assert b == {"set": "s", "plan": "b", "error": "boom"}       # failed once: failed
-    two = merge_rounds(rounds[:2])                                # even: the lower middle
+    two = merge_rounds(rounds[:2], "round")                       # even: the lower middle
     assert [r["measured_s"] for r in two] == [1.0, 1.0]
     assert merge_rounds(rounds[:1]) == rounds[0]
+    pooled = merge_rounds(rounds[:2])                            # the default: every step
+    assert [r["measured_s"] for r in pooled] == [pytest.approx(2.0), pytest.approx(1.5)]
+    assert pooled[0]["measured"] == "steps" and pooled[0]["rounds_s"] == [3.0, 1.0]
+    with pytest.raises(ValueError, match="measured"):
+        merge_rounds(rounds, "mean")
 
 
 def test_host_speed_rescales_the_predictions_beside_the_plain_ones():
@@ -247,9 +254,14 @@ def test_host_speed_rescales_the_predictions_beside_the_plain_ones():
     # a row without a probe (an older run) leaves the host-speed summary out
     plain = summarise([rows[0], {k: v for k, v in rows[1].items() if "host" not in k}])
     assert "at_host_speed" not in plain and "'at host'" not in format_rows(rows, plain)
-    merged = merge_rounds([[{**rows[0], "steps_s": [1.3]}], [{**rows[0], "measured_s": 1.5,
-                                                               "steps_s": [1.5]}]])
-    assert merged[0]["rounds_host_speed"] == pytest.approx([1.3, 1.3])
+    slower = {**rows[0], "measured_s": 1.5, "steps_s": [1.5],
+              **_at_host(1.0, [0.015, 0.015], cal)}
+    merged = merge_rounds([[{**rows[0], "steps_s": [1.3]}], [slower]])
+    assert merged[0]["rounds_host_speed"] == pytest.approx([1.3, 1.5])
+    assert merged[0]["host_speed"] == pytest.approx(1.4)              # over every step: mean
+    assert merged[0]["predicted_at_host_s"] == pytest.approx(1.4)
+    kept = merge_rounds([[{**rows[0], "steps_s": [1.3]}], [slower]], "round")
+    assert kept[0]["host_speed"] == pytest.approx(1.3)                # the kept round's
 
 
 def test_a_plan_predicted_short_gets_enough_steps_to_fill_the_minimum(family, tmp_path):

@@ -4,7 +4,7 @@ predicted beside.
 
 Each plan runs ``warmup`` + ``steps`` steps (more for a plan predicted short, :func:`steps_for`),
 in ``rounds`` whole runs of the family; its measured time is the median over the steps of the
-slowest rank, and the median round is kept (:func:`merge_rounds`). The prediction is
+slowest rank, pooled over its rounds (:func:`merge_rounds`). The prediction is
 :func:`planner.measure.validate.dlrm_report.validate_dlrm`'s with the given calibration;
 :func:`repredict_rows` predicts a recorded run's plans again without running them.
 :mod:`planner.measure.validate.unseen_report` summarises and prints the rows.
@@ -13,6 +13,7 @@ slowest rank, and the median round is kept (:func:`merge_rounds`). The predictio
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 from typing import Sequence
 
@@ -22,7 +23,7 @@ from planner.measure.heap import DEFAULT_HEAP
 from planner.measure.validate.dlrm_probes import at_host
 from planner.measure.validate.unseen_family import UnseenCase, write_case
 
-__all__ = ["run_cases", "steps_for", "merge_rounds", "repredict_rows", "MAX_STEPS"]
+__all__ = ["run_cases", "steps_for", "merge_rounds", "repredict_rows", "MAX_STEPS", "MEASURED"]
 
 #: measured steps of a plan at most, however short its predicted step (``min_seconds``)
 MAX_STEPS = 100
@@ -31,7 +32,7 @@ MAX_STEPS = 100
 def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: int,
               calibrations: dict, timeout_s: float = 300.0, progress=None,
               heap: str = DEFAULT_HEAP, rounds: int = 1, host_probe: bool = True,
-              min_seconds: float = 0.0) -> list[dict]:
+              min_seconds: float = 0.0, measured: str = "steps") -> list[dict]:
     """Run every case for real and predict it with the calibration of its world size; one row
     per case (see :func:`planner.measure.validate.unseen_report.summarise`). With
     ``host_probe`` each run times the calibration's lookup probe before its warm-up and after
@@ -39,9 +40,10 @@ def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: 
     prediction at that speed. Each table set gets fresh processes (a pool that ran big tables
     keeps its memory) with the heap policy ``heap`` (:mod:`planner.measure.heap`); a
     plan whose run fails is a row with its ``error`` and the run goes on. ``rounds`` > 1 runs
-    the whole family that many times, one round after the other, and keeps per plan the
-    median round (:func:`merge_rounds`): a shared host's speed drifts by tens of percent over
-    an hour, which one run per plan cannot tell from a model error. ``min_seconds`` > 0 gives
+    the whole family that many times, one round after the other, and measures each plan over
+    all its rounds' steps (or, with ``measured="round"``, its median round; :func:`merge_rounds`):
+    a shared host's speed drifts by tens of percent, which one run per plan cannot tell from a
+    model error. ``min_seconds`` > 0 gives
     a plan predicted short more measured steps (:func:`steps_for`), the same in every round."""
     per_case = {(c.set_name, c.plan_kind): steps_for(c, folder, steps, warmup,
                                                     calibrations[c.ranks], min_seconds)
@@ -54,14 +56,29 @@ def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: 
         per_round.append(_run_round(cases, folder, steps=per_case, warmup=warmup,
                                     calibrations=calibrations, timeout_s=timeout_s,
                                     progress=tell, heap=heap, host_probe=host_probe))
-    return merge_rounds(per_round)
+    return merge_rounds(per_round, measured)
 
 
-def merge_rounds(per_round: Sequence[Sequence[dict]]) -> list[dict]:
-    """One row per plan from several rounds' rows (same plans, same order): the round whose
-    measured step is the median (the lower middle one of an even count), with every round's
-    measured step in ``rounds_s`` and all their steps in ``steps_s``; a plan that failed in
-    any round is that round's failed row."""
+#: how ``merge_rounds`` measures a plan run in several rounds: the median of every round's
+#: steps (the default), or the median round's own median (``"round"``, the statistic before
+#: 2026-11-29's calibration series)
+MEASURED = ("steps", "round")
+
+
+def merge_rounds(per_round: Sequence[Sequence[dict]], measured: str = "steps") -> list[dict]:
+    """One row per plan from several rounds' rows (same plans, same order), with every round's
+    measured step in ``rounds_s`` and all their steps in ``steps_s``. Its measured step is the
+    median of all those steps (``measured="steps"``): the calibration's lookup probe is a mean
+    over the host's speed states read across minutes
+    (:mod:`planner.measure.validate.lookup_probe`), and a plan's steps pooled over its rounds
+    are the measurement that spans as many states; one round's few
+    seconds are often in one state, 1.2-1.4x away from the other on a shared VM. With
+    ``measured="round"`` it is the median round's (the lower middle one of an even count: the
+    faster of two). The other fields (per-kind times) are the median round's; the host's speed
+    is the mean of the rounds' with ``"steps"``. A plan that failed in any round is that
+    round's failed row."""
+    if measured not in MEASURED:
+        raise ValueError(f"measured={measured!r}: one of {MEASURED}")
     out = []
     for rows in zip(*per_round):
         failed = [r for r in rows if "error" in r]
@@ -73,10 +90,17 @@ def merge_rounds(per_round: Sequence[Sequence[dict]]) -> list[dict]:
             continue
         order = sorted(rows, key=lambda r: r["measured_s"])
         mid = order[(len(order) - 1) // 2]
-        speeds = {"rounds_host_speed": [r["host_speed"] for r in rows]} \
-            if all("host_speed" in r for r in rows) else {}
-        out.append({**mid, "rounds_s": [r["measured_s"] for r in rows],
-                    "steps_s": [s for r in rows for s in r["steps_s"]], **speeds})
+        steps = [s for r in rows for s in r["steps_s"]]
+        row = {**mid, "rounds_s": [r["measured_s"] for r in rows], "steps_s": steps,
+               "measured": measured}
+        if all("host_speed" in r for r in rows):
+            row["rounds_host_speed"] = [r["host_speed"] for r in rows]
+        if measured == "steps":
+            row["measured_s"] = statistics.median(steps)
+            if "rounds_host_speed" in row:
+                speed = statistics.fmean(row["rounds_host_speed"])
+                row.update(host_speed=speed, predicted_at_host_s=row["predicted_s"] * speed)
+        out.append(row)
     return out
 
 
