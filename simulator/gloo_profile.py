@@ -47,7 +47,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from simulator.compute import ComputeProfile, EfficiencyCurve, monotone_time_points
+from simulator.compute import ComputeProfile
+from simulator.efficiency import EfficiencyCurve, monotone_time_points
 from simulator.errors import SpecError
 from simulator.fileio import parse_yaml, read_text
 from simulator.hardware import gpu_spec

@@ -1,6 +1,6 @@
 """Measured times of a linear layer's three GEMMs by shape, where FLOPs alone mislead.
 
-A FLOP-keyed efficiency curve (:class:`simulator.compute.EfficiencyCurve`) holds for the
+A FLOP-keyed efficiency curve (:class:`simulator.efficiency.EfficiencyCurve`) holds for the
 shapes it was measured on. A recommendation model's layers are skinny: a 16,384-sample batch
 through a 496→32 projection, a 32→496 expansion, a 64→1 head. One CPU core ran such GEMMs at
 17-48 GFLOP/s where square ones of the same FLOPs reached 65-73 (2026-11-28 AMD EPYC host,

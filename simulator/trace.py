@@ -19,7 +19,7 @@ __all__ = ["chrome_trace", "write_chrome_trace"]
 
 
 def chrome_trace(result, *, max_ranks: int = 64) -> dict:
-    """Build the trace dict from a :class:`~simulator.engine.SimResult`."""
+    """Build the trace dict from a :class:`~simulator.result.SimResult`."""
     ops = result.workload.ops
     df = result.ops
     events: list[dict] = []

@@ -8,15 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.compute import (
-    ComputeProfile,
-    EfficiencyCurve,
-    achieved_flops,
-    load_compute_profile,
-    monotone_time_points,
-    op_time,
-    op_times,
-)
+from simulator.compute import ComputeProfile, achieved_flops, load_compute_profile, op_time, \
+    op_times
+from simulator.efficiency import EfficiencyCurve, monotone_time_points
 from simulator.errors import SpecError
 from simulator.hardware import gpu_names, gpu_spec
 

@@ -2,14 +2,16 @@
 bombs, numeric extremes, outputs pointed at folders), the CLI exits 0, 1 (a valid run whose
 plan breaks a memory cap) or 2 (bad input, with a message), within 10 s and adding under
 420 MB to the ~80 MB its imports take: never a traceback, a hang or a memory blow-up. Cases in
-tests/fuzzing.py, each run in a forked child; tests/bench/bench_fuzz.py runs more."""
+tests/fuzzing.py, each run in a forked child (tests/fuzz_runner.py); tests/bench/bench_fuzz.py
+runs more."""
 
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-from fuzzing import MAX_ADDED_BYTES, make_case, run_case
+from fuzz_runner import MAX_ADDED_BYTES, run_case
+from fuzzing import make_case
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,11 +39,11 @@ def test_the_fuzzer_catches_a_crash_a_hang_and_a_bomb():
     """The harness reports each failure it hunts (so a green fuzz run means something)."""
     import time
 
-    import fuzzing
-    out = fuzzing.run_case(["gpus"], command=fuzzing.planted_crash)
+    import fuzz_runner
+    out = fuzz_runner.run_case(["gpus"], command=fuzz_runner.planted_crash)
     assert out.code == -1 and "ZeroDivisionError" in out.error
     t0 = time.perf_counter()
-    out = fuzzing.run_case(["gpus"], timeout_s=0.5, command=fuzzing.planted_hang)
+    out = fuzz_runner.run_case(["gpus"], timeout_s=0.5, command=fuzz_runner.planted_hang)
     assert "still running after 1.5 s" in out.error and time.perf_counter() - t0 < 6
-    out = fuzzing.run_case(["gpus"], command=fuzzing.planted_hog)
+    out = fuzz_runner.run_case(["gpus"], command=fuzz_runner.planted_hog)
     assert out.error is None and out.added_bytes > MAX_ADDED_BYTES

@@ -121,7 +121,7 @@ class NeuroShardPlanner:
         stops: list[str] = []
         learned_comm = pred.comm_ms([0.0] * n, [0.0] * n) is not None
         budget = Budget(*work_budget(limit, model.num_tables, learned_comm=learned_comm,
-                                      refine=self.refine))
+                                     refine=self.refine))
 
         best = self._table_wise_plan(obj, state0, mean_dim, base_used, notes, budget)
         tw_best = best

@@ -19,7 +19,7 @@ from planner.model.dmt.module import TowerModuleSpec
 from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.planners import get_planner
 from planner.workloads.dlrm.step import build_step_workload, simulate_step
-from planner.workloads.dmt import Comparison, cross_host_bytes, simulate_sptt
+from planner.workloads.dmt.step import Comparison, cross_host_bytes, simulate_sptt
 
 __all__ = ["compare_flat_dmt"]
 

@@ -283,8 +283,8 @@ def partition_features(a: np.ndarray | None, w: np.ndarray, T: int, *, method: s
             tries.append((1.0 + eps_w) * width.sum() / T)
         tries.append(math.inf)
         for wcap in tries:
-            got, st = tower_mip(s, w, mem, cap, mem_cap, start, time_limit_s=time_limit_s, seed=seed,
-                           width=width, width_cap=wcap)
+            got, st = tower_mip(s, w, mem, cap, mem_cap, start, time_limit_s=time_limit_s,
+                                seed=seed, width=width, width_cap=wcap)
             if got is None:
                 notes.setdefault("mip_not_used", []).append(st)
                 continue

@@ -18,8 +18,9 @@ __all__ = ["tower_mip", "node_budget"]
 
 
 def tower_mip(s: np.ndarray, w: np.ndarray, mem: np.ndarray, cap: float, mem_cap: float,
-         start: np.ndarray, *, time_limit_s: float, seed: int, width: np.ndarray | None = None,
-         width_cap: float = math.inf) -> tuple[np.ndarray | None, str]:
+              start: np.ndarray, *, time_limit_s: float, seed: int,
+              width: np.ndarray | None = None, width_cap: float = math.inf
+              ) -> tuple[np.ndarray | None, str]:
     """The tower of each feature maximising its affinity ``s[f, t]`` to its tower's cluster,
     with tower cost ``w`` ≤ ``cap``, memory ``mem`` ≤ ``mem_cap`` and pooled ``width`` ≤
     ``width_cap``, warm-started from ``start``: labels and how CBC stopped, or None and why

@@ -12,7 +12,8 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from simulator.compute import ComputeProfile
-from simulator.engine import SimResult, simulate
+from simulator.engine import simulate
+from simulator.result import SimResult
 from simulator.errors import SpecError
 from simulator.topology import Topology
 

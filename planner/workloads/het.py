@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from simulator.engine import SimResult, simulate
+from simulator.engine import simulate
+from simulator.result import SimResult
 from simulator.errors import SpecError
 from simulator.fileio import read_spec_mapping
 from simulator.topology import Topology

@@ -46,7 +46,7 @@ from planner.model.tables.spec import DenseSpec, ModelSpec  # noqa: E402
 from planner.model.tables.task import ShardingTask, prepare  # noqa: E402
 from planner.sharding.planners import get_planner  # noqa: E402
 from planner.workloads.dlrm.step import build_step_workload, simulate_step  # noqa: E402
-from planner.workloads.dmt import cross_host_bytes, simulate_flat, simulate_sptt  # noqa: E402
+from planner.workloads.dmt.step import cross_host_bytes, simulate_flat, simulate_sptt  # noqa: E402
 
 LOCAL_BATCH = 512
 MODULES = {"sptt": TowerModuleSpec(), "c4": TowerModuleSpec(kind="mix", ratio=4),

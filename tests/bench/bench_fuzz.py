@@ -20,7 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fuzzing import MAX_ADDED_BYTES, make_case, run_case  # noqa: E402
+from fuzz_runner import MAX_ADDED_BYTES, run_case  # noqa: E402
+from fuzzing import make_case  # noqa: E402
 
 
 def main() -> int:

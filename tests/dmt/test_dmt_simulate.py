@@ -14,7 +14,7 @@ from planner.dmt.towers import shard_hosts
 from planner.model.dmt.layout import make_layout
 from planner.model.dmt.module import TowerModuleSpec
 from planner.model.tables.shards import ShardingType
-from planner.workloads.dmt import build_sptt_workload, top_input_dims
+from planner.workloads.dmt.sptt import build_sptt_workload, top_input_dims
 
 
 def test_identity_towers_move_the_same_cross_host_bytes(task16):
@@ -104,7 +104,7 @@ def test_doctests(name):
 def test_pairwise_all_to_all_charges_per_peer_latency(task16):
     from planner.model.tables.task import prepare
     from planner.sharding.planners import get_planner
-    from planner.workloads.dmt import simulate_flat, simulate_sptt, with_a2a_algo
+    from planner.workloads.dmt.step import simulate_flat, simulate_sptt, with_a2a_algo
     part = partition_layout(task16, 16, towers=2)
     hps = shard_hosts(task16, part.layout)
     w, _ = build_sptt_workload(task16, 16, part.layout, hps)

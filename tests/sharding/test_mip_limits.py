@@ -107,7 +107,9 @@ def test_sigterm_stops_cbc_and_removes_its_folder(tmp_path):
     proc, cbc = _plan_until_cbc_runs(tmp_path)
     proc.send_signal(signal.SIGTERM)
     rc = proc.wait(timeout=30)
-    assert rc == 128 + signal.SIGTERM and "terminated" in proc.stderr.read()
+    with proc.stderr:
+        err = proc.stderr.read()
+    assert rc == 128 + signal.SIGTERM and "terminated" in err
     assert not _alive(cbc)
     assert not list(tmp_path.glob(TEMP_PREFIX + "*"))
 
@@ -117,6 +119,7 @@ def test_a_killed_planner_takes_cbc_with_it(tmp_path):
     proc, cbc = _plan_until_cbc_runs(tmp_path)
     proc.kill()
     proc.wait(timeout=30)
+    proc.stderr.close()
     deadline = time.monotonic() + 5
     while _alive(cbc) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import yaml
 
-from simulator.compute import monotone_time_points
+from simulator.efficiency import monotone_time_points
 
 __all__ = ["CpuFit", "measured_record", "profile_source", "profile_notes", "write_profile",
            "sig"]

@@ -19,7 +19,7 @@ median of the launch rows (or given); each size's efficiency is the median over 
 ``work / (peak × (seconds − launch))`` against the catalog peak, so the roofline model
 ``launch + work / (peak × efficiency)`` reproduces the measured medians. Efficiencies above 1
 mean the catalog peak is wrong for this part and are refused; curves are made monotone in time
-(:func:`~simulator.compute.monotone_time_points`).
+(:func:`~simulator.efficiency.monotone_time_points`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.compute import monotone_time_points
+from simulator.efficiency import monotone_time_points
 from simulator.errors import SpecError
 from simulator.fileio import check_input_file
 from simulator.hardware import GPUSpec, gpu_spec

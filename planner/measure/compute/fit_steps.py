@@ -40,8 +40,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 from scipy.optimize import least_squares
 
-from simulator.compute import ComputeProfile, EfficiencyCurve, load_compute_profile, \
-    monotone_time_points
+from simulator.compute import ComputeProfile, load_compute_profile
+from simulator.efficiency import EfficiencyCurve, monotone_time_points
 from simulator.errors import SpecError
 from simulator.fileio import parse_yaml
 from simulator.topology import load_topology

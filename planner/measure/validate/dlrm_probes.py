@@ -9,7 +9,6 @@ lookup probe too, the host's speed then against the calibration's (:func:`host_s
 
 from __future__ import annotations
 
-
 from planner.export.torchrec import export_torchrec_plan
 from planner.measure.tables.plans import cpu_topology_ref
 from planner.measure.validate.dlrm import DLRMRunConfig

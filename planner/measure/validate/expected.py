@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.compute import ComputeProfile, load_compute_profile
-from simulator.engine import SimResult, simulate
+from simulator.engine import simulate
+from simulator.result import SimResult
 from simulator.gloo_profile import GlooProfile
 from simulator.topology import Topology, load_topology
 

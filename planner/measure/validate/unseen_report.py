@@ -60,6 +60,8 @@ def measured_apart(a: dict, b: dict) -> bool:
     pair measured 3% apart says nothing about which plan is faster."""
     (alo, ahi), (blo, bhi) = _range(a), _range(b)
     return ahi < blo or bhi < alo
+
+
 def _ok(rows: Sequence[dict]) -> list[dict]:
     return [r for r in rows if "error" not in r]
 

@@ -1,8 +1,6 @@
-"""Reading an embedding-model spec (:class:`~planner.model.tables.spec.ModelSpec`): from a YAML
-file, a CSV of tables, or a built-in name.
-
-A spec is a YAML file, a CSV of tables, or the name of a built-in example (``criteo-dlrm``,
-``mlperf-dcnv2``; files in ``planner/examples/``).
+"""Reading an embedding-model spec (:class:`~planner.model.tables.spec.ModelSpec`) from a YAML
+file, a CSV of tables, or the name of a built-in example (``criteo-dlrm``, ``mlperf-dcnv2``;
+files in ``planner/examples/``).
 
 **CSV** — one row per table. Required columns ``name,num_embeddings,embedding_dim,
 pooling_factor``; optional ``precision`` (fp32|fp16|bf16, default fp32), ``zipf_exponent``,
@@ -74,8 +72,7 @@ OPTIONAL_COLUMNS = ("precision", "zipf_exponent", "sharding_types") + BIN_COLUMN
 _TABLE_KEYS = set(REQUIRED_COLUMNS) | {"precision", "zipf_exponent", "sharding_types",
                                        "reuse_bins"}
 _TOP_KEYS = {"name", "description", "source", "batch_size", "optimizer", "comm_precision",
-             "a2a_compression",
-             "trainer", "table_defaults", "dense", "tables"}
+             "a2a_compression", "trainer", "table_defaults", "dense", "tables"}
 _DENSE_KEYS = {"num_dense_features", "bottom_mlp", "top_mlp", "interaction", "dcn_layers",
                "dcn_projection", "dtype"}
 

@@ -38,7 +38,8 @@ from typing import Sequence
 
 import numpy as np
 
-from simulator.engine import SimResult, simulate
+from simulator.engine import simulate
+from simulator.result import SimResult
 from simulator.workload import Workload
 
 from planner.model.tables.cost import F_BWD, F_DP, F_FWD, F_HRS, F_RW
