@@ -260,6 +260,7 @@ def test_host_speed_rescales_the_predictions_beside_the_plain_ones():
     assert merged[0]["rounds_host_speed"] == pytest.approx([1.3, 1.5])
     assert merged[0]["host_speed"] == pytest.approx(1.4)              # over every step: mean
     assert merged[0]["predicted_at_host_s"] == pytest.approx(1.4)
+    assert merged[0]["host_probe_s"] == [0.013, 0.013, 0.015, 0.015]
     kept = merge_rounds([[{**rows[0], "steps_s": [1.3]}], [slower]], "round")
     assert kept[0]["host_speed"] == pytest.approx(1.3)                # the kept round's
 

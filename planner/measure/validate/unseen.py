@@ -74,9 +74,9 @@ def merge_rounds(per_round: Sequence[Sequence[dict]], measured: str = "steps") -
     are the measurement that spans as many states; one round's few
     seconds are often in one state, 1.2-1.4x away from the other on a shared VM. With
     ``measured="round"`` it is the median round's (the lower middle one of an even count: the
-    faster of two). The other fields (per-kind times) are the median round's; the host's speed
-    is the mean of the rounds' with ``"steps"``. A plan that failed in any round is that
-    round's failed row."""
+    faster of two). The other fields (per-kind times) are the median round's; with ``"steps"``
+    the host's speed is the mean of the rounds' and its probes all of theirs. A plan that
+    failed in any round is that round's failed row."""
     if measured not in MEASURED:
         raise ValueError(f"measured={measured!r}: one of {MEASURED}")
     out = []
@@ -99,7 +99,8 @@ def merge_rounds(per_round: Sequence[Sequence[dict]], measured: str = "steps") -
             row["measured_s"] = statistics.median(steps)
             if "rounds_host_speed" in row:
                 speed = statistics.fmean(row["rounds_host_speed"])
-                row.update(host_speed=speed, predicted_at_host_s=row["predicted_s"] * speed)
+                row.update(host_speed=speed, predicted_at_host_s=row["predicted_s"] * speed,
+                           host_probe_s=[x for r in rows for x in r["host_probe_s"]])
         out.append(row)
     return out
 
