@@ -67,7 +67,7 @@ def node_budget(nonzeros: int, time_limit_s: float) -> int | None:
 
 
 def _solve(prob: pulp.LpProblem, *, time_limit_s: float, seed: int) -> tuple[dict | None, str]:
-    """CBC, one thread, seeded, warm-started, stopped by a node budget: a function of the
+    """CBC, serial, seeded, warm-started, stopped by a node budget: a function of the
     model's size and ``time_limit_s`` alone (:func:`node_budget`), so the same inputs give the
     same towers on any machine. The clock is only a safety stop; a run it stops is discarded
     (its incumbent would depend on the machine's speed and load)."""

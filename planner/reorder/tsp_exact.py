@@ -123,7 +123,7 @@ def mip_ring(c: np.ndarray, *, time_limit_s: float = 20.0, start=None) -> ExactR
         left = time_limit_s - (time.perf_counter() - t0)
         if left <= 0:
             break
-        status = prob.solve(cbc(threads=1, timeLimit=max(1, int(left + 0.999))))
+        status = prob.solve(cbc(timeLimit=max(1, int(left + 0.999))))
         if pulp.LpStatus[status] != "Optimal":
             break
         edges = [p for p in pairs if x[p].value() is not None and x[p].value() > 0.5]

@@ -11,7 +11,7 @@ Solving, within ``time_limit_s`` for the whole call (model build included):
 - the model offers the options whose build fits 40% of the time left (finest column splits
   dropped first, then table-row-wise, row-wise and data-parallel); a build that overruns its
   deadline is abandoned;
-- CBC (``threads=1``, a seed, the warm start) gets a *node* budget from the time left and the
+- CBC (serial, a seed, the warm start) gets a *node* budget from the time left and the
   model's size, and a safety stop before the limit; a watchdog kills it (and a dead parent
   kills it too) and its temporary folder is removed.
 

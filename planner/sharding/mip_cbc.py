@@ -3,8 +3,8 @@
 PuLP's own CBC call cannot be interrupted, so the model is written as MPS (with the warm start
 as a MIP start) into a temporary folder and PuLP's bundled CBC binary is run on it directly:
 
-- ``-maxNodes`` is the deterministic stop (CBC with one thread and a seed explores the same
-  tree on any machine); ``-sec`` with ``-timeMode elapsed`` is the safety stop, and a watchdog
+- ``-maxNodes`` is the deterministic stop (CBC serial, as it runs without ``-threads``, and
+  seeded explores the same tree on any machine); ``-sec`` with ``-timeMode elapsed`` is the safety stop, and a watchdog
   kills CBC at ``hard_deadline`` (CBC checks its clock only between cut passes);
 - on Linux CBC gets ``PR_SET_PDEATHSIG``: when the planner's process dies, even by SIGKILL,
   the kernel kills CBC; the folder is removed on every exit Python sees (return, exception,
@@ -81,7 +81,7 @@ def run_cbc(lp, *, start: bool, seconds: float, max_nodes: int, hard_deadline: f
         if start:          # primal heuristics off: the start is the incumbent to beat, and
             solver.writesol(mst, lp, vs, vnames, cnames)     # they make the root's time erratic
             args += ["-mips", mst]
-        args += ["-sec", f"{max(seconds, 0.05):.3f}", "-timeMode", "elapsed", "-threads", "1",
+        args += ["-sec", f"{max(seconds, 0.05):.3f}", "-timeMode", "elapsed",
                  "-randomCbcSeed", str(int(seed) % 2_000_000_000 + 1), "-ratio", "1e-7",
                  "-allow", "1e-9", "-maxNodes", str(max(0, int(max_nodes))),
                  "-solve", "-solution", sol]
