@@ -3,7 +3,8 @@
 Each op waits for its dependencies and for the previous op on each of its (rank, stream) pairs,
 then runs: compute for its roofline time (or fixed duration), a collective as its phases of
 flows on the shared :class:`~simulator.network.FlowNetwork`, so concurrent collectives share
-links. Results come back as a pandas DataFrame (one row per op) and a Chrome/Perfetto trace.
+links. The result is a :class:`~simulator.result.SimResult`: the op table (a pandas DataFrame
+on demand, one row per op) and a Chrome/Perfetto trace.
 
 >>> from simulator.topology import load_topology
 >>> from simulator.workload import Workload

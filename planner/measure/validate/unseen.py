@@ -41,10 +41,10 @@ def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: 
     keeps its memory) with the heap policy ``heap`` (:mod:`planner.measure.heap`); a
     plan whose run fails is a row with its ``error`` and the run goes on. ``rounds`` > 1 runs
     the whole family that many times, one round after the other, and measures each plan over
-    all its rounds' steps (or, with ``measured="round"``, its median round; :func:`merge_rounds`):
-    a shared host's speed drifts by tens of percent, which one run per plan cannot tell from a
-    model error. ``min_seconds`` > 0 gives
-    a plan predicted short more measured steps (:func:`steps_for`), the same in every round."""
+    all its rounds' steps (or, with ``measured="round"``, its median round;
+    :func:`merge_rounds`): a shared host's speed drifts by tens of percent, which one run per
+    plan cannot tell from a model error. ``min_seconds`` > 0 gives a plan predicted short more
+    measured steps (:func:`steps_for`), the same in every round."""
     per_case = {(c.set_name, c.plan_kind): steps_for(c, folder, steps, warmup,
                                                     calibrations[c.ranks], min_seconds)
                 for c in cases}
@@ -71,8 +71,8 @@ def merge_rounds(per_round: Sequence[Sequence[dict]], measured: str = "steps") -
     median of all those steps (``measured="steps"``): the calibration's lookup probe is a mean
     over the host's speed states read across minutes
     (:mod:`planner.measure.validate.lookup_probe`), and a plan's steps pooled over its rounds
-    are the measurement that spans as many states; one round's few
-    seconds are often in one state, 1.2-1.4x away from the other on a shared VM. With
+    are the measurement that spans as many states; one round's few seconds are often in one
+    state, 1.2-1.4x away from the other on a shared VM. With
     ``measured="round"`` it is the median round's (the lower middle one of an even count: the
     faster of two). The other fields (per-kind times) are the median round's; with ``"steps"``
     the host's speed is the mean of the rounds' and its probes all of theirs. A plan that
