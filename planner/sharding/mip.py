@@ -36,7 +36,8 @@ from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.task import ShardingTask, prepare
 from planner.progress import stages
 from planner.sharding.common import CW_PARTS, Catalog, catalog
-from planner.sharding.greedy import Work, greedy_choices
+from planner.sharding.greedy import greedy_choices
+from planner.sharding.greedy_work import Work
 from planner.sharding.local_search import improve_choices
 from planner.sharding.mip_cbc import run_cbc
 from planner.sharding.mip_model import _CW, _DP, _RW, _TW, _TWRW, EPS, US, BuildTimeout, MipModel
@@ -45,7 +46,7 @@ __all__ = ["MipPlanner", "MipResult", "solve_mip"]
 
 #: local-search rank-evaluations per second (measured on the 2-core CI machine: 1.0-1.5 M)
 WARM_RANK_EVALS_PER_S = 1.0e6
-#: greedy's work units per second (:class:`~planner.sharding.greedy.Work`; measured on the
+#: greedy's work units per second (:class:`~planner.sharding.greedy_work.Work`; measured on the
 #: 2-core CI machine: 3-6 M at 16-256 ranks) and the share of the limit it is planned for
 GREEDY_WORK_PER_S, GREEDY_SHARE = 4.0e6, 0.2
 #: CBC with a warm start, measured there from 1.7 k to 116 k nonzeros: the root node (presolve,

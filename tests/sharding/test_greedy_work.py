@@ -12,7 +12,8 @@ from planner.model.tables.shards import ShardingType
 from planner.model.tables.spec import ModelSpec
 from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.common import catalog
-from planner.sharding.greedy import SHORTLIST, Work, greedy_choices
+from planner.sharding.greedy import greedy_choices
+from planner.sharding.greedy_work import SHORTLIST, Work
 
 
 def _catalog(devices: int, topology: str | None = None, tables: int = 120):
