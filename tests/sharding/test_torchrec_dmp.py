@@ -40,9 +40,9 @@ GROUP_DEADLINE_S = 240       # whole run of one world size, all plans
 
 
 def _plans_module():
-    """``test_torchrec_plan`` (the test tables and plan builder), loaded by path."""
-    spec = importlib.util.spec_from_file_location("_torchrec_plan_cases",
-                                                  Path(__file__).with_name("test_torchrec_plan.py"))
+    """``torchrec_cases`` (the test tables and plan builder), loaded by path."""
+    spec = importlib.util.spec_from_file_location("_torchrec_cases",
+                                                  Path(__file__).with_name("torchrec_cases.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
