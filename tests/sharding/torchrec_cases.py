@@ -1,7 +1,9 @@
 """The tables and hand-made sharding plans the TorchRec export tests share: every sharding
 type (and a mix) on 2 or 4 ranks, uneven column widths, and a row-wise layout that leaves a
 rank an empty shard. ``test_torchrec_plan.py`` exports them; ``test_torchrec_dmp.py`` runs them
-under DistributedModelParallel (loading this file by path, as its launcher runs as a script).
+under DistributedModelParallel and ``tests/validate/test_dlrm_structure.py`` validates them
+(both load this file by path: the DMP launcher runs as a script, and the other folder's tests
+do not have this one on their path).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ DENSE = "dense: {num_dense_features: 4, bottom_mlp: [8], top_mlp: [16, 1], " \
 
 def _layouts():
     spec = importlib.util.spec_from_file_location(
-        "_torchrec_plan_cases_v", Path(__file__).parents[1] / "sharding" / "test_torchrec_plan.py")
+        "_torchrec_cases_v", Path(__file__).parents[1] / "sharding" / "torchrec_cases.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.layouts
