@@ -109,20 +109,21 @@ def test_kernel_fit_recovers_known_constants():
                         ("distinct" if t.reuse_bins and t.reuse_bins[0] == 1.0 else
                          list(t.reuse_bins or default_reuse_bins())), t.precision]
                        for t in c.tables], "fwd_s": 0.0, "bwd_s": 0.0} for c in cfgs]
-    launch, s0, bw, ovh, h, e16, walk = 2e-4, 3e-5, 6e9, 40.0, 0.8, 4.5, 30.0
+    launch, s0, bw, ovh, h, e16, walk, bag = 2e-4, 3e-5, 6e9, 40.0, 0.8, 4.5, 30.0, 60.0
     back = {"call_s": 3e-4, "shard_s": 1e-5, "id_bytes": 120.0, "grad_element_bytes": 2.0,
             "update_element_bytes": 6.0, "half_update_element_bytes": 12.0, "walk_bytes": 50.0,
-            "spill_element_bytes": 0.5}
+            "spill_element_bytes": 0.5, "bag_element_bytes": 9.0}
+    var_keys = ("id_bytes", "grad_element_bytes", "update_element_bytes",
+                "half_update_element_bytes", "walk_bytes", "spill_element_bytes",
+                "bag_element_bytes")
     fault_Bps = 2e9
     X = _design(pts, h, 2.0 ** 20)
     Xb = _backward_design(pts, 2.0 ** 20)
     fresh = _fresh_bytes(pts) / fault_Bps
     assert np.count_nonzero(fresh) >= 3          # some outputs are above the mmap threshold
     # the bytes column carries half rows at 2 bytes an element; e16 is the total per element
-    var = (X[:, 2] + (e16 - 2.0) * X[:, 3] + ovh * X[:, 4] + walk * X[:, 5]) / bw
-    bvar = Xb @ np.array([back[k] for k in ("id_bytes", "grad_element_bytes",
-                                            "update_element_bytes", "half_update_element_bytes",
-                                            "walk_bytes", "spill_element_bytes")]) / bw
+    var = (X[:, 2] + (e16 - 2.0) * X[:, 3] + ovh * X[:, 4] + walk * X[:, 5] + bag * X[:, 6]) / bw
+    bvar = Xb @ np.array([back[k] for k in var_keys]) / bw
     for p, row, v, bv, fr in zip(pts, X, var, bvar, fresh):
         p["fwd_s"] = launch + row[1] * s0 + v + fr
         p["bwd_s"] = back["call_s"] + row[1] * back["shard_s"] + bv + fr
@@ -133,6 +134,7 @@ def test_kernel_fit_recovers_known_constants():
     assert fit["kernel_launch_s"] == pytest.approx(launch, rel=0.02)
     assert fit["element_bytes"]["fp16"] == pytest.approx(e16, rel=0.02)
     assert fit["row_walk_bytes"] == pytest.approx(walk, rel=0.02)
+    assert fit["bag_bytes"] == pytest.approx(bag, rel=0.02)
     assert fit["page_reach_bytes"] == 2.0 ** 20
     assert fit["page_fault_Bps"] == pytest.approx(fault_Bps, rel=0.02)
     for k, v in back.items():
@@ -148,11 +150,9 @@ def test_kernel_fit_recovers_known_constants():
     Xn, Xbn, fn = _design(new, h, 2.0 ** 20), _backward_design(new, 2.0 ** 20), \
         _fresh_bytes(new) / fault_Bps
     want_f = launch + Xn[:, 1] * s0 + (Xn[:, 2] + (e16 - 2.0) * Xn[:, 3] + ovh * Xn[:, 4]
-                                        + walk * Xn[:, 5]) / bw + fn
+                                        + walk * Xn[:, 5] + bag * Xn[:, 6]) / bw + fn
     want_b = back["call_s"] + Xn[:, 1] * back["shard_s"] + Xbn @ np.array(
-        [back[k] for k in ("id_bytes", "grad_element_bytes", "update_element_bytes",
-                           "half_update_element_bytes", "walk_bytes",
-                           "spill_element_bytes")]) / bw + fn
+        [back[k] for k in var_keys]) / bw + fn
     got_f, got_b = kernel_predictions(pts, new)
     np.testing.assert_allclose(got_f, want_f, rtol=0.02)
     np.testing.assert_allclose(got_b, want_b, rtol=0.02)
@@ -191,12 +191,12 @@ def test_backward_terms_price_a_shard_by_its_own_work(tmp_path):
     from planner.model.tables.cpu_profile import BackwardTerms
     b = BackwardTerms(call_s=1e-4, shard_s=2e-5, id_bytes=100.0, grad_element_bytes=2.0,
                       update_element_bytes=6.0, half_update_element_bytes=12.0,
-                      walk_bytes=0.0, spill_element_bytes=0.5)
+                      walk_bytes=0.0, spill_element_bytes=0.5, bag_element_bytes=3.0)
     ids, unique, samples = 1e5, 4e4, 2048
     one = b.variable_bytes(ids, unique, 32, False, 0.0, samples)
     spill32 = np.log2(samples * 32 * 4 / b.grad_reach_bytes)
     assert one == pytest.approx(ids * (100 + 32 * (2 + 0.5 * max(spill32, 0)))
-                                + unique * 32 * 6)
+                                + unique * 32 * 6 + samples * 32 * 3)
     assert b.variable_bytes(ids, unique, 32, True, 0.0, samples) - one == pytest.approx(
         unique * 32 * 6)
     assert b.scaled(2.0).call_s == 2e-4 and b.scaled(2.0).id_bytes == 100.0
@@ -246,3 +246,33 @@ def test_uneven_all_to_all_weight_is_fitted_and_applied():
 
 
 # -- for real ----------------------------------------------------------------------------------
+
+
+def test_bag_terms_price_each_pooled_output_once():
+    """The forward's ``bag_bytes`` and the backward's ``bag_element_bytes`` are per pooled
+    output (batch × tables), not per id: they add the same to a pooling-1 and a pooling-40
+    table of one shape, so they weigh most where a table has one id per bag."""
+    from planner.model.tables.cost import F_BWD, F_FWD
+    from planner.model.tables.cpu_profile import BackwardTerms
+    from planner.model.tables.shards import ShardingType, table_wise
+    back = BackwardTerms(call_s=1e-4, shard_s=0.0, id_bytes=100.0, grad_element_bytes=0.0,
+                         update_element_bytes=6.0, half_update_element_bytes=6.0,
+                         walk_bytes=0.0)
+    batch, dim = 4096, 64
+
+    def features(pooling: float, bag: float, bag_el: float) -> np.ndarray:
+        t = TableSpec(name="t", num_embeddings=10_000, embedding_dim=dim,
+                      pooling_factor=pooling, zipf_exponent=1.0)
+        model = ModelSpec(name="m", tables=(t,), batch_size=batch)
+        cfg = CostConfig(device_profile=None, bag_bytes=bag,
+                         backward=replace(back, bag_element_bytes=bag_el))
+        cm = prepare(ShardingTask(model=model, topology=cpu_topology_ref(2), cost=cfg), 2).cost
+        shard = table_wise(0, "t", 10_000, dim, 0).shards[0]
+        return cm.shard_features(0, shard, ShardingType.TABLE_WISE), cm.hbm_Bps
+
+    for pooling in (1.0, 40.0):
+        (f0, bw), (f1, _) = features(pooling, 0.0, 0.0), features(pooling, 50.0, 8.0)
+        assert f1[F_FWD] - f0[F_FWD] == pytest.approx(batch * 50.0 / bw)
+        assert f1[F_BWD] - f0[F_BWD] == pytest.approx(batch * dim * 8.0 / bw)
+    one, forty = features(1.0, 50.0, 8.0)[0], features(40.0, 50.0, 8.0)[0]
+    assert forty[F_FWD] > one[F_FWD]                 # ids still cost what they cost

@@ -14,9 +14,10 @@ Two sweeps, neither of which looks at a benchmark task or a plan:
    configuration is (``p`` bytes per weight, ids 8 bytes, pooled outputs 4 bytes) ::
 
        fwd = launch + T·shard_overhead + Σ_tables [ids·(miss·dim·p + 8) + batch·dim·4] / BW
-                 + Σ_tables [ids · overhead_bytes + distinct · walk_bytes · log2(bytes/reach)] / BW
+                 + Σ_tables [ids · overhead_bytes + distinct · walk_bytes · log2(bytes/reach)
+                             + batch · bag_bytes] / BW
        bwd = call + T·shard + Σ_tables [ids·(id_b + dim·grad_b) + distinct·(dim·update_b
-                 + walk_b · log2(bytes/reach))] / BW
+                 + walk_b · log2(bytes/reach)) + batch·dim·bag_element_b] / BW
 
    with ``miss = u + (1 − u)(1 − h)`` (``u`` distinct rows per lookup, ``h`` the repeat hit
    ratio). The forward is fitted alone, non-negative coefficients minimising the squared
@@ -96,13 +97,15 @@ def _unique_fraction(t: TableSpec, batch: int) -> float:
 
 
 def _design(points: Sequence[dict], h: float, reach: float = 2.0 ** 20) -> np.ndarray:
-    """Columns ``[1, T, bytes, half_elements, ids, walks]`` of the lookup model for repeat hit
+    """Columns ``[1, T, bytes, half_elements, ids, walks, bags]`` of the lookup model for repeat hit
     ratio ``h`` and page reach ``reach``: ``bytes`` = row bytes missed (fp16/bf16 ones at their
     2 bytes) + 8 per id + 4 per pooled output element; ``half_elements`` = fp16/bf16 row
     elements missed, whose extra cost per element is fitted apart (on a CPU, half-precision rows
     are converted, so they do not cost half of fp32; the sweep's half-precision tables all have
     one dim, so the extra may also come out 0, and a half element then costs its 2 bytes);
-    ``walks`` = distinct rows × log2(table bytes / reach)."""
+    ``walks`` = distinct rows × log2(table bytes / reach); ``bags`` = batch × tables, the
+    pooled outputs (each bag's offsets read and its output row started, whatever its ids: a
+    pooling-1 table pays it once per id, a pooling-50 one once per 50)."""
     rows = []
     for p in points:
         m = point_model(p)
@@ -118,23 +121,27 @@ def _design(points: Sequence[dict], h: float, reach: float = 2.0 ** 20) -> np.nd
             byts += ids * ID_BYTES + B * t.embedding_dim * OUT_BYTES
             ids_total += ids
             walks += ids * u * math.log2(max(1.0, t.weight_bytes / reach))
-        rows.append([1.0, float(len(m.tables)), byts, half, ids_total, walks])
+        rows.append([1.0, float(len(m.tables)), byts, half, ids_total, walks,
+                     float(B * len(m.tables))])
     return np.array(rows)
 
 
 def _backward_design(points: Sequence[dict], reach: float,
                      grad_reach: float = GRAD_REACH_BYTES) -> np.ndarray:
-    """Columns ``[ids, grad_elements, update_elements, half_update_elements, walks, spills]``
+    """Columns ``[ids, grad_elements, update_elements, half_update_elements, walks, spills,
+    bag_elements]``
     of the backward (:class:`~planner.model.tables.cpu_profile.BackwardTerms`): ids; ids × dim
     (each id reads its sample's fp32 gradient row); distinct rows × dim, fp32 and fp16/bf16
     apart (each row read, updated, written once); distinct rows × log2(table bytes / reach);
     ids × dim × log2(batch × dim × 4 / ``grad_reach``) (the gradient rows stop fitting in the
-    core's cache as the batch grows)."""
+    core's cache as the batch grows); batch × dim (each bag's output-gradient row read once
+    for the bag, whatever its ids: without it the backward of pooling-1 kernel points came out
+    0.71x measured, of pooling 8-20 ones 1.01x, on the committed profile's 160 points)."""
     rows = []
     for p in points:
         m = point_model(p)
         B = m.batch_size
-        ids_t = grad = upd = half = walks = spills = 0.0
+        ids_t = grad = upd = half = walks = spills = bag_el = 0.0
         for t in m.tables:
             ids = B * t.pooling_factor
             unique = ids * _unique_fraction(t, B)
@@ -147,7 +154,8 @@ def _backward_design(points: Sequence[dict], reach: float,
             walks += unique * math.log2(max(1.0, t.weight_bytes / reach))
             spills += ids * t.embedding_dim * math.log2(
                 max(1.0, B * t.embedding_dim * OUT_BYTES / grad_reach))
-        rows.append([ids_t, grad, upd, half, walks, spills])
+            bag_el += B * t.embedding_dim
+        rows.append([ids_t, grad, upd, half, walks, spills, bag_el])
     return np.array(rows)
 
 
@@ -175,7 +183,7 @@ def _mape(pred, meas) -> float:
 
 def _fit_forward(points: Sequence[dict], yf: np.ndarray, fresh: np.ndarray):
     """Best forward fit over the (page reach, repeat hit ratio) grid: ``(err, h, reach, coef)``
-    with ``coef = [launch, shard_overhead, c, c16, d, cw, page_fault]`` (see :func:`_design`;
+    with ``coef = [launch, shard_overhead, c, c16, d, cw, bag, page_fault]`` (see :func:`_design`;
     the last per byte of ``fresh``), each by :func:`~.logfit.fit_log_nonneg`, the lowest
     :func:`~.logfit.log_error` kept."""
     best = None
@@ -217,10 +225,10 @@ def fit_kernel_profile(points: Sequence[dict]) -> dict:
     """Fit the lookup part of the CPU profile to kernel points (see the module docstring).
 
     The forward is fitted alone: ``launch + T·shard_overhead + c·bytes + c16·half_elements +
-    d·ids + cw·walks`` plus the page faults of its new output (:func:`_fresh_bytes`), with
-    non-negative coefficients minimising the squared log ratio of predicted to measured
-    (:func:`~.logfit.fit_log_nonneg`) for every repeat hit ratio ``h`` and page reach on a
-    grid, keeping the best. The backward is then fitted on its own terms
+    d·ids + cw·walks + g·bags`` plus the page faults of its new output
+    (:func:`_fresh_bytes`), with non-negative coefficients minimising the squared log ratio of
+    predicted to measured (:func:`~.logfit.fit_log_nonneg`) for every repeat hit ratio ``h``
+    and page reach on a grid, keeping the best. The backward is then fitted on its own terms
     (:func:`_backward_design`, plus its fixed part and its own page faults), each coefficient
     kept as byte-equivalents at the forward's bandwidth ``1 / c``. The page faults are reported
     (``page_fault_Bps``) but left out of the lookup terms: the step model charges them.
@@ -237,7 +245,7 @@ def fit_kernel_profile(points: Sequence[dict]) -> dict:
         raise SpecError("a kernel point timed 0 s", source="calibrate embedding",
                         fix="rerun; check that the kernels ran")
     h, reach, coef, bcoef = _coefficients(points, yf, yb)
-    launch, s0, c, c16, d, cw, fault_f = (float(x) for x in coef)
+    launch, s0, c, c16, d, cw, g, fault_f = (float(x) for x in coef)
     if c <= 0:
         raise SpecError("the kernel fit found no per-byte cost (all timings flat?)",
                         source="calibrate embedding", fix="rerun on a quieter machine")
@@ -249,17 +257,19 @@ def fit_kernel_profile(points: Sequence[dict]) -> dict:
     var_f = pred_f - launch - X[:, 1] * s0
     var_b = pred_b - bcoef[0] - X[:, 1] * bcoef[1]
     mult = float(np.sum(var_f * var_b) / max(float(np.sum(var_f * var_f)), 1e-30))
-    b_id, b_grad, b_upd, b_half, b_walk, b_spill = (float(x) / c for x in bcoef[2:-1])
+    b_id, b_grad, b_upd, b_half, b_walk, b_spill, b_bag = (float(x) / c for x in bcoef[2:-1])
     fault = [x for x in (fault_f, float(bcoef[-1])) if x > 0]
     out = {"lookup_Bps": 1.0 / c, "lookup_overhead_bytes": d / c,
            "repeat_hit_ratio": h, "backward_multiplier": mult, "shard_overhead_s": s0,
            "kernel_launch_s": launch, "row_walk_bytes": cw / c, "page_reach_bytes": reach,
+           "bag_bytes": g / c,
            "backward": {"call_s": float(bcoef[0]), "shard_s": float(bcoef[1]),
                         "id_bytes": b_id, "grad_element_bytes": b_grad,
                         "update_element_bytes": b_upd,
                         "half_update_element_bytes": b_half if np.any(Xb[:, 5] > 0) else b_upd,
                         "walk_bytes": b_walk, "spill_element_bytes": b_spill,
-                        "grad_reach_bytes": GRAD_REACH_BYTES},
+                        "grad_reach_bytes": GRAD_REACH_BYTES,
+                        "bag_element_bytes": b_bag},
            "page_fault_Bps": float(len(fault) / sum(fault)) if fault else None}
     if np.any(X[:, 3] > 0):
         out["element_bytes"] = {"fp16": HALF_BYTES + c16 / c, "bf16": HALF_BYTES + c16 / c}

@@ -9,13 +9,15 @@ serves all ``B·L`` ids of the global batch; a row-wise block of ``r`` rows serv
 them (ids spread over rows in proportion to the block, i.e. hashing spreads hot rows evenly);
 a data-parallel replica serves its local ``b·L``. Forward time ::
 
-    ids · (miss · c·p  +  overhead  +  id_bytes)  +  outputs · c·o
-    ---------------------------------------------------------------  +  shard_overhead_s
-                          H · hbm_efficiency
+    ids · (miss · c·p  +  overhead  +  id_bytes)  +  outputs · (c·o  +  bag)
+    ------------------------------------------------------------------------  +  shard_overhead_s
+                              H · hbm_efficiency
 
 ``outputs`` is ``B`` pooled rows (``b`` for data-parallel). ``overhead`` (64 B) is a per-lookup
 cost TorchRec omits (index load, offset arithmetic, one memory transaction of latency), so a
-lookup into a 4-wide table is not 32× cheaper than one into a 128-wide table.
+lookup into a 4-wide table is not 32× cheaper than one into a 128-wide table; ``bag``
+(``bag_bytes``, 0 but on a CPU profile) is a per-output cost, which a pooling-1 table pays on
+every id.
 **Cache-hit discount**: the table's access distribution gives ``u`` = distinct rows / lookups
 (``1 / accesses_per_row``, from its 17 reuse bins or its Zipf exponent, and never fewer than
 ``lookups / R``); a first touch always reads HBM, a repeat hits L2 with probability
@@ -26,8 +28,8 @@ distinct row of a large table is measurable).
 **Backward** = ``backward_multiplier`` (2, TorchRec's) × the forward lookup time, unless the
 device has measured backward terms (the CPU profile; a GPU's fused-lookup file,
 :mod:`.gpu_lookup`): then its own terms, per id (the sort), per id and column (the gradient
-gather), per distinct row and column (the update), per distinct row's page walk
-(:class:`.cpu_profile.BackwardTerms`)
+gather), per distinct row and column (the update), per distinct row's page walk, per output
+and column (each bag's gradient row read once) (:class:`.cpu_profile.BackwardTerms`)
 + the optimizer's state traffic (read and write the state of each distinct row touched: Adam
 2·c·p, Adagrad c·p, row-wise Adagrad 4 bytes) + ``shard_overhead_s``. A data-parallel table
 instead gets a dense gradient and updates the whole table (weights, gradient and state
@@ -160,6 +162,10 @@ class CostConfig:
         ``row_walk_bytes · log2(max(1, shard bytes / page_reach_bytes))`` extra bytes at the
         lookup bandwidth (a TLB miss and page walk, which grow with the table's footprint).
         0 for GPUs (the prior); fitted in the CPU profile.
+    bag_bytes : float
+        Per pooled output (bag) in the forward, whatever its ids, as extra bytes at the lookup
+        bandwidth (its offsets read, its output row started): 0 for GPUs (the prior), fitted in
+        the CPU profile, where a pooling-1 table pays it on every id.
     device_profile : str or None
         ``"auto"``: on a CPU topology, the measured CPU profile (:func:`load_cpu_profile`)
         replaces the lookup constants above and the collective fits; a path: that profile file;
@@ -184,6 +190,7 @@ class CostConfig:
     reserve_fraction: float = 0.15
     row_walk_bytes: float = 0.0
     page_reach_bytes: float = 1048576.0
+    bag_bytes: float = 0.0
     device_profile: str | None = "auto"
     lookup_time_scale: float = 1.0
     backward: BackwardTerms | None = None
@@ -366,7 +373,8 @@ class CostModel:
         if cfg.row_walk_bytes > 0 and rows > 0:
             walk = math.log2(max(1.0, rows * cols * p / cfg.page_reach_bytes))
             gather += min(ids / self.accesses_per_row[ti], rows) * cfg.row_walk_bytes * walk
-        fwd = (gather + outputs * cols * o) / self.hbm_Bps + cfg.shard_overhead_s
+        fwd = (gather + outputs * (cols * o + cfg.bag_bytes)) / self.hbm_Bps \
+            + cfg.shard_overhead_s
         if cfg.backward is not None:
             walk = math.log2(max(1.0, rows * cols * p / cfg.page_reach_bytes)) if rows else 0.0
             unique = min(ids / self.accesses_per_row[ti], rows)

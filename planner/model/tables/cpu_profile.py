@@ -67,6 +67,9 @@ class BackwardTerms:
     spill_element_bytes, grad_reach_bytes : float
         Per id and column and ``log2(samples × columns × 4 / grad_reach_bytes)``: the output
         gradient rows an id reads stop fitting in the core's cache as the batch grows.
+    bag_element_bytes : float
+        Per sample (pooled bag) and column: each bag's output-gradient row is read once for
+        the bag, however many ids it holds (0 in profiles fitted before 2026-11-29).
     """
 
     call_s: float
@@ -78,6 +81,7 @@ class BackwardTerms:
     walk_bytes: float
     spill_element_bytes: float = 0.0
     grad_reach_bytes: float = 2.0 ** 18
+    bag_element_bytes: float = 0.0
 
     def scaled(self, factor: float) -> "BackwardTerms":
         """The same terms with the seconds ones × ``factor`` (the byte ones follow the
@@ -93,7 +97,8 @@ class BackwardTerms:
         spill = math.log2(max(1.0, samples * cols * 4.0 / self.grad_reach_bytes))
         return (ids * (self.id_bytes + cols * (self.grad_element_bytes
                                                + spill * self.spill_element_bytes))
-                + unique * (cols * upd + walk * self.walk_bytes))
+                + unique * (cols * upd + walk * self.walk_bytes)
+                + samples * cols * self.bag_element_bytes)
 
 
 @dataclass(frozen=True)
@@ -112,8 +117,8 @@ class CpuProfile:
     backward : BackwardTerms or None
         The backward term by term (profiles before 2026-11-26 have none: the backward is then
         ``backward_multiplier`` × the forward).
-    row_walk_bytes, page_reach_bytes : float
-        As in :class:`CostConfig`, fitted.
+    row_walk_bytes, page_reach_bytes, bag_bytes : float
+        As in :class:`CostConfig`, fitted (``bag_bytes`` 0 in profiles before 2026-11-29).
     comm : Mapping[int, Mapping[str, Any]]
         Per calibrated world size: ``a2a_alpha_s``, ``a2a_Bps``, optionally
         ``a2a_uneven_weight`` (:class:`~.comm_model.SyncCommModel`) and, for ``allreduce``,
@@ -133,6 +138,7 @@ class CpuProfile:
     element_bytes: Mapping[str, float] = field(default_factory=dict)
     row_walk_bytes: float = 0.0
     page_reach_bytes: float = 1048576.0
+    bag_bytes: float = 0.0
     fit_range: FitRange | None = None
     backward: BackwardTerms | None = None
     #: how the machine it was measured on differs from this host (None: this kind of host)
@@ -147,7 +153,8 @@ class CpuProfile:
                 "shard_overhead_s": self.shard_overhead_s,
                 "kernel_launch_s": self.kernel_launch_s,
                 "row_walk_bytes": self.row_walk_bytes,
-                "page_reach_bytes": self.page_reach_bytes}
+                "page_reach_bytes": self.page_reach_bytes,
+                "bag_bytes": self.bag_bytes}
 
     def world_fit(self, n: int) -> tuple[int, Mapping[str, Any]]:
         """The calibrated world size used for ``n`` ranks (the nearest in log₂, ties upward)
@@ -278,7 +285,8 @@ def load_cpu_profile(path: str | None = None) -> CpuProfile | None:
                             source=str(p), field=f"lookup.element_bytes.{k}",
                             fix="rewrite it with `clusterplan calibrate embedding`")
         elem[k] = float(v)
-    for k, default in (("row_walk_bytes", 0.0), ("page_reach_bytes", 1048576.0)):
+    for k, default in (("row_walk_bytes", 0.0), ("page_reach_bytes", 1048576.0),
+                       ("bag_bytes", 0.0)):
         v = look.get(k, default)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) \
                 or v < 0 or (k == "page_reach_bytes" and v <= 0):
