@@ -151,7 +151,7 @@ def _repredict(args) -> int:
     cals = calibrations_for([c.ranks for c in cases], args.calibration, heap)
     with tempfile.TemporaryDirectory() as tmp:
         rows = repredict_rows(cases, recorded, Path(tmp), steps=steps, warmup=warmup,
-                              calibrations=cals)
+                              calibrations=cals, source=src)
     doc = {"seed": seed, "sets": sets, "steps": steps, "warmup": warmup, "heap": heap,
            "repredicted_from": {"file": src, "machine": machine,
                                 "summary": rec.get("summary")}}
@@ -159,4 +159,9 @@ def _repredict(args) -> int:
     header = (f"re-predicted from {src} (measured on {machine.get('cpu_model')}; predictions "
               f"there: MAPE {before.get('mape') or float('nan'):.1%}, tau "
               f"{before.get('kendall_tau_within_sets') or float('nan'):.2f})\n")
+    rebuilt = sum(r.get("plan_layout") == "rebuilt" for r in rows)
+    if rebuilt:
+        header += (f"note: {rebuilt} plans rebuilt from the seed (the file predates recorded "
+                   "layouts); a greedy plan made with another CPU profile than the run's may "
+                   "differ from the one measured\n")
     return _finish(args, doc, rows, cals, header)

@@ -279,3 +279,36 @@ def test_a_plan_predicted_short_gets_enough_steps_to_fill_the_minimum(family, tm
     assert steps_for(case, tmp_path, 10, 3, None, 40 * step_s * (1 - 1e-9)) == 40
     assert steps_for(case, tmp_path, 10, 3, None, 1e6) == MAX_STEPS
     assert steps_for(case, tmp_path, 150, 3, None, 1e6) == 150
+
+
+def test_repredict_takes_the_plan_a_row_recorded(family, tmp_path):
+    """A run records each plan's layout, and a re-prediction predicts that plan: a greedy plan
+    made with another CPU profile than the run's is still the plan measured. Rows of older
+    runs (no layout) take the seed's plan and say so; a layout that is not a plan of the set's
+    tables is a clear error naming the field."""
+    from dataclasses import replace
+
+    from planner.measure.validate.unseen import repredict_rows
+    from planner.measure.validate.unseen_family import layout_record, with_layout
+    case = next(c for c in family if c.ranks == 2 and c.plan_kind == "greedy"
+                and all(ts.sharding_type == ShardingType.TABLE_WISE for ts in c.shardings))
+    assert with_layout(case, layout_record(case.shardings), source="f",
+                       field="x").shardings == case.shardings
+    first = case.shardings[0]
+    moved = replace(first, shards=(replace(first.shards[0], rank=1 - first.shards[0].rank),))
+    other = replace(case, shardings=(moved,) + case.shardings[1:])
+    row = {"set": case.set_name, "plan": case.plan_kind, "predicted_s": 1.0, "measured_s": 1.0,
+           "per_kind": {}}
+
+    def again(rows):
+        return repredict_rows([case], rows, tmp_path, steps=10, warmup=3,
+                              calibrations={2: None}, source="run.json")
+    rec, seed = again([{**row, "layout": layout_record(other.shardings)}, row])
+    direct_other = repredict_rows([other], [row], tmp_path, steps=10, warmup=3,
+                                  calibrations={2: None})[0]
+    assert (rec["plan_layout"], seed["plan_layout"]) == ("recorded", "rebuilt")
+    assert rec["predicted_s"] == pytest.approx(direct_other["predicted_s"], rel=1e-12)
+    assert rec["predicted_s"] != pytest.approx(seed["predicted_s"], rel=1e-3)
+    with pytest.raises(SpecError, match="each of the") as e:
+        again([{**row, "layout": layout_record(case.shardings[1:])}])
+    assert (e.value.source, e.value.field) == ("run.json", "rows[0].layout")

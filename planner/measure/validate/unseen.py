@@ -21,7 +21,8 @@ from simulator.errors import SpecError
 
 from planner.measure.heap import DEFAULT_HEAP
 from planner.measure.validate.dlrm_probes import at_host
-from planner.measure.validate.unseen_family import UnseenCase, write_case
+from planner.measure.validate.unseen_family import (UnseenCase, layout_record, with_layout,
+                                                     write_case)
 
 __all__ = ["run_cases", "steps_for", "merge_rounds", "repredict_rows", "MAX_STEPS", "MEASURED"]
 
@@ -147,11 +148,18 @@ def _run_round(cases: Sequence[UnseenCase], folder: Path, *, steps: dict, warmup
 
 
 def repredict_rows(cases: Sequence[UnseenCase], recorded: Sequence[dict], folder: Path, *,
-                   steps: int, warmup: int, calibrations: dict) -> list[dict]:
+                   steps: int, warmup: int, calibrations: dict,
+                   source: str = "--repredict") -> list[dict]:
     """``recorded``'s rows (a run of the same family) with their measured times kept and each
     plan predicted again by the current model with ``calibrations``: how a model change moves
-    the predictions of runs already made, without running them again. A recorded row whose
-    plan is not among ``cases`` raises :class:`SpecError`; failed rows stay failed."""
+    the predictions of runs already made, without running them again.
+
+    Each row's plan is the one it recorded (``layout``, runs since 2026-11-29), so a greedy
+    plan the current CPU profile would make differently is still the plan measured; rows of
+    older runs take the plan the seed makes now, and say so (``plan_layout``: ``"rebuilt"``,
+    else ``"recorded"``). A recorded row whose set and plan kind are not among ``cases``, or
+    whose layout is not a plan of its tables, raises :class:`SpecError` naming ``source``;
+    failed rows stay failed."""
     from planner.measure.validate.dlrm import load_dlrm_config
     from planner.measure.validate.dlrm_report import per_kind_rows, predicted
     by_key = {(c.set_name, c.plan_kind): c for c in cases}
@@ -166,6 +174,9 @@ def repredict_rows(cases: Sequence[UnseenCase], recorded: Sequence[dict], folder
         if "error" in r:
             rows.append(dict(r))
             continue
+        if r.get("layout") is not None:
+            case = with_layout(case, r["layout"], source=source,
+                               field=f"rows[{len(rows)}].layout")
         cfg = load_dlrm_config(str(write_case(case, folder)), nproc=case.ranks, steps=steps,
                                warmup=warmup)
         pred = predicted(cfg, warmup, calibrations[case.ranks])
@@ -173,6 +184,7 @@ def repredict_rows(cases: Sequence[UnseenCase], recorded: Sequence[dict], folder
         per_kind = per_kind_rows(pred["per_kind"], measured)
         rows.append({**r, "predicted_s": pred["step_time_s"], "per_kind": per_kind,
                      "predicted_parts": pred["per_kind"], "predicted_before_s": r["predicted_s"],
+                     "plan_layout": "recorded" if r.get("layout") is not None else "rebuilt",
                      "extrapolated": pred["extrapolated"],
                      **at_host(pred["step_time_s"], r.get("host_probe_s") or (),
                                calibrations[case.ranks])})
@@ -182,7 +194,8 @@ def repredict_rows(cases: Sequence[UnseenCase], recorded: Sequence[dict], folder
 def _row(case: UnseenCase, **kw) -> dict:
     return {"set": case.set_name, "plan": case.plan_kind, "ranks": case.ranks,
             "tables": len(case.model.tables), "batch": case.model.batch_size,
-            "types": sorted({ts.sharding_type.value for ts in case.shardings}), **kw}
+            "types": sorted({ts.sharding_type.value for ts in case.shardings}),
+            "layout": layout_record(case.shardings), **kw}
 
 
 def _run_case(case: UnseenCase, folder: Path, pool, *, steps: int, warmup: int, calibration,

@@ -35,14 +35,14 @@ from simulator.errors import SpecError
 
 import planner.model.tables.shards as sh
 from planner.model.tables.plan import PlannerStats, make_plan
-from planner.model.tables.shards import ShardingType
+from planner.model.tables.shards import Shard, ShardingType, TableSharding
 from planner.model.tables.spec import DenseSpec, ModelSpec, TableSpec
 from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.planners import get_planner
 
-__all__ = ["UnseenCase", "unseen_cases", "write_case", "MAX_TABLE_BYTES", "MAX_SET_BYTES",
-           "MAX_LOOKUPS", "DIMS", "PLAN_KINDS", "DP_BYTES"]
+__all__ = ["UnseenCase", "unseen_cases", "write_case", "layout_record", "with_layout",
+           "MAX_TABLE_BYTES", "MAX_SET_BYTES", "MAX_LOOKUPS", "DIMS", "PLAN_KINDS", "DP_BYTES"]
 
 #: weights of one table (bytes) and of one set, so 4 ranks fit in this machine's memory
 MAX_TABLE_BYTES = 256 * 2 ** 20
@@ -183,3 +183,34 @@ def write_case(case: UnseenCase, folder: Path) -> Path:
     out = folder / f"{stem}.json"
     out.write_text(json.dumps(plan.to_dict(stable=True)))
     return out
+
+
+def layout_record(shardings) -> list:
+    """The plan's layouts as JSON: per table ``[table, type, host, parts, [[rank, row_offset,
+    col_offset, rows, cols], ...]]``. A run records it beside each row, because the family's
+    greedy plan is made with the CPU profile of the day: a later re-prediction must take the
+    plan that was measured, not the one the seed makes now."""
+    return [[ts.table, ts.sharding_type.value, ts.host, ts.parts,
+             [[s.rank, s.row_offset, s.col_offset, s.rows, s.cols] for s in ts.shards]]
+            for ts in shardings]
+
+
+def with_layout(case: UnseenCase, record, *, source: str, field: str) -> UnseenCase:
+    """``case`` with the plan of ``record`` (:func:`layout_record`); a record that does not
+    describe a plan of the case's tables raises :class:`SpecError` naming ``source`` and
+    ``field``."""
+    try:
+        out = tuple(TableSharding(table=int(t), name=case.model.tables[int(t)].name,
+                                  sharding_type=ShardingType(kind),
+                                  shards=tuple(Shard(*(int(x) for x in blk)) for blk in shards),
+                                  host=int(host), parts=int(parts))
+                    for t, kind, host, parts, shards in record)
+    except (TypeError, ValueError, IndexError) as e:
+        raise SpecError(f"not a recorded plan of {case.model.name!r} ({e})", source=source,
+                        field=field, fix="re-predict a file written by `validate unseen "
+                                         "--out` of this version") from None
+    if sorted(ts.table for ts in out) != list(range(len(case.model.tables))):
+        raise SpecError(f"the recorded plan does not lay out each of the {len(case.model.tables)}"
+                        " tables once", source=source, field=field,
+                        fix="re-predict a file written by `validate unseen --out`")
+    return replace(case, shardings=out)
