@@ -34,8 +34,9 @@ import yaml
 from simulator.errors import SpecError
 
 import planner.model.tables.shards as sh
-from planner.model.tables.plan import PlannerStats, make_plan
-from planner.model.tables.shards import Shard, ShardingType, TableSharding
+from planner.model.tables.plan import (PlannerStats, make_plan, read_shard_entries,
+                                       shard_entries)
+from planner.model.tables.shards import ShardingType
 from planner.model.tables.spec import DenseSpec, ModelSpec, TableSpec
 from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
@@ -186,31 +187,26 @@ def write_case(case: UnseenCase, folder: Path) -> Path:
 
 
 def layout_record(shardings) -> list:
-    """The plan's layouts as JSON: per table ``[table, type, host, parts, [[rank, row_offset,
-    col_offset, rows, cols], ...]]``. A run records it beside each row, because the family's
-    greedy plan is made with the CPU profile of the day: a later re-prediction must take the
-    plan that was measured, not the one the seed makes now."""
-    return [[ts.table, ts.sharding_type.value, ts.host, ts.parts,
-             [[s.rank, s.row_offset, s.col_offset, s.rows, s.cols] for s in ts.shards]]
-            for ts in shardings]
+    """The plan's layouts as a plan JSON's ``shards`` section
+    (:func:`~planner.model.tables.plan.shard_entries`). A run records it beside each row,
+    because the family's greedy plan is made with the CPU profile of the day: a later
+    re-prediction must take the plan that was measured, not the one the seed makes now."""
+    return shard_entries(shardings)
 
 
 def with_layout(case: UnseenCase, record, *, source: str, field: str) -> UnseenCase:
     """``case`` with the plan of ``record`` (:func:`layout_record`); a record that does not
     describe a plan of the case's tables raises :class:`SpecError` naming ``source`` and
     ``field``."""
+    fix = "re-predict a file written by `validate unseen --out` of this version"
     try:
-        out = tuple(TableSharding(table=int(t), name=case.model.tables[int(t)].name,
-                                  sharding_type=ShardingType(kind),
-                                  shards=tuple(Shard(*(int(x) for x in blk)) for blk in shards),
-                                  host=int(host), parts=int(parts))
-                    for t, kind, host, parts, shards in record)
-    except (TypeError, ValueError, IndexError) as e:
-        raise SpecError(f"not a recorded plan of {case.model.name!r} ({e})", source=source,
-                        field=field, fix="re-predict a file written by `validate unseen "
-                                         "--out` of this version") from None
+        out = read_shard_entries(record, case.model)
+    except SpecError as e:
+        raise SpecError(e.message, source=source, field=f"{field}.{e.field}", fix=fix) from None
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        raise SpecError(f"not a recorded plan of {case.model.name!r} ({e!r})", source=source,
+                        field=field, fix=fix) from None
     if sorted(ts.table for ts in out) != list(range(len(case.model.tables))):
         raise SpecError(f"the recorded plan does not lay out each of the {len(case.model.tables)}"
-                        " tables once", source=source, field=field,
-                        fix="re-predict a file written by `validate unseen --out`")
+                        " tables once", source=source, field=field, fix=fix)
     return replace(case, shardings=out)

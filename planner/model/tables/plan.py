@@ -41,7 +41,7 @@ from planner.model.tables.spec_file import builtin_spec_names, load_model_spec
 from planner.model.tables.task import Problem
 
 __all__ = ["PlannerStats", "Plan", "make_plan", "evaluate_shardings", "read_plan_json",
-           "plan_model", "FORMAT_VERSION"]
+           "shard_entries", "read_shard_entries", "plan_model", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 FORMAT = "clusterplan.sharding-plan"
@@ -175,15 +175,7 @@ class Plan:
         return dict(sorted(out.items()))
 
     def to_dict(self, *, stable: bool = False) -> dict:
-        shards = []
-        for ts in self.shardings:
-            entry: dict[str, Any] = {"table": ts.name, "sharding_type": ts.sharding_type.value,
-                                     "ranks": list(ts.ranks)}
-            if ts.sharding_type == ShardingType.TABLE_ROW_WISE:
-                entry["host"] = ts.host
-            entry["shards"] = [{"rank": s.rank, "offsets": [s.row_offset, s.col_offset],
-                                "sizes": [s.rows, s.cols]} for s in ts.shards]
-            shards.append(entry)
+        shards = shard_entries(self.shardings)
         return {
             "format": FORMAT, "format_version": FORMAT_VERSION,
             "planner": self.planner, "devices": self.devices, "topology": self.topology,
@@ -254,15 +246,35 @@ def plan_model(doc: Mapping[str, Any], source: str, tables: str | None = None) -
     return model
 
 
+def shard_entries(shardings) -> list[dict]:
+    """The ``shards`` section of a plan JSON: one entry per table layout."""
+    out = []
+    for ts in shardings:
+        entry: dict[str, Any] = {"table": ts.name, "sharding_type": ts.sharding_type.value,
+                                 "ranks": list(ts.ranks)}
+        if ts.sharding_type == ShardingType.TABLE_ROW_WISE:
+            entry["host"] = ts.host
+        entry["shards"] = [{"rank": s.rank, "offsets": [s.row_offset, s.col_offset],
+                            "sizes": [s.rows, s.cols]} for s in ts.shards]
+        out.append(entry)
+    return out
+
+
 def read_plan_json(doc: Mapping[str, Any], problem: Problem) -> tuple[TableSharding, ...]:
     """Rebuild the layouts of a plan JSON for ``problem`` (table names must match)."""
     if doc.get("format_version") != FORMAT_VERSION:
         raise SpecError(f"plan format_version {doc.get('format_version')!r} is not "
                         f"{FORMAT_VERSION}", field="format_version",
                         fix="re-plan with this version of clusterplan")
-    index = {t.name: i for i, t in enumerate(problem.model.tables)}
+    return read_shard_entries(doc.get("shards", []), problem.model)
+
+
+def read_shard_entries(entries, model: ModelSpec) -> tuple[TableSharding, ...]:
+    """The layouts of a plan JSON's ``shards`` section (:func:`shard_entries`) for ``model``'s
+    tables (names must match)."""
+    index = {t.name: i for i, t in enumerate(model.tables)}
     out = []
-    for k, e in enumerate(doc.get("shards", [])):
+    for k, e in enumerate(entries):
         if e.get("table") not in index:
             raise SpecError(f"plan names table {e.get('table')!r}, not in the model",
                             field=f"shards[{k}].table", fix="plan and model must match")
