@@ -76,6 +76,7 @@ def run_unseen(args) -> int:
         raise SpecError(f"--min-seconds {min_seconds:g} is outside 0..{MAX_MIN_SECONDS}",
                         field="--min-seconds", fix="pass e.g. --min-seconds 3 (0: --steps only)")
     measured = getattr(args, "measured", "steps")
+    order = getattr(args, "plan_order", "alternate")
     if args.out:
         from simulator.fileio import check_writable
         check_writable(args.out)
@@ -100,10 +101,10 @@ def run_unseen(args) -> int:
         rows = run_cases(cases, Path(tmp), steps=args.steps, warmup=args.warmup,
                          calibrations=cals, progress=progress, heap=args.heap, rounds=rounds,
                          host_probe=getattr(args, "host_probe", True),
-                         min_seconds=min_seconds, measured=measured)
+                         min_seconds=min_seconds, measured=measured, order=order)
     doc = {"seed": args.seed, "sets": args.sets, "steps": args.steps, "warmup": args.warmup,
            "min_seconds": min_seconds, "heap": args.heap, "rounds": rounds,
-           "measured": measured,
+           "measured": measured, "order": order,
            "host_probe": getattr(args, "host_probe", True)}
     return _finish(args, doc, rows, cals)
 

@@ -5,6 +5,7 @@ sets nothing was fitted to (issue 22's first goal).
                                        [--calibration FILE] [--out FILE.json]
                                        [--heap retain|system] [--rounds K]
                                        [--min-seconds S] [--measured steps|round]
+                                       [--plan-order alternate|fixed]
 
 Runs ``clusterplan validate unseen`` (``planner/measure/validate/unseen.py``): ``--sets`` seeded
 random table sets (2 or 4 ranks, 4-40 tables, dims 16-256, pooling 1-60, rows 10³-10⁷ within
@@ -12,7 +13,8 @@ this machine's memory, batch 1k-64k, Zipf 0-1.2, half with a DCNv2 dense part), 
 each (greedy, random table-wise, all column-wise, row-wise with small tables data-parallel),
 each run for real under TorchRec's DistributedModelParallel (median of ``--steps`` steps of the
 slowest rank, more for a plan predicted shorter than ``--min-seconds`` / ``--steps``; with
-``--rounds`` K the median of all K rounds' steps, or with ``--measured round`` the median round) and
+``--rounds`` K the median of all K rounds' steps, or with ``--measured round`` the median round;
+a set's plans in reverse every other round unless ``--plan-order fixed``) and
 predicted with this host's gloo calibration (cached per host and world size,
 measured on first use; never fitted to these runs). Prints one row per plan, the MAPE, the
 worst error, the plans within 25% and Kendall's tau between plans of the same set, against the
@@ -47,6 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("--measured", default="steps", choices=("steps", "round"),
                     help="a plan's measured step over its rounds: all steps' median or the "
                          "median round's")
+    ap.add_argument("--plan-order", default="alternate", choices=("alternate", "fixed"),
+                    help="a set's plans in each round: reversed every other round, or fixed")
     ap.add_argument("--heap", default="retain", choices=("retain", "system"),
                     help="the ranks' heap policy (planner/measure/heap.py)")
     a = ap.parse_args(argv)
@@ -56,7 +60,7 @@ def main(argv=None) -> int:
     argv = ["validate", "unseen", "--sets", str(a.sets), "--seed", str(a.seed), "--steps",
             str(a.steps), "--warmup", str(a.warmup), "--out", out, "--heap", a.heap,
             "--rounds", str(a.rounds), "--min-seconds", str(a.min_seconds),
-            "--measured", a.measured]
+            "--measured", a.measured, "--plan-order", a.plan_order]
     if a.calibration:
         argv += ["--calibration", a.calibration]
     t0 = time.time()

@@ -11,7 +11,8 @@ from simulator.gloo_profile import _fresh_alloc
 from planner.machine import MMAP_THRESHOLD_BYTES
 from planner.measure.validate import cache
 from planner.measure.validate.calibrate_profile import fresh_section
-from planner.measure.validate.unseen import MAX_STEPS, merge_rounds, steps_for
+import planner.measure.validate.unseen as unseen
+from planner.measure.validate.unseen import MAX_STEPS, merge_rounds, round_order, steps_for
 from planner.measure.validate.unseen_family import (
     DIMS,
     MAX_LOOKUPS,
@@ -217,6 +218,44 @@ def test_rounds_pool_every_step_or_keep_the_median_round():
     assert pooled[0]["measured"] == "steps" and pooled[0]["rounds_s"] == [3.0, 1.0]
     with pytest.raises(ValueError, match="measured"):
         merge_rounds(rounds, "mean")
+
+
+def test_alternate_rounds_run_each_set_reversed_and_merge_each_plan_with_itself(
+        family, monkeypatch):
+    """``order="alternate"``: every odd round runs each set's plans in reverse, sets in the
+    family's order; each round's rows still merge with the same plan's rows of the other
+    rounds, and come back in the family's order. ``"fixed"`` runs every round alike."""
+    ran = []
+
+    def fake_round(cases, folder, **kw):
+        ran.append([(c.set_name, c.plan_kind) for c in cases])
+        return [{"set": c.set_name, "plan": c.plan_kind, "predicted_s": 1.0,
+                 "measured_s": 1.0 + len(ran) + i / 100, "steps_s": [1.0 + len(ran) + i / 100]}
+                for i, c in enumerate(cases)]
+    monkeypatch.setattr(unseen, "_run_round", fake_round)
+    keys = [(c.set_name, c.plan_kind) for c in family]
+    cals = {2: None, 4: None}
+    rows = unseen.run_cases(family, None, steps=1, warmup=0, calibrations=cals, rounds=3)
+    assert ran[0] == ran[2] == keys and ran[1] != keys
+    assert sorted(ran[1]) == sorted(keys)
+    for name in dict.fromkeys(s for s, _ in keys):
+        first = [k for k in keys if k[0] == name]
+        assert [k for k in ran[1] if k[0] == name] == first[::-1]
+    assert [(r["set"], r["plan"]) for r in rows] == keys
+    for r, key in zip(rows, keys):                  # each round's time is this plan's own
+        assert r["rounds_s"] == [1.0 + k + ran[k - 1].index(key) / 100 for k in (1, 2, 3)]
+    ran.clear()
+    unseen.run_cases(family, None, steps=1, warmup=0, calibrations=cals, rounds=2,
+                     order="fixed")
+    assert ran == [keys, keys]
+    assert round_order(family, 1, "fixed") == list(family)
+    with pytest.raises(ValueError, match="order"):
+        round_order(family, 0, "shuffled")
+
+
+def test_round_order_doctest():
+    import doctest
+    assert doctest.testmod(unseen).failed == 0
 
 
 def test_host_speed_rescales_the_predictions_beside_the_plain_ones():

@@ -3,7 +3,8 @@
 predicted beside.
 
 Each plan runs ``warmup`` + ``steps`` steps (more for a plan predicted short, :func:`steps_for`),
-in ``rounds`` whole runs of the family; its measured time is the median over the steps of the
+in ``rounds`` whole runs of the family, a set's plans in turn (every other round in reverse,
+:func:`round_order`); its measured time is the median over the steps of the
 slowest rank, pooled over its rounds (:func:`merge_rounds`). The prediction is
 :func:`planner.measure.validate.dlrm_report.validate_dlrm`'s with the given calibration;
 :func:`repredict_rows` predicts a recorded run's plans again without running them.
@@ -24,7 +25,8 @@ from planner.measure.validate.dlrm_probes import at_host
 from planner.measure.validate.unseen_family import (UnseenCase, layout_record, with_layout,
                                                      write_case)
 
-__all__ = ["run_cases", "steps_for", "merge_rounds", "repredict_rows", "MAX_STEPS", "MEASURED"]
+__all__ = ["run_cases", "steps_for", "merge_rounds", "round_order", "repredict_rows",
+           "MAX_STEPS", "MEASURED", "ORDERS"]
 
 #: measured steps of a plan at most, however short its predicted step (``min_seconds``)
 MAX_STEPS = 100
@@ -33,7 +35,8 @@ MAX_STEPS = 100
 def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: int,
               calibrations: dict, timeout_s: float = 300.0, progress=None,
               heap: str = DEFAULT_HEAP, rounds: int = 1, host_probe: bool = True,
-              min_seconds: float = 0.0, measured: str = "steps") -> list[dict]:
+              min_seconds: float = 0.0, measured: str = "steps",
+              order: str = "alternate") -> list[dict]:
     """Run every case for real and predict it with the calibration of its world size; one row
     per case (see :func:`planner.measure.validate.unseen_report.summarise`). With
     ``host_probe`` each run times the calibration's lookup probe before its warm-up and after
@@ -45,7 +48,10 @@ def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: 
     all its rounds' steps (or, with ``measured="round"``, its median round;
     :func:`merge_rounds`): a shared host's speed drifts by tens of percent, which one run per
     plan cannot tell from a model error. ``min_seconds`` > 0 gives a plan predicted short more
-    measured steps (:func:`steps_for`), the same in every round."""
+    measured steps (:func:`steps_for`), the same in every round. ``order`` is the order of a
+    set's plans in each round (:func:`round_order`); rows come back in ``cases``' order."""
+    if order not in ORDERS:
+        raise ValueError(f"order={order!r}: one of {ORDERS}")
     per_case = {(c.set_name, c.plan_kind): steps_for(c, folder, steps, warmup,
                                                     calibrations[c.ranks], min_seconds)
                 for c in cases}
@@ -54,10 +60,43 @@ def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: 
         def tell(i, n, row, k=k):
             if progress is not None:
                 progress(k * len(cases) + i, rounds * len(cases), row)
-        per_round.append(_run_round(cases, folder, steps=per_case, warmup=warmup,
-                                    calibrations=calibrations, timeout_s=timeout_s,
-                                    progress=tell, heap=heap, host_probe=host_probe))
+        ran = round_order(cases, k, order)
+        rows = _run_round(ran, folder, steps=per_case, warmup=warmup,
+                          calibrations=calibrations, timeout_s=timeout_s, progress=tell,
+                          heap=heap, host_probe=host_probe)
+        back = {id(c): r for c, r in zip(ran, rows)}
+        per_round.append([back[id(c)] for c in cases])
     return merge_rounds(per_round, measured)
+
+
+#: orders of a set's plans in the rounds of :func:`run_cases` (:func:`round_order`)
+ORDERS = ("alternate", "fixed")
+
+
+def round_order(cases: Sequence[UnseenCase], k: int, order: str = "alternate") -> list:
+    """The cases in the order round ``k`` (from 0) runs them: set after set as in ``cases``,
+    and within a set its plans as listed (``"fixed"``, the protocol before 2026-11-29's seed
+    17) or, with ``"alternate"``, reversed in every odd round. A set's plans run one after
+    the other in one pool of fresh processes, a minute or two in all: run in one order, the
+    same plan is always the first after the pool starts and the others always follow it by
+    the same minutes of the host's drift. Alternated, each plan of a pair runs first as often
+    as second over an even number of rounds, so a position effect or a drift within the set's
+    turn does not favour one plan of it in every round.
+
+    >>> from types import SimpleNamespace as C
+    >>> cs = [C(model=C(name=s), plan_kind=p) for s in "ab" for p in ("g", "r", "c")]
+    >>> [c.model.name + c.plan_kind for c in round_order(cs, 1)]
+    ['ac', 'ar', 'ag', 'bc', 'br', 'bg']
+    >>> [c.model.name + c.plan_kind for c in round_order(cs, 2)]
+    ['ag', 'ar', 'ac', 'bg', 'br', 'bc']
+    """
+    if order not in ORDERS:
+        raise ValueError(f"order={order!r}: one of {ORDERS}")
+    out = []
+    for name in dict.fromkeys(c.model.name for c in cases):
+        group = [c for c in cases if c.model.name == name]
+        out += group[::-1] if order == "alternate" and k % 2 else group
+    return out
 
 
 #: how ``merge_rounds`` measures a plan run in several rounds: the median of every round's
