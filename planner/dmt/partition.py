@@ -42,7 +42,7 @@ from simulator.errors import SpecError
 from planner.dmt.tower_mip import tower_mip
 from planner.model.dmt.layout import TowerLayout, host_groups, make_layout
 from planner.model.dmt.module import TowerModuleSpec
-from planner.model.tables.cost import F_BWD, F_FWD, F_MEM
+from planner.model.tables.features import F_BWD, F_FWD, F_MEM
 from planner.model.tables.shards import Shard, ShardingType
 from planner.model.tables.spec import ModelSpec
 from planner.model.tables.task import ShardingTask, prepare

@@ -21,7 +21,8 @@ the dlrm_datasets locality statistics; :mod:`planner.cli.tables` is ``clusterpla
 README.md here.
 """
 
-from planner.model.tables.cost import CostConfig, CostModel
+from planner.model.tables.cost import CostModel
+from planner.model.tables.cost_config import CostConfig
 from planner.model.tables.feasible import InfeasibleError, check_feasible
 from planner.model.tables.generate import dreamshard_tasks, neuroshard_tasks, synthesize_tables
 from planner.model.tables.plan import Plan, PlannerStats

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.model.tables.cost import BREAKDOWN_KEYS, F_MEM
+from planner.model.tables.features import BREAKDOWN_KEYS, F_MEM
 from planner.model.tables.shards import (
     Shard,
     ShardingType,

@@ -35,7 +35,7 @@ import numpy as np
 
 from simulator.errors import SpecError
 
-from planner.model.tables.cost import BREAKDOWN_KEYS, F_BWD, F_FWD, F_MEM
+from planner.model.tables.features import BREAKDOWN_KEYS, F_BWD, F_FWD, F_MEM
 from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.shards import ShardingType

@@ -30,7 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.model.tables.cost import BREAKDOWN_KEYS, F_MEM
+from planner.model.tables.features import BREAKDOWN_KEYS, F_MEM
 from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.shards import ShardingType, TableSharding

@@ -30,7 +30,7 @@ import pulp
 
 from simulator.errors import SpecError
 
-from planner.model.tables.cost import F_MEM
+from planner.model.tables.features import F_MEM
 from planner.model.tables.feasible import check_feasible
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
 from planner.model.tables.task import ShardingTask, prepare

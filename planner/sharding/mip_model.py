@@ -37,8 +37,8 @@ import pulp
 from simulator.errors import SpecError
 
 from planner.lp import variable
-from planner.model.tables.cost import (F_BWD, F_DP, F_FWD, F_HRS, F_IDS, F_MEM, F_OUT, F_RW,
-                                       FEATURES)
+from planner.model.tables.features import (F_BWD, F_DP, F_FWD, F_HRS, F_IDS, F_MEM, F_OUT,
+                                           F_RW, FEATURES)
 from planner.model.tables.shards import ShardingType
 from planner.sharding.common import CW_PARTS, Catalog
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.model.tables.cost import F_BWD, F_FWD, F_IDS, F_OUT, CostConfig
+from planner.model.tables.cost_config import CostConfig
+from planner.model.tables.features import F_BWD, F_FWD, F_IDS, F_OUT
+from planner.model.tables.lookup_cost import state_bytes_per_row
 from planner.model.tables.shards import Shard, ShardingType
 from planner.model.tables.spec import ModelSpec, TableSpec
 from planner.model.tables.spec_file import load_model_spec
@@ -95,7 +97,8 @@ def test_measured_backward_terms_on_a_gpu():
     ids, unique = 65536 * 10, min(65536 * 10 / cm.accesses_per_row[0], 1_000_000)
     f = cm.shard_features(0, Shard(0, 0, 0, 1_000_000, 64), ShardingType.TABLE_WISE)
     want = (ids * (b.id_bytes + 64 * b.grad_element_bytes) + unique * 64 * b.update_element_bytes
-            + 2 * unique * cm._state_bytes_per_row(cm.model.tables[0], 64)) / cm.hbm_Bps
+            + 2 * unique * state_bytes_per_row(cm.model.optimizer, cm.model.tables[0], 64)
+            ) / cm.hbm_Bps
     assert f[F_BWD] == pytest.approx(want, rel=1e-9)
 
 

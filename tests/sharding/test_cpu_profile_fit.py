@@ -14,7 +14,7 @@ from simulator.errors import SpecError
 
 from planner.measure.tables.plans import cpu_topology_ref
 from planner.model.tables.access import default_reuse_bins
-from planner.model.tables.cost import CostConfig
+from planner.model.tables.cost_config import CostConfig
 from planner.model.tables.cpu_profile import load_cpu_profile
 from planner.model.tables.spec import ModelSpec, TableSpec
 from planner.model.tables.task import ShardingTask, prepare
@@ -252,7 +252,7 @@ def test_bag_terms_price_each_pooled_output_once():
     """The forward's ``bag_bytes`` and the backward's ``bag_element_bytes`` are per pooled
     output (batch × tables), not per id: they add the same to a pooling-1 and a pooling-40
     table of one shape, so they weigh most where a table has one id per bag."""
-    from planner.model.tables.cost import F_BWD, F_FWD
+    from planner.model.tables.features import F_BWD, F_FWD
     from planner.model.tables.cpu_profile import BackwardTerms
     from planner.model.tables.shards import ShardingType, table_wise
     back = BackwardTerms(call_s=1e-4, shard_s=0.0, id_bytes=100.0, grad_element_bytes=0.0,

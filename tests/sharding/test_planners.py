@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from planner.costmodel.weights import HardwareMismatchWarning
-from planner.model.tables.cost import F_MEM
+from planner.model.tables.features import F_MEM
 from planner.model.tables.generate import neuroshard_tasks
 from planner.model.tables.shards import ShardingType
 from planner.model.tables.spec_file import load_model_spec

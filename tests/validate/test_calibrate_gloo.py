@@ -121,7 +121,7 @@ def test_lookup_probe_is_recorded_and_scales_the_plans_lookups():
     from planner.measure.tables.plans import cpu_topology_ref
     from planner.measure.validate.dlrm_probes import lookup_scale, predicted_lookup_s
     from planner.measure.validate.lookup_probe import lookup_probe_model, probe_shardings
-    from planner.model.tables.cost import CostConfig
+    from planner.model.tables.cost_config import CostConfig
     from planner.model.tables.plan import evaluate_shardings
     from planner.model.tables.task import ShardingTask, prepare
     cfg = GlooCalibration(rounds=2, repeats=3, quick=True, torchrec=False,

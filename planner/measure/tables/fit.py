@@ -67,8 +67,8 @@ from planner.measure.tables.kernel_sweep import (
 )
 from planner.measure.tables.tbe import kernel_backend
 from planner.measure.tables.logfit import fit_log_nonneg, log_error
-from planner.model.tables.access import accesses_per_row, default_reuse_bins, zipf_reuse
 from planner.model.tables.cpu_profile import load_cpu_profile
+from planner.model.tables.lookup_cost import table_accesses_per_row
 from planner.model.tables.spec import ModelSpec, TableSpec
 
 __all__ = ["kernel_configs", "measure_kernel_points", "fit_kernel_profile", "calibrate",
@@ -85,15 +85,8 @@ GRAD_REACH_BYTES = 2.0 ** 18
 
 
 def _unique_fraction(t: TableSpec, batch: int) -> float:
-    """Distinct rows per lookup as the cost model computes it (``CostModel._apr``)."""
-    lookups = batch * t.pooling_factor
-    if lookups <= 0:
-        return 1.0
-    if t.zipf_exponent is not None:
-        apr = zipf_reuse(float(t.zipf_exponent), t.num_embeddings, float(lookups))[1]
-    else:
-        apr = accesses_per_row(t.reuse_bins if t.reuse_bins is not None else default_reuse_bins())
-    return 1.0 / max(1.0, apr, lookups / t.num_embeddings)
+    """Distinct rows per lookup as the cost model computes it."""
+    return 1.0 / table_accesses_per_row(t, batch)
 
 
 def _design(points: Sequence[dict], h: float, reach: float = 2.0 ** 20) -> np.ndarray:

@@ -11,7 +11,7 @@ import numpy as np
 
 from simulator.units import format_time
 
-from planner.model.tables.cost import BREAKDOWN_KEYS, step_cost_of
+from planner.model.tables.features import BREAKDOWN_KEYS, step_cost_of
 
 __all__ = ["Measurement", "format_measurement", "LOOKUP_KEYS", "COMM_KEYS"]
 
@@ -23,8 +23,8 @@ COMM_KEYS = tuple(k for k in BREAKDOWN_KEYS if k not in LOOKUP_KEYS)
 class Measurement:
     """Measured and predicted per-rank cost of one plan (seconds; how: :mod:`.plans`).
 
-    ``measured_s`` and ``predicted_s`` map each of :data:`~planner.model.tables.cost.BREAKDOWN_KEYS`
-    to a per-rank list.
+    ``measured_s`` and ``predicted_s`` map each of
+    :data:`~planner.model.tables.features.BREAKDOWN_KEYS` to a per-rank list.
     """
 
     devices: int

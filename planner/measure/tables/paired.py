@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.measure.tables.measurement import COMM_KEYS, LOOKUP_KEYS
-from planner.model.tables.cost import step_cost_of
+from planner.model.tables.features import step_cost_of
 
 __all__ = ["step_ratio_interval"]
 

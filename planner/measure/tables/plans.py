@@ -55,7 +55,7 @@ from planner.measure.tables.measurement import (
     Measurement,
     format_measurement,
 )
-from planner.model.tables.cost import BREAKDOWN_KEYS
+from planner.model.tables.features import BREAKDOWN_KEYS
 from planner.model.tables.ids import TableIds, model_ids
 from planner.model.tables.memory import shard_memory_bytes
 from planner.model.tables.plan import evaluate_shardings

@@ -30,7 +30,7 @@ from planner.measure.validate.dlrm_probes import (at_host, host_costs, lookup_sc
                                                   size_measure, stale_note)
 from planner.measure.validate.report import verdict_lines
 from planner.measure.validate.runner import RunResult, run
-from planner.model.tables.cost import CostConfig
+from planner.model.tables.cost_config import CostConfig
 from planner.model.tables.dense import dense_op_list
 from planner.model.tables.task import ShardingTask, prepare
 from planner.workloads.dlrm.torchrec import build_torchrec_step_workload

@@ -4,36 +4,10 @@ Notation: ``B`` global batch, ``n`` ranks, ``b = B / n`` local batch, a table wi
 pooling factor ``L`` (ids per sample), weight precision ``p`` bytes, pooled-output precision
 ``o`` bytes (``comm_precision``), HBM bandwidth ``H`` (``topo.gpu.hbm_bandwidth_Bps``).
 
-**Lookups (per shard, on its rank).** A table-wise or column-wise shard of ``c`` columns
-serves all ``B·L`` ids of the global batch; a row-wise block of ``r`` rows serves ``B·L·r/R`` of
-them (ids spread over rows in proportion to the block, i.e. hashing spreads hot rows evenly);
-a data-parallel replica serves its local ``b·L``. Forward time ::
-
-    ids · (miss · c·p  +  overhead  +  id_bytes)  +  outputs · (c·o  +  bag)
-    ------------------------------------------------------------------------  +  shard_overhead_s
-                              H · hbm_efficiency
-
-``outputs`` is ``B`` pooled rows (``b`` for data-parallel). ``overhead`` (64 B) is a per-lookup
-cost TorchRec omits (index load, offset arithmetic, one memory transaction of latency), so a
-lookup into a 4-wide table is not 32× cheaper than one into a 128-wide table; ``bag``
-(``bag_bytes``, 0 but on a CPU profile) is a per-output cost, which a pooling-1 table pays on
-every id.
-**Cache-hit discount**: the table's access distribution gives ``u`` = distinct rows / lookups
-(``1 / accesses_per_row``, from its 17 reuse bins or its Zipf exponent, and never fewer than
-``lookups / R``); a first touch always reads HBM, a repeat hits L2 with probability
-``repeat_hit_ratio`` ``h`` (0.8), so ``miss = u + (1 − u)(1 − h)``.
-A first touch can also pay address translation: ``row_walk_bytes · log2(shard bytes /
-page_reach_bytes)`` per distinct row (0 on GPUs; fitted for CPUs, where a page walk per
-distinct row of a large table is measurable).
-**Backward** = ``backward_multiplier`` (2, TorchRec's) × the forward lookup time, unless the
-device has measured backward terms (the CPU profile; a GPU's fused-lookup file,
-:mod:`.gpu_lookup`): then its own terms, per id (the sort), per id and column (the gradient
-gather), per distinct row and column (the update), per distinct row's page walk, per output
-and column (each bag's gradient row read once) (:class:`.cpu_profile.BackwardTerms`)
-+ the optimizer's state traffic (read and write the state of each distinct row touched: Adam
-2·c·p, Adagrad c·p, row-wise Adagrad 4 bytes) + ``shard_overhead_s``. A data-parallel table
-instead gets a dense gradient and updates the whole table (weights, gradient and state
-streamed once).
+**Lookups** (per shard, on its rank): forward and backward seconds from the ids and pooled
+outputs it serves, its table's reuse and the device's lookup bandwidth, with the optimizer's
+state traffic (:mod:`.lookup_cost`); with ``model.compression``, the codec's seconds
+(:mod:`.codec_cost`).
 **Kernel calls.** TorchRec groups a rank's shards by sharding type (one ``EmbeddingSharding``
 each) and, inside one, by weight precision and kernel (``group_tables``), and runs one fused TBE
 per group: a rank holding table-wise and row-wise fp32 shards makes two lookup calls forward and
@@ -84,8 +58,7 @@ the same on every rank and is reported separately (:meth:`CostModel.dense_costs`
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -94,114 +67,21 @@ from simulator.compute import load_compute_profile
 from simulator.topology import Topology
 
 from planner.model.llm.host import host_overhead_for
-from planner.model.tables.access import accesses_per_row, default_reuse_bins, zipf_reuse
+from planner.model.tables.codec_cost import codec_costs
 from planner.model.tables.comm_model import CommModel
-from planner.model.tables.cpu_profile import BackwardTerms, CpuProfile, load_cpu_profile
+from planner.model.tables.cost_config import CostConfig, device_profile_for
+from planner.model.tables.cpu_profile import BackwardTerms
 from planner.model.tables.dense import DenseTimes, dense_pass_times
+from planner.model.tables.features import (BREAKDOWN_KEYS, F_BWD, F_DP, F_FWD, F_HRS, F_IDS,
+                                           F_MEM, F_OUT, F_RW, K, kernel_groups, step_cost_of)
 from planner.model.tables.gpu_lookup import FitRange, load_gpu_lookup
+from planner.model.tables.lookup_cost import (shard_lookup_s, shard_traffic,
+                                              table_accesses_per_row)
 from planner.model.tables.memory import shard_memory_bytes
 from planner.model.tables.shards import Shard, ShardingType, TableSharding
-from planner.model.tables.spec import PRECISION_BYTES, ModelSpec, TableSpec
+from planner.model.tables.spec import PRECISION_BYTES, ModelSpec
 
-__all__ = ["CostConfig", "CostModel", "FEATURES", "BREAKDOWN_KEYS", "kernel_groups",
-           "step_cost_of"]
-
-#: per-rank additive features of a plan (see :meth:`CostModel.shard_features`)
-FEATURES = ("fwd_s", "bwd_s", "out_Bps", "ids_Bps", "rw_bytes", "dp_bytes", "twrw_bytes",
-            "mem_bytes")
-F_FWD, F_BWD, F_OUT, F_IDS, F_RW, F_DP, F_HRS, F_MEM = range(len(FEATURES))
-#: the additive features every model has; a model's own lookup groups follow them (see
-#: :func:`kernel_groups`), so a feature row is ``CostModel.width`` long
-K = len(FEATURES)
-
-BREAKDOWN_KEYS = ("lookup_fwd_s", "lookup_bwd_s", "input_a2a_s", "output_a2a_fwd_s",
-                  "output_a2a_bwd_s", "row_wise_comm_s", "table_row_wise_comm_s",
-                  "data_parallel_allreduce_s")
-
-
-def step_cost_of(components) -> np.ndarray | float:
-    """Σ over :data:`BREAKDOWN_KEYS` of the slowest rank's time (last axis), seconds: the
-    embedding part of a step whose ranks wait for each other at every collective."""
-    total = sum(np.asarray(components[k], dtype=float).max(axis=-1) for k in BREAKDOWN_KEYS
-                if k in components)
-    return float(total) if np.ndim(total) == 0 else total
-
-
-def kernel_groups(model: ModelSpec) -> tuple[tuple[ShardingType, str], ...]:
-    """The fused lookup groups a rank's shards of ``model`` can fall in: one per sharding type
-    and weight precision (TorchRec's ``EmbeddingSharding`` per type, then ``group_tables``'s
-    data type; the kernel follows the type here: fused, data-parallel dense)."""
-    precisions = sorted({t.precision for t in model.tables})
-    return tuple((st, p) for st in ShardingType for p in precisions)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CostConfig:
-    """Constants of the analytic model (priors, not measurements; see the module docstring).
-
-    Attributes
-    ----------
-    hbm_efficiency : float
-        Fraction of HBM bandwidth embedding gathers reach.
-    lookup_overhead_bytes : float
-        Per-lookup cost expressed as extra bytes at that bandwidth.
-    repeat_hit_ratio : float
-        Probability that a repeated access of a row within a batch hits on-chip cache.
-    backward_multiplier : float
-        Backward lookup time / forward lookup time.
-    id_bytes, length_bytes : int
-        Bytes per id (int64) and per (sample, feature) length entry (int32).
-    shard_overhead_s : float
-        Fixed time per shard per pass (table setup inside the fused kernel), seconds.
-    kernel_launch_s : float or None
-        Launch time of one TBE kernel, seconds; None uses the GPU compute profile's.
-    reserve_fraction : float
-        Fraction of HBM kept free (TorchRec's heuristic reservation).
-    row_walk_bytes, page_reach_bytes : float
-        Address-translation cost of a first touch: each distinct row a shard touches costs
-        ``row_walk_bytes · log2(max(1, shard bytes / page_reach_bytes))`` extra bytes at the
-        lookup bandwidth (a TLB miss and page walk, which grow with the table's footprint).
-        0 for GPUs (the prior); fitted in the CPU profile.
-    bag_bytes : float
-        Per pooled output (bag) in the forward, whatever its ids, as extra bytes at the lookup
-        bandwidth (its offsets read, its output row started): 0 for GPUs (the prior), fitted in
-        the CPU profile, where a pooling-1 table pays it on every id.
-    device_profile : str or None
-        ``"auto"``: on a CPU topology, the measured CPU profile (:func:`load_cpu_profile`)
-        replaces the lookup constants above and the collective fits; a path: that profile file;
-        None: the priors everywhere. GPU topologies are unaffected.
-    lookup_time_scale : float
-        Multiplies every lookup time (bandwidth term, per-shard overhead and launch alike):
-        the slowdown of lookups measured under the run's own conditions, e.g. ranks sharing
-        cores and caches (:mod:`planner.measure.validate.calibrate_dlrm`'s lookup probe). 1.0 here.
-    backward : BackwardTerms or None
-        The backward lookup term by term (the CPU profile's; replaces ``backward_multiplier``
-        for sparse shards); None: ``backward_multiplier`` × the forward.
-    """
-
-    hbm_efficiency: float = 0.8
-    lookup_overhead_bytes: float = 64.0
-    repeat_hit_ratio: float = 0.8
-    backward_multiplier: float = 2.0
-    id_bytes: int = 8
-    length_bytes: int = 4
-    shard_overhead_s: float = 2e-6
-    kernel_launch_s: float | None = None
-    reserve_fraction: float = 0.15
-    row_walk_bytes: float = 0.0
-    page_reach_bytes: float = 1048576.0
-    bag_bytes: float = 0.0
-    device_profile: str | None = "auto"
-    lookup_time_scale: float = 1.0
-    backward: BackwardTerms | None = None
-
-
-def _device_profile(topo: Topology, cfg: CostConfig) -> CpuProfile | None:
-    if cfg.device_profile is None or topo.gpu.name != "cpu":
-        return None
-    if cfg.device_profile == "auto":
-        return load_cpu_profile(None)
-    return load_cpu_profile(str(cfg.device_profile))
+__all__ = ["CostModel"]
 
 
 class CostModel:
@@ -222,7 +102,7 @@ class CostModel:
         self.hosts = tuple(tuple(h) for h in hosts)
         self.config = config or CostConfig()
         self.profile = load_compute_profile(topo.gpu)
-        self.device_profile = _device_profile(topo, self.config)
+        self.device_profile = device_profile_for(topo, self.config)
         #: the measured ranges of the lookup fit in use (None: priors, nothing measured)
         self.fit_range: FitRange | None = None
         self.gpu_lookup = None
@@ -268,52 +148,26 @@ class CostModel:
         self.out_bytes = PRECISION_BYTES[model.comm_precision]
         self.batch = model.batch_size
         self.local_batch = model.batch_size / n
-        self._codec_setup(model, topo)
-        self.accesses_per_row = np.array([self._apr(t) for t in model.tables])
-        u = 1.0 / self.accesses_per_row
-        h = cfg.repeat_hit_ratio
-        self.miss = u + (1.0 - u) * (1.0 - h)
+        self.codec = codec_costs(model, n, self.out_bytes,
+                                 "cpu" if topo.gpu.name == "cpu" else "gpu")
+        self.out_ratio = self.codec.out_ratio
+        self.decompress_fwd_s = self.codec.decompress_fwd_s
+        self.compress_bwd_s = self.codec.compress_bwd_s
+        self.grad_scale = self.codec.grad_scale
+        self.accesses_per_row = np.array([table_accesses_per_row(t, self.batch)
+                                          for t in model.tables])
         self._dense_times: DenseTimes | None = None
         self.host_of = np.empty(n, dtype=int)
         for k, hr in enumerate(self.hosts):
             self.host_of[list(hr)] = k
 
-    # -- all-to-all compression --------------------------------------------------------------
-    def _codec_setup(self, model: ModelSpec, topo: Topology) -> None:
-        """Per-table compression ratios and codec rates of ``model.compression`` (ratio 1 and
-        no codec without it), and each rank's fixed codec seconds: decompressing the pooled
-        outputs it receives from the other ranks (its local batch of every table) and, with
-        ``backward``, compressing the gradients it sends back."""
-        comp = model.compression
-        self.codec_Bps = comp.throughput_Bps("cpu" if topo.gpu.name == "cpu" else "gpu") \
-            if comp is not None else (math.inf, math.inf)
-        self.out_ratio = np.array([comp.ratio(comp.bound(t.name), value_bytes=self.out_bytes)
-                                   if comp is not None else 1.0 for t in model.tables])
-        # what crosses to other ranks: a rank keeps its own local share uncompressed
-        self.sent_share = (self.n - 1) / self.n
-        pooled = self.local_batch * sum(t.embedding_dim for t in model.tables) * self.out_bytes \
-            * self.sent_share
-        c_Bps, d_Bps = self.codec_Bps
-        self.decompress_fwd_s = pooled / d_Bps if comp is not None else 0.0
-        #: the gradients' all-to-all bytes over the (compressed) forward's: 1 when both are
-        #: compressed alike or neither is; else the tables' bytes-weighted ratio, which undoes
-        #: the forward's compression exactly when every table has the same bound
-        self.grad_scale = 1.0 if comp is None or comp.backward else comp.effective_ratio(
-            [(t.name, t.embedding_dim) for t in model.tables], value_bytes=self.out_bytes)
-        self.compress_bwd_s = pooled / c_Bps if comp is not None and comp.backward else 0.0
-
+    # -- all-to-all compression ---------------------------------------------------------
     def shard_codec_s(self, ti: int, shard: Shard, st: ShardingType) -> tuple[float, float]:
-        """(forward, backward) codec seconds one shard adds on its rank: compressing the pooled
-        outputs it sends, and with ``backward`` decompressing the gradients it gets back."""
-        comp = self.model.compression
-        if comp is None or st not in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
-                                      ShardingType.TABLE_ROW_WISE):
-            return 0.0, 0.0
-        g = len(self.hosts[self.host_of[shard.rank]]) if st == ShardingType.TABLE_ROW_WISE \
-            else 1
-        raw = self.batch * shard.cols * self.out_bytes / g * self.sent_share
-        c_Bps, d_Bps = self.codec_Bps
-        return raw / c_Bps, (raw / d_Bps if comp.backward else 0.0)
+        """(forward, backward) codec seconds one shard adds on its rank
+        (:meth:`.codec_cost.CodecCosts.shard_s`)."""
+        group = len(self.hosts[self.host_of[shard.rank]]) \
+            if st == ShardingType.TABLE_ROW_WISE else 1
+        return self.codec.shard_s(self.batch, shard.cols, self.out_bytes, st, group)
 
     def plan_codec_s(self, shardings) -> tuple[np.ndarray, np.ndarray]:
         """Per rank, the (forward, backward) codec seconds inside its lookup features."""
@@ -325,29 +179,6 @@ class CostModel:
                 bwd[sh.rank] += c_b
         return fwd, bwd
 
-    # -- per-table statistics --------------------------------------------------------------
-    def _apr(self, t: TableSpec) -> float:
-        """Accesses per distinct row in one global batch (≥ lookups / rows, ≥ 1)."""
-        lookups = self.batch * t.pooling_factor
-        if lookups <= 0:
-            return 1.0
-        if t.zipf_exponent is not None:
-            apr = zipf_reuse(float(t.zipf_exponent), t.num_embeddings, float(lookups))[1]
-        else:
-            apr = accesses_per_row(t.reuse_bins if t.reuse_bins is not None
-                                   else default_reuse_bins())
-        return max(1.0, apr, lookups / t.num_embeddings)
-
-    def _state_bytes_per_row(self, t: TableSpec, cols: int) -> float:
-        opt = self.model.optimizer
-        if opt == "adam":
-            return 2.0 * cols * t.bytes_per_element
-        if opt == "adagrad":
-            return 1.0 * cols * t.bytes_per_element
-        if opt == "rowwise_adagrad":
-            return 4.0
-        return 0.0
-
     # -- features ----------------------------------------------------------------------------
     def shard_features(self, ti: int, shard: Shard, st: ShardingType) -> np.ndarray:
         """Additive features (:data:`FEATURES`) one shard puts on its rank."""
@@ -356,41 +187,14 @@ class CostModel:
         f = np.zeros(self.width)
         f[self.group_col[st, t.precision]] = 1.0
         rows, cols = shard.rows, shard.cols
-        p, o = t.bytes_per_element, self.out_bytes
-        L = t.pooling_factor
-        miss = self.miss[ti]
+        o, L = self.out_bytes, t.pooling_factor
+        ids, outputs = shard_traffic(t, rows, st, self.batch, self.local_batch)
+        f[F_FWD], f[F_BWD] = shard_lookup_s(
+            t, rows, cols, st, ids=ids, outputs=outputs, apr=self.accesses_per_row[ti],
+            cfg=cfg, Bps=self.hbm_Bps, out_bytes=o, optimizer=self.model.optimizer,
+            element_bytes=self.lookup_element_bytes.get(t.precision, t.bytes_per_element))
         if st == ShardingType.DATA_PARALLEL:
-            ids = self.local_batch * L
-            outputs = self.local_batch
-        elif st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
-            ids = self.batch * L * rows / t.num_embeddings
-            outputs = self.batch
-        else:
-            ids = self.batch * L
-            outputs = self.batch
-        p_look = self.lookup_element_bytes.get(t.precision, p)
-        gather = ids * (miss * cols * p_look + cfg.lookup_overhead_bytes + cfg.id_bytes)
-        if cfg.row_walk_bytes > 0 and rows > 0:
-            walk = math.log2(max(1.0, rows * cols * p / cfg.page_reach_bytes))
-            gather += min(ids / self.accesses_per_row[ti], rows) * cfg.row_walk_bytes * walk
-        fwd = (gather + outputs * (cols * o + cfg.bag_bytes)) / self.hbm_Bps \
-            + cfg.shard_overhead_s
-        if cfg.backward is not None:
-            walk = math.log2(max(1.0, rows * cols * p / cfg.page_reach_bytes)) if rows else 0.0
-            unique = min(ids / self.accesses_per_row[ti], rows)
-            bwd = cfg.backward.variable_bytes(ids, unique, cols, t.precision != "fp32", walk,
-                                              outputs) / self.hbm_Bps + cfg.backward.shard_s
-        else:
-            bwd = cfg.backward_multiplier * (fwd - cfg.shard_overhead_s) + cfg.shard_overhead_s
-        if st == ShardingType.DATA_PARALLEL:
-            state = self._state_bytes_per_row(t, cols) * rows
-            bwd += (rows * cols * (2 * p + 2 * 4) + 2 * state) / self.hbm_Bps
             f[F_DP] = rows * cols * 4
-        else:
-            unique = min(ids / self.accesses_per_row[ti], rows)
-            bwd += 2 * unique * self._state_bytes_per_row(t, cols) / self.hbm_Bps
-        f[F_FWD] = fwd
-        f[F_BWD] = bwd
         r = self.out_ratio[ti]                   # the all-to-all's compression of this table
         c_fwd, c_bwd = self.shard_codec_s(ti, shard, st)
         f[F_FWD] += c_fwd

@@ -108,7 +108,7 @@ class GpuLookup:
         return bool(self.measured_on) and self.measured_on != self.gpu
 
     def cost_overrides(self) -> dict[str, float]:
-        """The :class:`~planner.model.tables.cost.CostConfig` fields this file sets (the
+        """The :class:`~planner.model.tables.cost_config.CostConfig` fields this file sets (the
         backward terms apart: the cost model builds them)."""
         out = {"hbm_efficiency": self.hbm_efficiency,
                "lookup_overhead_bytes": self.lookup_overhead_bytes}

@@ -34,7 +34,7 @@ import numpy as np
 from simulator.errors import SpecError
 from simulator.fileio import atomic_write_text, dumps_json
 
-from planner.model.tables.cost import BREAKDOWN_KEYS, F_MEM, step_cost_of
+from planner.model.tables.features import BREAKDOWN_KEYS, F_MEM, step_cost_of
 from planner.model.tables.shards import Shard, ShardingType, TableSharding, validate_sharding
 from planner.model.tables.spec import ModelSpec
 from planner.model.tables.spec_file import builtin_spec_names, load_model_spec

@@ -12,7 +12,8 @@ from simulator.errors import SpecError
 from simulator.topology import load_topology
 
 from planner.model.tables.comm_model import calibrate_cached
-from planner.model.tables.cost import CostConfig, CostModel
+from planner.model.tables.cost import CostModel
+from planner.model.tables.cost_config import CostConfig
 from planner.model.tables.memory import device_capacity_bytes
 from planner.model.tables.shards import ALL_SHARDING_TYPES, ShardingType
 from planner.model.tables.spec import ModelSpec

@@ -42,7 +42,7 @@ from simulator.engine import simulate
 from simulator.result import SimResult
 from simulator.workload import Workload
 
-from planner.model.tables.cost import F_BWD, F_DP, F_FWD, F_HRS, F_RW
+from planner.model.tables.features import F_BWD, F_DP, F_FWD, F_HRS, F_RW
 from planner.model.tables.plan import Plan
 from planner.model.tables.shards import TableSharding
 from planner.model.tables.task import Problem, prepare

@@ -18,7 +18,7 @@ from simulator.compute import op_time
 from simulator.linear_table import LinearTable
 from simulator.workload import Workload
 
-from planner.model.tables.cost import F_BWD, F_FWD
+from planner.model.tables.features import F_BWD, F_FWD
 from planner.model.tables.dense import dense_op_list, fresh_alloc_s, weighted_sum_loss_ops
 from planner.model.tables.shards import ShardingType, TableSharding
 from planner.workloads.dlrm.dense import mlp_flops

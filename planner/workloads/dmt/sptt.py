@@ -37,7 +37,7 @@ import numpy as np
 from simulator.workload import Workload
 
 from planner.model.dmt.layout import HostPlan, TowerLayout, host_groups
-from planner.model.tables.cost import F_BWD, F_FWD, F_RW
+from planner.model.tables.features import F_BWD, F_FWD, F_RW
 from planner.model.tables.spec import ModelSpec
 from planner.model.tables.task import Problem, ShardingTask, prepare
 

@@ -1,0 +1,122 @@
+"""Seconds of one embedding shard's lookups on its rank, forward and backward.
+
+Notation as in :mod:`.cost`: ``B`` global batch, ``b = B / n`` local batch, a table with ``R``
+rows, pooling factor ``L`` (ids per sample), weight precision ``p`` bytes, pooled-output
+precision ``o`` bytes, lookup bandwidth ``H`` (HBM × ``hbm_efficiency``, or the CPU profile's).
+
+**Ids and outputs** (:func:`shard_traffic`). A table-wise or column-wise shard of ``c`` columns
+serves all ``B·L`` ids of the global batch; a row-wise block of ``r`` rows serves ``B·L·r/R`` of
+them (ids spread over rows in proportion to the block, i.e. hashing spreads hot rows evenly);
+a data-parallel replica serves its local ``b·L``. ``outputs`` is ``B`` pooled rows (``b`` for
+data-parallel).
+
+**Forward** (:func:`shard_lookup_s`) ::
+
+    ids · (miss · c·p  +  overhead  +  id_bytes)  +  outputs · (c·o  +  bag)
+    ------------------------------------------------------------------------  +  shard_overhead_s
+                                       H
+
+``overhead`` (64 B) is a per-lookup cost TorchRec omits (index load, offset arithmetic, one
+memory transaction of latency), so a lookup into a 4-wide table is not 32× cheaper than one
+into a 128-wide table; ``bag`` (``bag_bytes``, 0 but on a CPU profile) is a per-output cost,
+which a pooling-1 table pays on every id.
+**Cache-hit discount** (:func:`miss_ratio`): the table's access distribution gives ``u`` =
+distinct rows / lookups (``1 / accesses_per_row``, from its 17 reuse bins or its Zipf
+exponent, and never fewer than ``lookups / R``: :func:`table_accesses_per_row`); a first touch
+always reads HBM, a repeat hits L2 with probability ``repeat_hit_ratio`` ``h`` (0.8), so
+``miss = u + (1 − u)(1 − h)``. A first touch can also pay address translation:
+``row_walk_bytes · log2(shard bytes / page_reach_bytes)`` per distinct row (0 on GPUs; fitted
+for CPUs, where a page walk per distinct row of a large table is measurable).
+
+**Backward** = ``backward_multiplier`` (2, TorchRec's) × the forward lookup time, unless the
+device has measured backward terms (the CPU profile; a GPU's fused-lookup file,
+:mod:`.gpu_lookup`): then its own terms, per id (the sort), per id and column (the gradient
+gather), per distinct row and column (the update), per distinct row's page walk, per output
+and column (each bag's gradient row read once) (:class:`.cpu_profile.BackwardTerms`)
++ the optimizer's state traffic (read and write the state of each distinct row touched:
+:func:`state_bytes_per_row`) + ``shard_overhead_s``. A data-parallel table instead gets a
+dense gradient and updates the whole table (weights, gradient and state streamed once).
+"""
+
+from __future__ import annotations
+
+import math
+
+from planner.model.tables.access import accesses_per_row, default_reuse_bins, zipf_reuse
+from planner.model.tables.cost_config import CostConfig
+from planner.model.tables.shards import ShardingType
+from planner.model.tables.spec import TableSpec
+
+__all__ = ["table_accesses_per_row", "miss_ratio", "shard_traffic", "shard_lookup_s",
+           "state_bytes_per_row"]
+
+
+def table_accesses_per_row(t: TableSpec, batch: float) -> float:
+    """Accesses per distinct row of ``t`` in one global batch of ``batch`` samples
+    (≥ lookups / rows, ≥ 1)."""
+    lookups = batch * t.pooling_factor
+    if lookups <= 0:
+        return 1.0
+    if t.zipf_exponent is not None:
+        apr = zipf_reuse(float(t.zipf_exponent), t.num_embeddings, float(lookups))[1]
+    else:
+        apr = accesses_per_row(t.reuse_bins if t.reuse_bins is not None
+                               else default_reuse_bins())
+    return max(1.0, apr, lookups / t.num_embeddings)
+
+
+def miss_ratio(apr: float, repeat_hit_ratio: float) -> float:
+    """Share of lookups that read memory: every first touch (``1 / apr``) and the repeats
+    that miss the cache."""
+    u = 1.0 / apr
+    return u + (1.0 - u) * (1.0 - repeat_hit_ratio)
+
+
+def shard_traffic(t: TableSpec, rows: int, st: ShardingType, batch: float,
+                  local_batch: float) -> tuple[float, float]:
+    """(ids looked up, pooled outputs) of one shard of ``rows`` rows per step."""
+    if st == ShardingType.DATA_PARALLEL:
+        return local_batch * t.pooling_factor, local_batch
+    if st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+        return batch * t.pooling_factor * rows / t.num_embeddings, batch
+    return batch * t.pooling_factor, batch
+
+
+def state_bytes_per_row(optimizer: str, t: TableSpec, cols: int) -> float:
+    """Optimizer state of one row's ``cols`` columns, bytes: Adam 2·c·p, Adagrad c·p,
+    row-wise Adagrad 4 (one fp32), SGD none."""
+    if optimizer == "adam":
+        return 2.0 * cols * t.bytes_per_element
+    if optimizer == "adagrad":
+        return 1.0 * cols * t.bytes_per_element
+    if optimizer == "rowwise_adagrad":
+        return 4.0
+    return 0.0
+
+
+def shard_lookup_s(t: TableSpec, rows: int, cols: int, st: ShardingType, *, ids: float,
+                   outputs: float, apr: float, cfg: CostConfig, Bps: float, out_bytes: float,
+                   element_bytes: float, optimizer: str) -> tuple[float, float]:
+    """(forward, backward) seconds of one shard's lookups on its rank (module docstring):
+    ``apr`` its table's accesses per distinct row, ``Bps`` the lookup bandwidth (bytes/s),
+    ``out_bytes`` the pooled-output precision and ``element_bytes`` a weight element's cost
+    in the lookup terms (bytes)."""
+    p = t.bytes_per_element
+    unique = min(ids / apr, rows)
+    walk = math.log2(max(1.0, rows * cols * p / cfg.page_reach_bytes)) if rows else 0.0
+    gather = ids * (miss_ratio(apr, cfg.repeat_hit_ratio) * cols * element_bytes
+                    + cfg.lookup_overhead_bytes + cfg.id_bytes)
+    if cfg.row_walk_bytes > 0 and rows > 0:
+        gather += unique * cfg.row_walk_bytes * walk
+    fwd = (gather + outputs * (cols * out_bytes + cfg.bag_bytes)) / Bps + cfg.shard_overhead_s
+    if cfg.backward is not None:
+        bwd = cfg.backward.variable_bytes(ids, unique, cols, t.precision != "fp32", walk,
+                                          outputs) / Bps + cfg.backward.shard_s
+    else:
+        bwd = cfg.backward_multiplier * (fwd - cfg.shard_overhead_s) + cfg.shard_overhead_s
+    state = state_bytes_per_row(optimizer, t, cols)
+    if st == ShardingType.DATA_PARALLEL:
+        bwd += (rows * cols * (2 * p + 2 * 4) + 2 * state * rows) / Bps
+    else:
+        bwd += 2 * unique * state / Bps
+    return fwd, bwd
