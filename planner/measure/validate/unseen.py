@@ -92,11 +92,14 @@ def round_order(cases: Sequence[UnseenCase], k: int, order: str = "alternate") -
     """
     if order not in ORDERS:
         raise ValueError(f"order={order!r}: one of {ORDERS}")
-    out = []
-    for name in dict.fromkeys(c.model.name for c in cases):
-        group = [c for c in cases if c.model.name == name]
-        out += group[::-1] if order == "alternate" and k % 2 else group
-    return out
+    flip = order == "alternate" and k % 2
+    return [c for group in _by_set(cases) for c in (group[::-1] if flip else group)]
+
+
+def _by_set(cases: Sequence[UnseenCase]) -> list[list[UnseenCase]]:
+    """``cases`` grouped by table set, sets and plans in their first order."""
+    names = dict.fromkeys(c.model.name for c in cases)
+    return [[c for c in cases if c.model.name == name] for name in names]
 
 
 #: how ``merge_rounds`` measures a plan run in several rounds: the median of every round's
@@ -165,8 +168,7 @@ def _run_round(cases: Sequence[UnseenCase], folder: Path, *, steps: dict, warmup
                host_probe: bool) -> list[dict]:
     from planner.measure.validate.runner import Pool, RunFailed
     rows: list[dict] = []
-    for name in dict.fromkeys(c.model.name for c in cases):
-        group = [c for c in cases if c.model.name == name]
+    for group in _by_set(cases):
         pool = Pool(group[0].ranks, heap)
         try:
             for case in group:
