@@ -22,7 +22,8 @@ from planner.measure.compute.cpu import measure_cpu_profile
 from planner.measure.compute.fit import profile_from_measurements, read_measurements
 from planner.measure.compute.host import host_overhead_yaml, measure_host_overhead
 from planner.measure.network.fit import fit_collective_profile, read_nccl_table
-from planner.measure.tables.fit_gpu import fit_fused_tbe, fit_gpu_embedding, gpu_embedding_yaml
+from planner.measure.tables.fit_gpu import (defer_backward, fit_fused_tbe, fit_gpu_embedding,
+                                            gpu_embedding_yaml)
 from planner.measure.validate.cache import store_calibration
 from planner.measure.validate.calibrate import GlooCalibration, measure_gloo
 from planner.measure.validate.calibrate_summary import summary_lines
@@ -86,6 +87,9 @@ def register(p: argparse.ArgumentParser) -> None:
     e.add_argument("--gpu", required=True, help="catalog GPU kind it was measured on")
     e.add_argument("--out", metavar="FILE",
                    help="YAML to write (default traces/calibration/embedding-<gpu>.yaml)")
+    e.add_argument("--backward-from", metavar="KIND",
+                   help="take the backward terms from KIND's file (a kind measured with the "
+                        "host-free kernel), keeping this fit's own as a record")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=run)
     h = csub.add_parser("host", help="measure eager PyTorch's host time per transformer block",
@@ -127,6 +131,8 @@ def run(args) -> int:
 def _calibrate_gpu_embedding(args) -> int:
     fused = (Path(args.folder) / "tbe.csv").is_file()
     doc = (fit_fused_tbe if fused else fit_gpu_embedding)(args.folder, args.gpu)
+    if args.backward_from:
+        doc = defer_backward(doc, args.backward_from)
     out = args.out or f"traces/calibration/{gpu_lookup_file(args.gpu)}"
     atomic_write(out, gpu_embedding_yaml(doc))
     f = doc["fit"]

@@ -1,14 +1,23 @@
-"""The GPU DLRM step model against the one-GPU MLPerf DLRM-DCNv2 steps measured on an H200 and
-an H100 (``traces/measured/<gpu>/dlrm-triton/step.csv``: the 26 tables, at full size on the H200
-and with the five 40 M-row tables cut to fit on the H100, fused lookups, eager dense part under
-bf16 autocast; method in ``traces/measured/README.md``).
+"""The GPU DLRM step model against one-GPU MLPerf DLRM-DCNv2 steps measured on an H200 and an
+H100 (the 26 tables, at full size on the H200 and with the five 40 M-row tables cut to fit on
+the H100; method in ``traces/measured/README.md``):
 
-Nothing here was fitted: the lookup constants come from the separate lookup sweep of the same
-run (``tbe.csv`` → ``traces/calibration/embedding-<gpu>.yaml``), the dense part from the GEMM
-and copy curves of ``traces/efficiency/<gpu>.yaml``. The measured lookup phases also hold the
+- ``h200/dlrm-nosync/step.csv``: fused lookups whose backward never waits for the host (as
+  FBGEMM's), eager dense part under bf16 autocast — the kernel the H200's lookup constants were
+  fitted to;
+- ``h200/dlrm-nosync/step_graphs.csv``: the same step as a compiled trainer runs it (dense part
+  through ``torch.compile``, whole step replayed from one CUDA graph), autocast and pure bf16;
+- ``h200/dlrm-nosync/dense.csv``: the dense part alone per trainer mode;
+- ``h100-sxm/dlrm-triton/step.csv``: the H100's step with the earlier kernel, whose backward
+  waits for the host twice a call; the H100 takes the H200's host-free backward terms, so only its
+  forward and dense part are compared.
+
+Nothing here was fitted: the lookup constants come from the separate lookup sweeps
+(``tbe.csv`` → ``traces/calibration/embedding-<gpu>.yaml``), the dense part from the GEMM
+and copy curves of ``traces/efficiency/<gpu>.yaml``. The eager lookup phases also hold the
 copies that turn the table-major pooled output into a batch-major one and back (~0.2 ms each
 at 32,768 samples), which a TBE does not make: the comparison adds that copy, timed on the
-same H200 curves, to each predicted lookup phase.
+same curves, to each predicted eager lookup phase.
 """
 
 from __future__ import annotations
@@ -28,11 +37,15 @@ from planner.sharding.planners import get_planner
 from planner.workloads.dlrm.step import simulate_step
 
 MEASURED = Path(__file__).parents[2] / "traces" / "measured"
-GPUS = ["h200", "h100-sxm"]
+#: each GPU's folder of eager one-GPU steps
+FOLDER = {"h200": "dlrm-nosync", "h100-sxm": "dlrm-triton"}
+GPUS = list(FOLDER)
+#: the trainer a compiled PyTorch step runs as (``torchrec-compiled``; pure: ``hugectr``'s dense)
+COMPILED = {"dispatch": "graphs", "fusion": "fused"}
 
 
-def _steps(gpu: str) -> pd.DataFrame:
-    return pd.read_csv(MEASURED / gpu / "dlrm-triton" / "step.csv")
+def _steps(gpu: str, name: str = "step.csv") -> pd.DataFrame:
+    return pd.read_csv(MEASURED / gpu / FOLDER[gpu] / name)
 
 
 def _cap(rows: list[int], total: int) -> int:
@@ -46,14 +59,15 @@ def _cap(rows: list[int], total: int) -> int:
 
 
 def _predict(batch: int, ids: str, precision: str = "autocast", gpu: str = "h200",
-             table_rows: int | None = None) -> dict:
+             table_rows: int | None = None, trainer: dict | None = None) -> dict:
     m0 = load_model_spec("mlperf-dcnv2")
     a = 0.0 if ids == "uniform" else float(ids.removeprefix("zipf"))
     cap = _cap([t.num_embeddings for t in m0.tables], table_rows) if table_rows else None
     m = replace(m0, batch_size=batch, tables=tuple(
         replace(t, zipf_exponent=a, reuse_bins=None,
                 num_embeddings=min(t.num_embeddings, cap or t.num_embeddings))
-        for t in m0.tables), trainer=DlrmTrainer(pipeline="none", mixed_precision=precision))
+        for t in m0.tables), trainer=DlrmTrainer(pipeline="none", mixed_precision=precision,
+                                                 **(trainer or {})))
     topo = f"dgx-h100:gpu={gpu},nodes=1,node.gpus=1,node.nics=1"
     p = prepare(ShardingTask(model=m, topology=topo), 1)
     plan = get_planner("greedy").plan(ShardingTask(model=m, topology=p.topology_ref), 1, seed=0)
@@ -83,9 +97,10 @@ def rows(request) -> pd.DataFrame:
 def test_lookups_match_the_measured_step(rows):
     big = rows[rows.batch >= 8192]
     assert len(big) == 6
-    for col in ("lookup_fwd_s_err", "lookup_bwd_s_err"):
-        assert big[col].abs().max() < 0.3, big.to_string()
-    assert big.lookup_bwd_s_err.abs().mean() < 0.15, big.to_string()
+    assert big.lookup_fwd_s_err.abs().max() < 0.3, big.to_string()
+    if (rows.gpu == "h200").all():                  # the H100's backward kernel waited
+        assert big.lookup_bwd_s_err.abs().max() < 0.3, big.to_string()
+        assert big.lookup_bwd_s_err.abs().mean() < 0.15, big.to_string()
 
 
 def test_dense_part_and_step_match_where_the_gpu_bounds_them(rows):
@@ -94,7 +109,43 @@ def test_dense_part_and_step_match_where_the_gpu_bounds_them(rows):
     big = rows[rows.batch >= 16384]
     assert len(big) == 4
     assert big.dense_fwd_bwd_s_err.abs().max() < 0.12, big.to_string()
-    assert big.step_s_err.abs().max() < 0.1, big.to_string()
+    if (rows.gpu == "h200").all():
+        assert big.step_s_err.abs().max() < 0.1, big.to_string()
+
+
+def test_a_backward_that_waits_for_the_host_is_what_made_the_h100_step_slow():
+    """Measured on the same H200: the host-free backward runs the step's lookups backward
+    25–40% faster than the kernel that reads run counts back to the host; the H100's step
+    measured with the latter is 30–50% above the host-free prediction, the same excess."""
+    fast = _steps("h200").set_index(["batch", "ids"]).lookup_bwd_s
+    slow = pd.read_csv(MEASURED / "h200" / "dlrm-triton" / "step.csv").set_index(
+        ["batch", "ids"]).lookup_bwd_s
+    big = [k for k in fast.index if k[0] >= 8192]
+    gain = [1 - fast[k] / slow[k] for k in big]
+    assert 0.25 < min(gain) and max(gain) < 0.45, gain
+    for r in _steps("h100-sxm").query("batch >= 8192").itertuples():
+        pred = _predict(int(r.batch), str(r.ids), gpu="h100-sxm", table_rows=int(r.table_rows))
+        assert 0.25 < 1 - pred["lookup_bwd_s"] / r.lookup_bwd_s < 0.55, (r, pred)
+
+
+def test_compiled_steps_replayed_from_a_cuda_graph():
+    """The whole step as a compiled trainer runs it (``dispatch: graphs``, ``fusion: fused``),
+    autocast and pure bf16: within 15% from 8,192 samples per GPU, 10% from 16,384 (below, the
+    kernels' fixed costs, fitted on calls of ≥ 65,536 ids, under-predict: 2,048 is −31%)."""
+    for r in _steps("h200", "step_graphs.csv").query("batch >= 8192").itertuples():
+        pred = _predict(int(r.batch), str(r.ids), r.precision, trainer=COMPILED)["step_s"]
+        err = pred / r.graph_s - 1
+        assert abs(err) < (0.10 if r.batch >= 16384 else 0.15), (r, pred)
+
+
+def test_dense_part_per_trainer_mode():
+    """The dense part alone: eager unfused and compiled fused with CUDA graphs, autocast and
+    pure bf16, at 32,768 samples within 10% (at 8,192, eager dispatch binds and the fused
+    pure part is 19% under: not asserted)."""
+    for r in _steps("h200", "dense.csv").query("batch == 32768").itertuples():
+        trainer = COMPILED if r.mode == "graphs" else {}
+        pred = _predict(32768, "uniform", r.precision, trainer=trainer)["dense_fwd_bwd_s"]
+        assert abs(pred / r.fwd_bwd_s - 1) < 0.10, (r, pred)
 
 
 def test_autocast_elementwise_traffic_is_the_mechanism():

@@ -127,16 +127,22 @@ def test_pipelined_input_dist_overlaps_the_lookups():
     assert piped.step_time_s < plain.step_time_s
 
 
-@pytest.mark.parametrize("gpu", ["h100-sxm", "h200"])
-def test_gpu_lookup_constants_are_the_measured_fit(gpu):
-    """Each shipped file is the fit of the fused lookups measured on that GPU."""
+@pytest.mark.parametrize("gpu, folder", [("h100-sxm", "dlrm-triton"), ("h200", "dlrm-nosync")])
+def test_gpu_lookup_constants_are_the_measured_fit(gpu, folder):
+    """Each shipped file is the fit of the fused lookups measured on that GPU; the H100's
+    backward terms are the H200's host-free kernel's (its own kernel waited for the host)."""
     shipped = load_gpu_lookup(gpu)
-    refit = fit_fused_tbe(REPO / "traces" / "measured" / gpu / "dlrm-triton", gpu)
+    refit = fit_fused_tbe(REPO / "traces" / "measured" / gpu / folder, gpu)
     assert shipped.hbm_efficiency == pytest.approx(refit["hbm_efficiency"], abs=2e-3)
     assert shipped.repeat_hit_ratio == pytest.approx(refit["repeat_hit_ratio"], abs=2e-3)
-    assert shipped.backward["id_bytes"] == pytest.approx(refit["backward"]["id_bytes"], rel=0.01)
     assert refit["fit"]["mape"] < 0.15 and refit["fit_backward"]["mape"] < 0.2
     assert not shipped.transferred
+    host_free = fit_fused_tbe(REPO / "traces" / "measured" / "h200" / "dlrm-nosync", "h200")
+    assert shipped.backward["id_bytes"] == pytest.approx(host_free["backward"]["id_bytes"],
+                                                         rel=0.01)
+    assert shipped.backward["call_s"] == pytest.approx(host_free["backward"]["call_s"], rel=0.01)
+    assert shipped.backward_from == ("h200" if gpu == "h100-sxm" else "")
+    assert "GPU's time alone" in host_free["method"]        # fitted to the CUDA-graph replays
 
 
 def test_unmeasured_gpus_take_the_nearest_bandwidth_measured_constants():
@@ -160,12 +166,13 @@ def test_extrapolation_is_flagged():
     p = prepare(ShardingTask(model=within, topology="dgx-h100:gpu=h200"), 8)
     assert p.cost.extrapolated() == []
     wide = replace(within, tables=(replace(within.tables[0], embedding_dim=512,
-                                           pooling_factor=100),), batch_size=131072)
+                                           pooling_factor=200),), batch_size=131072)
     lines = prepare(ShardingTask(model=wide, topology="dgx-h100:gpu=h200"), 8).cost.extrapolated()
     text = " ".join(lines)
-    assert "embedding_dim of a (512)" in text and "pooling_factor of a (100)" in text
+    assert "embedding_dim of a (512)" in text and "pooling_factor of a (200)" in text
     assert "batch 131,072" in text and "embedding-h200.yaml" in text
-    assert prepare(ShardingTask(model=within, topology="dgx-h100"), 8).cost.extrapolated() == []
+    h100 = prepare(ShardingTask(model=within, topology="dgx-h100"), 8).cost.extrapolated()
+    assert len(h100) == 1 and "backward constants measured on h200" in h100[0]
     other = prepare(ShardingTask(model=within, topology="dgx-a100"), 8).cost.extrapolated()
     assert len(other) == 1 and "measured on h100-sxm" in other[0] and "a100-80gb" in other[0]
 
@@ -223,7 +230,7 @@ def test_cli_calibrate_gpu_embedding_writes_a_loadable_file(tmp_path):
     import yaml
     doc = yaml.safe_load(out.read_text())
     assert doc["range"]["embedding_dim"] == [16, 256] and "EmbeddingBag" in doc["kernel"]
-    r = _cli("calibrate", "gpu-embedding", "traces/measured/h200/dlrm-triton", "--gpu", "h200",
+    r = _cli("calibrate", "gpu-embedding", "traces/measured/h200/dlrm-nosync", "--gpu", "h200",
              "--out", str(out))
     assert r.returncode == 0 and "backward MAPE" in r.stdout, r.stderr
     doc = yaml.safe_load(out.read_text())
@@ -232,6 +239,16 @@ def test_cli_calibrate_gpu_embedding_writes_a_loadable_file(tmp_path):
     assert "fused" in doc["kernel"] and doc["range"]["embedding_dim"] == [32, 256]
     r = _cli("calibrate", "gpu-embedding", str(tmp_path), "--gpu", "h200")
     assert r.returncode == 2 and "embedding.csv" in r.stderr
+    r = _cli("calibrate", "gpu-embedding", "traces/measured/h100-sxm/dlrm-triton", "--gpu",
+             "h100-sxm", "--backward-from", "h200", "--out", str(out))
+    doc = yaml.safe_load(out.read_text())
+    assert r.returncode == 0 and doc["backward_from"] == "h200" and "backward" not in doc
+    assert doc["own_backward"]["call_s"] > 4 * load_gpu_lookup("h200").backward["call_s"]
+    for kind in ("a100-80gb", "h100-sxm", "nope"):      # no own backward, itself, unknown
+        r = _cli("calibrate", "gpu-embedding", "traces/measured/h100-sxm/dlrm-triton", "--gpu",
+                 "h100-sxm", "--backward-from", kind, "--out", str(tmp_path / "x.yaml"))
+        assert r.returncode == 2 and "--backward-from" in r.stderr, (kind, r.stderr)
+        assert "Traceback" not in r.stderr and not (tmp_path / "x.yaml").exists()
 
 
 def test_step_time_rises_with_dense_work_not_by_a_factor():

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 __all__ = ["torch_module", "sync", "time_call", "reps_for", "auto_time", "ATTENTION_BACKEND",
-           "flash_ctx", "run_meta", "write_csv", "CsvRows"]
+           "flash_ctx", "run_meta", "write_csv", "CsvRows", "first_call_s"]
 
 
 def torch_module():
@@ -75,6 +75,14 @@ def time_call(fn, dev, *, reps: int, samples: int, warmup: int = 3,
     med = statistics.median(vals)
     q = statistics.quantiles(vals, n=4) if len(vals) >= 4 else [vals[0], med, vals[-1]]
     return med, (q[2] - q[0]) / med if med > 0 else 0.0
+
+
+def first_call_s(fn, dev) -> float:
+    """Wall seconds of ``fn``'s first call, to the GPU's end of it: compilation included."""
+    t0 = time.monotonic()
+    fn()
+    sync(dev)
+    return time.monotonic() - t0
 
 
 def reps_for(est_s: float, target_s: float = 0.02, max_reps: int = 200) -> int:

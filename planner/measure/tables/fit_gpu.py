@@ -31,7 +31,9 @@ from simulator.errors import SpecError
 from simulator.fileio import check_input_file, parse_json, read_text
 from simulator.hardware import gpu_spec
 
-__all__ = ["fit_gpu_embedding", "gpu_embedding_yaml", "MIN_TABLE_BYTES"]
+from planner.model.tables.gpu_lookup import load_gpu_lookup
+
+__all__ = ["fit_gpu_embedding", "gpu_embedding_yaml", "defer_backward", "MIN_TABLE_BYTES"]
 
 #: smallest table (bytes) whose gathers count as HBM reads: twice a 50 MB L2
 MIN_TABLE_BYTES = 100e6
@@ -163,6 +165,17 @@ def _read_tbe(folder: Path) -> tuple[pd.DataFrame, dict]:
     return df, meta
 
 
+def _tbe_timing(df: pd.DataFrame) -> tuple[str, str, str]:
+    """(forward column, backward column, how they were timed): the CUDA-graph replays (the GPU's
+    time alone, as one FBGEMM op call leaves it) where every row has them, else the calls issued
+    back to back by the host, which also pay the measured kernel's own Python dispatch."""
+    cols = ("forward_graph_s", "backward_graph_s")
+    if all(c in df.columns for c in cols) and np.isfinite(
+            df[list(cols)].apply(pd.to_numeric, errors="coerce").to_numpy(float)).all():
+        return (*cols, "times of the calls replayed from a CUDA graph (the GPU's time alone)")
+    return "forward_s", "backward_s", "times of calls issued back to back by the host"
+
+
 def _fit_log(model, x0, lo, hi, meas):
     fit = least_squares(lambda p: np.log(model(p) / meas), x0, bounds=(lo, hi))
     err = model(fit.x) / meas - 1.0
@@ -191,6 +204,7 @@ def fit_fused_tbe(folder: str | Path, gpu: str) -> dict:
     folder = Path(folder)
     spec = gpu_spec(gpu, field="--gpu")
     df, meta = _read_tbe(folder)
+    fwd_col, bwd_col, timing = _tbe_timing(df)
     hbm = float(spec.hbm_bandwidth_Bps)
     ids, dist = df.lookups.to_numpy(float), df.distinct.to_numpy(float)
     dim, p = df.dim.to_numpy(float), df.dtype.map(_ELEMENT).to_numpy(float)
@@ -203,7 +217,7 @@ def fit_fused_tbe(folder: str | Path, gpu: str) -> dict:
         return call_us * 1e-6 + (ids * (miss * dim * p + ovh + 8.0) + bags * dim * p) / (hbm * eff)
     (eff, ovh, call_us, h), ffit = _fit_log(
         fwd, [0.7, 32.0, 5.0, 0.5], [0.05, 0.0, 0.0, 0.0], [1.0, 4096.0, 1000.0, 1.0],
-        df.forward_s.to_numpy(float))
+        df[fwd_col].to_numpy(float))
     bw = hbm * eff
 
     def bwd(x):
@@ -212,7 +226,7 @@ def fit_fused_tbe(folder: str | Path, gpu: str) -> dict:
                                  + dist * (dim * u_b * p / 4 + _STATE_RW_BYTES)) / bw
     (bcall_us, id_b, g_b, u_b), bfit = _fit_log(
         bwd, [50.0, 50.0, 4.0, 8.0], [0.0] * 4, [5000.0, 1e4, 256.0, 256.0],
-        df.backward_s.to_numpy(float))
+        df[bwd_col].to_numpy(float))
     kernel = str(df.kernel.iloc[0])
     return {
         "gpu": gpu,
@@ -221,8 +235,8 @@ def fit_fused_tbe(folder: str | Path, gpu: str) -> dict:
                    f"kernels, planner/measure/tables/gpu_dlrm.py; uniform and Zipf ids) on "
                    f"{meta.get('gpu', gpu)} (measured {meta.get('date_utc', '?')}, torch "
                    f"{meta.get('torch', '?')}); tables of >= {MIN_TABLE_BYTES / 1e6:.0f} MB and "
-                   f"calls of >= {MIN_IDS} ids only. Forward and backward (sort, gradient sum, "
-                   "row-wise Adagrad of the distinct rows) fitted apart. Method: "
+                   f"calls of >= {MIN_IDS} ids only; {timing}. Forward and backward (sort, "
+                   "gradient sum, row-wise Adagrad of the distinct rows) fitted apart. Method: "
                    "planner/measure/tables/fit_gpu.py."),
         "kernel": f"fused table-batched lookup ({kernel})",
         "hbm_efficiency": round(eff, 4),
@@ -239,3 +253,22 @@ def fit_fused_tbe(folder: str | Path, gpu: str) -> dict:
                   "pooling_factor": [float(df.pooling.min()), float(df.pooling.max())],
                   "batch": [int(df.batch.min()), int(df.batch.max())]},
     }
+
+
+def defer_backward(doc: dict, kind: str) -> dict:
+    """``doc`` (a fused fit) whose backward terms are those of measured kind ``kind``'s file
+    (``backward_from``), its own fit kept as ``own_backward`` for the record: for a kind whose
+    backward was measured with a kernel that waits for the host (``--kernel triton``) when
+    another kind has the host-free kernel's (``--kernel triton-nosync``)."""
+    other = load_gpu_lookup(kind)
+    if (other is None or other.backward is None or other.backward_from or other.transferred
+            or kind == doc["gpu"]):
+        raise SpecError(f"{kind!r} is not another GPU kind with its own measured backward",
+                        field="--backward-from",
+                        fix="name a kind whose traces/calibration/embedding-<kind>.yaml holds "
+                            "a backward section, e.g. h200")
+    out = {k: v for k, v in doc.items() if k not in ("backward", "fit_backward", "range")}
+    out["method"] += (f" The backward terms are {kind}'s (backward_from): this kind's own were "
+                      "measured with a kernel that waits for the host (own_backward).")
+    return out | {"backward_from": kind, "own_backward": doc.get("backward"),
+                  "own_fit_backward": doc.get("fit_backward"), "range": doc["range"]}

@@ -12,9 +12,10 @@ and a backward that does what TBE's fused backward does, step by step: sort the 
 (``torch.unique``), sum each distinct row's gradient (``index_add_``), apply row-wise Adagrad to the
 distinct rows only. ``--kernel triton`` times the same lookups with fused Triton kernels shaped like
 FBGEMM's (:mod:`planner.measure.tables.gpu_tbe_triton`; checked against the PyTorch ops first, the
-result in ``meta.json``). Ids are uniform over the rows or Zipf-distributed (rank ``k`` drawn with
-probability ∝ ``k^-a``, ranks scattered over the table by a multiplicative hash, so hot rows are not
-neighbours).
+result in ``meta.json``); ``--kernel triton-nosync`` with a backward that never waits for the
+host, as FBGEMM's (:mod:`planner.measure.tables.gpu_tbe_nosync`). Ids are uniform over the rows or
+Zipf-distributed (rank ``k`` drawn with probability ∝ ``k^-a``, ranks scattered over the table by
+a multiplicative hash, so hot rows are not neighbours).
 
 It writes, in ``DIR`` (each CSV row as soon as it is measured, so a run cut short keeps its rows):
 
@@ -22,7 +23,9 @@ It writes, in ``DIR`` (each CSV row as soon as it is measured, so a run cut shor
     One fused lookup per row: ``tables`` tables of ``rows`` rows each, ``dim``, ``pooling`` ids per
     bag, ``batch`` bags per table, weight ``dtype``, id distribution ``ids``; ``distinct`` rows
     touched; ``forward_s`` (pooled gather), ``backward_s`` (sort, gradient sum, row-wise Adagrad
-    update of the distinct rows).
+    update of the distinct rows), calls issued back to back from the host; with
+    ``--kernel triton-nosync`` also ``forward_graph_s`` / ``backward_graph_s``, the same calls
+    replayed from a CUDA graph (the GPU's time alone).
 ``parts.csv``
     The backward's parts alone on the same inputs (``sort_s``, ``reduce_s``, ``update_s``), so a
     model can charge each by its own bytes.
@@ -36,6 +39,12 @@ It writes, in ``DIR`` (each CSV row as soon as it is measured, so a run cut shor
     tables with row-wise Adagrad, dense Adagrad), eager, per per-GPU batch and id distribution:
     the phases of a step (lookup forward, dense forward+backward, lookup backward+update, dense
     optimizer) from CUDA events, and the whole step.
+``dense.csv``
+    The DCNv2 dense part's forward and backward per trainer mode (eager or compiled with CUDA
+    graphs) and precision (autocast or pure bf16): :mod:`planner.measure.tables.gpu_dense`.
+``step_graphs.csv``
+    The same step as a compiled trainer runs it, captured in one CUDA graph:
+    :mod:`planner.measure.tables.gpu_graph_step`.
 ``memory.csv``
     Activation memory of Llama-style blocks (bf16, flash attention, micro-batch 1) at long
     sequences: bytes kept for backward per layer and the peak over forward and backward.
@@ -56,13 +65,15 @@ from pathlib import Path
 from planner.measure.compute.driver import check_driver_args, driver_parser
 from planner.measure.compute.gpu_memory import measure_memory
 from planner.measure.compute.gpu_timing import CsvRows, auto_time, run_meta
+from planner.measure.tables.gpu_dense import measure_dense
 from planner.measure.tables.gpu_dlrm_step import measure_step
 from planner.measure.tables.gpu_fused import _DTYPES, FusedTables, check_triton, lookup_kernels
+from planner.measure.tables.gpu_graph_step import measure_graph_step
 
 __all__ = ["main"]
 
 #: the parts ``--only`` may name
-_PARTS = ("step", "tbe", "gemm", "memory")
+_PARTS = ("step", "tbe", "gemm", "memory", "dense", "graphstep")
 
 
 def _torch():
@@ -88,6 +99,11 @@ def _tbe_configs(quick: bool) -> list[tuple]:
     for dim in (64, 128):
         for dist in ("uniform", "zipf1.05"):
             out.append((8, 4_000_000, dim, 16, 16_384, "fp16", dist))
+    for pool in (64, 100, 128):                 # MLPerf DCNv2's cat_20 looks up 100 ids a bag
+        for dist in ("uniform", "zipf1.05"):
+            out.append((8, 4_000_000, 128, pool, 8_192, "fp32", dist))
+    for batch in (256, 512, 1_024):             # calls short enough for the fixed cost to show
+        out.append((8, 4_000_000, 128, 16, batch, "fp32", "uniform"))
     return out
 
 
@@ -121,10 +137,17 @@ def measure_tbe(dev, *, quick: bool, samples: int, out: Path, deadline: float,
         grad = torch.randn(ft.bags, dim, device=dev, dtype=ft.weight.dtype)
         tf, iqr_f = auto_time(lk.forward, dev, samples=samples)
         tb, iqr_b = auto_time(lambda: lk.backward(grad), dev, samples=samples)
+        gf = gb = float("nan")
+        if kernel == "triton-nosync" and dev.type == "cuda":    # the GPU's time alone
+            try:
+                gf, _ = auto_time(lk.forward, dev, samples=samples, graph=True)
+                gb, _ = auto_time(lambda: lk.backward(grad), dev, samples=samples, graph=True)
+            except RuntimeError as exc:             # not capturable: keep the eager times
+                print(f"tbe: no CUDA graph: {exc!r}"[:200], flush=True)
         key = dict(kernel=kernel, tables=tables, rows=rows, dim=dim, pooling=pool, batch=batch,
                    dtype=dtype, ids=dist, lookups=ft.ids.numel(), distinct=ft.distinct)
         main_rows.add(key | dict(forward_s=tf, backward_s=tb, iqr_rel_fwd=iqr_f,
-                                 iqr_rel_bwd=iqr_b))
+                                 iqr_rel_bwd=iqr_b, forward_graph_s=gf, backward_graph_s=gb))
         part_rows.add(key | _time_parts(ft, lk, grad, dev, samples))
         n += 1
         ft = lk = grad = None                   # free the GPU memory now
@@ -185,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="step,tbe,gemm", help="comma-separated parts, in order")
     ap.add_argument("--max-table-gib", type=float, default=None,
                     help="cap on the step's large tables together (default: 72%% of GPU memory)")
-    ap.add_argument("--kernel", default="torch", choices=("torch", "triton"),
-                    help="lookups by PyTorch ops (default) or the fused Triton kernels")
+    ap.add_argument("--kernel", default="torch", choices=("torch", "triton", "triton-nosync"),
+                    help="lookups by PyTorch ops (default), the fused Triton kernels, or those "
+                         "with FBGEMM's host-free backward")
     args = ap.parse_args(argv)
     args.attention_backend = "n/a"
     unknown = [p for p in args.only.split(",") if p not in _PARTS]
@@ -200,17 +224,18 @@ def main(argv: list[str] | None = None) -> int:
                                                               else sys.argv[1:])]))
     mem = torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else 2**30
     max_table = args.max_table_gib * 2**30 if args.max_table_gib else 0.72 * mem
-    if args.kernel == "triton":
+    if args.kernel != "torch":
         try:
-            meta["triton_check"] = check_triton(dev)
+            meta["triton_check"] = check_triton(dev, args.kernel)
         except Exception as exc:                    # a kernel that does not compile here
             meta["triton_check"] = f"failed: {exc!r}"[:400]
         print(f"triton check: {meta['triton_check']}", flush=True)
-        if meta["triton_check"] != "ok":
+        if not meta["triton_check"].startswith("ok"):
             (args.out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
             return 1
     parts = args.only.split(",")
-    share = {"step": 0.3, "tbe": 0.4, "gemm": 0.3, "memory": 0.05}
+    share = {"step": 0.3, "tbe": 0.4, "gemm": 0.3, "memory": 0.05, "dense": 0.4,
+             "graphstep": 0.5}
     start = time.monotonic()
     for i, part in enumerate(parts):
         t0 = time.monotonic()
@@ -227,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
                 n = measure_gemm(dev, **kw)
             elif part == "memory":
                 n = measure_memory(dev, **kw)
+            elif part == "dense":
+                n = measure_dense(dev, **kw)
+            elif part == "graphstep":
+                n = measure_graph_step(dev, max_table_bytes=max_table, kernel=args.kernel,
+                                       **kw)
             else:
                 raise AssertionError(part)          # checked with the arguments
         except Exception as exc:                    # keep the other parts' rows

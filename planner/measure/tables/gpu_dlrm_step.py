@@ -13,7 +13,7 @@ from pathlib import Path
 from planner.measure.compute.gpu_timing import CsvRows, torch_module
 from planner.measure.tables.gpu_fused import FusedTables, lookup_kernels
 
-__all__ = ["MLPERF_DCNV2_TABLES", "measure_step"]
+__all__ = ["MLPERF_DCNV2_TABLES", "dcnv2_dense_model", "measure_step", "step_tables"]
 
 #: (rows, multi-hot size) of MLPerf DLRM-DCNv2's 26 tables (planner/examples/mlperf-dcnv2.yaml)
 MLPERF_DCNV2_TABLES = [
@@ -23,7 +23,7 @@ MLPERF_DCNV2_TABLES = [
     (40_000_000, 27), (590_152, 10), (12_973, 3), (108, 1), (36, 1)]
 
 
-def _dcnv2_model(dev):
+def dcnv2_dense_model(dev):
     """The model's dense part (fp32 weights) on ``dev``."""
     torch = torch_module()
     nn = torch.nn
@@ -58,19 +58,25 @@ def _dcnv2_model(dev):
     return Dense().to(dev)
 
 
+def step_tables(max_table_bytes: float, quick: bool) -> list[tuple[int, int]]:
+    """(rows, pooling) of the step's 26 tables: the large ones cut to ``max_table_bytes``
+    together (fp32, dim 128) when they would not fit, all cut to 1,000 rows with ``quick``."""
+    big = [r for r, _ in MLPERF_DCNV2_TABLES if r >= 1_000_000]
+    cap = max(big)
+    if sum(big) * 128 * 4 > max_table_bytes:
+        cap = max(1, int(max_table_bytes / (128 * 4 * len(big))))
+    if quick:
+        cap = 1000
+    return [(min(r, cap), p) for r, p in MLPERF_DCNV2_TABLES]
+
+
 def measure_step(dev, *, quick: bool, samples: int, out: Path, deadline: float,
                  max_table_bytes: float, kernel: str = "torch") -> int:
     """The one-GPU DLRM-DCNv2 step (see the module docstring), phases timed with CUDA events."""
     torch = torch_module()
     import torch.nn.functional as F
     rows, n = CsvRows(out / "step.csv"), 0
-    big = [r for r, _ in MLPERF_DCNV2_TABLES if r >= 1_000_000]
-    cap = max(big)
-    if sum(big) * 128 * 4 > max_table_bytes:           # the large tables cut to fit the GPU
-        cap = max(1, int(max_table_bytes / (128 * 4 * len(big))))
-    tables = [(min(r, cap), p) for r, p in MLPERF_DCNV2_TABLES]
-    if quick:
-        tables = [(min(r, 1000), p) for r, p in MLPERF_DCNV2_TABLES]
+    tables = step_tables(max_table_bytes, quick)
     batches = (64,) if quick else (2_048, 8_192, 16_384, 32_768)
     steps = 3 if quick else max(samples, 8)
     for dist in ("uniform", "zipf1.05"):
@@ -85,7 +91,7 @@ def measure_step(dev, *, quick: bool, samples: int, out: Path, deadline: float,
                 torch.cuda.empty_cache()
             ft = FusedTables(tables, 128, batch, "fp32", dist, dev, seed=1)
             lk = lookup_kernels(ft, kernel, max(p for _, p in tables))
-            model = _dcnv2_model(dev)
+            model = dcnv2_dense_model(dev)
             opt = torch.optim.Adagrad(model.parameters(), lr=0.01, foreach=True)
             dense = torch.randn(batch, 13, device=dev)
             label = (torch.rand(batch, device=dev) < 0.25).float()

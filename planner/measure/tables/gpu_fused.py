@@ -95,16 +95,22 @@ def lookup_kernels(ft, kernel: str, max_pooling: int):
     ops) or the fused Triton kernels (:mod:`planner.measure.tables.gpu_tbe_triton`)."""
     if kernel == "torch":
         return ft
+    if kernel == "triton-nosync":
+        from planner.measure.tables.gpu_tbe_nosync import TritonTablesNoSync
+        return TritonTablesNoSync(ft, max_pooling=max_pooling)
     from planner.measure.tables.gpu_tbe_triton import TritonTables
     return TritonTables(ft, max_pooling=max_pooling)
 
 
-def check_triton(dev) -> str:
-    """'ok' when the Triton kernels give PyTorch's results on a small mixed case, else why not."""
+def check_triton(dev, kernel: str = "triton") -> str:
+    """'ok' when ``kernel``'s Triton kernels give PyTorch's results on a small mixed case (hot
+    rows longer than a chunk, rows looked up once), else why not. On CUDA a ``triton-nosync``
+    backward must also replay from a CUDA graph with the same result ('ok, but ...' when it
+    cannot be captured at all)."""
     torch = _torch()
     tables = [(5000, 3), (70, 1), (20000, 40)]
     a, b = (FusedTables(tables, 96, 256, "fp32", "zipf1.2", dev, seed=5) for _ in range(2))
-    tt = lookup_kernels(b, "triton", 40)
+    tt = lookup_kernels(b, kernel, 40)
     if not torch.allclose(a.forward(), tt.forward(), atol=1e-5):
         return "forward differs"
     g = torch.randn(a.bags, 96, device=dev)
@@ -112,4 +118,17 @@ def check_triton(dev) -> str:
     tt.backward(g)
     if not torch.allclose(a.weight, b.weight, atol=1e-6):
         return "backward differs"
+    if not torch.allclose(a.state, b.state, rtol=1e-4, atol=1e-9):   # fp32 sums, any order
+        return "optimizer state differs"
+    if kernel == "triton-nosync" and dev.type == "cuda":
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                tt.backward(g)
+        except RuntimeError as exc:                 # still a valid eager kernel
+            return f"ok, but the backward cannot be captured in a CUDA graph: {exc!r}"[:300]
+        a.backward(g)
+        graph.replay()
+        if not torch.allclose(a.weight, b.weight, atol=1e-6):
+            return "backward differs when replayed from a CUDA graph"
     return "ok"

@@ -20,7 +20,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["TritonTables"]
+__all__ = ["TritonTables", "gather_sum"]
+
+
+@triton.jit
+def gather_sum(acc, src, idx, start, length, active, d, dm, D: tl.constexpr):
+    """``acc`` plus, for each active lane ``i``, the rows ``src[idx[start[i] + j]]`` for
+    ``j < length[i]`` (fp32 sums of ``D``-wide rows; ``d`` / ``dm`` the column lanes)."""
+    for j in range(0, tl.max(length, axis=0)):
+        jm = (active & (j < length))[:, None]
+        r = tl.load(idx + (start + j)[:, None], mask=jm, other=0)
+        acc += tl.load(src + r * D + d[None, :], mask=jm & dm[None, :], other=0.0).to(tl.float32)
+    return acc
 
 
 @triton.jit
@@ -32,11 +43,8 @@ def _bag_forward(W, ids, offsets, out, bags, D: tl.constexpr, BLOCK_D: tl.conste
     length = (tl.load(offsets + b + 1, mask=bm, other=0) - start).to(tl.int32)
     d = tl.arange(0, BLOCK_D)
     dm = d < D
-    acc = tl.zeros([BLOCK_B, BLOCK_D], dtype=tl.float32)
-    for j in range(0, tl.max(length, axis=0)):
-        jm = (bm & (j < length))[:, None]
-        r = tl.load(ids + (start + j)[:, None], mask=jm, other=0)
-        acc += tl.load(W + r * D + d[None, :], mask=jm & dm[None, :], other=0.0).to(tl.float32)
+    acc = gather_sum(tl.zeros([BLOCK_B, BLOCK_D], dtype=tl.float32), W, ids, start, length, bm,
+                     d, dm, D)
     tl.store(out + b[:, None] * D + d[None, :], acc.to(out.dtype.element_ty),
              mask=bm[:, None] & dm[None, :])
 
@@ -75,10 +83,7 @@ def _row_adagrad(W, state, G, uniq, run_start, run_end, bag_sorted, chunk_first,
     start = tl.load(run_start + r, mask=rm, other=0)
     length = tl.where(nch > 0, 0, tl.load(run_end + r, mask=rm, other=0) - start).to(tl.int32)
     nch = nch.to(tl.int32)
-    for j in range(0, tl.max(length, axis=0)):         # short runs: their ids' gradients
-        jm = (rm & (j < length))[:, None]
-        b = tl.load(bag_sorted + (start + j)[:, None], mask=jm, other=0)
-        acc += tl.load(G + b * D + d[None, :], mask=jm & dm[None, :], other=0.0).to(tl.float32)
+    acc = gather_sum(acc, G, bag_sorted, start, length, rm, d, dm, D)   # short runs
     for c in range(0, tl.max(nch, axis=0)):             # hot rows: their chunks' partial sums
         cm = rm & (c < nch)
         acc += tl.load(partial + (first + c)[:, None] * D + d[None, :],

@@ -74,7 +74,7 @@ from planner.model.tables.cpu_profile import BackwardTerms
 from planner.model.tables.dense import DenseTimes, dense_pass_times
 from planner.model.tables.features import (BREAKDOWN_KEYS, F_BWD, F_DP, F_FWD, F_HRS, F_IDS,
                                            F_MEM, F_OUT, F_RW, K, kernel_groups, step_cost_of)
-from planner.model.tables.gpu_lookup import FitRange, load_gpu_lookup
+from planner.model.tables.gpu_lookup import FitRange, gpu_lookup_file, load_gpu_lookup
 from planner.model.tables.lookup_cost import (shard_lookup_s, shard_traffic,
                                               table_accesses_per_row)
 from planner.model.tables.memory import shard_memory_bytes
@@ -297,6 +297,11 @@ class CostModel:
                     f"fractions of {gl.gpu}'s HBM bandwidth: no lookup measurement of {gl.gpu} "
                     "(measure one with python -m planner.measure.tables.gpu_dlrm and run "
                     "`clusterplan calibrate gpu-embedding`)"] + self.fit_range.outside(self.model)
+        if gl is not None and gl.backward_from:
+            return [f"lookup backward constants measured on {gl.backward_from}, applied to "
+                    f"{gl.gpu}: its own backward was measured with a kernel that waits for the "
+                    "host, which FBGEMM's does not (traces/calibration/"
+                    f"{gpu_lookup_file(gl.gpu)})"] + self.fit_range.outside(self.model)
         if self.fit_range is not None:
             return self.fit_range.outside(self.model)
         if self.config.device_profile is None:

@@ -88,7 +88,9 @@ class GpuLookup:
     kind never measured (:func:`load_gpu_lookup`). ``backward`` holds the fused backward's terms
     (``call_s``, ``id_bytes``, ``grad_element_bytes``, ``update_element_bytes``,
     ``half_update_element_bytes``) when the file has them; ``repeat_hit_ratio`` and
-    ``call_overhead_s`` likewise (None: the cost model's priors).
+    ``call_overhead_s`` likewise (None: the cost model's priors). ``backward_from`` names the
+    kind whose file gave the backward terms when this file defers to it (``backward_from:`` in
+    the file: a kind whose own backward was measured with a kernel that waits for the host).
     """
 
     gpu: str
@@ -101,6 +103,7 @@ class GpuLookup:
     repeat_hit_ratio: float | None = None
     call_overhead_s: float | None = None
     backward: Mapping[str, float] | None = None
+    backward_from: str = ""
 
     @property
     def transferred(self) -> bool:
@@ -124,7 +127,7 @@ def gpu_lookup_file(gpu: str) -> str:
     return f"embedding-{gpu}.yaml"
 
 
-#: the GPU kinds whose fused-kernel lookups were measured (``traces/measured/<gpu>/dlrm-triton``)
+#: the GPU kinds whose fused-kernel lookups were measured (``traces/measured/<gpu>/dlrm-*``)
 FUSED_MEASURED = ("h100-sxm", "h200")
 
 
@@ -144,7 +147,7 @@ def _number(doc: Mapping, key: str, where: str, hi: float = math.inf,
     return float(v)
 
 
-def _read_file(gpu: str) -> GpuLookup | None:
+def _read_file(gpu: str, follow: bool = True) -> GpuLookup | None:
     path = resources.files("traces") / "calibration" / gpu_lookup_file(gpu)
     if not path.is_file():
         return None
@@ -157,16 +160,33 @@ def _read_file(gpu: str) -> GpuLookup | None:
     ovh = _number(doc, "lookup_overhead_bytes", where, zero_ok=True)
     opt = {k: _number(doc, k, where, hi=hi, zero_ok=True)
            for k, hi in (("repeat_hit_ratio", 1.0), ("call_overhead_s", 1.0)) if k in doc}
-    bwd = doc.get("backward")
-    if bwd is not None:
-        if not isinstance(bwd, dict):
-            raise SpecError("expected a mapping", source=where, field="backward",
-                            fix="rewrite it with `clusterplan calibrate gpu-embedding`")
-        bwd = {k: _number(bwd, k, where, zero_ok=True) for k in _BACKWARD_KEYS}
+    bwd, frm = _backward(doc, where, follow)
     rng = FitRange.from_mapping(doc.get("range") or {}, source=where)
     return GpuLookup(gpu=gpu, hbm_efficiency=eff, lookup_overhead_bytes=ovh, range=rng,
                      source=f"{where}: {doc.get('method', '')}".strip(),
-                     kernel=str(doc.get("kernel", "")), measured_on=gpu, backward=bwd, **opt)
+                     kernel=str(doc.get("kernel", "")), measured_on=gpu, backward=bwd,
+                     backward_from=frm, **opt)
+
+
+def _backward(doc: Mapping, where: str, follow: bool) -> tuple[dict | None, str]:
+    """(backward terms, the kind they come from or ''): the file's own ``backward`` mapping, or
+    those of the kind ``backward_from`` names (whose file must hold its own)."""
+    frm = doc.get("backward_from")
+    if frm is not None:
+        other = _read_file(str(frm), follow=False) if follow and isinstance(frm, str) else None
+        if other is None or other.backward is None:
+            raise SpecError(f"backward_from: {frm!r} names no measured kind with its own "
+                            "backward terms", source=where, field="backward_from",
+                            fix=f"name one of {', '.join(FUSED_MEASURED)}, or rewrite the file "
+                                "with `clusterplan calibrate gpu-embedding`")
+        return dict(other.backward), str(frm)
+    bwd = doc.get("backward")
+    if bwd is None:
+        return None, ""
+    if not isinstance(bwd, dict):
+        raise SpecError("expected a mapping", source=where, field="backward",
+                        fix="rewrite it with `clusterplan calibrate gpu-embedding`")
+    return {k: _number(bwd, k, where, zero_ok=True) for k in _BACKWARD_KEYS}, ""
 
 
 def _nearest_measured(gpu: str) -> GpuLookup | None:
