@@ -37,7 +37,7 @@ __all__ = ["ComputeProfile", "op_time", "op_times", "achieved_flops",
            "load_compute_profile", "generic_profile", "profile_path"]
 
 _PROFILE_KEYS = {"gpu", "source", "launch_overhead", "matmul", "memory", "notes", "measured",
-                 "attention", "attention_backward"}
+                 "attention", "attention_backward", "unaligned_gemm"}
 #: op kinds with their own efficiency curves (falling back to ``matmul`` where a file has none)
 OP_KINDS = ("matmul", "attention", "attention_backward")
 
@@ -63,6 +63,10 @@ class ComputeProfile:
         FLOPs it is charged (see :mod:`planner.model.llm.kernels`). A flash kernel is not a GEMM: on
         an H100, PyTorch's flash backend reaches about 30% of the bf16 peak where large GEMMs
         reach 70% (``traces/measured/h100-sxm``). Empty: attention uses the matmul curve.
+    unaligned_gemm : Mapping[str, float]
+        Per dtype: the fraction of its aligned time's rate a GEMM reaches when a dimension is
+        not a multiple of 16 bytes (tensor-core kernels load 16-byte vectors; cuBLAS falls back
+        to slower ones). Empty or a dtype missing: no penalty (not measured).
     """
 
     gpu: GPUSpec
@@ -72,8 +76,15 @@ class ComputeProfile:
     source: str
     attention: Mapping[str, EfficiencyCurve] = field(default_factory=dict)
     attention_backward: Mapping[str, EfficiencyCurve] = field(default_factory=dict)
+    unaligned_gemm: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for dtype, frac in self.unaligned_gemm.items():
+            if not (isinstance(frac, (int, float)) and 0 < frac <= 1):
+                raise SpecError(f"unaligned_gemm.{dtype} must be a fraction in (0, 1], got "
+                                f"{frac!r}", field=f"unaligned_gemm.{dtype}",
+                                fix="write the measured rate of an unaligned GEMM over an "
+                                    "aligned one, e.g. 0.3")
         if not math.isfinite(self.launch_overhead_s) or self.launch_overhead_s < 0:
             raise SpecError(f"launch overhead must be non-negative seconds, got "
                             f"{self.launch_overhead_s!r}", field="launch_overhead",
@@ -107,7 +118,7 @@ class ComputeProfile:
 
 def op_time(profile: ComputeProfile, *, flops: float, bytes_moved: float,
             dtype: str = "bf16", kind: str = "matmul",
-            working_set: float | None = None) -> float:
+            working_set: float | None = None, aligned: bool = True) -> float:
     """Seconds one op takes: launch overhead + max(compute time, memory time).
 
     Parameters
@@ -129,6 +140,9 @@ def op_time(profile: ComputeProfile, *, flops: float, bytes_moved: float,
         repeating one op on the same tensors, which stay in cache when small; an op on one
         slice of a larger tensor that a pass walks slice by slice (a per-feature loss over
         the pooled embeddings) finds its slice in DRAM, not cache.
+    aligned:
+        False for a GEMM with a dimension that is not a multiple of 16 bytes: its time is
+        divided by ``profile.unaligned_gemm[dtype]`` where the file measured one.
 
     Returns
     -------
@@ -148,7 +162,8 @@ def op_time(profile: ComputeProfile, *, flops: float, bytes_moved: float,
     if bytes_moved > 0:
         at = bytes_moved if working_set is None else max(bytes_moved, working_set)
         t_memory = bytes_moved / (profile.gpu.hbm_bandwidth_Bps * profile.memory(at))
-    return profile.launch_overhead_s + max(t_compute, t_memory)
+    slow = 1.0 if aligned or flops == 0 else profile.unaligned_gemm.get(dtype, 1.0)
+    return profile.launch_overhead_s + max(t_compute, t_memory) / slow
 
 
 def op_times(profile: ComputeProfile, flops: np.ndarray, bytes_moved: np.ndarray,
@@ -289,8 +304,13 @@ def _read(spec: GPUSpec, path: Path, label: str) -> ComputeProfile:
         extra[key] = {str(dt): EfficiencyCurve.from_points(pts, source=label,
                                                            field=f"{key}.{dt}")
                       for dt, pts in sub.items()}
+    unaligned = doc.get("unaligned_gemm") or {}
+    if not isinstance(unaligned, dict):
+        raise SpecError(f"expected a mapping dtype → fraction, got {unaligned!r}", source=label,
+                        field="unaligned_gemm", fix="write e.g. unaligned_gemm: {bf16: 0.3}")
     try:
         return ComputeProfile(gpu=spec, matmul=matmul, memory=memory, launch_overhead_s=launch,
-                              source=f"{label}: {doc['source'].strip()}", **extra)
+                              source=f"{label}: {doc['source'].strip()}",
+                              unaligned_gemm={str(k): v for k, v in unaligned.items()}, **extra)
     except SpecError as exc:
         raise exc.at(source=label) from None

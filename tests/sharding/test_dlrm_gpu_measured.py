@@ -7,7 +7,9 @@ the H100; method in ``traces/measured/README.md``):
   fitted to;
 - ``h200/dlrm-nosync/step_graphs.csv``: the same step as a compiled trainer runs it (dense part
   through ``torch.compile``, whole step replayed from one CUDA graph), autocast and pure bf16;
-- ``h200/dlrm-nosync/dense.csv``: the dense part alone per trainer mode;
+- ``h200/dlrm-nosync/dense.csv``: the dense part alone per trainer mode; ``dense-dot.csv`` the
+  same with the original DLRM's dot interaction, ``interaction.csv`` its kernels, and
+  ``step_graphs_dot.csv`` its whole compiled step on Criteo's 26 tables;
 - ``h100-sxm/dlrm-triton/step.csv``: the H100's step with the earlier kernel, whose backward
   waits for the host twice a call; the H100 takes the H200's host-free backward terms, so only its
   forward and dense part are compared.
@@ -30,6 +32,7 @@ import pytest
 
 from simulator.compute import load_compute_profile, op_time
 
+from planner.model.tables.dense import INDEX_PUT_BYTES
 from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
 from planner.model.tables.trainer import DlrmTrainer
@@ -40,8 +43,8 @@ MEASURED = Path(__file__).parents[2] / "traces" / "measured"
 #: each GPU's folder of eager one-GPU steps
 FOLDER = {"h200": "dlrm-nosync", "h100-sxm": "dlrm-triton"}
 GPUS = list(FOLDER)
-#: the trainer a compiled PyTorch step runs as (``torchrec-compiled``; pure: ``hugectr``'s dense)
-COMPILED = {"dispatch": "graphs", "fusion": "fused"}
+#: the trainer a compiled PyTorch step runs as (``torchrec-compiled``)
+COMPILED = {"dispatch": "graphs", "fusion": "compiled"}
 
 
 def _steps(gpu: str, name: str = "step.csv") -> pd.DataFrame:
@@ -129,7 +132,7 @@ def test_a_backward_that_waits_for_the_host_is_what_made_the_h100_step_slow():
 
 
 def test_compiled_steps_replayed_from_a_cuda_graph():
-    """The whole step as a compiled trainer runs it (``dispatch: graphs``, ``fusion: fused``),
+    """The whole step as a compiled trainer runs it (``dispatch: graphs``, ``fusion: compiled``),
     autocast and pure bf16: within 15% from 8,192 samples per GPU, 10% from 16,384 (below, the
     kernels' fixed costs, fitted on calls of ≥ 65,536 ids, under-predict: 2,048 is −31%)."""
     for r in _steps("h200", "step_graphs.csv").query("batch >= 8192").itertuples():
@@ -156,3 +159,85 @@ def test_autocast_elementwise_traffic_is_the_mechanism():
     pure = _predict(32768, "uniform", "pure")["dense_fwd_bwd_s"] / m.dense_fwd_bwd_s - 1
     auto = _predict(32768, "uniform")["dense_fwd_bwd_s"] / m.dense_fwd_bwd_s - 1
     assert pure < -0.25 and abs(auto) < 0.15
+
+
+def _dot_dense(batch: int, precision: str, mode: str) -> float:
+    """Predicted forward+backward seconds of ``criteo-dlrm``'s dense part on one H200 with the
+    dense dtype and trainer a ``dense-dot.csv`` row was measured with."""
+    m0 = load_model_spec("criteo-dlrm")
+    trainer = DlrmTrainer(pipeline="none", mixed_precision="pure" if precision == "pure"
+                          else "autocast", **(COMPILED if mode == "graphs" else {}))
+    m = replace(m0, batch_size=batch, trainer=trainer, dense=replace(
+        m0.dense, dtype="tf32" if precision == "tf32" else "bf16"))
+    p = prepare(ShardingTask(model=m, topology="dgx-h100:gpu=h200,nodes=1,node.gpus=1,"
+                                              "node.nics=1"), 1)
+    return sum(p.cost.dense_times().passes.values())
+
+
+def test_dot_interaction_dense_part_eager_and_compiled():
+    """The original DLRM's dense part (dot interaction of 27 features, a 479-wide top layer)
+    at 32,768 samples, eager and compiled, bf16 autocast / pure and TF32: within 20%, where it
+    was 49-74% under before the model charged the sort behind eager PyTorch's gather backward,
+    the slow cuBLAS kernels of GEMMs whose rows are not a multiple of 16 bytes, and Inductor's
+    batched GEMMs (``fusion: compiled``) in place of one hand-written kernel."""
+    rows = _steps("h200", "dense-dot.csv").query("model == 'dlrm-dot-dense' and batch == 32768")
+    assert len(rows) == 6
+    for r in rows.itertuples():
+        pred = _dot_dense(32768, r.precision, r.mode)
+        assert abs(pred / r.fwd_bwd_s - 1) < 0.20, (r, pred)
+        if r.mode == "graphs":                     # a hand-written kernel is far faster
+            assert _dot_dense_kernel(r.precision) < 0.6 * r.fwd_bwd_s
+
+
+def _dot_dense_kernel(precision: str) -> float:
+    m0 = load_model_spec("criteo-dlrm")
+    m = replace(m0, batch_size=32768, trainer=DlrmTrainer(
+        pipeline="none", dispatch="graphs", fusion="fused",
+        mixed_precision="pure" if precision == "pure" else "autocast"),
+        dense=replace(m0.dense, dtype="tf32" if precision == "tf32" else "bf16"))
+    p = prepare(ShardingTask(model=m, topology="dgx-h100:gpu=h200,nodes=1,node.gpus=1,"
+                                              "node.nics=1"), 1)
+    return sum(p.cost.dense_times().passes.values())
+
+
+def test_interaction_constants_are_the_measured_ones():
+    """The unaligned-GEMM fractions in the H200 efficiency file are the measured rate of a
+    479-wide layer over a 480-wide one at 32,768 samples, and the gather backward's byte cost
+    reproduces the measured ``index_put_`` rows (16-40 features) within 20% at 32,768 samples
+    and 30% at 8,192 (where the host's dispatch of the eager ops shows)."""
+    d = _steps("h200", "interaction.csv")
+    lin = d[(d.op == "linear") & (d.batch == 32768)].pivot_table(index="dtype", columns="k",
+                                                                  values="seconds")
+    prof = load_compute_profile("h200")
+    for dtype in ("bf16", "fp16", "tf32"):
+        assert prof.unaligned_gemm[dtype] == pytest.approx(lin[480][dtype] / lin[479][dtype],
+                                                           abs=0.005)
+    bw = prof.gpu.hbm_bandwidth_Bps
+    for r in d[d.op == "tril_bwd"].itertuples():
+        e = 4.0 if r.dtype == "tf32" else 2.0
+        nbytes = r.batch * r.m * (r.m - 1) / 2 * (INDEX_PUT_BYTES[0] + INDEX_PUT_BYTES[1] * e)
+        pred = op_time(prof, flops=0.0, bytes_moved=nbytes)
+        assert abs(pred / r.seconds - 1) < (0.2 if r.batch == 32768 else 0.3), r
+        assert nbytes < 1.2 * r.seconds * bw, r
+
+
+def test_dot_model_step_compiled_and_replayed():
+    """``criteo-dlrm`` (26 one-hot tables at full size, 96 GB, dot interaction) on one H200 as a
+    compiled trainer runs it, whole step from one CUDA graph (``step_graphs_dot.csv``; row-wise
+    Adagrad, as measured): within 25% at 32,768 samples in bf16 autocast, pure bf16 and TF32
+    (−14 to −21%); at 8,192 −26 to −34% (not asserted: the dense part's small kernels)."""
+    for r in _steps("h200", "step_graphs_dot.csv").query("batch == 32768").itertuples():
+        m0 = load_model_spec("criteo-dlrm")
+        trainer = DlrmTrainer(pipeline="none", mixed_precision="pure" if r.precision == "pure"
+                              else "autocast", **COMPILED)
+        m = replace(m0, batch_size=32768, optimizer="rowwise_adagrad", trainer=trainer,
+                    tables=tuple(replace(t, zipf_exponent=0.0, reuse_bins=None)
+                                 for t in m0.tables),
+                    dense=replace(m0.dense, dtype="tf32" if r.precision == "tf32" else "bf16"))
+        topo = "dgx-h100:gpu=h200,nodes=1,node.gpus=1,node.nics=1"
+        prep = prepare(ShardingTask(model=m, topology=topo), 1)
+        plan = get_planner("greedy").plan(ShardingTask(model=m, topology=prep.topology_ref), 1,
+                                          seed=0)
+        per = simulate_step(prep, plan.shardings).result.per_device()
+        pred = float(per.end_s.max() - per.start_s.min())
+        assert -0.25 < pred / r.graph_s - 1 < 0.1, (r, pred)

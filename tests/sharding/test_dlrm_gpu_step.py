@@ -23,7 +23,7 @@ from planner.model.tables.shards import table_wise
 from planner.model.tables.spec import ModelSpec, TableSpec
 from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
-from planner.model.tables.trainer import DlrmTrainer, dlrm_trainer_from_mapping
+from planner.model.tables.trainer import DLRM_PRESETS, DlrmTrainer, dlrm_trainer_from_mapping
 from planner.sharding.planners import get_planner
 from planner.workloads.dlrm.dense import mlp_flops
 from planner.workloads.dlrm.step import simulate_step
@@ -189,6 +189,9 @@ def test_cpu_profile_range_comes_from_its_points():
 
 def test_trainer_section_parses_and_rejects():
     assert dlrm_trainer_from_mapping(None, source="s") == DlrmTrainer()
+    compiled = dlrm_trainer_from_mapping({"preset": "torchrec-compiled"}, source="s")
+    assert compiled.fused and compiled.gemm_interaction and compiled.dispatch == "graphs"
+    assert not DLRM_PRESETS["hugectr"].gemm_interaction and DLRM_PRESETS["hugectr"].fused
     with pytest.raises(SpecError) as e:
         dlrm_trainer_from_mapping({"pipeline": "sometimes"}, source="s.yaml")
     assert e.value.field == "trainer.pipeline"

@@ -56,10 +56,11 @@ def test_zipf_ids_are_skewed_and_in_range():
 def test_quick_run_writes_every_file(tmp_path):
     r = subprocess.run([sys.executable, "-m", "planner.measure.tables.gpu_dlrm", "--out",
                         str(tmp_path), "--quick", "--device", "cpu", "--samples", "2",
-                        "--only", "step,tbe,gemm,memory,dense,graphstep"], capture_output=True,
-                       text=True, cwd=REPO, timeout=280)
+                        "--only", "step,tbe,gemm,memory,dense,graphstep,interaction"],
+                       capture_output=True, text=True, cwd=REPO, timeout=280)
     assert r.returncode == 0, r.stderr
-    for name in ("tbe", "parts", "gemm", "step", "memory", "dense", "step_graphs"):
+    for name in ("tbe", "parts", "gemm", "step", "memory", "dense", "step_graphs",
+                 "interaction"):
         with (tmp_path / f"{name}.csv").open() as fh:
             rows = list(csv.DictReader(fh))
         assert rows, name

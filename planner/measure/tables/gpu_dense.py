@@ -1,5 +1,6 @@
-"""The MLPerf DLRM-DCNv2 dense part's forward and backward on one GPU as each trainer runs it:
-``dense.csv`` of ``python -m planner.measure.tables.gpu_dlrm --only dense``.
+"""The dense parts of MLPerf DLRM-DCNv2 and of the original DLRM (dot interaction, Criteo's 26
+features) on one GPU, forward and backward, as each trainer runs them: ``dense.csv`` of
+``python -m planner.measure.tables.gpu_dlrm --only dense``.
 
 The GPU step model prices the dense part by a trainer's ``dispatch`` (eager ops or CUDA graphs),
 ``fusion`` (one kernel per elementwise op, or fused into the GEMMs and each other) and
@@ -12,11 +13,12 @@ unfused, autocast case; this part times the others the way a PyTorch trainer get
     ``torch.compile(mode="reduce-overhead")``: Inductor fuses the elementwise ops into each other
     and into their neighbours, and the whole forward and backward replay from CUDA graphs;
 
-each under ``autocast`` (fp32 weights and inputs, bf16 GEMMs) and ``pure`` (bf16 weights and
-inputs; the loss in fp32). Shapes are static per batch (a trainer's fixed batch). Columns:
-``mode``, ``precision``, ``batch``, ``fwd_bwd_s`` (forward, loss and backward, median seconds per
-step over ``--samples`` samples of back-to-back steps), ``iqr_rel`` and ``compile_s`` (the first
-call's wall seconds, compilation included).
+each under ``autocast`` (fp32 weights and inputs, bf16 GEMMs), ``pure`` (bf16 weights and
+inputs; the loss in fp32) and, for the dot model, ``tf32`` (fp32 throughout, TF32 GEMMs). Shapes
+are static per batch (a trainer's fixed batch). Columns: ``model`` (``mlperf-dcnv2-dense`` or
+``dlrm-dot-dense``), ``mode``, ``precision``, ``batch``, ``fwd_bwd_s`` (forward, loss and
+backward, median seconds per step over ``--samples`` samples of back-to-back steps),
+``iqr_rel`` and ``compile_s`` (the first call's wall seconds, compilation included).
 """
 
 from __future__ import annotations
@@ -29,8 +31,44 @@ from planner.measure.tables.gpu_dlrm_step import dcnv2_dense_model
 
 __all__ = ["measure_dense"]
 
-#: (mode, precision) pairs, in the order they are measured
-CASES = (("graphs", "autocast"), ("graphs", "pure"), ("eager", "pure"), ("eager", "autocast"))
+#: (model, mode, precision), in the order they are measured
+CASES = tuple(("mlperf-dcnv2-dense", m, p) for m, p in (
+    ("graphs", "autocast"), ("graphs", "pure"), ("eager", "pure"), ("eager", "autocast"))) + tuple(
+    ("dlrm-dot-dense", m, p) for m in ("graphs", "eager") for p in ("autocast", "pure", "tf32"))
+
+
+def dot_dense_model(dev):
+    """The original DLRM's dense part (``criteo-dlrm``): bottom MLP 13-512-256-128, the dot
+    interaction of its output with 26 pooled embeddings of 128 (the 351 pairs below the
+    diagonal, beside the bottom output: 479 columns), top MLP 1024-1024-512-256-1."""
+    torch = torch_module()
+    nn = torch.nn
+
+    def mlp(sizes, last_act=True):
+        layers = []
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+            layers += [nn.Linear(a, b)] + ([nn.ReLU()] if last_act or i < len(sizes) - 2 else [])
+        return nn.Sequential(*layers)
+
+    class Dense(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bottom = mlp([13, 512, 256, 128])
+            self.top = mlp([479, 1024, 1024, 512, 256, 1], last_act=False)
+            li, lj = torch.tril_indices(27, 27, offset=-1)
+            self.register_buffer("li", li, persistent=False)
+            self.register_buffer("lj", lj, persistent=False)
+
+        def forward(self, dense, pooled):                 # pooled: (batch, 26 * 128)
+            x = self.bottom(dense)
+            t = torch.cat([x.unsqueeze(1), pooled.view(x.shape[0], 26, 128)], dim=1)
+            z = torch.bmm(t, t.transpose(1, 2))[:, self.li, self.lj]
+            return self.top(torch.cat([x, z], dim=1)).squeeze(1)
+
+    return Dense().to(dev)
+
+
+_MODELS = {"mlperf-dcnv2-dense": dcnv2_dense_model, "dlrm-dot-dense": dot_dense_model}
 
 
 def _step_fn(model, mode: str, precision: str, batch: int, dev):
@@ -60,28 +98,30 @@ def _step_fn(model, mode: str, precision: str, batch: int, dev):
 
 
 def measure_dense(dev, *, quick: bool, samples: int, out: Path, deadline: float) -> int:
-    """Times each (mode, precision) of :data:`CASES` at per-GPU batches 8k–32k (64 with
+    """Times each (model, mode, precision) of :data:`CASES` at per-GPU batches 8k–32k (64 with
     ``quick``, eager only: CPU Inductor is not what a GPU trainer runs); returns rows written."""
     torch = torch_module()
     torch._dynamo.config.automatic_dynamic_shapes = False      # a fixed batch: static kernels
     rows, n = CsvRows(out / "dense.csv"), 0
     batches = (64,) if quick else (8_192, 32_768)
-    cases = [c for c in CASES if c[0] == "eager"] if quick else CASES
-    for mode, precision in cases:
+    cases = [c for c in CASES if c[1] == "eager"] if quick else CASES
+    for name, mode, precision in cases:
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
         for batch in batches:
             if time.monotonic() > deadline:
                 print(f"dense: budget spent after {n} rows", flush=True)
                 rows.close()
                 return n
             torch._dynamo.reset()
-            step = _step_fn(dcnv2_dense_model(dev), mode, precision, batch, dev)
+            step = _step_fn(_MODELS[name](dev), mode, precision, batch, dev)
             compile_s = first_call_s(step, dev)
             t, iqr = auto_time(step, dev, samples=samples)
-            rows.add(dict(model="mlperf-dcnv2-dense", mode=mode, precision=precision,
+            rows.add(dict(model=name, mode=mode, precision=precision,
                           batch=batch, fwd_bwd_s=t, iqr_rel=iqr, compile_s=round(compile_s, 2)))
             n += 1
             step = None
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
+    torch.backends.cuda.matmul.allow_tf32 = False
     rows.close()
     return n

@@ -42,8 +42,12 @@ It writes, in ``DIR`` (each CSV row as soon as it is measured, so a run cut shor
 ``dense.csv``
     The DCNv2 dense part's forward and backward per trainer mode (eager or compiled with CUDA
     graphs) and precision (autocast or pure bf16): :mod:`planner.measure.tables.gpu_dense`.
-``step_graphs.csv``
-    The same step as a compiled trainer runs it, captured in one CUDA graph:
+``interaction.csv``
+    The dot interaction's batched GEMMs (aligned and not), the first top layer at 479 / 480
+    inputs, and the pair gather's backward: :mod:`planner.measure.tables.gpu_interaction`.
+``step_graphs.csv``, ``step_graphs_dot.csv``
+    The same step (``graphstep``) and the dot-interaction DLRM's on Criteo's tables
+    (``graphstep-dot``) as a compiled trainer runs them, captured in one CUDA graph:
     :mod:`planner.measure.tables.gpu_graph_step`.
 ``memory.csv``
     Activation memory of Llama-style blocks (bf16, flash attention, micro-batch 1) at long
@@ -69,11 +73,13 @@ from planner.measure.tables.gpu_dense import measure_dense
 from planner.measure.tables.gpu_dlrm_step import measure_step
 from planner.measure.tables.gpu_fused import _DTYPES, FusedTables, check_triton, lookup_kernels
 from planner.measure.tables.gpu_graph_step import measure_graph_step
+from planner.measure.tables.gpu_interaction import measure_interaction
 
 __all__ = ["main"]
 
 #: the parts ``--only`` may name
-_PARTS = ("step", "tbe", "gemm", "memory", "dense", "graphstep")
+_PARTS = ("step", "tbe", "gemm", "memory", "dense", "graphstep", "graphstep-dot",
+          "interaction")
 
 
 def _torch():
@@ -235,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     parts = args.only.split(",")
     share = {"step": 0.3, "tbe": 0.4, "gemm": 0.3, "memory": 0.05, "dense": 0.4,
-             "graphstep": 0.5}
+             "graphstep": 0.5, "graphstep-dot": 0.5}
     start = time.monotonic()
     for i, part in enumerate(parts):
         t0 = time.monotonic()
@@ -254,9 +260,11 @@ def main(argv: list[str] | None = None) -> int:
                 n = measure_memory(dev, **kw)
             elif part == "dense":
                 n = measure_dense(dev, **kw)
-            elif part == "graphstep":
+            elif part == "interaction":
+                n = measure_interaction(dev, **kw)
+            elif part in ("graphstep", "graphstep-dot"):
                 n = measure_graph_step(dev, max_table_bytes=max_table, kernel=args.kernel,
-                                       **kw)
+                                       dot=part == "graphstep-dot", **kw)
             else:
                 raise AssertionError(part)          # checked with the arguments
         except Exception as exc:                    # keep the other parts' rows

@@ -1,5 +1,7 @@
-"""The MLPerf DLRM-DCNv2 step on one GPU as a compiled trainer runs it: ``step_graphs.csv`` of
-``python -m planner.measure.tables.gpu_dlrm --only graphstep``.
+"""A DLRM step on one GPU as a compiled trainer runs it: ``step_graphs.csv`` (MLPerf
+DLRM-DCNv2) of ``python -m planner.measure.tables.gpu_dlrm --only graphstep``, and
+``step_graphs_dot.csv`` (the original DLRM on Criteo's 26 one-hot tables, dot interaction,
+``criteo-dlrm``) of ``--only graphstep-dot``.
 
 ``step.csv`` (:mod:`planner.measure.tables.gpu_dlrm_step`) is the eager trainer: every op
 launched by the host, the dense part under autocast. Here the same model and tables run as a
@@ -9,7 +11,8 @@ never waits for the host (``--kernel triton-nosync``), the dense Adagrad as mult
 the whole step (lookups forward, dense forward and backward, lookups backward with row-wise
 Adagrad, dense Adagrad) captured in one CUDA graph and replayed. Each row is one precision
 (``autocast``: fp32 parameters, bf16 GEMMs; ``pure``: bf16 parameters and activations, the
-pooled embeddings cast to bf16 inside the compiled part), per-GPU batch and id distribution:
+pooled embeddings cast to bf16 inside the compiled part; ``tf32``: fp32 with TF32 GEMMs), per-GPU
+batch and id distribution:
 ``graph_s`` (median seconds per replayed step), ``eager_s`` (the same step launched op by op:
 the compiled kernels without the graph), their IQRs, and ``compile_s``.
 """
@@ -20,23 +23,40 @@ import time
 from pathlib import Path
 
 from planner.measure.compute.gpu_timing import CsvRows, auto_time, first_call_s, torch_module
+from planner.measure.tables.gpu_dense import dot_dense_model
 from planner.measure.tables.gpu_dlrm_step import dcnv2_dense_model, step_tables
 from planner.measure.tables.gpu_fused import FusedTables, lookup_kernels
 
-__all__ = ["measure_graph_step"]
+__all__ = ["measure_graph_step", "criteo_tables"]
+
+#: the built-in spec whose table sizes the dot model's step uses
+_CRITEO = Path(__file__).resolve().parents[2] / "examples" / "criteo-dlrm.yaml"
 
 #: (precision, ids, per-GPU batch) measured, in order
 CASES = (("autocast", "uniform", 8_192), ("pure", "uniform", 8_192),
          ("autocast", "uniform", 32_768), ("pure", "uniform", 32_768),
          ("pure", "uniform", 16_384), ("pure", "zipf1.05", 32_768),
          ("pure", "uniform", 2_048), ("autocast", "uniform", 16_384))
+#: the same for the dot model
+DOT_CASES = (("autocast", "uniform", 8_192), ("pure", "uniform", 8_192),
+             ("autocast", "uniform", 32_768), ("pure", "uniform", 32_768),
+             ("tf32", "uniform", 32_768), ("tf32", "uniform", 8_192))
 
 
-def _one_step(ft, lk, precision: str, dev):
-    """A function running one whole step (see the module docstring) on ``ft``'s batch."""
+def criteo_tables(quick: bool) -> list[tuple[int, int]]:
+    """(rows, pooling 1) of ``criteo-dlrm``'s 26 tables (1,000 rows at most with ``quick``)."""
+    import yaml
+    doc = yaml.safe_load(_CRITEO.read_text(encoding="utf-8"))
+    cap = 1000 if quick else None
+    return [(min(t["num_embeddings"], cap or t["num_embeddings"]), 1) for t in doc["tables"]]
+
+
+def _one_step(ft, lk, precision: str, dev, model_fn):
+    """A function running one whole step (see the module docstring) on ``ft``'s batch with the
+    dense part ``model_fn(dev)``."""
     torch = torch_module()
     import torch.nn.functional as F
-    model = dcnv2_dense_model(dev)
+    model = model_fn(dev)
     dtype = torch.bfloat16 if precision == "pure" else torch.float32
     model = model.to(dtype)
     tables, batch, dim = ft.bags // ft.batch, ft.batch, ft.dim
@@ -67,22 +87,25 @@ def _one_step(ft, lk, precision: str, dev):
 
 
 def measure_graph_step(dev, *, quick: bool, samples: int, out: Path, deadline: float,
-                       max_table_bytes: float, kernel: str = "triton-nosync") -> int:
-    """Times each of :data:`CASES` (one tiny eager case with ``quick``); returns rows written.
-    Only a ``kernel`` whose backward never waits for the host can be captured (others leave
-    ``graph_s`` empty)."""
+                       max_table_bytes: float, kernel: str = "triton-nosync",
+                       dot: bool = False) -> int:
+    """Times each of :data:`CASES` (``dot``: :data:`DOT_CASES` of the dot model; one tiny eager
+    case with ``quick``); returns rows written. Only a ``kernel`` whose backward never waits for
+    the host can be captured (others leave ``graph_s`` empty)."""
     torch = torch_module()
-    rows, n = CsvRows(out / "step_graphs.csv"), 0
-    tables = step_tables(max_table_bytes, quick)
-    cases = (("autocast", "uniform", 64),) if quick else CASES
+    rows, n = CsvRows(out / ("step_graphs_dot.csv" if dot else "step_graphs.csv")), 0
+    tables = criteo_tables(quick) if dot else step_tables(max_table_bytes, quick)
+    model_fn = dot_dense_model if dot else dcnv2_dense_model
+    cases = (("autocast", "uniform", 64),) if quick else (DOT_CASES if dot else CASES)
     for precision, dist, batch in cases:
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
         if time.monotonic() > deadline:
             print(f"graphstep: budget spent after {n} rows", flush=True)
             break
         torch._dynamo.reset()
         ft = FusedTables(tables, 128, batch, "fp32", dist, dev, seed=1)
         step = _one_step(ft, lookup_kernels(ft, kernel, max(p for _, p in tables)), precision,
-                         dev)
+                         dev, model_fn)
         compile_s = first_call_s(step, dev)
         te, iqr_e = auto_time(step, dev, samples=samples)
         tg = iqr_g = float("nan")
@@ -99,5 +122,6 @@ def measure_graph_step(dev, *, quick: bool, samples: int, out: Path, deadline: f
         ft = step = None
         if dev.type == "cuda":
             torch.cuda.empty_cache()
+    torch.backends.cuda.matmul.allow_tf32 = False
     rows.close()
     return n

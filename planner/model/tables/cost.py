@@ -328,7 +328,9 @@ class CostModel:
                                 optimizer=self.model.optimizer, profile=self.profile,
                                 host=host_overhead_for(gpu) if eager else None,
                                 elementwise_bytes=ew,
-                                fused=self.model.trainer.fused and gpu != "cpu")
+                                fused=self.model.trainer.fused and gpu != "cpu",
+                                gemm_interaction=self.model.trainer.gemm_interaction,
+                                sorted_index_put=gpu != "cpu")
 
     def dense_costs(self) -> dict[str, float]:
         """Rank-independent dense part of a step, seconds: ``mlp_fwd_s``, ``mlp_bwd_s`` (op by

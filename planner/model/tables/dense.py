@@ -20,10 +20,19 @@ from simulator.compute import ComputeProfile, op_time
 from planner.model.llm.host import HostOverhead
 
 __all__ = ["dense_op_list", "weighted_sum_loss_ops", "dense_pass_times", "DenseOp", "DenseTimes",
-           "optimizer_bytes_per_param", "fresh_alloc_s", "ACTIVATION_BYTES"]
+           "optimizer_bytes_per_param", "fresh_alloc_s", "ACTIVATION_BYTES", "INDEX_PUT_BYTES"]
 
 #: bytes per activation element the dense part moves, by its compute dtype
 ACTIVATION_BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0}
+
+#: HBM byte-equivalents per index of eager PyTorch's ``index_put_`` with accumulation (the
+#: backward of the dot interaction's pair gather): it sorts the int64 indices, then sums the
+#: values of each target in order. ``(per index, per value byte)``, least squares over 18 rows
+#: measured on an H200 (``traces/measured/h200/dlrm-nosync/interaction.csv``, ``tril_bwd``:
+#: 16–40 features, 8,192 and 32,768 samples, bf16 / fp16 / fp32 values; within 20% at 32,768
+#: samples, 30% at 8,192):
+#: 0.20 ns per index in bf16 at 4.8 TB/s. Transferred to other GPUs by their HBM bandwidth.
+INDEX_PUT_BYTES = (629.0, 74.0)
 
 #: fp32 bytes read and written per dense parameter by one optimizer step (weights, gradient,
 #: state): SGD reads w, g and writes w; Adagrad adds its accumulator (read, write); Adam two.
@@ -60,22 +69,27 @@ def fresh_alloc_s(nbytes: float, fresh: tuple[float, float] | None) -> float:
 def dense_pass_times(d, dims: Sequence[int], batch: float, *, optimizer: str,
                      profile: ComputeProfile, host: HostOverhead | None,
                      fresh: tuple[float, float] | None = None,
-                     elementwise_bytes: float | None = None, fused: bool = False) -> DenseTimes:
+                     elementwise_bytes: float | None = None, fused: bool = False,
+                     gemm_interaction: bool = False,
+                     sorted_index_put: bool = False) -> DenseTimes:
     """Time the dense part ``d`` (a :class:`~planner.model.tables.spec.DenseSpec` or None) on
     one rank of ``batch`` samples, op by op (see the module docstring): each op
     ``max(kernel, host dispatch)`` with the kernel from ``profile``'s curves at the dense
     dtype's element size (``elementwise_bytes`` for the ops without FLOPs when given: 4 under
     autocast); ``host=None``: no host floor (CUDA graphs, compiled); ``fused``: the fused
-    trainer's ops (:func:`dense_op_list`)."""
+    trainer's ops (``gemm_interaction``: a compiled one's, whose dot interaction keeps its
+    batched GEMMs); ``sorted_index_put``: a GPU's sort-based gather backward
+    (:func:`dense_op_list`)."""
     if d is None:
         return DenseTimes({}, 0.0, 0, 0)
     ops = dense_op_list(d, dims, batch, elem_bytes=ACTIVATION_BYTES.get(d.dtype, 4.0),
-                        elementwise_bytes=elementwise_bytes, fused=fused)
+                        elementwise_bytes=elementwise_bytes, fused=fused,
+                        gemm_interaction=gemm_interaction, sorted_index_put=sorted_index_put)
     passes: dict = {}
     bound = 0
     for op in ops:
-        kernel = op_time(profile, flops=op.flops, bytes_moved=op.bytes, dtype=d.dtype) \
-            + fresh_alloc_s(op.out_bytes, fresh)
+        kernel = op_time(profile, flops=op.flops, bytes_moved=op.bytes, dtype=d.dtype,
+                         aligned=op.aligned) + fresh_alloc_s(op.out_bytes, fresh)
         floor = 0.0 if host is None else (host.forward_op_s if op.phase == "fwd"
                                           else host.backward_op_s)
         bound += floor > kernel
@@ -95,7 +109,8 @@ class DenseOp(NamedTuple):
     allocates for its output (0 when it writes a view or in place); a linear layer's GEMM also
     names itself as ``gemm`` = ``(pass, batch, in, out)`` (pass ``fwd``, ``dx`` or ``dw``;
     :mod:`simulator.linear_table`), so that a profile that timed such GEMMs by shape can
-    price it."""
+    price it. ``aligned`` is False for a GEMM whose rows are not a multiple of 16 bytes (a
+    479-wide layer, the dot interaction's 27 × 27 products), which the profile may slow."""
 
     block: str
     phase: str
@@ -103,6 +118,7 @@ class DenseOp(NamedTuple):
     bytes: float
     out_bytes: float
     gemm: tuple | None = None
+    aligned: bool = True
 
 
 def weighted_sum_loss_ops(dims: Sequence[int], batch: float) -> list[DenseOp]:
@@ -122,7 +138,9 @@ def weighted_sum_loss_ops(dims: Sequence[int], batch: float) -> list[DenseOp]:
 
 
 def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float = 4.0,
-                  elementwise_bytes: float | None = None, fused: bool = False) -> list[DenseOp]:
+                  elementwise_bytes: float | None = None, fused: bool = False,
+                  gemm_interaction: bool = False,
+                  sorted_index_put: bool = False) -> list[DenseOp]:
     """The dense part's ops on ``batch`` samples per rank (:class:`DenseOp`): every GEMM with its
     real shape, and the elementwise ops around them, bytes read and written at ``elem_bytes``
     per element (4: fp32, as the CPU validation model runs; 2 for bf16/fp16 activations on a
@@ -137,7 +155,11 @@ def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float
     ``fused=True``: the same GEMMs, with bias, ReLU, ReLU's gradient and the bias gradient in
     their epilogues, DCNv2's ``x0 ⊙ v + x`` one kernel forward and its three gradients one
     backward, the dot interaction one kernel each way, and no cast ops (they fold into the
-    kernels that produce their inputs)."""
+    kernels that produce their inputs); with ``gemm_interaction`` (TorchInductor) the dot
+    interaction's products stay batched GEMMs around one gather kernel each way.
+    ``sorted_index_put``: the dot interaction's gather
+    backward as PyTorch runs it on a GPU, a sort of its indices (:data:`INDEX_PUT_BYTES`);
+    else one pass over the pairs (as priced on the CPU, where it was never measured apart)."""
     if dense is None:
         return []
     B = float(batch)
@@ -146,9 +168,14 @@ def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float
     out: list[DenseOp] = []
     ls = dense.layers(dims)
 
-    def op(block, phase, flops, elems, new, gemm=None):
+    def op(block, phase, flops, elems, new, gemm=None, rows=(), raw=None):
+        """One op of ``elems`` elements read and written (``raw`` bytes instead when given);
+        ``rows``: the widths of a GEMM's operand rows, for its alignment (a width of 1 is a
+        matrix-vector product, which no tensor-core kernel runs either way)."""
         e = e_gemm if flops else e_ew
-        out.append(DenseOp(block, phase, float(flops), e * elems, e * new, gemm))
+        aligned = all(w == 1 or w * e % 16 == 0 for w in rows)
+        out.append(DenseOp(block, phase, float(flops), e * elems if raw is None else raw,
+                           e * new, gemm, aligned))
 
     def casts(block, *elems, grad=True):
         """Autocast's copies into the GEMM dtype before a GEMM (weights, bias, an fp32 input)
@@ -167,19 +194,24 @@ def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float
             casts(block, i * o, o)
             if k == 0:
                 casts(block, B * i, grad=first_needs_grad)
-            op(block, "fwd", 2 * B * i * o, B * i + i * o + 2 * B * o, B * o, ("fwd", B, i, o))
+            op(block, "fwd", 2 * B * i * o, B * i + i * o + 2 * B * o, B * o, ("fwd", B, i, o),
+               (i, o))
             if not last and not fused:
                 op(block, "fwd", 0.0, 2 * B * o, B * o)                             # relu
                 op(block, "bwd", 0.0, 3 * B * o, B * o)                             # relu bwd
-            op(block, "bwd", 2 * B * i * o, B * o + B * i + i * o, i * o, ("dw", B, i, o))
+            op(block, "bwd", 2 * B * i * o, B * o + B * i + i * o, i * o, ("dw", B, i, o),
+               (i, o))
             if not fused:
                 op(block, "bwd", 0.0, B * o + o, o)                                 # db
             if k > 0 or first_needs_grad:
-                op(block, "bwd", 2 * B * i * o, B * o + i * o + B * i, B * i, ("dx", B, i, o))
+                op(block, "bwd", 2 * B * i * o, B * o + i * o + B * i, B * i, ("dx", B, i, o),
+                   (i, o))
     mlp("bottom", ls["bottom"], False)
     top_in = ls["top"][0][0]
     if dense.interaction == "dot":
-        _dot_interaction(op, B, len(dims) + 1, ls["interaction"][0][0], top_in, fused)
+        mode = ("gemm" if gemm_interaction else "kernel") if fused else "eager"
+        _dot_interaction(op, B, len(dims) + 1, ls["interaction"][0][0], top_in, mode,
+                         e_ew if sorted_index_put else None)
     else:
         x = B * top_in
         op("top", "fwd", 0.0, 2 * x, x)                                             # cat
@@ -193,24 +225,45 @@ def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float
     return out
 
 
-def _dot_interaction(op, B: float, f: int, d: int, top_in: int, fused: bool) -> None:
+def _dot_interaction(op, B: float, f: int, d: int, top_in: int, mode: str,
+                     value_bytes: float | None) -> None:
     """The dot interaction of ``f`` features of width ``d`` into ``top_in`` columns (the pairs
-    above the diagonal and the bottom MLP's output): eager, a stack, a batched GEMM, a gather
-    and a concatenation forward and their gradients; fused, one kernel each way that reads the
-    features and writes the output (forward) or reads both and writes the features' gradients
-    (backward)."""
-    if fused:
+    below the diagonal and the bottom MLP's output). ``mode`` ``eager``: a stack, a batched
+    GEMM, a gather and a concatenation forward and their gradients, the gather's as PyTorch
+    runs it on a GPU (a sort of the ``B·f(f−1)/2`` indices, :data:`INDEX_PUT_BYTES`, given
+    ``value_bytes``; else one pass over the pairs); ``kernel``: one hand-written kernel each way
+    that reads the features and writes the output (forward) or reads both and writes the
+    features' gradients (backward); ``gemm`` (TorchInductor): the stack, the three batched GEMMs,
+    the gather and concatenation as one kernel forward, the gradient's scatter as one and the
+    two products' sum as one backward. The batched GEMMs' rows are ``f`` and ``d`` wide."""
+    if mode == "kernel":
         op("top", "fwd", 2 * B * f * f * d, B * f * d + B * top_in, B * top_in)
         op("top", "bwd", 4 * B * f * f * d, B * top_in + 2 * B * f * d, B * f * d)
         return
+    bmm = (2 * B * f * f * d, 2 * B * f * d + B * f * f)
+    if mode == "gemm":
+        op("top", "fwd", 0.0, 2 * B * f * d, B * f * d)                             # stack
+        op("top", "fwd", bmm[0], bmm[1], B * f * f, rows=(f, d))
+        op("top", "fwd", 0.0, B * f * f + B * d + B * top_in, B * top_in)           # gather, cat
+        op("top", "bwd", 0.0, B * top_in + B * f * f, B * f * f)                    # scatter
+        for _ in range(2):
+            op("top", "bwd", bmm[0], bmm[1], B * f * d, rows=(f, d))
+        op("top", "bwd", 0.0, 3 * B * f * d, B * f * d)                             # sum grads
+        return
+    pairs = B * f * (f - 1) / 2
     op("top", "fwd", 0.0, 2 * B * f * d, B * f * d)                                 # stack
-    op("top", "fwd", 2 * B * f * f * d, 2 * B * f * d + B * f * f, B * f * f)       # bmm
-    op("top", "fwd", 0.0, 2 * B * f * f, B * f * f / 2)                             # triu gather
+    op("top", "fwd", bmm[0], bmm[1], B * f * f, rows=(f, d))
+    op("top", "fwd", 0.0, 2 * B * f * f, B * f * f / 2)                             # tril gather
     op("top", "fwd", 0.0, 2 * B * top_in, B * top_in)                               # cat
     op("top", "bwd", 0.0, 2 * B * top_in, 0.0)                                      # cat bwd
-    op("top", "bwd", 0.0, 3 * B * f * f, B * f * f)                                 # scatter
+    if value_bytes is None:
+        op("top", "bwd", 0.0, 3 * B * f * f, B * f * f)                             # scatter
+    else:
+        op("top", "bwd", 0.0, B * f * f, B * f * f)                                 # zeros
+        op("top", "bwd", 0.0, 0.0, 0.0,                                             # index_put_
+           raw=pairs * (INDEX_PUT_BYTES[0] + INDEX_PUT_BYTES[1] * value_bytes))
     for _ in range(2):
-        op("top", "bwd", 2 * B * f * f * d, 2 * B * f * d + B * f * f, B * f * d)
+        op("top", "bwd", bmm[0], bmm[1], B * f * d, rows=(f, d))
     op("top", "bwd", 0.0, 3 * B * f * d, B * f * d)                                 # sum grads
     op("top", "bwd", 0.0, 2 * B * f * d, 0.0)                                       # unstack
 

@@ -7,7 +7,7 @@ A table spec states it in a ``trainer:`` section (every key optional)::
       pipeline: sparse_dist   # sparse_dist | none
       dispatch: eager         # eager | graphs
       mixed_precision: autocast   # autocast | pure
-      fusion: none            # none | fused
+      fusion: none            # none | compiled | fused
 
 ``pipeline``: ``sparse_dist`` is TorchRec's ``TrainPipelineSparseDist`` (the default of its
 training loops and examples): the next batch's input dist (the ids all-to-alls) runs on its own
@@ -34,16 +34,20 @@ and writing its tensors in memory (eager PyTorch, or CUDA graphs of the eager op
 bias, ReLU and their gradients run in the epilogues of the GEMMs around them (cuBLASLt's
 bias/ReLU epilogues), DCNv2's ``x0 ⊙ v + x`` and its gradients are one kernel each, the dot
 interaction one kernel each way, and casts fold into the kernels that produce their inputs
-(HugeCTR's fused fully-connected and cross layers, XLA, TorchInductor): the same GEMMs, far
-fewer bytes between them. Checked on the H200 against the dense part under ``torch.compile``
-replayed from CUDA graphs (``traces/measured/h200/dlrm-nosync/dense.csv``): within 6% at
-32,768 samples, autocast and pure. With ``mixed_precision: pure`` the dense gradients are in the
-dense dtype, so the data-parallel all-reduce moves 2 bytes per parameter, not 4.
+(HugeCTR's fused fully-connected and cross layers and dot interaction, hand-written kernels):
+the same GEMMs, far fewer bytes between them. ``compiled`` is what TorchInductor
+(``torch.compile``) makes of the same model: the elementwise ops fused as under ``fused``, but
+every GEMM and batched GEMM stays a cuBLAS call, so the dot interaction keeps its three batched
+products (``f × f`` outputs, slow when ``f`` is not a multiple of 8) beside one fused gather
+kernel each way. Checked on the H200 against the dense parts under ``torch.compile`` replayed
+from CUDA graphs (``traces/measured/h200/dlrm-nosync/dense.csv``, ``dense-dot.csv``). With
+``mixed_precision: pure`` the dense gradients are in the dense dtype, so the data-parallel
+all-reduce moves 2 bytes per parameter, not 4.
 
 ``preset`` names a trainer by what it does (:data:`DLRM_PRESETS`): ``torchrec`` (the
 defaults: TorchRec's pipelined training loop, eager PyTorch under autocast),
 ``torchrec-compiled`` (the same loop with the dense part compiled into CUDA graphs:
-``torch.compile(mode="max-autotune")``; autocast, fused) and ``hugectr`` (HugeCTR: its own
+``torch.compile(mode="reduce-overhead")``; autocast, compiled) and ``hugectr`` (HugeCTR: its own
 overlapped embedding pipeline, CUDA graphs, half-precision activations throughout, fused
 layers). ``--trainer NAME`` on ``clusterplan plan`` picks a preset in place of the spec's
 section; ``--trainer-set KEY=VALUE`` overrides a key.
@@ -69,7 +73,7 @@ __all__ = ["DlrmTrainer", "dlrm_trainer_from_mapping", "override_dlrm_trainer",
            "dlrm_preset", "dlrm_trainer_from_args", "DLRM_TRAINER_KEYS", "DLRM_PRESETS"]
 
 _CHOICES = {"pipeline": ("sparse_dist", "none"), "dispatch": ("eager", "graphs"),
-            "mixed_precision": ("autocast", "pure"), "fusion": ("none", "fused")}
+            "mixed_precision": ("autocast", "pure"), "fusion": ("none", "fused", "compiled")}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,7 +99,12 @@ class DlrmTrainer:
     @property
     def fused(self) -> bool:
         """True when bias, activations and elementwise chains fuse into few kernels."""
-        return self.fusion == "fused"
+        return self.fusion in ("fused", "compiled")
+
+    @property
+    def gemm_interaction(self) -> bool:
+        """True when the dot interaction's products stay batched GEMMs (``compiled``)."""
+        return self.fusion == "compiled"
 
     def gradient_bytes(self, dtype: str) -> float:
         """Bytes per dense parameter gradient the data-parallel all-reduce moves for a dense
@@ -116,7 +125,7 @@ DLRM_TRAINER_KEYS = tuple(f.name for f in fields(DlrmTrainer))
 #: named DLRM trainers as the settings above (see the module docstring)
 DLRM_PRESETS = {
     "torchrec": DlrmTrainer(),
-    "torchrec-compiled": DlrmTrainer(dispatch="graphs", fusion="fused"),
+    "torchrec-compiled": DlrmTrainer(dispatch="graphs", fusion="compiled"),
     "hugectr": DlrmTrainer(dispatch="graphs", mixed_precision="pure", fusion="fused"),
 }
 
