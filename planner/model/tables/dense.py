@@ -157,9 +157,9 @@ def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float
     backward, the dot interaction one kernel each way, and no cast ops (they fold into the
     kernels that produce their inputs); with ``gemm_interaction`` (TorchInductor) the dot
     interaction's products stay batched GEMMs around one gather kernel each way.
-    ``sorted_index_put``: the dot interaction's gather
-    backward as PyTorch runs it on a GPU, a sort of its indices (:data:`INDEX_PUT_BYTES`);
-    else one pass over the pairs (as priced on the CPU, where it was never measured apart)."""
+    ``sorted_index_put``: the dot interaction's gather backward as PyTorch runs it on a GPU, a
+    sort of its indices (:data:`INDEX_PUT_BYTES`); else one pass over the pairs (as priced on
+    the CPU, where it was never measured apart)."""
     if dense is None:
         return []
     B = float(batch)
@@ -243,16 +243,16 @@ def _dot_interaction(op, B: float, f: int, d: int, top_in: int, mode: str,
     bmm = (2 * B * f * f * d, 2 * B * f * d + B * f * f)
     if mode == "gemm":
         op("top", "fwd", 0.0, 2 * B * f * d, B * f * d)                             # stack
-        op("top", "fwd", bmm[0], bmm[1], B * f * f, rows=(f, d))
+        op("top", "fwd", bmm[0], bmm[1], B * f * f, rows=(f, d))                    # bmm
         op("top", "fwd", 0.0, B * f * f + B * d + B * top_in, B * top_in)           # gather, cat
         op("top", "bwd", 0.0, B * top_in + B * f * f, B * f * f)                    # scatter
         for _ in range(2):
-            op("top", "bwd", bmm[0], bmm[1], B * f * d, rows=(f, d))
+            op("top", "bwd", bmm[0], bmm[1], B * f * d, rows=(f, d))                # bmm
         op("top", "bwd", 0.0, 3 * B * f * d, B * f * d)                             # sum grads
         return
     pairs = B * f * (f - 1) / 2
     op("top", "fwd", 0.0, 2 * B * f * d, B * f * d)                                 # stack
-    op("top", "fwd", bmm[0], bmm[1], B * f * f, rows=(f, d))
+    op("top", "fwd", bmm[0], bmm[1], B * f * f, rows=(f, d))                        # bmm
     op("top", "fwd", 0.0, 2 * B * f * f, B * f * f / 2)                             # tril gather
     op("top", "fwd", 0.0, 2 * B * top_in, B * top_in)                               # cat
     op("top", "bwd", 0.0, 2 * B * top_in, 0.0)                                      # cat bwd
@@ -263,7 +263,7 @@ def _dot_interaction(op, B: float, f: int, d: int, top_in: int, mode: str,
         op("top", "bwd", 0.0, 0.0, 0.0,                                             # index_put_
            raw=pairs * (INDEX_PUT_BYTES[0] + INDEX_PUT_BYTES[1] * value_bytes))
     for _ in range(2):
-        op("top", "bwd", bmm[0], bmm[1], B * f * d, rows=(f, d))
+        op("top", "bwd", bmm[0], bmm[1], B * f * d, rows=(f, d))                    # bmm
     op("top", "bwd", 0.0, 3 * B * f * d, B * f * d)                                 # sum grads
     op("top", "bwd", 0.0, 2 * B * f * d, 0.0)                                       # unstack
 
