@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from planner.measure.compute.gpu_timing import CsvRows, auto_time, first_call_s, torch_module
-from planner.measure.tables.gpu_dlrm_step import dcnv2_dense_model
+from planner.measure.tables.gpu_dlrm_step import dcnv2_dense_model, mlp
 
 __all__ = ["measure_dense"]
 
@@ -43,12 +43,6 @@ def dot_dense_model(dev):
     diagonal, beside the bottom output: 479 columns), top MLP 1024-1024-512-256-1."""
     torch = torch_module()
     nn = torch.nn
-
-    def mlp(sizes, last_act=True):
-        layers = []
-        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-            layers += [nn.Linear(a, b)] + ([nn.ReLU()] if last_act or i < len(sizes) - 2 else [])
-        return nn.Sequential(*layers)
 
     class Dense(nn.Module):
         def __init__(self):

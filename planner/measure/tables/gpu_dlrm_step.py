@@ -13,7 +13,7 @@ from pathlib import Path
 from planner.measure.compute.gpu_timing import CsvRows, torch_module
 from planner.measure.tables.gpu_fused import FusedTables, lookup_kernels
 
-__all__ = ["MLPERF_DCNV2_TABLES", "dcnv2_dense_model", "measure_step", "step_tables"]
+__all__ = ["MLPERF_DCNV2_TABLES", "dcnv2_dense_model", "measure_step", "mlp", "step_tables"]
 
 #: (rows, multi-hot size) of MLPerf DLRM-DCNv2's 26 tables (planner/examples/mlperf-dcnv2.yaml)
 MLPERF_DCNV2_TABLES = [
@@ -23,18 +23,22 @@ MLPERF_DCNV2_TABLES = [
     (40_000_000, 27), (590_152, 10), (12_973, 3), (108, 1), (36, 1)]
 
 
+def mlp(sizes, last_act: bool = True):
+    """``nn.Linear`` layers through ``sizes``, each followed by a ReLU (the last one only with
+    ``last_act``)."""
+    nn = torch_module().nn
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(nn.Linear(a, b))
+        if last_act or i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
 def dcnv2_dense_model(dev):
     """The model's dense part (fp32 weights) on ``dev``."""
     torch = torch_module()
     nn = torch.nn
-
-    def mlp(sizes, last_act=True):
-        layers = []
-        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-            layers.append(nn.Linear(a, b))
-            if last_act or i < len(sizes) - 2:
-                layers.append(nn.ReLU())
-        return nn.Sequential(*layers)
 
     class Dense(nn.Module):
         """Bottom MLP, DCNv2 low-rank cross layers over [bottom output, 26 pooled embeddings],
