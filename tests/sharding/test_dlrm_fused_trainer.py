@@ -14,6 +14,7 @@ from simulator.compute import op_time
 from simulator.errors import SpecError
 
 from planner.model.tables.dense import dense_op_list
+from planner.model.tables.features import F_RW
 from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
 from planner.model.tables.trainer import (DLRM_PRESETS, DlrmTrainer, dlrm_trainer_from_args,
@@ -130,6 +131,29 @@ def test_presets_and_their_errors():
     got = dlrm_trainer_from_args(DlrmTrainer(pipeline="none"), "hugectr", ["fusion=none"])
     assert got == replace(DLRM_PRESETS["hugectr"], fusion="none")
     assert dlrm_trainer_from_args(hug, None, None) == hug
+
+
+def test_half_embedding_output_halves_what_the_pooled_collectives_move():
+    """``embedding_output: dense`` (HugeCTR under mixed precision): the pooled embeddings and
+    their gradients move in the bf16 dense part's 2 bytes, not the spec's fp32, in the
+    all-to-alls and the row-wise reductions, for the same plan; an fp32 dense part, or none,
+    keeps fp32."""
+    fp32, half = _problem(DlrmTrainer()), _problem(DlrmTrainer(embedding_output="dense"))
+    assert (fp32.cost.out_bytes, half.cost.out_bytes) == (4.0, 2.0)
+    task = ShardingTask(model=fp32.model, topology=fp32.topology_ref)
+    plan = get_planner("greedy").plan(task, fp32.devices, seed=0)
+    F32, F16 = fp32.cost.plan_features(plan.shardings), half.cost.plan_features(plan.shardings)
+    for k, m in fp32.cost.a2a_matrices(F32).items():
+        want = m if k == "input" else m / 2
+        assert half.cost.a2a_matrices(F16)[k] == pytest.approx(want, rel=1e-12)
+    assert F16[:, F_RW] == pytest.approx(F32[:, F_RW] / 2, rel=1e-12)
+    assert F32[:, F_RW].max() > 0                            # the plan has row-wise tables
+    dense = DlrmTrainer(embedding_output="dense")
+    assert dense.pooled_bytes(2.0, "bf16") == 2.0 and dense.pooled_bytes(4.0, "fp32") == 4.0
+    assert dense.pooled_bytes(4.0, None) == 4.0
+    with pytest.raises(SpecError) as e:
+        dlrm_trainer_from_mapping({"embedding_output": "bf16"}, source="s.yaml")
+    assert e.value.field == "trainer.embedding_output" and "dense" in str(e.value)
 
 
 def _cli(*args):

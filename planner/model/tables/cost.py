@@ -2,7 +2,8 @@
 
 Notation: ``B`` global batch, ``n`` ranks, ``b = B / n`` local batch, a table with ``R`` rows,
 pooling factor ``L`` (ids per sample), weight precision ``p`` bytes, pooled-output precision
-``o`` bytes (``comm_precision``), HBM bandwidth ``H`` (``topo.gpu.hbm_bandwidth_Bps``).
+``o`` bytes (``comm_precision``, or the dense dtype's when narrower and the trainer's
+``embedding_output`` is ``dense``), HBM bandwidth ``H`` (``topo.gpu.hbm_bandwidth_Bps``).
 
 **Lookups** (per shard, on its rank): forward and backward seconds from the ids and pooled
 outputs it serves, its table's reuse and the device's lookup bandwidth, with the optimizer's
@@ -145,7 +146,11 @@ class CostModel:
         self.groups = kernel_groups(model)
         self.group_col = {g: K + i for i, g in enumerate(self.groups)}
         self.width = K + len(self.groups)
-        self.out_bytes = PRECISION_BYTES[model.comm_precision]
+        #: bytes per element of the pooled outputs and their gradients (the trainer's
+        #: embedding output, at most the spec's comm precision)
+        self.out_bytes = model.trainer.pooled_bytes(
+            PRECISION_BYTES[model.comm_precision],
+            model.dense.dtype if model.dense is not None else None)
         self.batch = model.batch_size
         self.local_batch = model.batch_size / n
         self.codec = codec_costs(model, n, self.out_bytes,

@@ -8,6 +8,7 @@ A table spec states it in a ``trainer:`` section (every key optional)::
       dispatch: eager         # eager | graphs
       mixed_precision: autocast   # autocast | pure
       fusion: none            # none | compiled | fused
+      embedding_output: fp32  # fp32 | dense
 
 ``pipeline``: ``sparse_dist`` is TorchRec's ``TrainPipelineSparseDist`` (the default of its
 training loops and examples): the next batch's input dist (the ids all-to-alls) runs on its own
@@ -44,20 +45,32 @@ from CUDA graphs (``traces/measured/h200/dlrm-nosync/dense.csv``, ``dense-dot.cs
 ``mixed_precision: pure`` the dense gradients are in the dense dtype, so the data-parallel
 all-reduce moves 2 bytes per parameter, not 4.
 
+``embedding_output``: the precision of the pooled embeddings a lookup writes, the all-to-all
+carries and the backward gets back as gradients. ``fp32``: TorchRec's (FBGEMM's table-batched
+kernels emit fp32 unless their ``output_dtype`` is set); the spec's ``comm_precision`` then
+says what the all-to-all carries (TorchRec's quantized comms). ``dense``: the dense part's
+dtype: HugeCTR's embedding collection under ``use_mixed_precision`` builds its embedding
+vectors and their gradients in half precision (``emb_type`` and ``wgrad_type`` are half in its
+model setup), so the model-parallel all-to-all and the row-wise reductions move 2 bytes per
+element; a narrower ``comm_precision`` still applies.
+
 ``preset`` names a trainer by what it does (:data:`DLRM_PRESETS`): ``torchrec`` (the
 defaults: TorchRec's pipelined training loop, eager PyTorch under autocast),
 ``torchrec-compiled`` (the same loop with the dense part compiled into CUDA graphs:
 ``torch.compile(mode="reduce-overhead")``; autocast, compiled) and ``hugectr`` (HugeCTR: its own
 overlapped embedding pipeline, CUDA graphs, half-precision activations throughout, fused
-layers). ``--trainer NAME`` on ``clusterplan plan`` picks a preset in place of the spec's
+layers, half-precision embedding vectors). ``--trainer NAME`` on ``clusterplan plan`` picks a preset in place of the spec's
 section; ``--trainer-set KEY=VALUE`` overrides a key.
 
->>> dlrm_trainer_from_mapping({"pipeline": "none"}, source="tables.yaml")
-DlrmTrainer(pipeline='none', dispatch='eager', mixed_precision='autocast', fusion='none')
+>>> dlrm_trainer_from_mapping({"pipeline": "none"}, source="tables.yaml")  # doctest: +ELLIPSIS
+DlrmTrainer(pipeline='none', dispatch='eager', mixed_precision='autocast', fusion='none', ...)
 >>> override_dlrm_trainer(DlrmTrainer(), ["dispatch=graphs"]).dispatch
 'graphs'
->>> dlrm_trainer_from_mapping({"preset": "hugectr", "dispatch": "eager"}, source="t.yaml")
-DlrmTrainer(pipeline='sparse_dist', dispatch='eager', mixed_precision='pure', fusion='fused')
+>>> t = dlrm_trainer_from_mapping({"preset": "hugectr", "dispatch": "eager"}, source="t.yaml")
+>>> t.dispatch, t.mixed_precision, t.fusion, t.embedding_output
+('eager', 'pure', 'fused', 'dense')
+>>> t.pooled_bytes(4.0, "bf16"), DlrmTrainer().pooled_bytes(4.0, "bf16")
+(2.0, 4.0)
 """
 
 from __future__ import annotations
@@ -73,7 +86,8 @@ __all__ = ["DlrmTrainer", "dlrm_trainer_from_mapping", "override_dlrm_trainer",
            "dlrm_preset", "dlrm_trainer_from_args", "DLRM_TRAINER_KEYS", "DLRM_PRESETS"]
 
 _CHOICES = {"pipeline": ("sparse_dist", "none"), "dispatch": ("eager", "graphs"),
-            "mixed_precision": ("autocast", "pure"), "fusion": ("none", "fused", "compiled")}
+            "mixed_precision": ("autocast", "pure"), "fusion": ("none", "fused", "compiled"),
+            "embedding_output": ("fp32", "dense")}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,6 +98,7 @@ class DlrmTrainer:
     dispatch: str = "eager"
     mixed_precision: str = "autocast"
     fusion: str = "none"
+    embedding_output: str = "fp32"
 
     @property
     def pipelined(self) -> bool:
@@ -112,6 +127,14 @@ class DlrmTrainer:
         their gradients), else 4 (fp32 parameters, as under autocast)."""
         return ACTIVATION_BYTES.get(dtype, 4.0) if self.mixed_precision == "pure" else 4.0
 
+    def pooled_bytes(self, comm_bytes: float, dense_dtype: str | None) -> float:
+        """Bytes per element of the pooled embeddings and their gradients between lookups and
+        the dense part: ``comm_bytes`` (the spec's ``comm_precision``), or under ``dense`` the
+        dense dtype's size when that is narrower (fp32 without a dense part)."""
+        if self.embedding_output != "dense":
+            return comm_bytes
+        return min(comm_bytes, ACTIVATION_BYTES.get(dense_dtype or "fp32", 4.0))
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -126,7 +149,8 @@ DLRM_TRAINER_KEYS = tuple(f.name for f in fields(DlrmTrainer))
 DLRM_PRESETS = {
     "torchrec": DlrmTrainer(),
     "torchrec-compiled": DlrmTrainer(dispatch="graphs", fusion="compiled"),
-    "hugectr": DlrmTrainer(dispatch="graphs", mixed_precision="pure", fusion="fused"),
+    "hugectr": DlrmTrainer(dispatch="graphs", mixed_precision="pure", fusion="fused",
+                           embedding_output="dense"),
 }
 
 
