@@ -54,13 +54,13 @@ vectors and their gradients in half precision (``emb_type`` and ``wgrad_type`` a
 model setup), so the model-parallel all-to-all and the row-wise reductions move 2 bytes per
 element; a narrower ``comm_precision`` still applies.
 
-``preset`` names a trainer by what it does (:data:`DLRM_PRESETS`): ``torchrec`` (the
-defaults: TorchRec's pipelined training loop, eager PyTorch under autocast),
-``torchrec-compiled`` (the same loop with the dense part compiled into CUDA graphs:
+``preset`` names a trainer by what it does (:data:`DLRM_PRESETS`): ``torchrec`` (the defaults:
+TorchRec's pipelined training loop, eager PyTorch under autocast), ``torchrec-compiled`` (the
+same loop with the dense part compiled into CUDA graphs:
 ``torch.compile(mode="reduce-overhead")``; autocast, compiled) and ``hugectr`` (HugeCTR: its own
-overlapped embedding pipeline, CUDA graphs, half-precision activations throughout, fused
-layers, half-precision embedding vectors). ``--trainer NAME`` on ``clusterplan plan`` picks a preset in place of the spec's
-section; ``--trainer-set KEY=VALUE`` overrides a key.
+overlapped embedding pipeline, CUDA graphs, half-precision activations throughout, fused layers,
+half-precision embedding vectors). ``--trainer NAME`` on ``clusterplan plan`` picks a preset in
+place of the spec's section; ``--trainer-set KEY=VALUE`` overrides a key.
 
 >>> dlrm_trainer_from_mapping({"pipeline": "none"}, source="tables.yaml")  # doctest: +ELLIPSIS
 DlrmTrainer(pipeline='none', dispatch='eager', mixed_precision='autocast', fusion='none', ...)
