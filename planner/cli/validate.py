@@ -97,10 +97,13 @@ def register(p: argparse.ArgumentParser) -> None:
     u.add_argument("--rounds", type=int, default=1, metavar="K",
                    help="run the family K times, one after the other (1; a shared host's "
                         "speed drifts)")
-    u.add_argument("--plan-order", default="alternate", choices=("alternate", "fixed"),
-                   help="a set's plans in each round: in turn, every other round in reverse "
-                        "(alternate, the default: no plan is always first after the pool "
-                        "starts) or in one order every round (fixed, before 2026-11-29)")
+    u.add_argument("--plan-order", default="interleaved",
+                   choices=("interleaved", "alternate", "fixed"),
+                   help="a set's plans in each round: side by side in one run, one step of "
+                        "each in turn (interleaved, the default: the host's drift falls on all "
+                        "of a set's plans alike), in turn with every other round in reverse "
+                        "(alternate, before 2026-12-01) or in one order every round (fixed, "
+                        "before 2026-11-29)")
     u.add_argument("--measured", default="steps", choices=("steps", "round"),
                    help="a plan's measured step over several rounds: the median of all their "
                         "steps (steps, the default: as the calibration, it spans the host's "

@@ -76,7 +76,7 @@ def run_unseen(args) -> int:
         raise SpecError(f"--min-seconds {min_seconds:g} is outside 0..{MAX_MIN_SECONDS}",
                         field="--min-seconds", fix="pass e.g. --min-seconds 3 (0: --steps only)")
     measured = getattr(args, "measured", "steps")
-    order = getattr(args, "plan_order", "alternate")
+    order = getattr(args, "plan_order", "interleaved")
     if args.out:
         from simulator.fileio import check_writable
         check_writable(args.out)

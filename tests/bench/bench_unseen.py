@@ -5,7 +5,7 @@ sets nothing was fitted to (issue 22's first goal).
                                        [--calibration FILE] [--out FILE.json]
                                        [--heap retain|system] [--rounds K]
                                        [--min-seconds S] [--measured steps|round]
-                                       [--plan-order alternate|fixed]
+                                       [--plan-order interleaved|alternate|fixed]
 
 Runs ``clusterplan validate unseen`` (``planner/measure/validate/unseen.py``): ``--sets`` seeded
 random table sets (2 or 4 ranks, 4-40 tables, dims 16-256, pooling 1-60, rows 10³-10⁷ within
@@ -14,7 +14,8 @@ each (greedy, random table-wise, all column-wise, row-wise with small tables dat
 each run for real under TorchRec's DistributedModelParallel (median of ``--steps`` steps of the
 slowest rank, more for a plan predicted shorter than ``--min-seconds`` / ``--steps``; with
 ``--rounds`` K the median of all K rounds' steps, or with ``--measured round`` the median round;
-a set's plans in reverse every other round unless ``--plan-order fixed``) and
+a set's plans side by side in one run, one step of each in turn, or with ``--plan-order
+alternate`` one after the other, in reverse every other round) and
 predicted with this host's gloo calibration (cached per host and world size,
 measured on first use; never fitted to these runs). Prints one row per plan, the MAPE, the
 worst error, the plans within 25% and Kendall's tau between plans of the same set, against the
@@ -49,8 +50,10 @@ def main(argv=None) -> int:
     ap.add_argument("--measured", default="steps", choices=("steps", "round"),
                     help="a plan's measured step over its rounds: all steps' median or the "
                          "median round's")
-    ap.add_argument("--plan-order", default="alternate", choices=("alternate", "fixed"),
-                    help="a set's plans in each round: reversed every other round, or fixed")
+    ap.add_argument("--plan-order", default="interleaved",
+                    choices=("interleaved", "alternate", "fixed"),
+                    help="a set's plans in each round: interleaved step by step in one run "
+                         "(default), in turn reversed every other round, or fixed")
     ap.add_argument("--heap", default="retain", choices=("retain", "system"),
                     help="the ranks' heap policy (planner/measure/heap.py)")
     a = ap.parse_args(argv)

@@ -224,19 +224,23 @@ def test_alternate_rounds_run_each_set_reversed_and_merge_each_plan_with_itself(
         family, monkeypatch):
     """``order="alternate"``: every odd round runs each set's plans in reverse, sets in the
     family's order; each round's rows still merge with the same plan's rows of the other
-    rounds, and come back in the family's order. ``"fixed"`` runs every round alike."""
-    ran = []
+    rounds, and come back in the family's order. ``"fixed"`` runs every round alike;
+    ``"interleaved"`` (the default) orders them as ``"alternate"`` and runs each set's plans
+    side by side."""
+    ran, paired = [], []
 
     def fake_round(cases, folder, **kw):
         ran.append([(c.set_name, c.plan_kind) for c in cases])
+        paired.append(kw["interleave"])
         return [{"set": c.set_name, "plan": c.plan_kind, "predicted_s": 1.0,
                  "measured_s": 1.0 + len(ran) + i / 100, "steps_s": [1.0 + len(ran) + i / 100]}
                 for i, c in enumerate(cases)]
     monkeypatch.setattr(unseen, "_run_round", fake_round)
     keys = [(c.set_name, c.plan_kind) for c in family]
     cals = {2: None, 4: None}
-    rows = unseen.run_cases(family, None, steps=1, warmup=0, calibrations=cals, rounds=3)
-    assert ran[0] == ran[2] == keys and ran[1] != keys
+    rows = unseen.run_cases(family, None, steps=1, warmup=0, calibrations=cals, rounds=3,
+                            order="alternate")
+    assert ran[0] == ran[2] == keys and ran[1] != keys and paired == [False] * 3
     assert sorted(ran[1]) == sorted(keys)
     for name in dict.fromkeys(s for s, _ in keys):
         first = [k for k in keys if k[0] == name]
@@ -249,6 +253,11 @@ def test_alternate_rounds_run_each_set_reversed_and_merge_each_plan_with_itself(
                      order="fixed")
     assert ran == [keys, keys]
     assert round_order(family, 1, "fixed") == list(family)
+    ran.clear()
+    paired.clear()
+    unseen.run_cases(family, None, steps=1, warmup=0, calibrations=cals, rounds=2)
+    assert paired == [True, True] and ran[0] == keys
+    assert ran[1] == [(c.set_name, c.plan_kind) for c in round_order(family, 1)]
     with pytest.raises(ValueError, match="order"):
         round_order(family, 0, "shuffled")
 

@@ -31,7 +31,8 @@ from planner.measure.validate.dlrm_ops import step_batch
 from planner.measure.validate.lookup_probe import time_together
 from planner.measure.validate.rank_steps import inject_fault, pin_main_thread, timed_steps, unpin
 
-__all__ = ["run_rank"]
+__all__ = ["run_rank", "run_plans", "start_rank", "open_tap", "Trainer", "probe_host",
+           "HOST_PROBES"]
 
 PATCHED = ("all_to_all_single", "all_to_all", "all_reduce", "reduce_scatter",
            "reduce_scatter_tensor", "all_gather", "all_gather_into_tensor", "broadcast",
@@ -206,7 +207,7 @@ def _reset_torchrec_globals() -> None:
 HOST_PROBES = 3
 
 
-def _host_probe(dist, rank: int, progress) -> list[float]:
+def probe_host(dist, rank: int, progress) -> list[float]:
     """This rank's seconds of :data:`HOST_PROBES` lookup probes, every rank at once: how fast
     the host runs now, against the calibration's ``lookup.measured_s``."""
     progress.begin(rank, "host probe", -1)
@@ -265,85 +266,135 @@ def _quiet_process(rank: int, local_world: int) -> None:
     os.environ["LOCAL_RANK"] = str(rank % local_world)
 
 
-def run_rank(rank: int, cfg, rdzv: str, progress, report, state: dict) -> dict:
+def start_rank(rank: int, cfg, rdzv: str, progress, report) -> None:
+    """Quiet the process, join the run's gloo group (one thread per rank) and import
+    TorchRec with its per-process caches forgotten."""
     _quiet_process(rank, cfg.local_world)
     import torch
-    import torch.distributed as dist
-    from torch import nn
     torch.set_num_threads(1)
     progress.begin(rank, "init_process_group", -1)
     init_group(cfg.backend, rank, cfg.world, rdzv, cfg.timeout_s)
     progress.end(rank)
     report("ready", None)
     progress.begin(rank, "import torchrec", -1)
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.types import ShardingPlan
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
+    import torchrec  # noqa: F401  (timed here, not inside the first plan's build)
     _reset_torchrec_globals()
     progress.end(rank)
-    m = cfg.model
-    configs = [EmbeddingBagConfig(name=t.name, num_embeddings=t.num_embeddings,
-                                  embedding_dim=t.embedding_dim, feature_names=[f"f_{t.name}"])
-               for t in m.tables]
-    plan = load_sharding_plan(cfg.torchrec_plan, world_size=cfg.world, tables=configs,
-                              local_world_size=cfg.local_world, device="cpu")
-    plan = ShardingPlan({"ebc": plan.plan[""]})
-    rec = Recorder(rank, progress)
-    tap = _Tap(rec, dist, cfg.world, cfg.local_world)
-    try:
+
+
+class Trainer:
+    """One plan's model on this rank, ready to train: its DMP built from ``cfg``'s plan, its
+    DDPs' all-reduces recorded, its batches made. ``tap`` records every call while this
+    trainer is :meth:`active`; several trainers of one run share the tap."""
+
+    def __init__(self, rank: int, cfg, progress, state: dict, tap: "_Tap") -> None:
+        import torch
+        import torch.distributed as dist
+        from torch import nn
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed.model_parallel import DistributedModelParallel
+        from torchrec.distributed.types import ShardingPlan
+        from torchrec.modules.embedding_configs import EmbeddingBagConfig
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+        self.rank, self.cfg, self.state, self.tap = rank, cfg, state, tap
+        self.rec = Recorder(rank, progress)
+        self.splits: list[tuple] = []
+        self.waits: list[float] = []
+        m = cfg.model
+        configs = [EmbeddingBagConfig(name=t.name, num_embeddings=t.num_embeddings,
+                                      embedding_dim=t.embedding_dim,
+                                      feature_names=[f"f_{t.name}"]) for t in m.tables]
+        plan = load_sharding_plan(cfg.torchrec_plan, world_size=cfg.world, tables=configs,
+                                  local_world_size=cfg.local_world, device="cpu")
+        plan = ShardingPlan({"ebc": plan.plan[""]})
+        self.active()
         torch.manual_seed(cfg.seed)
         sharder = EmbeddingBagCollectionSharder(
             fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": cfg.lr})
-        model = DistributedModelParallel(_dense_model(m, configs, torch, nn),
-                                         device=torch.device("cpu"), plan=plan,
-                                         sharders=[sharder])
+        self.model = DistributedModelParallel(_dense_model(m, configs, torch, nn),
+                                              device=torch.device("cpu"), plan=plan,
+                                              sharders=[sharder])
         # the DDPs reduce in C++: a hook makes each bucket's all-reduce a recorded call
-        ddps = _ddps(model, nn)
-        pin_main_thread(rank)          # TorchRec's groups (and their gloo threads) exist now
-        _hook_ddps(ddps, dist, torch, tap, cfg.world)
-        params = [p for p in model.parameters() if p.requires_grad]
-
-        def batch(step: int):
-            return _local_batch(cfg, rank, step, torch, KeyedJaggedTensor)
-
+        self.ddps = _ddps(self.model, nn)
+        _hook_ddps(self.ddps, dist, torch, tap, cfg.world)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.torch, self.kjt = torch, KeyedJaggedTensor
         # inputs are made before the timed steps, as a data loader prefetches them (the
         # dense features' randn alone took ~2 ms of an 80 ms step); the same batches as before
         n_batches = cfg.warmup + cfg.steps + (1 if cfg.trace_dir else 0)
-        batches = {s: batch(s) for s in range(n_batches)}
-        losses: list[float] = []
+        self.batches = {s: self.batch(s) for s in range(n_batches)}
+        self.losses: list[float] = []
 
-        def run_step(step: int) -> None:
-            rec.step = state["step"] = step
-            rec.note(f"step {step} start")
-            if cfg.fault is not None and cfg.fault.rank == rank and cfg.fault.step == step:
-                inject_fault(cfg.fault.kind, rank, step)
-            dense_x, kjt, coef = batches.pop(step) if step in batches else batch(step)
-            for p in params:
-                p.grad = None
-            rec.note(f"forward {step}")
-            loss = model(dense_x, kjt, coef)
-            rec.note(f"backward {step}")
-            loss.backward()
-            rec.note(f"optimizer {step}")
-            with torch.no_grad():
-                for p in params:
-                    if p.grad is not None:
-                        p.add_(p.grad, alpha=-cfg.lr)
-            losses.append(float(loss.detach()))
+    def active(self) -> "Trainer":
+        """Record the calls from now on into this trainer's records."""
+        self.tap.rec, self.tap.splits, self.tap.waits = self.rec, self.splits, self.waits
+        return self
 
-        probe = _host_probe(dist, rank, progress) if cfg.host_probe else []
-        steps, trace = timed_steps(rec, run_step, cfg, rank)
+    def batch(self, step: int):
+        return _local_batch(self.cfg, self.rank, step, self.torch, self.kjt)
+
+    def run_step(self, step: int) -> None:
+        """One training step: forward, backward, the dense parameters' SGD (the sharded
+        tables' fused optimizer runs in their backward)."""
+        cfg, rec, torch = self.cfg, self.rec, self.torch
+        rec.step = self.state["step"] = step
+        rec.note(f"step {step} start")
+        if cfg.fault is not None and cfg.fault.rank == self.rank and cfg.fault.step == step:
+            inject_fault(cfg.fault.kind, self.rank, step)
+        dense_x, kjt, coef = self.batches.pop(step) if step in self.batches else self.batch(step)
+        for p in self.params:
+            p.grad = None
+        rec.note(f"forward {step}")
+        loss = self.model(dense_x, kjt, coef)
+        rec.note(f"backward {step}")
+        loss.backward()
+        rec.note(f"optimizer {step}")
+        with torch.no_grad():
+            for p in self.params:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-cfg.lr)
+        self.losses.append(float(loss.detach()))
+
+    def result(self, steps: list, trace, probe: list) -> dict:
+        """What the rank reports of this plan (the parent's :func:`validate_dlrm` reads it)."""
+        events = [ev + sp + (w,) for ev, sp, w in zip(self.rec.events, self.splits, self.waits)]
+        return {"rank": self.rank, "events": events, "steps": steps, "losses": self.losses,
+                "trace": trace, "ddps": len(self.ddps), "host_probe_s": probe}
+
+
+def open_tap(cfg):
+    """The call recorder patched into ``torch.distributed`` for a run of ``cfg``'s world."""
+    import torch.distributed as dist
+    return _Tap(None, dist, cfg.world, cfg.local_world)
+
+
+def run_plans(rank: int, cfg, plans, rdzv: str, progress, report, state: dict, train):
+    """This rank's run of ``plans`` (one :class:`Trainer` each, ``cfg`` the run's settings):
+    build them, probe the host, ``train(trainers)`` (what it returns: their timed steps), probe
+    again; returns the trainers, that and the probes' seconds."""
+    import torch.distributed as dist
+    start_rank(rank, cfg, rdzv, progress, report)
+    tap = open_tap(cfg)
+    try:
+        jobs = [Trainer(rank, c, progress, state, tap) for c in plans]
+        pin_main_thread(rank)          # TorchRec's groups (and their gloo threads) exist now
+        probe = probe_host(dist, rank, progress) if cfg.host_probe else []
+        timed = train(jobs)
         state["step"] = -2
         if cfg.host_probe:
-            probe += _host_probe(dist, rank, progress)
+            probe += probe_host(dist, rank, progress)
     finally:
         tap.restore()
     dist.destroy_process_group()
     unpin()
-    events = [ev + sp + (w,) for ev, sp, w in zip(rec.events, tap.splits, tap.waits)]
-    return {"rank": rank, "events": events, "steps": steps, "losses": losses,
-            "trace": trace, "ddps": len(ddps), "host_probe_s": probe}
+    return jobs, timed, probe
+
+
+def run_rank(rank: int, cfg, rdzv: str, progress, report, state: dict) -> dict:
+    """This rank's run of one plan: build, probe the host, warm up, time the steps."""
+    def train(jobs):
+        return timed_steps(jobs[0].rec, jobs[0].run_step, cfg, rank)
+    jobs, (steps, trace), probe = run_plans(rank, cfg, [cfg], rdzv, progress, report, state,
+                                            train)
+    return jobs[0].result(steps, trace, probe)

@@ -3,9 +3,11 @@
 predicted beside.
 
 Each plan runs ``warmup`` + ``steps`` steps (more for a plan predicted short, :func:`steps_for`),
-in ``rounds`` whole runs of the family, a set's plans in turn (every other round in reverse,
-:func:`round_order`); its measured time is the median over the steps of the
-slowest rank, pooled over its rounds (:func:`merge_rounds`). The prediction is
+in ``rounds`` whole runs of the family, a set's plans side by side in one run whose steps
+alternate between them (``order="interleaved"``, the default;
+:mod:`planner.measure.validate.dlrm_interleave`) or in turn (every other round in reverse,
+:func:`round_order`); its measured time is the median over the steps of the slowest rank,
+pooled over its rounds (:func:`merge_rounds`). The prediction is
 :func:`planner.measure.validate.dlrm_report.validate_dlrm`'s with the given calibration;
 :func:`repredict_rows` predicts a recorded run's plans again without running them.
 :mod:`planner.measure.validate.unseen_report` summarises and prints the rows.
@@ -36,7 +38,7 @@ def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: 
               calibrations: dict, timeout_s: float = 300.0, progress=None,
               heap: str = DEFAULT_HEAP, rounds: int = 1, host_probe: bool = True,
               min_seconds: float = 0.0, measured: str = "steps",
-              order: str = "alternate") -> list[dict]:
+              order: str = "interleaved") -> list[dict]:
     """Run every case for real and predict it with the calibration of its world size; one row
     per case (see :func:`planner.measure.validate.unseen_report.summarise`). With
     ``host_probe`` each run times the calibration's lookup probe before its warm-up and after
@@ -49,7 +51,10 @@ def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: 
     :func:`merge_rounds`): a shared host's speed drifts by tens of percent, which one run per
     plan cannot tell from a model error. ``min_seconds`` > 0 gives a plan predicted short more
     measured steps (:func:`steps_for`), the same in every round. ``order`` is the order of a
-    set's plans in each round (:func:`round_order`); rows come back in ``cases``' order."""
+    set's plans in each round (:func:`round_order`); with ``"interleaved"`` a set's plans
+    train side by side in one run, one step each in turn, so each round pairs every plan's
+    steps with its set's other plans' steps under the same host speed. Rows come back in
+    ``cases``' order."""
     if order not in ORDERS:
         raise ValueError(f"order={order!r}: one of {ORDERS}")
     per_case = {(c.set_name, c.plan_kind): steps_for(c, folder, steps, warmup,
@@ -63,14 +68,15 @@ def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: 
         ran = round_order(cases, k, order)
         rows = _run_round(ran, folder, steps=per_case, warmup=warmup,
                           calibrations=calibrations, timeout_s=timeout_s, progress=tell,
-                          heap=heap, host_probe=host_probe)
+                          heap=heap, host_probe=host_probe,
+                          interleave=order == "interleaved")
         back = {id(c): r for c, r in zip(ran, rows)}
         per_round.append([back[id(c)] for c in cases])
     return merge_rounds(per_round, measured)
 
 
 #: orders of a set's plans in the rounds of :func:`run_cases` (:func:`round_order`)
-ORDERS = ("alternate", "fixed")
+ORDERS = ("interleaved", "alternate", "fixed")
 
 
 def round_order(cases: Sequence[UnseenCase], k: int, order: str = "alternate") -> list:
@@ -81,7 +87,8 @@ def round_order(cases: Sequence[UnseenCase], k: int, order: str = "alternate") -
     same plan is always the first after the pool starts and the others always follow it by
     the same minutes of the host's drift. Alternated, each plan of a pair runs first as often
     as second over an even number of rounds, so a position effect or a drift within the set's
-    turn does not favour one plan of it in every round.
+    turn does not favour one plan of it in every round. ``"interleaved"`` orders a set's plans
+    as ``"alternate"`` does, here the order of their steps within each cycle of its one run.
 
     >>> from types import SimpleNamespace as C
     >>> cs = [C(model=C(name=s), plan_kind=p) for s in "ab" for p in ("g", "r", "c")]
@@ -92,7 +99,7 @@ def round_order(cases: Sequence[UnseenCase], k: int, order: str = "alternate") -
     """
     if order not in ORDERS:
         raise ValueError(f"order={order!r}: one of {ORDERS}")
-    flip = order == "alternate" and k % 2
+    flip = order in ("alternate", "interleaved") and k % 2
     return [c for group in _by_set(cases) for c in (group[::-1] if flip else group)]
 
 
@@ -165,12 +172,24 @@ def steps_for(case: UnseenCase, folder: Path, steps: int, warmup: int, calibrati
 
 def _run_round(cases: Sequence[UnseenCase], folder: Path, *, steps: dict, warmup: int,
                calibrations: dict, timeout_s: float, progress, heap: str,
-               host_probe: bool) -> list[dict]:
+               host_probe: bool, interleave: bool = False) -> list[dict]:
     from planner.measure.validate.runner import Pool, RunFailed
     rows: list[dict] = []
     for group in _by_set(cases):
         pool = Pool(group[0].ranks, heap)
         try:
+            if interleave:
+                try:
+                    set_rows = _run_set_interleaved(
+                        group, folder, pool, steps=steps, warmup=warmup,
+                        calibrations=calibrations, timeout_s=timeout_s, heap=heap,
+                        host_probe=host_probe)
+                except RunFailed as e:
+                    set_rows = [_row(case, error=str(e)) for case in group]
+                for row in set_rows:
+                    rows.append(row)
+                    progress(len(rows), len(cases), row)
+                continue
             for case in group:
                 try:
                     row = _run_case(case, folder, pool,
@@ -239,17 +258,41 @@ def _row(case: UnseenCase, **kw) -> dict:
             "layout": layout_record(case.shardings), **kw}
 
 
-def _run_case(case: UnseenCase, folder: Path, pool, *, steps: int, warmup: int, calibration,
-              timeout_s: float, heap: str, host_probe: bool) -> dict:
+def _case_config(case: UnseenCase, folder: Path, *, steps: int, warmup: int, timeout_s: float,
+                 heap: str, host_probe: bool):
     from planner.measure.validate.dlrm import load_dlrm_config
+    return load_dlrm_config(str(write_case(case, folder)), nproc=case.ranks, steps=steps,
+                            warmup=warmup, timeout_s=timeout_s, heap=heap, host_probe=host_probe)
+
+
+def _case_row(case: UnseenCase, cfg, result, calibration) -> dict:
     from planner.measure.validate.dlrm_report import validate_dlrm
-    plan = write_case(case, folder)
-    cfg = load_dlrm_config(str(plan), nproc=case.ranks, steps=steps, warmup=warmup,
-                           timeout_s=timeout_s, heap=heap, host_probe=host_probe)
-    d = validate_dlrm(cfg, result=pool.run(cfg), calibration=calibration)
+    d = validate_dlrm(cfg, result=result, calibration=calibration)
     return _row(case, predicted_s=d["predicted_step_time_s"],
-                measured_s=d["measured_step_time_s"], steps=steps, steps_s=d["steps_s"],
+                measured_s=d["measured_step_time_s"], steps=cfg.steps, steps_s=d["steps_s"],
                 structure_match=d["structure"]["match"], per_kind=d["per_kind"],
                 extrapolated=d["extrapolated"],
                 **({k: d[k] for k in ("host_probe_s", "host_speed", "predicted_at_host_s")}
                    if d["host_speed"] is not None else {}))
+
+
+def _run_case(case: UnseenCase, folder: Path, pool, *, steps: int, warmup: int, calibration,
+              timeout_s: float, heap: str, host_probe: bool) -> dict:
+    cfg = _case_config(case, folder, steps=steps, warmup=warmup, timeout_s=timeout_s,
+                       heap=heap, host_probe=host_probe)
+    return _case_row(case, cfg, pool.run(cfg), calibration)
+
+
+def _run_set_interleaved(group: Sequence[UnseenCase], folder: Path, pool, *, steps: dict,
+                         warmup: int, calibrations: dict, timeout_s: float, heap: str,
+                         host_probe: bool) -> list[dict]:
+    """One table set's plans trained side by side, steps interleaved
+    (:mod:`planner.measure.validate.dlrm_interleave`); one row per plan, in ``group``'s
+    order."""
+    from planner.measure.validate.dlrm_interleave import InterleavedRunConfig, split_result
+    cfgs = [_case_config(c, folder, steps=steps[(c.set_name, c.plan_kind)], warmup=warmup,
+                         timeout_s=timeout_s, heap=heap, host_probe=host_probe) for c in group]
+    run_cfg = InterleavedRunConfig(plans=tuple(cfgs))
+    results = split_result(run_cfg, pool.run(run_cfg))
+    return [_case_row(c, cfg, res, calibrations[c.ranks])
+            for c, cfg, res in zip(group, cfgs, results)]

@@ -1,8 +1,8 @@
 """How well ``clusterplan validate unseen`` predicted its plans: per-row errors, the MAPE,
 rows within 25%, Kendall tau between plans of the same table set (also over the pairs measured
-apart alone, :func:`measured_apart`), the issue's goals, and the table a person reads
-(:func:`format_rows`). Rows are those of
-:func:`planner.measure.validate.unseen.run_cases`; times are seconds.
+apart alone, :func:`measured_apart`), the issue's goals, how well the measurement repeats its
+own order (:func:`tau_between_rounds`), and the table a person reads (:func:`format_rows`).
+Rows are those of :func:`planner.measure.validate.unseen.run_cases`; times are seconds.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import numpy as np
 
 from planner.measure.validate.dlrm_probes import stale_note
 
-__all__ = ["kendall_tau_within", "measured_apart", "summarise", "format_rows"]
+__all__ = ["kendall_tau_within", "measured_apart", "tau_between_rounds", "summarise",
+           "format_rows"]
 
 
 def kendall_tau_within(rows: Sequence[dict], key: str = "predicted_s", *,
@@ -30,6 +31,32 @@ def kendall_tau_within(rows: Sequence[dict], key: str = "predicted_s", *,
         conc += (s > 0) + 0.5 * (s == 0)
         disc += (s < 0) + 0.5 * (s == 0)
     return None if conc + disc == 0 else float((conc - disc) / (conc + disc))
+
+
+def tau_between_rounds(rows: Sequence[dict]) -> float | None:
+    """The measurement's own repeatability: Kendall tau between two rounds' measured step
+    times (``rounds_s``) over every pair of plans of the same table set, averaged over every
+    pair of rounds; None with fewer than two rounds. A prediction cannot be shown to order
+    the plans better than the measurement orders itself: where one round's order of a set's
+    plans disagrees with the next round's on a quarter of the pairs, a tau of 0.8 against
+    either is out of reach, however right the model.
+
+    >>> rows = [{"set": "a", "measured_s": 1, "rounds_s": [1.0, 1.1, 1.0]},
+    ...         {"set": "a", "measured_s": 2, "rounds_s": [2.0, 1.0, 2.1]}]
+    >>> round(tau_between_rounds(rows), 3)      # rounds 0-1 and 1-2 disagree, 0-2 agree
+    -0.333
+    """
+    pairs = [(a, b) for a, b in _pairs(rows) if a.get("rounds_s") and b.get("rounds_s")]
+    n = min((len(r["rounds_s"]) for ab in pairs for r in ab), default=0)
+    if n < 2:
+        return None
+    taus = []
+    for i in range(n):
+        for j in range(i + 1, n):
+            s = [np.sign(a["rounds_s"][i] - b["rounds_s"][i])
+                 * np.sign(a["rounds_s"][j] - b["rounds_s"][j]) for a, b in pairs]
+            taus.append(float(np.mean(s)))
+    return statistics.fmean(taus)
 
 
 def _pairs(rows: Sequence[dict]) -> list[tuple[dict, dict]]:
@@ -95,7 +122,8 @@ def summarise(rows: Sequence[dict]) -> dict:
     rows = _ok(rows)
     out = {"plans": len(rows), "failed": failed, "sets": len({r["set"] for r in rows}),
            **_errors(rows, "predicted_s", failed),
-           "extrapolated": sum(bool(r.get("extrapolated")) for r in rows)}
+           "extrapolated": sum(bool(r.get("extrapolated")) for r in rows),
+           "measured_tau_between_rounds": tau_between_rounds(rows)}
     speeds = [r.get("host_speed") for r in rows]
     if rows and all(x is not None for x in speeds):
         out["host_speed"] = [min(speeds), statistics.median(speeds), max(speeds)]
@@ -131,6 +159,10 @@ def format_rows(rows: Sequence[dict], summary: dict) -> str:
     lines += _summary_lines(s, f"{s['plans']} plans of {s['sets']} table sets: ", s["plans"])
     if s.get("extrapolated"):
         lines.append(f"{s['extrapolated']} plan(s) extrapolated (*)")
+    if s.get("measured_tau_between_rounds") is not None:
+        lines.append("the measurement against itself: Kendall tau between its rounds' orders of "
+                     f"each set's plans {s['measured_tau_between_rounds']:.2f} (mean over pairs "
+                     "of rounds)")
     if probe:
         lo, mid, hi = s["host_speed"]
         lines.append(f"host speed during the runs (the lookup probe's time over the "
