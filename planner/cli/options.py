@@ -14,7 +14,7 @@ from simulator.topology import Topology, load_topology
 from planner.model.llm.spec import LLMSpec, builtin_model_names
 from planner.model.llm.trainer import PRESETS, TRAINER_KEYS, trainer_from_args
 from planner.model.tables.spec_file import builtin_spec_names
-from planner.model.tables.trainer import DLRM_PRESETS, dlrm_trainer_from_args
+from planner.model.tables.trainer import DLRM_PRESETS, DLRM_TRAINER_CHOICES, dlrm_trainer_from_args
 
 __all__ = ["topology_arguments", "topology_from_args", "is_model", "is_llm_plan", "is_table_spec",
            "trainer_arguments", "with_trainer", "with_dlrm_trainer"]
@@ -42,8 +42,7 @@ def trainer_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trainer-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one trainer setting (repeatable); model specs' keys: "
                         f"{', '.join(k for k in TRAINER_KEYS if k != 'preset')}; table specs': "
-                        "pipeline=sparse_dist|none, dispatch=eager|graphs, "
-                        "mixed_precision=autocast|pure, fusion=none|fused")
+                        + ", ".join(f"{k}={'|'.join(v)}" for k, v in DLRM_TRAINER_CHOICES.items()))
 
 
 def with_trainer(spec: LLMSpec, args: argparse.Namespace) -> LLMSpec:

@@ -77,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser, *, devices_required: bool = True) 
                    help="embedding optimizer, overriding the spec")
     p.add_argument("--mip-solver", default="cbc", choices=("cbc", "highs"),
                    help="MIP solver (highs needs highspy)")
+    p.add_argument("--column-slice-threshold", type=float, default=None, metavar="ELEMENTS",
+                   help="memory_balanced: cut tables of more than this many elements (rows x "
+                        "dim) into column slices (default 1e10, DeepLearningExamples' TF2 DLRM)")
     p.add_argument("--simulate", action="store_true",
                    help="also simulate one training step of the plan")
     p.add_argument("--measure", action="store_true",
@@ -133,6 +136,17 @@ def run(args: argparse.Namespace) -> int:
                         fix=f"use one of: {', '.join(PLANNER_NAMES)}")
     task = _task(args)
     opts = {"solver": args.mip_solver} if args.planner == "mip" else {}
+    threshold = getattr(args, "column_slice_threshold", None)
+    if threshold is not None:
+        if args.planner != "memory_balanced":
+            raise SpecError("--column-slice-threshold is an option of --planner memory_balanced",
+                            source="--column-slice-threshold",
+                            fix="pass --planner memory_balanced, or drop the option")
+        if not 0 < threshold < float("inf"):
+            raise SpecError(f"--column-slice-threshold must be a positive number of elements, "
+                            f"got {threshold}", source="--column-slice-threshold",
+                            fix="pass elements (rows x dim), e.g. 1e9")
+        opts = {"column_slice_threshold": threshold}
     planner = get_planner(args.planner, **opts)
     plan = planner.plan(task, args.devices, seed=args.seed, time_limit_s=args.time_limit)
     doc, timings = split_timings(plan.to_dict())

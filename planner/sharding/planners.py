@@ -1,30 +1,33 @@
 """Planners behind one interface (:class:`~planner.sharding.protocols.Planner`:
 ``plan(task, devices, *, seed, time_limit_s) -> Plan``).
 
-=================  ==========================================================================
-name               what it does
-=================  ==========================================================================
-``random``         each table table-wise on a random device with room (seeded)
-``size``           NeuroShard baselines: sort tables by a key, largest first, each onto the
-``dim``            device with the smallest sum of that key that still has room
-``lookup``         (size = rows·dim, dim, lookup = dim·pooling, size_lookup =
-``size_lookup``    dim·pooling·log10(rows)); table-wise only
-``greedy``         LPT on the analytic step cost (each synchronised phase's slowest rank,
-                   summed): heavy tables cut into column parts or spread over a host, each
-                   unit onto the rank that keeps the step cost lowest
-``local_search``   ``greedy``, then moves, swaps, splits and merges that lower the step cost
-``mip``            PuLP/CBC: minimise the step cost under memory caps over
-                   table-wise, column-wise (2/4/8 parts), row-wise, data-parallel (and
-                   table-row-wise across hosts); warm-started from ``local_search``
-``torchrec``       TorchRec's own ``EmbeddingShardingPlanner``, run for real (needs
-                   ``make setup-torchrec``); its plan converted back and costed by our model
-``neuroshard``     NeuroShard's grid search (table-wise) and column-halving beam search over
-                   the learned cost model shipped in ``planner/costmodel``, then a local
-                   search on the full learned objective (moves, swaps, non-halving column
-                   splits, row-wise for hot tables; ``planner/costmodel/README.md``);
-                   on a device kind no weights were trained on, ``local_search`` on the
-                   analytic model, with a warning
-=================  ==========================================================================
+====================  ==========================================================================
+name                  what it does
+====================  ==========================================================================
+``random``            each table table-wise on a random device with room (seeded)
+``size``              NeuroShard baselines: sort tables by a key, largest first, each onto the
+``dim``               device with the smallest sum of that key that still has room
+``lookup``            (size = rows·dim, dim, lookup = dim·pooling, size_lookup =
+``size_lookup``       dim·pooling·log10(rows)); table-wise only
+``greedy``            LPT on the analytic step cost (each synchronised phase's slowest rank,
+                      summed): heavy tables cut into column parts or spread over a host, each
+                      unit onto the rank that keeps the step cost lowest
+``local_search``      ``greedy``, then moves, swaps, splits and merges that lower the step cost
+``mip``               PuLP/CBC: minimise the step cost under memory caps over
+                      table-wise, column-wise (2/4/8 parts), row-wise, data-parallel (and
+                      table-row-wise across hosts); warm-started from ``local_search``
+``memory_balanced``   NVIDIA distributed-embeddings' placement (DeepLearningExamples' TF2 DLRM):
+                      tables over 10¹⁰ elements cut into column slices, all dealt largest
+                      first in a snake over the ranks (even counts, no cost model)
+``torchrec``          TorchRec's own ``EmbeddingShardingPlanner``, run for real (needs
+                      ``make setup-torchrec``); its plan converted back and costed by our model
+``neuroshard``        NeuroShard's grid search (table-wise) and column-halving beam search over
+                      the learned cost model shipped in ``planner/costmodel``, then a local
+                      search on the full learned objective (moves, swaps, non-halving column
+                      splits, row-wise for hot tables; ``planner/costmodel/README.md``);
+                      on a device kind no weights were trained on, ``local_search`` on the
+                      analytic model, with a warning
+====================  ==========================================================================
 
 Every planner falls back to row-wise for a table that fits no single device, when row-wise is
 allowed; a table that fits nowhere under the allowed types raises
@@ -39,6 +42,7 @@ from planner.costmodel.planner import NeuroShardPlanner
 from planner.sharding.baselines import KeyGreedyPlanner
 from planner.sharding.greedy import GreedyPlanner
 from planner.sharding.local_search import LocalSearchPlanner
+from planner.sharding.memory_balanced import MemoryBalancedPlanner
 from planner.sharding.mip import MipPlanner
 from planner.sharding.protocols import Planner
 from planner.sharding.random_placement import RandomPlanner
@@ -47,7 +51,7 @@ from planner.sharding.torchrec_planner import TorchRecPlanner
 __all__ = ["PLANNER_NAMES", "get_planner"]
 
 PLANNER_NAMES = ("random", "size", "dim", "lookup", "size_lookup", "greedy", "local_search", "mip",
-                 "torchrec", "neuroshard")
+                 "memory_balanced", "torchrec", "neuroshard")
 
 
 def get_planner(name: str, **options) -> Planner:
@@ -62,6 +66,8 @@ def get_planner(name: str, **options) -> Planner:
         return LocalSearchPlanner(**options)
     if name == "mip":
         return MipPlanner(**options)
+    if name == "memory_balanced":
+        return MemoryBalancedPlanner(**options)
     if name == "torchrec":
         return TorchRecPlanner(**options)
     if name == "neuroshard":

@@ -20,7 +20,7 @@ from planner.model.tables.task import ShardingTask, prepare
 from planner.model.tables.trainer import (DLRM_PRESETS, DlrmTrainer, dlrm_trainer_from_args,
                                           dlrm_trainer_from_mapping)
 from planner.sharding.planners import get_planner
-from planner.workloads.dlrm.step import build_step_workload
+from planner.workloads.dlrm.step import build_step_workload, simulate_plan
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 
@@ -116,6 +116,40 @@ def test_pure_precision_all_reduces_half_precision_gradients():
     assert p.cost.dense_costs()["dense_allreduce_s"] == pytest.approx(
         float(p.cost.comm.time("allreduce", 2.0 * params)), rel=1e-12)
     assert DlrmTrainer(mixed_precision="pure").gradient_bytes("fp32") == 4.0
+
+
+def test_dense_gradients_set_what_the_dense_all_reduce_moves():
+    """``dense_gradients: fp32`` (Keras ``mixed_float16``: fp32 variables, fp32 gradients)
+    all-reduces 4 bytes per parameter under ``pure`` half-precision activations, which
+    ``auto`` (HugeCTR's half-precision weight gradients) makes 2; ``dense`` makes autocast's
+    gradients the dense dtype's. ``dle-tf2`` is ``pure`` activations with fp32 gradients."""
+    m = load_model_spec("mlperf-dcnv2")
+    params = m.dense.param_count([t.embedding_dim for t in m.tables])
+    dle = DLRM_PRESETS["dle-tf2"]
+    assert (dle.mixed_precision, dle.dense_gradients, dle.embedding_output) == \
+        ("pure", "fp32", "fp32")
+    assert _dense_allreduce_bytes(dle) == pytest.approx(4.0 * params)
+    assert _dense_allreduce_bytes(DLRM_PRESETS["hugectr"]) == pytest.approx(2.0 * params)
+    assert _dense_allreduce_bytes(DlrmTrainer(dense_gradients="dense")) == pytest.approx(
+        2.0 * params)
+    assert DlrmTrainer(dense_gradients="dense").gradient_bytes("fp32") == 4.0
+    with pytest.raises(SpecError) as e:
+        dlrm_trainer_from_mapping({"dense_gradients": "fp16"}, source="s.yaml")
+    assert e.value.field == "trainer.dense_gradients" and "fp32" in str(e.value)
+
+
+def test_dle_tf2_differs_from_hugectr_only_in_the_embedding_and_gradient_bytes():
+    """Same dense kernels (graphs, pure, fused): on ``mlperf-dcnv2``'s bf16 dense part the
+    DLE preset differs from HugeCTR's by its fp32 all-to-alls and gradients alone, so its
+    step is slower."""
+    def step(trainer):
+        p = _problem(trainer)
+        task = ShardingTask(model=p.model, topology=p.topology_ref)
+        plan = get_planner("greedy").plan(task, p.devices, seed=0)
+        return simulate_plan(plan, task).step_time_s
+    hug, dle = DLRM_PRESETS["hugectr"], DLRM_PRESETS["dle-tf2"]
+    assert replace(hug, embedding_output="fp32", dense_gradients="fp32") == dle
+    assert step(dle) > step(hug)
 
 
 def test_presets_and_their_errors():

@@ -3,12 +3,13 @@
 A table spec states it in a ``trainer:`` section (every key optional)::
 
     trainer:
-      preset: torchrec        # torchrec | torchrec-compiled | hugectr (the keys below override it)
+      preset: torchrec        # torchrec | torchrec-compiled | hugectr | dle-tf2 (keys override it)
       pipeline: sparse_dist   # sparse_dist | none
       dispatch: eager         # eager | graphs
       mixed_precision: autocast   # autocast | pure
       fusion: none            # none | compiled | fused
       embedding_output: fp32  # fp32 | dense
+      dense_gradients: auto   # auto | fp32 | dense
 
 ``pipeline``: ``sparse_dist`` is TorchRec's ``TrainPipelineSparseDist`` (the default of its
 training loops and examples): the next batch's input dist (the ids all-to-alls) runs on its own
@@ -54,13 +55,26 @@ vectors and their gradients in half precision (``emb_type`` and ``wgrad_type`` a
 model setup), so the model-parallel all-to-all and the row-wise reductions move 2 bytes per
 element; a narrower ``comm_precision`` still applies.
 
+``dense_gradients``: the precision of the dense parameters' gradients, which the data-parallel
+all-reduce moves. ``auto``: the dense dtype under ``pure`` (the parameters are kept in it, as
+HugeCTR's half-precision weight gradients), fp32 under ``autocast``; ``fp32``: fp32 whatever the
+activations (Keras' ``mixed_float16`` policy keeps fp32 variables, so their gradients are fp32);
+``dense``: the dense dtype.
+
 ``preset`` names a trainer by what it does (:data:`DLRM_PRESETS`): ``torchrec`` (the defaults:
 TorchRec's pipelined training loop, eager PyTorch under autocast), ``torchrec-compiled`` (the
 same loop with the dense part compiled into CUDA graphs:
 ``torch.compile(mode="reduce-overhead")``; autocast, compiled) and ``hugectr`` (HugeCTR: its own
 overlapped embedding pipeline, CUDA graphs, half-precision activations throughout, fused layers,
-half-precision embedding vectors). ``--trainer NAME`` on ``clusterplan plan`` picks a preset in
-place of the spec's section; ``--trainer-set KEY=VALUE`` overrides a key.
+half-precision embedding vectors) and ``dle-tf2`` (NVIDIA DeepLearningExamples' TensorFlow 2
+DLRM and DCNv2 with ``--xla --amp``, read from its code: a ``tf.function`` graph, so no Python
+per op; Keras ``mixed_float16``, so activations in half precision with fp32 variables and
+gradients; XLA's elementwise fusions, TF's GEMMs with bias and ReLU fused and a custom CUDA dot
+interaction; the lookups' outputs fp32, cast after the all-to-all, since its embeddings do not
+run in fp16; the ids come straight from the per-table data loader, so no lookup waits for an
+ids all-to-all; its tables placed by ``--planner memory_balanced``). ``--trainer NAME`` on
+``clusterplan plan`` picks a preset in place of the spec's section; ``--trainer-set KEY=VALUE``
+overrides a key.
 
 >>> dlrm_trainer_from_mapping({"pipeline": "none"}, source="tables.yaml")  # doctest: +ELLIPSIS
 DlrmTrainer(pipeline='none', dispatch='eager', mixed_precision='autocast', fusion='none', ...)
@@ -83,11 +97,12 @@ from simulator.errors import SpecError
 from planner.model.tables.dense import ACTIVATION_BYTES
 
 __all__ = ["DlrmTrainer", "dlrm_trainer_from_mapping", "override_dlrm_trainer",
-           "dlrm_preset", "dlrm_trainer_from_args", "DLRM_TRAINER_KEYS", "DLRM_PRESETS"]
+           "dlrm_preset", "dlrm_trainer_from_args", "DLRM_TRAINER_KEYS", "DLRM_PRESETS",
+           "DLRM_TRAINER_CHOICES"]
 
 _CHOICES = {"pipeline": ("sparse_dist", "none"), "dispatch": ("eager", "graphs"),
             "mixed_precision": ("autocast", "pure"), "fusion": ("none", "fused", "compiled"),
-            "embedding_output": ("fp32", "dense")}
+            "embedding_output": ("fp32", "dense"), "dense_gradients": ("auto", "fp32", "dense")}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,6 +114,7 @@ class DlrmTrainer:
     mixed_precision: str = "autocast"
     fusion: str = "none"
     embedding_output: str = "fp32"
+    dense_gradients: str = "auto"
 
     @property
     def pipelined(self) -> bool:
@@ -123,9 +139,13 @@ class DlrmTrainer:
 
     def gradient_bytes(self, dtype: str) -> float:
         """Bytes per dense parameter gradient the data-parallel all-reduce moves for a dense
-        part of ``dtype``: the dtype's own under ``pure`` (the parameters are in it, so are
-        their gradients), else 4 (fp32 parameters, as under autocast)."""
-        return ACTIVATION_BYTES.get(dtype, 4.0) if self.mixed_precision == "pure" else 4.0
+        part of ``dtype`` (``dense_gradients``): under ``auto`` the dtype's own under ``pure``
+        (the parameters are in it, so are their gradients), else 4 (fp32 parameters, as under
+        autocast)."""
+        own = ACTIVATION_BYTES.get(dtype, 4.0)
+        if self.dense_gradients == "auto":
+            return own if self.mixed_precision == "pure" else 4.0
+        return own if self.dense_gradients == "dense" else 4.0
 
     def pooled_bytes(self, comm_bytes: float, dense_dtype: str | None) -> float:
         """Bytes per element of the pooled embeddings and their gradients between lookups and
@@ -145,12 +165,17 @@ class DlrmTrainer:
 
 DLRM_TRAINER_KEYS = tuple(f.name for f in fields(DlrmTrainer))
 
+#: each trainer key's allowed values, the first the default's
+DLRM_TRAINER_CHOICES = _CHOICES
+
 #: named DLRM trainers as the settings above (see the module docstring)
 DLRM_PRESETS = {
     "torchrec": DlrmTrainer(),
     "torchrec-compiled": DlrmTrainer(dispatch="graphs", fusion="compiled"),
     "hugectr": DlrmTrainer(dispatch="graphs", mixed_precision="pure", fusion="fused",
                            embedding_output="dense"),
+    "dle-tf2": DlrmTrainer(dispatch="graphs", mixed_precision="pure", fusion="fused",
+                           embedding_output="fp32", dense_gradients="fp32"),
 }
 
 
