@@ -86,7 +86,9 @@ class MemoryBalancedPlanner:
                   for w in column_slices(tab.num_embeddings, tab.embedding_dim, self.threshold,
                                          devices)]
         ranks = snake_ranks([float(tables[t].num_embeddings) * w for t, w in slices], devices)
-        layouts = [self._layout(t, tab, [(r, w) for (u, w), r in zip(slices, ranks) if u == t])
+        source = problem.model.source or None
+        layouts = [self._layout(t, tab, [(r, w) for (u, w), r in zip(slices, ranks) if u == t],
+                                source)
                    for t, tab in enumerate(tables)]
         stats = PlannerStats(wall_s=time.perf_counter() - t0, status="heuristic", seed=seed,
                              time_limit_s=time_limit_s,
@@ -94,7 +96,7 @@ class MemoryBalancedPlanner:
         return make_plan(problem, tuple(layouts), self.name, stats)
 
     @staticmethod
-    def _layout(t: int, tab, parts: list[tuple[int, int]]) -> TableSharding:
+    def _layout(t: int, tab, parts: list[tuple[int, int]], source: str | None) -> TableSharding:
         """Table ``t``'s slices ``(rank, width)`` in column order, merged per rank."""
         rows, dim = tab.num_embeddings, tab.embedding_dim
         if len({r for r, _ in parts}) == 1:
@@ -105,7 +107,8 @@ class MemoryBalancedPlanner:
         if any(w % 4 for w in merged.values()):
             raise SpecError(f"table {tab.name!r}: memory_balanced slices of widths "
                             f"{sorted(merged.values())} are not multiples of 4, which a "
-                            "column-wise shard needs", field=f"tables.{tab.name}.embedding_dim",
+                            "column-wise shard needs", source=source,
+                            field=f"tables.{tab.name}.embedding_dim",
                             fix="raise --column-slice-threshold so the table stays whole, or "
                                 "use a dim that divides into multiples of 4")
         ranks = list(merged)

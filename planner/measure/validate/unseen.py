@@ -173,38 +173,36 @@ def steps_for(case: UnseenCase, folder: Path, steps: int, warmup: int, calibrati
 def _run_round(cases: Sequence[UnseenCase], folder: Path, *, steps: dict, warmup: int,
                calibrations: dict, timeout_s: float, progress, heap: str,
                host_probe: bool, interleave: bool = False) -> list[dict]:
-    from planner.measure.validate.runner import Pool, RunFailed
+    run_set = _run_set_interleaved if interleave else _run_set_in_turn
     rows: list[dict] = []
     for group in _by_set(cases):
-        pool = Pool(group[0].ranks, heap)
-        try:
-            if interleave:
-                try:
-                    set_rows = _run_set_interleaved(
-                        group, folder, pool, steps=steps, warmup=warmup,
-                        calibrations=calibrations, timeout_s=timeout_s, heap=heap,
-                        host_probe=host_probe)
-                except RunFailed as e:
-                    set_rows = [_row(case, error=str(e)) for case in group]
-                for row in set_rows:
-                    rows.append(row)
-                    progress(len(rows), len(cases), row)
-                continue
-            for case in group:
-                try:
-                    row = _run_case(case, folder, pool,
-                                    steps=steps[(case.set_name, case.plan_kind)], warmup=warmup,
-                                    calibration=calibrations[case.ranks], timeout_s=timeout_s,
-                                    heap=heap, host_probe=host_probe)
-                except RunFailed as e:
-                    row = _row(case, error=str(e))
-                    pool.close()
-                    pool = Pool(case.ranks, heap)
-                rows.append(row)
-                progress(len(rows), len(cases), row)
-        finally:
-            pool.close()
+        for row in run_set(group, folder, steps=steps, warmup=warmup, calibrations=calibrations,
+                           timeout_s=timeout_s, heap=heap, host_probe=host_probe):
+            rows.append(row)
+            progress(len(rows), len(cases), row)
     return rows
+
+
+def _run_set_in_turn(group: Sequence[UnseenCase], folder: Path, *, steps: dict, warmup: int,
+                     calibrations: dict, timeout_s: float, heap: str, host_probe: bool):
+    """One table set's plans one after the other in a pool of fresh processes (a new pool
+    after a plan that failed); yields a row per plan, in ``group``'s order."""
+    from planner.measure.validate.runner import Pool, RunFailed
+    pool = Pool(group[0].ranks, heap)
+    try:
+        for case in group:
+            try:
+                row = _run_case(case, folder, pool,
+                                steps=steps[(case.set_name, case.plan_kind)], warmup=warmup,
+                                calibration=calibrations[case.ranks], timeout_s=timeout_s,
+                                heap=heap, host_probe=host_probe)
+            except RunFailed as e:
+                row = _row(case, error=str(e))
+                pool.close()
+                pool = Pool(case.ranks, heap)
+            yield row
+    finally:
+        pool.close()
 
 
 def repredict_rows(cases: Sequence[UnseenCase], recorded: Sequence[dict], folder: Path, *,
@@ -283,16 +281,22 @@ def _run_case(case: UnseenCase, folder: Path, pool, *, steps: int, warmup: int, 
     return _case_row(case, cfg, pool.run(cfg), calibration)
 
 
-def _run_set_interleaved(group: Sequence[UnseenCase], folder: Path, pool, *, steps: dict,
+def _run_set_interleaved(group: Sequence[UnseenCase], folder: Path, *, steps: dict,
                          warmup: int, calibrations: dict, timeout_s: float, heap: str,
-                         host_probe: bool) -> list[dict]:
-    """One table set's plans trained side by side, steps interleaved
-    (:mod:`planner.measure.validate.dlrm_interleave`); one row per plan, in ``group``'s
-    order."""
+                         host_probe: bool):
+    """One table set's plans trained side by side in one run of fresh processes, steps
+    interleaved (:mod:`planner.measure.validate.dlrm_interleave`); yields a row per plan, in
+    ``group``'s order (each the run's error if it failed)."""
     from planner.measure.validate.dlrm_interleave import InterleavedRunConfig, split_result
+    from planner.measure.validate.runner import Pool, RunFailed
     cfgs = [_case_config(c, folder, steps=steps[(c.set_name, c.plan_kind)], warmup=warmup,
                          timeout_s=timeout_s, heap=heap, host_probe=host_probe) for c in group]
     run_cfg = InterleavedRunConfig(plans=tuple(cfgs))
-    results = split_result(run_cfg, pool.run(run_cfg))
-    return [_case_row(c, cfg, res, calibrations[c.ranks])
-            for c, cfg, res in zip(group, cfgs, results)]
+    try:
+        with Pool(group[0].ranks, heap) as pool:
+            results = split_result(run_cfg, pool.run(run_cfg))
+    except RunFailed as e:
+        yield from (_row(case, error=str(e)) for case in group)
+        return
+    for c, cfg, res in zip(group, cfgs, results):
+        yield _case_row(c, cfg, res, calibrations[c.ranks])
