@@ -20,6 +20,7 @@ from planner.cli.validate_unseen import run_unseen
 from planner.measure.heap import DEFAULT_HEAP, HEAP_HELP, HEAP_POLICIES
 from planner.measure.validate.config import SCHEDULES, Scale, load_source, parse_fault, run_config
 from planner.measure.validate.dlrm import is_sharding_plan, load_dlrm_config
+from planner.measure.validate.dlrm_interleave import BLOCK_SECONDS
 from planner.measure.validate.dlrm_report import format_dlrm_report, validate_dlrm
 from planner.measure.validate.report import format_report, validate
 
@@ -99,11 +100,15 @@ def register(p: argparse.ArgumentParser) -> None:
                         "speed drifts)")
     u.add_argument("--plan-order", default="interleaved",
                    choices=("interleaved", "alternate", "fixed"),
-                   help="a set's plans in each round: side by side in one run, one step of "
+                   help="a set's plans in each round: side by side in one run, turns of "
                         "each in turn (interleaved, the default: the host's drift falls on all "
                         "of a set's plans alike), in turn with every other round in reverse "
                         "(alternate, before 2026-12-01) or in one order every round (fixed, "
                         "before 2026-11-29)")
+    u.add_argument("--block-seconds", type=float, default=BLOCK_SECONDS, metavar="S",
+                   help="interleaved: a plan's turn is about S seconds of its predicted steps, "
+                        "so that only a turn's first step finds the other plans' data in the "
+                        f"caches ({BLOCK_SECONDS:g}; 0: one step a turn, as on 2026-12-01)")
     u.add_argument("--measured", default="steps", choices=("steps", "round"),
                    help="a plan's measured step over several rounds: the median of all their "
                         "steps (steps, the default: as the calibration, it spans the host's "

@@ -16,6 +16,7 @@ from planner.machine import installed_description
 from planner.measure.heap import DEFAULT_HEAP
 from planner.measure.validate.cache import cached_calibration, ensure_host_profile
 from planner.measure.validate.calibrate import GlooCalibration, measure_gloo
+from planner.measure.validate.dlrm_interleave import BLOCK_SECONDS
 from planner.measure.validate.dlrm_report import heap_notes
 from planner.measure.validate.unseen import repredict_rows, run_cases
 from planner.measure.validate.unseen_family import unseen_cases
@@ -77,6 +78,11 @@ def run_unseen(args) -> int:
                         field="--min-seconds", fix="pass e.g. --min-seconds 3 (0: --steps only)")
     measured = getattr(args, "measured", "steps")
     order = getattr(args, "plan_order", "interleaved")
+    block_s = getattr(args, "block_seconds", BLOCK_SECONDS)
+    if not 0 <= block_s <= MAX_MIN_SECONDS:
+        raise SpecError(f"--block-seconds {block_s:g} is outside 0..{MAX_MIN_SECONDS:g}",
+                        field="--block-seconds", fix="pass e.g. --block-seconds 1 (0: one "
+                                                     "step a turn)")
     if args.out:
         from simulator.fileio import check_writable
         check_writable(args.out)
@@ -101,10 +107,12 @@ def run_unseen(args) -> int:
         rows = run_cases(cases, Path(tmp), steps=args.steps, warmup=args.warmup,
                          calibrations=cals, progress=progress, heap=args.heap, rounds=rounds,
                          host_probe=getattr(args, "host_probe", True),
-                         min_seconds=min_seconds, measured=measured, order=order)
+                         min_seconds=min_seconds, measured=measured, order=order,
+                         block_s=block_s)
     doc = {"seed": args.seed, "sets": args.sets, "steps": args.steps, "warmup": args.warmup,
            "min_seconds": min_seconds, "heap": args.heap, "rounds": rounds,
            "measured": measured, "order": order,
+           **({"block_seconds": block_s} if order == "interleaved" else {}),
            "host_probe": getattr(args, "host_probe", True)}
     return _finish(args, doc, rows, cals)
 

@@ -6,6 +6,7 @@ sets nothing was fitted to (issue 22's first goal).
                                        [--heap retain|system] [--rounds K]
                                        [--min-seconds S] [--measured steps|round]
                                        [--plan-order interleaved|alternate|fixed]
+                                       [--block-seconds S]
 
 Runs ``clusterplan validate unseen`` (``planner/measure/validate/unseen.py``): ``--sets`` seeded
 random table sets (2 or 4 ranks, 4-40 tables, dims 16-256, pooling 1-60, rows 10³-10⁷ within
@@ -14,8 +15,9 @@ each (greedy, random table-wise, all column-wise, row-wise with small tables dat
 each run for real under TorchRec's DistributedModelParallel (median of ``--steps`` steps of the
 slowest rank, more for a plan predicted shorter than ``--min-seconds`` / ``--steps``; with
 ``--rounds`` K the median of all K rounds' steps, or with ``--measured round`` the median round;
-a set's plans side by side in one run, one step of each in turn, or with ``--plan-order
-alternate`` one after the other, in reverse every other round) and
+a set's plans side by side in one run, turns of about ``--block-seconds`` of each plan's
+steps alternating, or with ``--plan-order alternate`` one after the other, in reverse every
+other round) and
 predicted with this host's gloo calibration (cached per host and world size,
 measured on first use; never fitted to these runs). Prints one row per plan, the MAPE, the
 worst error, the plans within 25% and Kendall's tau between plans of the same set, against the
@@ -52,8 +54,10 @@ def main(argv=None) -> int:
                          "median round's")
     ap.add_argument("--plan-order", default="interleaved",
                     choices=("interleaved", "alternate", "fixed"),
-                    help="a set's plans in each round: interleaved step by step in one run "
+                    help="a set's plans in each round: interleaved turn by turn in one run "
                          "(default), in turn reversed every other round, or fixed")
+    ap.add_argument("--block-seconds", type=float, default=1.0,
+                    help="interleaved: predicted seconds of a plan's turn (0: one step)")
     ap.add_argument("--heap", default="retain", choices=("retain", "system"),
                     help="the ranks' heap policy (planner/measure/heap.py)")
     a = ap.parse_args(argv)
@@ -63,7 +67,8 @@ def main(argv=None) -> int:
     argv = ["validate", "unseen", "--sets", str(a.sets), "--seed", str(a.seed), "--steps",
             str(a.steps), "--warmup", str(a.warmup), "--out", out, "--heap", a.heap,
             "--rounds", str(a.rounds), "--min-seconds", str(a.min_seconds),
-            "--measured", a.measured, "--plan-order", a.plan_order]
+            "--measured", a.measured, "--plan-order", a.plan_order,
+            "--block-seconds", str(a.block_seconds)]
     if a.calibration:
         argv += ["--calibration", a.calibration]
     t0 = time.time()

@@ -1,7 +1,8 @@
 """Plans of one table set trained side by side, steps interleaved
 (``planner/measure/validate/dlrm_interleave.py``, ``validate unseen --plan-order
 interleaved``): each plan trains exactly as it does alone (same losses, same calls, checked
-against the simulator's step), and its steps alternate with the other plans' steps."""
+against the simulator's step), and its turns of steps (blocks) alternate with the other plans'
+turns."""
 
 from __future__ import annotations
 
@@ -36,17 +37,18 @@ def runs(tmp_path_factory):
     # the last plan measures one step more: plans of one run may differ in steps
     cfgs[-1] = load_dlrm_config(str(write_case(cases[-1], tmp)), nproc=2, steps=STEPS + 1,
                                 warmup=WARMUP, timeout_s=60.0)
-    together = InterleavedRunConfig(plans=tuple(cfgs))
+    # the first plan takes two steps a turn, the others one
+    together = InterleavedRunConfig(plans=tuple(cfgs), blocks=(2,) + (1,) * (len(cfgs) - 1))
     with Pool(2) as pool:
         alone = [pool.run(c) for c in cfgs]
         side_by_side = split_result(together, pool.run(together))
-    return cfgs, alone, side_by_side
+    return cfgs, alone, side_by_side, together.blocks
 
 
 def test_each_plan_trains_as_it_does_alone(runs):
     """Same losses step by step on every rank (the models, batches and seeds are the plan's
     own, whatever else is in the process), and the same calls, matching the simulator's."""
-    cfgs, alone, together = runs
+    cfgs, alone, together, _ = runs
     for cfg, a, b in zip(cfgs, alone, together):
         d = validate_dlrm(cfg, result=b)
         assert d["structure"]["match"], d["structure"]["first_mismatch"]["text"]
@@ -60,11 +62,13 @@ def test_each_plan_trains_as_it_does_alone(runs):
                 [e[:5] for e in ra["events"] if e[0] >= 0]
 
 
-def test_steps_alternate_between_the_plans(runs):
-    """On every rank, step k of plan i starts after step k of plan i - 1 has ended and
-    before step k of plan i + 1 starts: the run's order is :func:`interleaved_steps`'."""
-    cfgs, _, together = runs
-    order = interleaved_steps(cfgs)
+def test_turns_alternate_between_the_plans(runs):
+    """On every rank, each step starts after the one before it in :func:`interleaved_steps`'
+    order has ended (a turn of the first plan's two steps, then one of each other plan's,
+    ...): the run's order is that."""
+    cfgs, _, together, blocks = runs
+    order = interleaved_steps(cfgs, blocks)
+    assert order[:3] == [(0, 0), (0, 1), (1, 0)]
     for rank in range(2):
         spans = {(i, s): (t0, t1) for i, res in enumerate(together)
                  for s, t0, t1 in res.ranks[rank]["steps"]}
@@ -82,3 +86,14 @@ def test_plans_of_other_worlds_are_refused(tmp_path):
                                   warmup=0) for c in (two, four))
     with pytest.raises(ValueError, match="differ in world"):
         InterleavedRunConfig(plans=cfgs)
+    with pytest.raises(ValueError, match="blocks"):
+        InterleavedRunConfig(plans=cfgs[:1], blocks=(0,))
+    with pytest.raises(ValueError, match="blocks"):
+        InterleavedRunConfig(plans=cfgs[:1], blocks=(1, 1))
+
+
+def test_interleave_doctests():
+    import doctest
+
+    from planner.measure.validate import dlrm_interleave
+    assert doctest.testmod(dlrm_interleave).failed == 0

@@ -3,6 +3,8 @@ calibration cache (no real runs here; the real runs are in test_unseen_runs.py).
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from simulator.errors import SpecError
@@ -226,12 +228,12 @@ def test_alternate_rounds_run_each_set_reversed_and_merge_each_plan_with_itself(
     family's order; each round's rows still merge with the same plan's rows of the other
     rounds, and come back in the family's order. ``"fixed"`` runs every round alike;
     ``"interleaved"`` (the default) orders them as ``"alternate"`` and runs each set's plans
-    side by side."""
+    side by side, each in turns of about a second of its predicted steps."""
     ran, paired = [], []
 
     def fake_round(cases, folder, **kw):
         ran.append([(c.set_name, c.plan_kind) for c in cases])
-        paired.append(kw["interleave"])
+        paired.append(kw["blocks"])
         return [{"set": c.set_name, "plan": c.plan_kind, "predicted_s": 1.0,
                  "measured_s": 1.0 + len(ran) + i / 100, "steps_s": [1.0 + len(ran) + i / 100]}
                 for i, c in enumerate(cases)]
@@ -240,7 +242,7 @@ def test_alternate_rounds_run_each_set_reversed_and_merge_each_plan_with_itself(
     cals = {2: None, 4: None}
     rows = unseen.run_cases(family, None, steps=1, warmup=0, calibrations=cals, rounds=3,
                             order="alternate")
-    assert ran[0] == ran[2] == keys and ran[1] != keys and paired == [False] * 3
+    assert ran[0] == ran[2] == keys and ran[1] != keys and paired == [None] * 3
     assert sorted(ran[1]) == sorted(keys)
     for name in dict.fromkeys(s for s, _ in keys):
         first = [k for k in keys if k[0] == name]
@@ -255,8 +257,15 @@ def test_alternate_rounds_run_each_set_reversed_and_merge_each_plan_with_itself(
     assert round_order(family, 1, "fixed") == list(family)
     ran.clear()
     paired.clear()
-    unseen.run_cases(family, None, steps=1, warmup=0, calibrations=cals, rounds=2)
-    assert paired == [True, True] and ran[0] == keys
+    step_s = {k: 0.05 * (1 + i) for i, k in enumerate(keys)}     # predicted, seconds
+    monkeypatch.setattr(unseen, "_predicted_step_s",
+                        lambda c, *a: step_s[(c.set_name, c.plan_kind)])
+    unseen.run_cases(family, None, steps=1, warmup=0, calibrations=cals, rounds=2,
+                     min_seconds=3.0)
+    # a turn of about 1 s of steps, at most the plan's measured steps (3 s of them)
+    expect = {k: min(math.ceil(1.0 / t), math.ceil(3.0 / t)) for k, t in step_s.items()}
+    assert paired == [expect, expect] and ran[0] == keys
+    assert expect[keys[0]] == 20 and expect[keys[-1]] < 20
     assert ran[1] == [(c.set_name, c.plan_kind) for c in round_order(family, 1)]
     with pytest.raises(ValueError, match="order"):
         round_order(family, 0, "shuffled")

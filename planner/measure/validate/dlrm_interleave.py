@@ -11,32 +11,44 @@ its own recorded calls, steps and losses, so the parent checks and predicts it e
 run of that plan alone (:func:`split_result`, then
 :func:`planner.measure.validate.dlrm_report.validate_dlrm`).
 
-What it changes against plans run alone: the other plans' models stay in memory, and a
-plan's step follows another plan's step rather than its own, so what its previous step left
-in the caches is the other model's. A step of the family's batches streams tens of MiB of
-activations through a 32 MiB L3, so little of one step survives to the next either way.
+A plan's turn is a *block* of its steps (``blocks``; :func:`block_steps` sizes them to about a
+second), not one step: the first step of a turn finds the caches holding the other plans'
+tables, code and activations, and a short step pays for that, which a plan trained on its
+own, as a user trains it, does not. Measured on a 2-core Intel Xeon VM (2026-12-02,
+``tests/bench/bench_turn_cold.py``, turns of 10 steps, each turn's first step over the median
+of its others, median over turns): seed 21's 10 ms set 1.18 / 1.00 / 1.49 / 1.07 and, in a
+second run, 1.09 / 0.98 / 1.06 / 1.21 for its four plans; its 30 ms set 0.96-1.05, its
+100-200 ms set 0.92-1.06 (``traces/validate/turn-cold-seed21-*``). With turns of many steps
+only the turn's first step is cold, and the host's drift, which moves over seconds to
+minutes, still falls on all of a set's plans alike.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from planner.measure.validate.runner import RunResult
 
-__all__ = ["InterleavedRunConfig", "split_result", "interleaved_steps", "SHARED"]
+__all__ = ["InterleavedRunConfig", "split_result", "interleaved_steps", "block_steps", "SHARED",
+           "BLOCK_SECONDS"]
 
 
 #: what every plan of an interleaved run shares, and the run takes from them
 SHARED = ("world", "local_world", "backend", "heap")
+
+#: predicted seconds of a plan's turn (:func:`block_steps`; ``validate unseen --block-seconds``)
+BLOCK_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
 class InterleavedRunConfig:
     """The plans (:class:`planner.measure.validate.dlrm.DLRMRunConfig`, same world, local
     world, backend and heap: :data:`SHARED`) that one run trains side by side, in this order
-    each step."""
+    each turn, plan ``i`` ``blocks[i]`` steps a turn (one each when ``blocks`` is empty)."""
 
     plans: tuple
+    blocks: tuple = ()
     world: int = field(init=False)
     local_world: int = field(init=False)
     backend: str = field(init=False)
@@ -57,6 +69,9 @@ class InterleavedRunConfig:
                                      f"{getattr(first, name)!r} vs {getattr(c, name)!r}")
             if c.trace_dir or c.fault is not None:
                 raise ValueError("an interleaved run takes no trace_dir or fault")
+        if self.blocks and (len(self.blocks) != len(self.plans)
+                            or any(int(b) != b or b < 1 for b in self.blocks)):
+            raise ValueError(f"blocks {self.blocks!r}: one whole number >= 1 per plan")
         for name in SHARED:
             object.__setattr__(self, name, getattr(first, name))
         object.__setattr__(self, "host_probe", any(c.host_probe for c in self.plans))
@@ -68,16 +83,38 @@ class InterleavedRunConfig:
         return _run_rank(rank, self, port, progress, report, state)
 
 
-def interleaved_steps(plans) -> list[tuple[int, int]]:
-    """``(plan index, step)`` in the order a rank runs them: step by step, every plan that
-    still has that step (plan ``i`` has ``warmup + steps`` of its own), plans in their order.
+def interleaved_steps(plans, blocks=()) -> list[tuple[int, int]]:
+    """``(plan index, step)`` in the order a rank runs them: turn by turn, every plan that
+    still has steps (plan ``i`` has ``warmup + steps`` of its own) runs its next ``blocks[i]``
+    (default 1), plans in their order.
 
     >>> from types import SimpleNamespace as C
     >>> interleaved_steps([C(warmup=1, steps=1), C(warmup=1, steps=2)])
     [(0, 0), (1, 0), (0, 1), (1, 1), (1, 2)]
+    >>> interleaved_steps([C(warmup=1, steps=3), C(warmup=0, steps=2)], blocks=(2, 1))
+    [(0, 0), (0, 1), (1, 0), (0, 2), (0, 3), (1, 1)]
     """
     n = [c.warmup + c.steps for c in plans]
-    return [(i, s) for s in range(max(n)) for i in range(len(plans)) if s < n[i]]
+    size = list(blocks) or [1] * len(plans)
+    done, out = [0] * len(plans), []
+    while any(d < k for d, k in zip(done, n)):
+        for i in range(len(plans)):
+            end = min(n[i], done[i] + size[i])
+            out += [(i, s) for s in range(done[i], end)]
+            done[i] = end
+    return out
+
+
+def block_steps(step_s: float, block_s: float = BLOCK_SECONDS) -> int:
+    """Steps in a turn of a plan predicted at ``step_s`` seconds a step: about ``block_s``
+    seconds of them, at least one (``block_s`` 0: one step a turn).
+
+    >>> block_steps(0.010), block_steps(0.4), block_steps(2.0), block_steps(0.010, 0)
+    (100, 3, 1, 1)
+    """
+    if block_s <= 0:
+        return 1
+    return max(1, math.ceil(block_s / max(step_s, 1e-6)))
 
 
 def split_result(cfg: InterleavedRunConfig, res: RunResult) -> list[RunResult]:
@@ -93,7 +130,7 @@ def _run_rank(rank: int, cfg: InterleavedRunConfig, rdzv: str, progress, report,
     def train(jobs) -> list[list]:
         import time
         steps: list[list] = [[] for _ in jobs]
-        for i, step in interleaved_steps(cfg.plans):
+        for i, step in interleaved_steps(cfg.plans, cfg.blocks):
             job = jobs[i].active()
             job.rec.barrier()
             t0 = time.perf_counter()

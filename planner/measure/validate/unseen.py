@@ -3,8 +3,8 @@
 predicted beside.
 
 Each plan runs ``warmup`` + ``steps`` steps (more for a plan predicted short, :func:`steps_for`),
-in ``rounds`` whole runs of the family, a set's plans side by side in one run whose steps
-alternate between them (``order="interleaved"``, the default;
+in ``rounds`` whole runs of the family, a set's plans side by side in one run whose turns of
+about a second of steps alternate between them (``order="interleaved"``, the default;
 :mod:`planner.measure.validate.dlrm_interleave`) or in turn (every other round in reverse,
 :func:`round_order`); its measured time is the median over the steps of the slowest rank,
 pooled over its rounds (:func:`merge_rounds`). The prediction is
@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import math
 import statistics
+from functools import partial
 from pathlib import Path
 from typing import Sequence
 
 from simulator.errors import SpecError
 
 from planner.measure.heap import DEFAULT_HEAP
+from planner.measure.validate.dlrm_interleave import BLOCK_SECONDS, block_steps
 from planner.measure.validate.dlrm_probes import at_host
 from planner.measure.validate.unseen_family import (UnseenCase, layout_record, with_layout,
                                                      write_case)
@@ -38,7 +40,7 @@ def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: 
               calibrations: dict, timeout_s: float = 300.0, progress=None,
               heap: str = DEFAULT_HEAP, rounds: int = 1, host_probe: bool = True,
               min_seconds: float = 0.0, measured: str = "steps",
-              order: str = "interleaved") -> list[dict]:
+              order: str = "interleaved", block_s: float = BLOCK_SECONDS) -> list[dict]:
     """Run every case for real and predict it with the calibration of its world size; one row
     per case (see :func:`planner.measure.validate.unseen_report.summarise`). With
     ``host_probe`` each run times the calibration's lookup probe before its warm-up and after
@@ -52,14 +54,19 @@ def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: 
     plan cannot tell from a model error. ``min_seconds`` > 0 gives a plan predicted short more
     measured steps (:func:`steps_for`), the same in every round. ``order`` is the order of a
     set's plans in each round (:func:`round_order`); with ``"interleaved"`` a set's plans
-    train side by side in one run, one step each in turn, so each round pairs every plan's
-    steps with its set's other plans' steps under the same host speed. Rows come back in
-    ``cases``' order."""
+    train side by side in one run, in turns of about ``block_s`` predicted seconds of steps
+    each (:func:`~planner.measure.validate.dlrm_interleave.block_steps`; 0: one step a turn),
+    so each round pairs every plan's steps with its set's other plans' steps under the same
+    host speed. Rows come back in ``cases``' order."""
     if order not in ORDERS:
         raise ValueError(f"order={order!r}: one of {ORDERS}")
-    per_case = {(c.set_name, c.plan_kind): steps_for(c, folder, steps, warmup,
-                                                    calibrations[c.ranks], min_seconds)
-                for c in cases}
+    sized = min_seconds > 0 or (order == "interleaved" and block_s > 0)
+    step_s = {(c.set_name, c.plan_kind): _predicted_step_s(c, folder, steps, warmup,
+                                                          calibrations[c.ranks])
+              if sized else 0.0 for c in cases}
+    per_case = {k: _steps_at(t, steps, min_seconds) for k, t in step_s.items()}
+    blocks = {k: min(block_steps(t, block_s if sized else 0.0), per_case[k])
+              for k, t in step_s.items()}
     per_round: list[list[dict]] = []
     for k in range(rounds):
         def tell(i, n, row, k=k):
@@ -69,7 +76,7 @@ def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: 
         rows = _run_round(ran, folder, steps=per_case, warmup=warmup,
                           calibrations=calibrations, timeout_s=timeout_s, progress=tell,
                           heap=heap, host_probe=host_probe,
-                          interleave=order == "interleaved")
+                          blocks=blocks if order == "interleaved" else None)
         back = {id(c): r for c, r in zip(ran, rows)}
         per_round.append([back[id(c)] for c in cases])
     return merge_rounds(per_round, measured)
@@ -162,18 +169,32 @@ def steps_for(case: UnseenCase, folder: Path, steps: int, warmup: int, calibrati
     second, which one slow spell of a shared host covers whole; thirty span three."""
     if min_seconds <= 0:
         return steps
+    return _steps_at(_predicted_step_s(case, folder, steps, warmup, calibration), steps,
+                     min_seconds)
+
+
+def _steps_at(step_s: float, steps: int, min_seconds: float) -> int:
+    if min_seconds <= 0:
+        return steps
+    return int(max(steps, min(MAX_STEPS, math.ceil(min_seconds / max(step_s, 1e-6)))))
+
+
+def _predicted_step_s(case: UnseenCase, folder: Path, steps: int, warmup: int,
+                      calibration) -> float:
     from planner.measure.validate.dlrm import load_dlrm_config
     from planner.measure.validate.dlrm_report import predicted
     cfg = load_dlrm_config(str(write_case(case, folder)), nproc=case.ranks, steps=steps,
                            warmup=warmup)
-    step_s = predicted(cfg, warmup, calibration)["step_time_s"]
-    return int(max(steps, min(MAX_STEPS, math.ceil(min_seconds / max(step_s, 1e-6)))))
+    return predicted(cfg, warmup, calibration)["step_time_s"]
 
 
 def _run_round(cases: Sequence[UnseenCase], folder: Path, *, steps: dict, warmup: int,
                calibrations: dict, timeout_s: float, progress, heap: str,
-               host_probe: bool, interleave: bool = False) -> list[dict]:
-    run_set = _run_set_interleaved if interleave else _run_set_in_turn
+               host_probe: bool, blocks: dict | None = None) -> list[dict]:
+    """One round: each set's plans in turn (``blocks`` None) or interleaved, ``blocks[key]``
+    steps a turn."""
+    run_set = _run_set_in_turn if blocks is None else partial(_run_set_interleaved,
+                                                              blocks=blocks)
     rows: list[dict] = []
     for group in _by_set(cases):
         for row in run_set(group, folder, steps=steps, warmup=warmup, calibrations=calibrations,
@@ -283,15 +304,16 @@ def _run_case(case: UnseenCase, folder: Path, pool, *, steps: int, warmup: int, 
 
 def _run_set_interleaved(group: Sequence[UnseenCase], folder: Path, *, steps: dict,
                          warmup: int, calibrations: dict, timeout_s: float, heap: str,
-                         host_probe: bool):
-    """One table set's plans trained side by side in one run of fresh processes, steps
-    interleaved (:mod:`planner.measure.validate.dlrm_interleave`); yields a row per plan, in
-    ``group``'s order (each the run's error if it failed)."""
+                         host_probe: bool, blocks: dict):
+    """One table set's plans trained side by side in one run of fresh processes, in turns of
+    ``blocks`` steps (:mod:`planner.measure.validate.dlrm_interleave`); yields a row per plan,
+    in ``group``'s order (each the run's error if it failed)."""
     from planner.measure.validate.dlrm_interleave import InterleavedRunConfig, split_result
     from planner.measure.validate.runner import Pool, RunFailed
     cfgs = [_case_config(c, folder, steps=steps[(c.set_name, c.plan_kind)], warmup=warmup,
                          timeout_s=timeout_s, heap=heap, host_probe=host_probe) for c in group]
-    run_cfg = InterleavedRunConfig(plans=tuple(cfgs))
+    run_cfg = InterleavedRunConfig(plans=tuple(cfgs), blocks=tuple(
+        blocks[(c.set_name, c.plan_kind)] for c in group))
     try:
         with Pool(group[0].ranks, heap) as pool:
             results = split_result(run_cfg, pool.run(run_cfg))
