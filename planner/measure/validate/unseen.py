@@ -65,7 +65,7 @@ def run_cases(cases: Sequence[UnseenCase], folder: Path, *, steps: int, warmup: 
                                                           calibrations[c.ranks])
               if sized else 0.0 for c in cases}
     per_case = {k: _steps_at(t, steps, min_seconds) for k, t in step_s.items()}
-    blocks = {k: min(block_steps(t, block_s if sized else 0.0), per_case[k])
+    blocks = {k: min(block_steps(t, block_s), per_case[k]) if sized else 1
               for k, t in step_s.items()}
     per_round: list[list[dict]] = []
     for k in range(rounds):
