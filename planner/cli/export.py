@@ -1,12 +1,13 @@
 """``clusterplan export PLAN --to TARGET [--out DIR_OR_FILE]`` (torchtitan, megatron, deepspeed,
-hostfile, torchrec, torchrec-py).
+hostfile, torchrec, torchrec-py, hugectr).
 
 An LLM plan (``"kind": "llm-plan"``) goes to torchtitan, Megatron-LM, DeepSpeed or a host file;
 an embedding sharding plan (``"format": "clusterplan.sharding-plan"``) goes ``--to torchrec``
 (:mod:`planner.export.torchrec`: a versioned JSON that
 :func:`planner.export.torchrec_load.load_sharding_plan` turns into TorchRec's ``ShardingPlan``)
 or ``--to torchrec-py`` (:mod:`planner.export.torchrec_py`: a Python module that builds the same
-plan with TorchRec alone).
+plan with TorchRec alone), or ``--to hugectr`` (:mod:`planner.export.hugectr`: the shard matrix
+and strategy HugeCTR's embedding collection takes).
 
 The lead wires :func:`add_arguments` and :func:`run` into ``planner.cli.main``; :func:`main` runs the
 command on its own (exit 2 and one line on bad input, as every clusterplan command).
@@ -26,6 +27,7 @@ from simulator.fileio import dumps_json, read_json_file
 from planner.cli.output import atomic_write
 from planner.export import TARGETS, export_plan
 from planner.export._plan import check_plan
+from planner.export.hugectr import HUGECTR_FILE, export_hugectr_plan
 from planner.export.torchrec import export_torchrec_plan
 from planner.export.torchrec_format import is_sharding_plan, torchrec_plan_json
 from planner.export.torchrec_py import TORCHREC_PY_FILE, torchrec_plan_module
@@ -39,6 +41,8 @@ TORCHREC = "torchrec"
 TORCHREC_FILE = "torchrec_plan.json"
 #: the same plan as a Python module that needs only torch and TorchRec
 TORCHREC_PY = "torchrec-py"
+#: an embedding sharding plan as HugeCTR's shard matrix and strategy
+HUGECTR = "hugectr"
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -52,10 +56,12 @@ def register(p: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN", help="plan JSON from `clusterplan plan --out`")
-    parser.add_argument("--to", required=True, choices=list(TARGETS) + [TORCHREC, TORCHREC_PY],
+    parser.add_argument("--to", required=True,
+                        choices=list(TARGETS) + [TORCHREC, TORCHREC_PY, HUGECTR],
                         help="target framework (torchrec: an embedding sharding plan as JSON "
                              "for clusterplan's loader; torchrec-py: as a Python module that "
-                             "needs only TorchRec)")
+                             "needs only TorchRec; hugectr: as HugeCTR's shard_matrix and "
+                             "shard_strategy)")
     parser.add_argument("--out", metavar="DIR_OR_FILE",
                         help="directory for the files (a file path if the target writes one); "
                              "default: print them")
@@ -86,7 +92,7 @@ def load_plan(path: str) -> dict:
     doc = read_plan_file(path)
     if is_sharding_plan(doc):
         raise SpecError("an embedding sharding plan cannot go to an LLM trainer", source=path,
-                        field="format", fix="export it with --to torchrec")
+                        field="format", fix="export it with --to torchrec or --to hugectr")
     try:
         return check_plan(doc, source=path)
     except SpecError as exc:
@@ -144,6 +150,9 @@ def _export_torchrec(args) -> dict[str, str]:
 def run(args) -> int:
     if args.to in (TORCHREC, TORCHREC_PY):
         files = _export_torchrec(args)
+    elif args.to == HUGECTR:
+        out = export_hugectr_plan(read_plan_file(args.plan), source=args.plan)
+        files = {HUGECTR_FILE: dumps_json(out, indent=1) + "\n"}
     else:
         plan = load_plan(args.plan)
         try:

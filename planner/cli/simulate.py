@@ -23,7 +23,9 @@ from planner.cli.options import (
 )
 from planner.cli.output import add_timings_option, emit
 from planner.cli.simulate_het import simulate_het
-from planner.cli.simulate_sharding import simulate_sharding_plan, simulate_table_spec
+from planner.cli.planner_choice import planner_arguments
+from planner.cli.simulate_sharding import (TABLE_SPEC_PLANNER, simulate_sharding_plan,
+                                           simulate_table_spec)
 from planner.measure.validate.dlrm import is_sharding_plan
 from planner.model.llm.spec import load_llm_spec
 from planner.model.reliability import add_arguments as _reliability_arguments
@@ -60,6 +62,7 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", default=SCHEDULE_DEFAULT,
                    choices=("1f1b", "gpipe", "interleaved"))
     trainer_arguments(p)
+    planner_arguments(p, default=TABLE_SPEC_PLANNER)
     p.add_argument("--mode", default="auto", choices=("auto", "explicit", "symmetric"))
     p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace JSON")
     p.add_argument("--trace-ranks", type=int, default=64, metavar="N",
@@ -88,6 +91,11 @@ def run(args) -> int:
     if args.trace and not Path(args.trace).resolve().parent.is_dir():
         raise SpecError(f"directory of {args.trace} does not exist", field="--trace",
                         fix="create the directory or write the trace elsewhere")
+    if not is_table_spec(args.workload) and (args.planner != TABLE_SPEC_PLANNER
+                                             or args.planner_set):
+        raise SpecError("--planner and --planner-set shard a table spec", source=args.workload,
+                        field="--planner", fix="drop them, or simulate a table spec "
+                        "(criteo-dlrm, mlperf-dcnv2, YAML or CSV)")
     if is_sharding_plan(args.workload):
         return simulate_sharding_plan(args, emit)
     if not args.topology:

@@ -10,15 +10,15 @@ from simulator.topology import load_topology, sized_topology_ref
 from simulator.units import format_time
 
 from planner.cli.options import with_dlrm_trainer
+from planner.cli.planner_choice import planner_from_args
 from planner.model.tables.plan import plan_model, read_plan_json
 from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask, prepare
-from planner.sharding.planners import get_planner
 from planner.workloads.dlrm.step import simulate_step
 
 __all__ = ["simulate_sharding_plan", "simulate_table_spec"]
 
-#: the planner ``simulate TABLES`` shards with (``plan TABLES --planner ...`` for another)
+#: the planner ``simulate TABLES`` shards with unless ``--planner`` names another
 TABLE_SPEC_PLANNER = "greedy"
 
 
@@ -38,9 +38,9 @@ def simulate_sharding_plan(args, emit) -> int:
 
 
 def simulate_table_spec(args, emit) -> int:
-    """Shard a table spec (built-in name, YAML or CSV) with greedy over ``--gpus`` ranks of
-    ``--topology`` (default: all of its GPUs; a generated topology grows to hold them), then
-    simulate that plan's step and print it. ``--global-batch`` sets the batch (samples)."""
+    """Shard a table spec (built-in name, YAML or CSV) with ``--planner`` (default greedy) over
+    ``--gpus`` ranks of ``--topology`` (default: all of its GPUs; a generated topology grows to
+    hold them), then simulate that plan's step and print it. ``--global-batch`` sets the batch (samples)."""
     for flag in ("parallel", "micro_batch"):
         if getattr(args, flag, None) is not None:
             raise SpecError(f"--{flag.replace('_', '-')} applies to model specs, not table specs",
@@ -53,15 +53,15 @@ def simulate_table_spec(args, emit) -> int:
     model = with_dlrm_trainer(model, args)
     devices = args.gpus or load_topology(args.topology).num_gpus
     task = ShardingTask(model=model, topology=sized_topology_ref(args.topology, devices))
-    plan = get_planner(TABLE_SPEC_PLANNER).plan(task, devices, seed=0)
+    plan = planner_from_args(args).plan(task, devices, seed=0)
     if not plan.valid:
-        raise SpecError(f"no valid {TABLE_SPEC_PLANNER} plan on {devices} devices: "
+        raise SpecError(f"no valid {args.planner} plan on {devices} devices: "
                         + "; ".join(plan.problems[:3]), source=args.workload, field="--gpus",
                         fix="simulate on more GPUs, or plan with clusterplan plan TABLES "
                             "--planner mip --out plan.json and simulate plan.json")
     problem = prepare(task, devices)
     sim = simulate_step(problem, plan.shardings)
-    return _report(args, emit, {"tables": args.workload, "planner": TABLE_SPEC_PLANNER},
+    return _report(args, emit, {"tables": args.workload, "planner": args.planner},
                    problem, sim)
 
 

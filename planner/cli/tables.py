@@ -31,6 +31,7 @@ from simulator.units import format_bytes, format_time, parse_bytes
 
 from planner.cli.dmt import add_dmt_arguments, dmt_section, format_dmt
 from planner.cli.options import with_dlrm_trainer
+from planner.cli.planner_choice import planner_arguments, planner_from_args
 from planner.cli.output import (add_timings_option, progress_line, report_timings,
                                 split_timings, write_json)
 from planner.machine import make_cache_dir
@@ -42,7 +43,7 @@ from planner.model.tables.shards import parse_sharding_types
 from planner.model.tables.spec import OPTIMIZERS
 from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask
-from planner.sharding.planners import PLANNER_NAMES, get_planner
+
 from planner.workloads.dlrm.step import simulate_plan
 
 __all__ = ["add_arguments", "run", "main", "build_parser", "positive", "add_calibrate_embedding",
@@ -60,8 +61,7 @@ def add_arguments(p: argparse.ArgumentParser, *, devices_required: bool = True) 
     p.add_argument("--topology", default=None, metavar="NAME|FILE",
                    help="topology (default dgx-a100:nodes=ceil(N/8)); ranks 0..N-1 are used; a "
                         "generated one grows to hold --devices (NAME:nodes=K)")
-    p.add_argument("--planner", default="greedy", metavar="NAME",
-                   help=f"one of {', '.join(PLANNER_NAMES)} (default greedy)")
+    planner_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="seed (same inputs and seed: same plan)")
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
                    help="seconds for mip (default 10; whole call within 110%%) and local_search")
@@ -131,23 +131,8 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError(f"--time-limit must be positive seconds up to {MAX_TIME_LIMIT_S:,.0f} "
                         f"(a day), got {args.time_limit}", source="--time-limit",
                         fix="pass seconds, e.g. --time-limit 10")
-    if args.planner not in PLANNER_NAMES:
-        raise SpecError(f"unknown planner {args.planner!r}", source="--planner",
-                        fix=f"use one of: {', '.join(PLANNER_NAMES)}")
+    planner = planner_from_args(args)
     task = _task(args)
-    opts = {"solver": args.mip_solver} if args.planner == "mip" else {}
-    threshold = getattr(args, "column_slice_threshold", None)
-    if threshold is not None:
-        if args.planner != "memory_balanced":
-            raise SpecError("--column-slice-threshold is an option of --planner memory_balanced",
-                            source="--column-slice-threshold",
-                            fix="pass --planner memory_balanced, or drop the option")
-        if not 0 < threshold < float("inf"):
-            raise SpecError(f"--column-slice-threshold must be a positive number of elements, "
-                            f"got {threshold}", source="--column-slice-threshold",
-                            fix="pass elements (rows x dim), e.g. 1e9")
-        opts = {"column_slice_threshold": threshold}
-    planner = get_planner(args.planner, **opts)
     plan = planner.plan(task, args.devices, seed=args.seed, time_limit_s=args.time_limit)
     doc, timings = split_timings(plan.to_dict())
     sim = None

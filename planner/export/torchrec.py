@@ -55,6 +55,7 @@ from planner.export.torchrec_format import (
 from planner.export.torchrec_format import spec_error as _err
 from planner.model.tables.shards import (
     Shard,
+    TORCHREC_SHARDING_TYPES,
     ShardingType,
     TableSharding,
     row_blocks,
@@ -102,7 +103,8 @@ def _read_layouts(doc: Mapping[str, Any], source: str | None) -> list[TableShard
         except ValueError:
             raise _err(f"unknown sharding type {e.get('sharding_type')!r}",
                        f"{where}.sharding_type",
-                       "use " + ", ".join(t.value for t in ShardingType), source) from None
+                       "use " + ", ".join(t.value for t in TORCHREC_SHARDING_TYPES),
+                       source) from None
         raw = e.get("shards")
         if not isinstance(raw, list) or not raw:
             raise _err("missing or empty", f"{where}.shards", fix, source)
@@ -248,6 +250,11 @@ def _entries(layouts: list[TableSharding], device: str, lws: int, world: int,
     for i, ts in enumerate(layouts):
         rows, dim = _shape(ts)
         field = f"shards[{i}]"
+        if ts.sharding_type == ShardingType.SUBSET_ROW_WISE:
+            raise _err(f"table {ts.name!r} is subset_row_wise, HugeCTR's layout, which TorchRec "
+                       "has no sharding type for", field,
+                       "export it with --to hugectr, or re-plan with a TorchRec planner "
+                       "(greedy, mip, torchrec)", source)
         problems = validate_sharding(ts, rows, dim, world)
         if ts.sharding_type == ShardingType.TABLE_ROW_WISE:
             problems += _twrw_problems(ts, rows, lws)

@@ -19,6 +19,10 @@ name                  what it does
 ``memory_balanced``   NVIDIA distributed-embeddings' placement (DeepLearningExamples' TF2 DLRM):
                       tables over 10¹⁰ elements cut into column slices, all dealt largest
                       first in a snake over the ranks (even counts, no cost model)
+``hugectr_auto``      HugeCTR's ``auto`` / ``hier_auto`` plan (the MLPerf DLRM-DCNv2
+                      submissions' ``SHARDING_PLAN``): hot tables split by key over 2, 4, 8
+                      ... GPUs (``subset_row_wise``), small ones replicated, by its own cost of
+                      hotness, shards held and memory (``--planner-set KEY=VALUE``)
 ``torchrec``          TorchRec's own ``EmbeddingShardingPlanner``, run for real (needs
                       ``make setup-torchrec``); its plan converted back and costed by our model
 ``neuroshard``        NeuroShard's grid search (table-wise) and column-halving beam search over
@@ -41,6 +45,7 @@ from simulator.errors import SpecError
 from planner.costmodel.planner import NeuroShardPlanner
 from planner.sharding.baselines import KeyGreedyPlanner
 from planner.sharding.greedy import GreedyPlanner
+from planner.sharding.hugectr_auto import HugeCtrAutoPlanner
 from planner.sharding.local_search import LocalSearchPlanner
 from planner.sharding.memory_balanced import MemoryBalancedPlanner
 from planner.sharding.mip import MipPlanner
@@ -51,7 +56,7 @@ from planner.sharding.torchrec_planner import TorchRecPlanner
 __all__ = ["PLANNER_NAMES", "get_planner"]
 
 PLANNER_NAMES = ("random", "size", "dim", "lookup", "size_lookup", "greedy", "local_search", "mip",
-                 "memory_balanced", "torchrec", "neuroshard")
+                 "memory_balanced", "hugectr_auto", "torchrec", "neuroshard")
 
 
 def get_planner(name: str, **options) -> Planner:
@@ -68,6 +73,8 @@ def get_planner(name: str, **options) -> Planner:
         return MipPlanner(**options)
     if name == "memory_balanced":
         return MemoryBalancedPlanner(**options)
+    if name == "hugectr_auto":
+        return HugeCtrAutoPlanner(**options)
     if name == "torchrec":
         return TorchRecPlanner(**options)
     if name == "neuroshard":

@@ -22,6 +22,8 @@ __all__ = ["rank_work", "comm_ops", "ID_BYTES", "LENGTH_BYTES"]
 
 ID_BYTES = 8
 LENGTH_BYTES = 4
+#: the types whose shards serve the ids of their own rows only
+_ROW_SPLIT = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.SUBSET_ROW_WISE)
 
 
 def _slice_bags(ids: TableIds, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
@@ -53,7 +55,7 @@ def rank_work(model: ModelSpec, shardings: Sequence[TableSharding], ids: Sequenc
                 idx, off = _slice_bags(tid, int(bounds[s.rank]), int(bounds[s.rank + 1]))
                 out[s.rank].append(KernelTable(s.rows, s.cols, t.precision, idx, off, dense=True,
                                                name=t.name))
-            elif st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+            elif st in _ROW_SPLIT:
                 idx, off = _row_block(tid, s.row_offset, s.row_offset + s.rows)
                 out[s.rank].append(KernelTable(s.rows, s.cols, t.precision, idx, off,
                                                name=t.name))
@@ -85,12 +87,14 @@ def comm_ops(model: ModelSpec, shardings: Sequence[TableSharding], ids: Sequence
             dp_bytes += t.num_embeddings * t.embedding_dim * 4.0
             continue
         for s in ts.shards:
-            if st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+            if st in _ROW_SPLIT:
                 if s.rows == 0:
                     continue
                 keep = (tid.indices >= s.row_offset) & (tid.indices < s.row_offset + s.rows)
                 cum = np.concatenate([[0], np.cumsum(keep)])
                 per_src = cum[tid.offsets[bounds[1:]]] - cum[tid.offsets[bounds[:-1]]]
+                if st == ShardingType.SUBSET_ROW_WISE:      # partial sums, as table-wise
+                    out_cols[s.rank] += s.cols
             else:
                 per_src = tid.offsets[bounds[1:]] - tid.offsets[bounds[:-1]]
                 out_cols[s.rank] += s.cols

@@ -22,7 +22,8 @@ from planner.model.tables.spec import ModelSpec
 __all__ = ["CodecCosts", "codec_costs"]
 
 #: sharding types whose pooled outputs cross ranks through the all-to-all
-_A2A_TYPES = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_ROW_WISE)
+_A2A_TYPES = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_ROW_WISE,
+              ShardingType.SUBSET_ROW_WISE)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,9 @@ conservative choice); against :func:`simulator.collectives.simulate_collective` 
 splits this is exact inside a DGX node and 3–8% high across 2–4 nodes (checked within 10% in the
 tests). Row-wise tables cost a reduce-scatter of the ``B × dim`` partial sums forward and an
 all-gather backward; table-row-wise the same inside the host plus the cross-host all-to-all of
-its ``1/G`` share; data-parallel tables an all-reduce of their fp32 gradient. All collective times
+its ``1/G`` share; data-parallel tables an all-reduce of their fp32 gradient. A subset-row-wise
+shard (HugeCTR's split table) joins both all-to-alls as a table-wise shard does, with its share
+of the ids in and a whole partial sum per sample out. All collective times
 are ``alpha + size / bandwidth`` fitted to the simulator's own collectives on the plan's topology
 (:func:`calibrate_comm`), so a slower fabric or a multi-node plan costs what the simulator says.
 
@@ -210,6 +212,9 @@ class CostModel:
         elif st == ShardingType.ROW_WISE:
             f[F_IDS] = L * cfg.id_bytes * rows / t.num_embeddings + cfg.length_bytes
             f[F_RW] = self.batch * cols * o
+        elif st == ShardingType.SUBSET_ROW_WISE:         # partial sums to every sample's rank
+            f[F_IDS] = L * cfg.id_bytes * rows / t.num_embeddings + cfg.length_bytes
+            f[F_OUT] = cols * o / r
         elif st == ShardingType.TABLE_ROW_WISE:
             g = len(self.hosts[self.host_of[shard.rank]])
             f[F_IDS] = L * cfg.id_bytes * rows / t.num_embeddings + cfg.length_bytes / g

@@ -20,7 +20,8 @@ __all__ = ["InfeasibleError", "check_feasible"]
 
 _TYPE_WORDS = {ShardingType.TABLE_WISE: "table-wise", ShardingType.COLUMN_WISE: "column-wise",
                ShardingType.ROW_WISE: "row-wise", ShardingType.TABLE_ROW_WISE: "table-row-wise",
-               ShardingType.DATA_PARALLEL: "data-parallel"}
+               ShardingType.DATA_PARALLEL: "data-parallel",
+               ShardingType.SUBSET_ROW_WISE: "subset-row-wise"}
 
 
 class InfeasibleError(SpecError):

@@ -77,7 +77,7 @@ def shard_traffic(t: TableSpec, rows: int, st: ShardingType, batch: float,
     """(ids looked up, pooled outputs) of one shard of ``rows`` rows per step."""
     if st == ShardingType.DATA_PARALLEL:
         return local_batch * t.pooling_factor, local_batch
-    if st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+    if st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.SUBSET_ROW_WISE):
         return batch * t.pooling_factor * rows / t.num_embeddings, batch
     return batch * t.pooling_factor, batch
 

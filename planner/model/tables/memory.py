@@ -70,7 +70,8 @@ def min_device_bytes(table: TableSpec, t: ShardingType, optimizer: str, world: i
     """The smallest per-device footprint of ``table`` under type ``t`` (None: not possible).
 
     Column-wise spreads blocks of 4 columns as evenly as possible over all ``world`` ranks;
-    row-wise and table-row-wise use TorchRec's even blocks over ``world`` / ``host_size`` ranks.
+    row-wise and table-row-wise use TorchRec's even blocks over ``world`` / ``host_size`` ranks,
+    subset-row-wise its widest subset, all ``world`` ranks.
     """
     rows, dim = table.num_embeddings, table.embedding_dim
     if t == ShardingType.TABLE_WISE:
@@ -81,7 +82,7 @@ def min_device_bytes(table: TableSpec, t: ShardingType, optimizer: str, world: i
         units = dim // 4
         cols = 4 * math.ceil(units / min(world, units))
         return shard_memory_bytes(table, rows, cols, t, optimizer)
-    if t == ShardingType.ROW_WISE:
+    if t in (ShardingType.ROW_WISE, ShardingType.SUBSET_ROW_WISE):
         return shard_memory_bytes(table, row_blocks(rows, world)[0], dim, t, optimizer)
     if t == ShardingType.TABLE_ROW_WISE:
         if host_size < 2:

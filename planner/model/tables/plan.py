@@ -35,7 +35,8 @@ from simulator.errors import SpecError
 from simulator.fileio import atomic_write_text, dumps_json
 
 from planner.model.tables.features import BREAKDOWN_KEYS, F_MEM, step_cost_of
-from planner.model.tables.shards import Shard, ShardingType, TableSharding, validate_sharding
+from planner.model.tables.shards import (ALL_SHARDING_TYPES, Shard, ShardingType, TableSharding,
+                                          validate_sharding)
 from planner.model.tables.spec import ModelSpec
 from planner.model.tables.spec_file import builtin_spec_names, load_model_spec
 from planner.model.tables.task import Problem
@@ -212,7 +213,7 @@ def make_plan(problem: Problem, shardings: Sequence[TableSharding], planner: str
             "num_tables": m.num_tables, "batch_size": m.batch_size, "optimizer": m.optimizer,
             "comm_precision": m.comm_precision, "total_weight_bytes": m.total_weight_bytes,
             "allowed_sharding_types": [s.value for s in (problem.task.sharding_types or
-                                                         tuple(ShardingType))]}
+                                                         ALL_SHARDING_TYPES)]}
     dense = problem.cost.dense_costs()
     return Plan(planner=planner, devices=problem.devices, topology=problem.topology_ref,
                 gpu=problem.topology.gpu.name, task=task, shardings=shardings,

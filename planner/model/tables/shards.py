@@ -17,6 +17,15 @@ col_offset : col_offset + cols]`` on one rank:
 
 - ``table_row_wise``: the row-wise rule over the ranks of one host.
 - ``data_parallel``: a full replica on every rank.
+- ``subset_row_wise``: the rows split over some of the ranks, any of them (HugeCTR's layout for
+  a table in several GPUs' shard lists: its keys dealt modulo the shard count, so every shard
+  serves an even share of the ids; the blocks here carry the row counts). Each shard pools its
+  share of every sample's ids, and the pooled all-to-all sends these partial sums to the
+  samples' ranks, which add them up. TorchRec has no such type: only ``--planner hugectr_auto``
+  makes it, and only ``export --to hugectr`` exports it.
+
+  >>> [(s.rank, s.rows) for s in subset_row_wise(0, "t", 10, 16, [5, 2]).shards]
+  [(2, 5), (5, 5)]
 """
 
 from __future__ import annotations
@@ -30,7 +39,8 @@ from simulator.errors import SpecError
 
 __all__ = ["ShardingType", "Shard", "TableSharding", "row_blocks", "column_widths",
            "table_wise", "column_wise", "column_wise_counts", "row_wise", "table_row_wise",
-           "data_parallel", "validate_sharding", "ALL_SHARDING_TYPES", "parse_sharding_types"]
+           "subset_row_wise", "data_parallel", "validate_sharding", "ALL_SHARDING_TYPES",
+           "TORCHREC_SHARDING_TYPES", "parse_sharding_types"]
 
 
 class ShardingType(enum.StrEnum):
@@ -41,19 +51,25 @@ class ShardingType(enum.StrEnum):
     ROW_WISE = "row_wise"
     TABLE_ROW_WISE = "table_row_wise"
     DATA_PARALLEL = "data_parallel"
+    SUBSET_ROW_WISE = "subset_row_wise"
 
     @property
     def short(self) -> str:
         return {"table_wise": "TW", "column_wise": "CW", "row_wise": "RW",
-                "table_row_wise": "TWRW", "data_parallel": "DP"}[self.value]
+                "table_row_wise": "TWRW", "data_parallel": "DP",
+                "subset_row_wise": "SRW"}[self.value]
 
 
-ALL_SHARDING_TYPES: tuple[ShardingType, ...] = tuple(ShardingType)
+#: TorchRec's sharding types: what the planners choose from unless told otherwise
+TORCHREC_SHARDING_TYPES: tuple[ShardingType, ...] = tuple(
+    t for t in ShardingType if t != ShardingType.SUBSET_ROW_WISE)
+ALL_SHARDING_TYPES: tuple[ShardingType, ...] = TORCHREC_SHARDING_TYPES
 
 _ALIASES = {"tw": "table_wise", "cw": "column_wise", "rw": "row_wise", "twrw": "table_row_wise",
             "dp": "data_parallel", "row-wise": "row_wise", "column-wise": "column_wise",
             "table-wise": "table_wise", "table-row-wise": "table_row_wise",
-            "data-parallel": "data_parallel"}
+            "data-parallel": "data_parallel", "srw": "subset_row_wise",
+            "subset-row-wise": "subset_row_wise"}
 
 
 def parse_sharding_types(value, *, source: str = "--sharding-types",
@@ -75,13 +91,18 @@ def parse_sharding_types(value, *, source: str = "--sharding-types",
     chosen = set()
     for it in items:
         key = _ALIASES.get(it.lower(), it.lower())
+        if key == ShardingType.SUBSET_ROW_WISE.value:
+            raise SpecError(f"{it!r} is HugeCTR's layout, which only its own planner makes",
+                            source=source, field=field,
+                            fix="plan with --planner hugectr_auto, or choose among "
+                                + ", ".join(t.value for t in TORCHREC_SHARDING_TYPES))
         try:
             chosen.add(ShardingType(key))
         except ValueError:
             raise SpecError(f"unknown sharding type {it!r}", source=source, field=field,
-                            fix="use " + ", ".join(t.value for t in ShardingType)
+                            fix="use " + ", ".join(t.value for t in TORCHREC_SHARDING_TYPES)
                             + " (or tw, cw, rw, twrw, dp)") from None
-    return tuple(t for t in ShardingType if t in chosen)
+    return tuple(t for t in TORCHREC_SHARDING_TYPES if t in chosen)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +242,20 @@ def table_row_wise(table: int, name: str, rows: int, dim: int, host: int,
     return TableSharding(table, name, ShardingType.TABLE_ROW_WISE, tuple(shards), host=host)
 
 
+def subset_row_wise(table: int, name: str, rows: int, dim: int,
+                    ranks: Sequence[int]) -> TableSharding:
+    """The rows over ``ranks`` (any distinct ranks; shards in rank order), TorchRec's even
+    blocks standing for HugeCTR's modulo split (the same counts up to one row)."""
+    ranks = sorted(int(r) for r in ranks)
+    if not ranks or len(set(ranks)) != len(ranks):
+        raise ValueError(f"subset_row_wise needs distinct ranks, got {ranks}")
+    shards, off = [], 0
+    for r, n in zip(ranks, row_blocks(rows, len(ranks))):
+        shards.append(Shard(r, off, 0, n, dim))
+        off += n
+    return TableSharding(table, name, ShardingType.SUBSET_ROW_WISE, tuple(shards))
+
+
 def data_parallel(table: int, name: str, rows: int, dim: int, world: int) -> TableSharding:
     """A full replica on every rank."""
     return TableSharding(table, name, ShardingType.DATA_PARALLEL,
@@ -264,4 +299,7 @@ def validate_sharding(ts: TableSharding, rows: int, dim: int, world: int) -> lis
         problems.append("row blocks must span all columns")
     if t == ShardingType.ROW_WISE and [s.rank for s in ts.shards] != list(range(world)):
         problems.append("row_wise spans ranks 0..world-1 in order")
+    ranks = [s.rank for s in ts.shards]
+    if t == ShardingType.SUBSET_ROW_WISE and ranks != sorted(set(ranks)):
+        problems.append("subset_row_wise shards sit on distinct ranks in rank order")
     return problems

@@ -97,7 +97,11 @@ class Problem:
         return self.model.num_tables
 
     def allowed(self, table: int, t: ShardingType) -> bool:
-        """Whether table ``table`` may use type ``t`` (task and table constraints)."""
+        """Whether table ``table`` may use type ``t`` (task and table constraints). HugeCTR's
+        ``subset_row_wise``, which no TorchRec planner chooses, is allowed wherever the task
+        leaves the types open and the table does not restrict them."""
+        if t == ShardingType.SUBSET_ROW_WISE:
+            return self.task.sharding_types is None and self.model.tables[table].allows(t)
         return t in self._allowed[table]
 
     def allowed_types(self, table: int) -> frozenset[ShardingType]:

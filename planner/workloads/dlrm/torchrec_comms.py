@@ -125,6 +125,9 @@ def torchrec_comm_ops(shardings: Sequence[TableSharding], dims: Sequence[int],
     ``dense_param_sizes``: bytes of each dense parameter in registration order (the DDP of
     ``DistributedModelParallel``)."""
     n, lws = world, local_world
+    if any(ts.sharding_type == ShardingType.SUBSET_ROW_WISE for ts in shardings):
+        raise ValueError("subset_row_wise is HugeCTR's layout: TorchRec issues no collectives "
+                         "for it")
     batch = len(lengths[0]) if len(lengths) else 0
     if batch % n:
         raise ValueError(f"global batch {batch} is not divisible by {n} ranks")
