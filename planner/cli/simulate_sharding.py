@@ -40,7 +40,8 @@ def simulate_sharding_plan(args, emit) -> int:
 def simulate_table_spec(args, emit) -> int:
     """Shard a table spec (built-in name, YAML or CSV) with ``--planner`` (default greedy) over
     ``--gpus`` ranks of ``--topology`` (default: all of its GPUs; a generated topology grows to
-    hold them), then simulate that plan's step and print it. ``--global-batch`` sets the batch (samples)."""
+    hold them), then simulate that plan's step and print it. ``--global-batch`` sets the batch
+    (samples)."""
     for flag in ("parallel", "micro_batch"):
         if getattr(args, flag, None) is not None:
             raise SpecError(f"--{flag.replace('_', '-')} applies to model specs, not table specs",

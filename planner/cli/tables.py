@@ -43,7 +43,6 @@ from planner.model.tables.shards import parse_sharding_types
 from planner.model.tables.spec import OPTIMIZERS
 from planner.model.tables.spec_file import load_model_spec
 from planner.model.tables.task import ShardingTask
-
 from planner.workloads.dlrm.step import simulate_plan
 
 __all__ = ["add_arguments", "run", "main", "build_parser", "positive", "add_calibrate_embedding",

@@ -54,8 +54,8 @@ from planner.export.torchrec_format import (
 )
 from planner.export.torchrec_format import spec_error as _err
 from planner.model.tables.shards import (
+    ALL_SHARDING_TYPES,
     Shard,
-    TORCHREC_SHARDING_TYPES,
     ShardingType,
     TableSharding,
     row_blocks,
@@ -103,7 +103,7 @@ def _read_layouts(doc: Mapping[str, Any], source: str | None) -> list[TableShard
         except ValueError:
             raise _err(f"unknown sharding type {e.get('sharding_type')!r}",
                        f"{where}.sharding_type",
-                       "use " + ", ".join(t.value for t in TORCHREC_SHARDING_TYPES),
+                       "use " + ", ".join(t.value for t in ALL_SHARDING_TYPES),
                        source) from None
         raw = e.get("shards")
         if not isinstance(raw, list) or not raw:

@@ -158,6 +158,8 @@ def search(hot, size_gb, n: int, s: HugeCtrSettings, *, dp_gb=None
             if splits[t] * 2 <= n:
                 splits[t] *= 2
                 break
+        else:
+            break                      # nothing splits further: every later round is this one
     best = min(range(len(candidates)), key=lambda i: (candidates[i][0], i))
     cost, buckets, dp_tables = candidates[best]
     return buckets, list(dp_tables), cost

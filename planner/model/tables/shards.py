@@ -40,7 +40,7 @@ from simulator.errors import SpecError
 __all__ = ["ShardingType", "Shard", "TableSharding", "row_blocks", "column_widths",
            "table_wise", "column_wise", "column_wise_counts", "row_wise", "table_row_wise",
            "subset_row_wise", "data_parallel", "validate_sharding", "ALL_SHARDING_TYPES",
-           "TORCHREC_SHARDING_TYPES", "parse_sharding_types"]
+           "parse_sharding_types"]
 
 
 class ShardingType(enum.StrEnum):
@@ -60,10 +60,10 @@ class ShardingType(enum.StrEnum):
                 "subset_row_wise": "SRW"}[self.value]
 
 
-#: TorchRec's sharding types: what the planners choose from unless told otherwise
-TORCHREC_SHARDING_TYPES: tuple[ShardingType, ...] = tuple(
+#: TorchRec's sharding types, what the planners choose from unless told otherwise (HugeCTR's
+#: ``subset_row_wise`` is not among them: only its own planner makes it)
+ALL_SHARDING_TYPES: tuple[ShardingType, ...] = tuple(
     t for t in ShardingType if t != ShardingType.SUBSET_ROW_WISE)
-ALL_SHARDING_TYPES: tuple[ShardingType, ...] = TORCHREC_SHARDING_TYPES
 
 _ALIASES = {"tw": "table_wise", "cw": "column_wise", "rw": "row_wise", "twrw": "table_row_wise",
             "dp": "data_parallel", "row-wise": "row_wise", "column-wise": "column_wise",
@@ -95,14 +95,14 @@ def parse_sharding_types(value, *, source: str = "--sharding-types",
             raise SpecError(f"{it!r} is HugeCTR's layout, which only its own planner makes",
                             source=source, field=field,
                             fix="plan with --planner hugectr_auto, or choose among "
-                                + ", ".join(t.value for t in TORCHREC_SHARDING_TYPES))
+                                + ", ".join(t.value for t in ALL_SHARDING_TYPES))
         try:
             chosen.add(ShardingType(key))
         except ValueError:
             raise SpecError(f"unknown sharding type {it!r}", source=source, field=field,
-                            fix="use " + ", ".join(t.value for t in TORCHREC_SHARDING_TYPES)
+                            fix="use " + ", ".join(t.value for t in ALL_SHARDING_TYPES)
                             + " (or tw, cw, rw, twrw, dp)") from None
-    return tuple(t for t in TORCHREC_SHARDING_TYPES if t in chosen)
+    return tuple(t for t in ALL_SHARDING_TYPES if t in chosen)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,23 +223,25 @@ def column_wise_counts(table: int, name: str, rows: int, dim: int, parts: int,
     return column_wise(table, name, rows, dim, ranks, widths, parts=parts)
 
 
+def _row_shards(rows: int, dim: int, ranks: Sequence[int]) -> tuple[Shard, ...]:
+    """TorchRec's even row blocks (:func:`row_blocks`) on ``ranks``, in their order."""
+    shards, off = [], 0
+    for r, n in zip(ranks, row_blocks(rows, len(ranks))):
+        shards.append(Shard(int(r), off, 0, n, dim))
+        off += n
+    return tuple(shards)
+
+
 def row_wise(table: int, name: str, rows: int, dim: int, world: int) -> TableSharding:
     """Even row blocks over ranks ``0 .. world-1`` (TorchRec's rule, see :func:`row_blocks`)."""
-    shards, off = [], 0
-    for r, n in enumerate(row_blocks(rows, world)):
-        shards.append(Shard(r, off, 0, n, dim))
-        off += n
-    return TableSharding(table, name, ShardingType.ROW_WISE, tuple(shards))
+    return TableSharding(table, name, ShardingType.ROW_WISE, _row_shards(rows, dim, range(world)))
 
 
 def table_row_wise(table: int, name: str, rows: int, dim: int, host: int,
                    host_ranks: Sequence[int]) -> TableSharding:
     """The row-wise rule over the ranks of one host."""
-    shards, off = [], 0
-    for r, n in zip(host_ranks, row_blocks(rows, len(host_ranks))):
-        shards.append(Shard(int(r), off, 0, n, dim))
-        off += n
-    return TableSharding(table, name, ShardingType.TABLE_ROW_WISE, tuple(shards), host=host)
+    return TableSharding(table, name, ShardingType.TABLE_ROW_WISE,
+                         _row_shards(rows, dim, host_ranks), host=host)
 
 
 def subset_row_wise(table: int, name: str, rows: int, dim: int,
@@ -249,11 +251,7 @@ def subset_row_wise(table: int, name: str, rows: int, dim: int,
     ranks = sorted(int(r) for r in ranks)
     if not ranks or len(set(ranks)) != len(ranks):
         raise ValueError(f"subset_row_wise needs distinct ranks, got {ranks}")
-    shards, off = [], 0
-    for r, n in zip(ranks, row_blocks(rows, len(ranks))):
-        shards.append(Shard(r, off, 0, n, dim))
-        off += n
-    return TableSharding(table, name, ShardingType.SUBSET_ROW_WISE, tuple(shards))
+    return TableSharding(table, name, ShardingType.SUBSET_ROW_WISE, _row_shards(rows, dim, ranks))
 
 
 def data_parallel(table: int, name: str, rows: int, dim: int, world: int) -> TableSharding:
