@@ -1,7 +1,11 @@
 """A sharding plan as HugeCTR's embedding collection takes it: ``shard_matrix`` (per GPU, the
 tables it holds) and ``shard_strategy`` (``["mp", tables]`` model-parallel, ``["dp",
 tables]`` replicated), tables named by their index in the spec as strings, as the MLPerf
-DLRM-DCNv2 ``train.py`` passes them (``generate_plan``'s output).
+DLRM-DCNv2 ``train.py`` passes them (``generate_plan``'s output), and ``comm_strategy``: the
+``hugectr.CommunicationStrategy`` of the collection, ``hierarchical`` for a plan with
+``hierarchical_row_wise`` tables (``hier_auto``'s: partial sums reduced inside each node
+first), else ``uniform``. One collection has one strategy, so a plan mixing
+``subset_row_wise`` and ``hierarchical_row_wise`` is refused.
 
 A table in several GPUs' lists is split by key over them, so ``table_wise`` (one list),
 ``subset_row_wise`` (its ranks' lists), ``row_wise`` (every list) and ``table_row_wise`` (its
@@ -15,6 +19,8 @@ list and under ``dp``. Column-wise has no HugeCTR form and is refused, naming th
 >>> out = export_hugectr_plan(doc)
 >>> out["shard_matrix"], out["shard_strategy"]
 ([['1', '2'], ['0', '1', '2']], [['mp', ['0', '1']], ['dp', ['2']]])
+>>> out["comm_strategy"]
+'uniform'
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ __all__ = ["export_hugectr_plan", "HUGECTR_FILE", "HUGECTR_FORMAT"]
 HUGECTR_FILE = "hugectr_plan.json"
 HUGECTR_FORMAT = "clusterplan.hugectr-sharding"
 
-_MP = ("table_wise", "subset_row_wise", "row_wise", "table_row_wise")
+_MP = ("table_wise", "subset_row_wise", "hierarchical_row_wise", "row_wise", "table_row_wise")
 
 
 def export_hugectr_plan(doc: Mapping[str, Any], *, source: str | None = None) -> dict:
@@ -63,5 +69,12 @@ def export_hugectr_plan(doc: Mapping[str, Any], *, source: str | None = None) ->
     if any(not row for row in matrix):
         raise SpecError("a GPU holds no table, which HugeCTR refuses", source=source,
                         field="shards", fix="re-plan so that every GPU holds a table")
+    types = {e.get("sharding_type") for e in entries}
+    if {"subset_row_wise", "hierarchical_row_wise"} <= types:
+        raise SpecError("the plan mixes subset_row_wise and hierarchical_row_wise tables, but "
+                        "one HugeCTR embedding collection has one communication strategy",
+                        source=source, field="shards",
+                        fix="re-plan with --planner hugectr_auto (mode=auto or mode=hier_auto)")
+    comm = "hierarchical" if "hierarchical_row_wise" in types else "uniform"
     return {"format": HUGECTR_FORMAT, "tables": names, "shard_matrix": matrix,
-            "shard_strategy": [["mp", mp], ["dp", dp]]}
+            "shard_strategy": [["mp", mp], ["dp", dp]], "comm_strategy": comm}

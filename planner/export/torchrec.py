@@ -55,6 +55,7 @@ from planner.export.torchrec_format import (
 from planner.export.torchrec_format import spec_error as _err
 from planner.model.tables.shards import (
     ALL_SHARDING_TYPES,
+    HUGECTR_TYPES,
     Shard,
     ShardingType,
     TableSharding,
@@ -250,9 +251,9 @@ def _entries(layouts: list[TableSharding], device: str, lws: int, world: int,
     for i, ts in enumerate(layouts):
         rows, dim = _shape(ts)
         field = f"shards[{i}]"
-        if ts.sharding_type == ShardingType.SUBSET_ROW_WISE:
-            raise _err(f"table {ts.name!r} is subset_row_wise, HugeCTR's layout, which TorchRec "
-                       "has no sharding type for", field,
+        if ts.sharding_type in HUGECTR_TYPES:
+            raise _err(f"table {ts.name!r} is {ts.sharding_type.value}, HugeCTR's layout, which "
+                       "TorchRec has no sharding type for", field,
                        "export it with --to hugectr, or re-plan with a TorchRec planner "
                        "(greedy, mip, torchrec)", source)
         problems = validate_sharding(ts, rows, dim, world)

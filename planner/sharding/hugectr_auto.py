@@ -23,11 +23,15 @@ Its rule, read from the submissions' ``sharding`` package (no step cost of ours 
 - **Pick** the cheapest plan kept; the first candidate, kept before any search, splits every
   table over every bucket and wins ties.
 
-A table on one bucket is ``table_wise`` (``auto``); split, it is ``subset_row_wise`` over its
-buckets' GPUs (:func:`~planner.model.tables.shards.subset_row_wise`), whose partial sums the
-pooled all-to-all carries to every sample's rank. ``hier_auto``'s reduction inside a node
-before the cross-node exchange is not modelled: its split tables send each GPU's partial sum
-across nodes, an upper bound on those bytes (the plan's notes say so).
+Under ``auto`` (HugeCTR's ``Uniform`` communication) a table on one bucket is ``table_wise``;
+split, it is ``subset_row_wise`` over its buckets' GPUs
+(:func:`~planner.model.tables.shards.subset_row_wise`), whose partial sums the pooled
+all-to-all carries to every sample's rank. Under ``hier_auto`` (``Hierarchical``
+communication, which the submissions set for more than one node) every table is
+``hierarchical_row_wise`` over its nodes' GPUs
+(:func:`~planner.model.tables.shards.hierarchical_row_wise`): HugeCTR's hierarchical embedding
+first reduces each node's partial sums inside the node, over NVLink, and only the reduced
+vectors cross nodes, each to its sample's rank.
 
 >>> hotness_cost([100.0, 27.0, 12.0], [4, 1, 1], [[0, 1], [0], [0, 2]], table_cost=2.25)
 [56.5, 27.25, 41.5]
@@ -43,7 +47,8 @@ from simulator.errors import SpecError
 
 from planner.model.tables.memory import table_bytes
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
-from planner.model.tables.shards import data_parallel, subset_row_wise, table_wise
+from planner.model.tables.shards import (data_parallel, hierarchical_row_wise, subset_row_wise,
+                                          table_wise)
 from planner.model.tables.task import ShardingTask, prepare
 
 __all__ = ["HugeCtrAutoPlanner", "HugeCtrSettings", "hotness_cost", "search", "MODES"]
@@ -197,21 +202,24 @@ class HugeCtrAutoPlanner:
             min(problem.capacity_bytes) * 1e-9
         tuned = replace(s, memory_cap_gb=cap * len(groups[0]))
         buckets, dp, cost = search(hot, size_gb, len(groups), tuned, dp_gb=dp_gb)
-        layouts = []
-        for i, tab in enumerate(model.tables):
-            rows, dim = tab.num_embeddings, tab.embedding_dim
-            if i in dp:
-                layouts.append(data_parallel(i, tab.name, rows, dim, devices))
-                continue
-            ranks = [r for b, members in zip(buckets, groups) if i in b for r in members]
-            layouts.append(table_wise(i, tab.name, rows, dim, ranks[0]) if len(ranks) == 1
-                           else subset_row_wise(i, tab.name, rows, dim, ranks))
+        layouts = [data_parallel(i, t.name, t.num_embeddings, t.embedding_dim, devices)
+                   if i in dp else _layout(i, t, [g for b, g in zip(buckets, groups) if i in b],
+                                           s.mode)
+                   for i, t in enumerate(model.tables)]
         notes = [f"{s.mode}: mem_comm_bw_ratio {s.mem_comm_bw_ratio:g}, mem_comm_work_ratio "
                  f"{s.mem_comm_work_ratio:g}, memory_cap_gb {cap:.4g}, "
                  f"dp_threshold_gb {s.dp_threshold_gb:g}; HugeCTR cost {cost:.4g}"]
-        if s.mode == "hier_auto":
-            notes.append("hier_auto: a split table's partial sums cross nodes from every GPU "
-                         "(HugeCTR's reduction inside a node first is not modelled)")
         stats = PlannerStats(wall_s=time.perf_counter() - t0, status="heuristic", seed=seed,
                              time_limit_s=time_limit_s, notes=tuple(notes))
         return make_plan(problem, tuple(layouts), self.name, stats)
+
+
+def _layout(i: int, t, held: list[tuple[int, ...]], mode: str):
+    """Table ``i``'s layout on the GPUs of the buckets ``held`` (each a bucket's ranks)."""
+    rows, dim = t.num_embeddings, t.embedding_dim
+    if mode == "hier_auto":
+        return hierarchical_row_wise(i, t.name, rows, dim, held)
+    ranks = [r for g in held for r in g]
+    if len(ranks) == 1:
+        return table_wise(i, t.name, rows, dim, ranks[0])
+    return subset_row_wise(i, t.name, rows, dim, ranks)

@@ -21,7 +21,8 @@ name                  what it does
                       first in a snake over the ranks (even counts, no cost model)
 ``hugectr_auto``      HugeCTR's ``auto`` / ``hier_auto`` plan (the MLPerf DLRM-DCNv2
                       submissions' ``SHARDING_PLAN``): hot tables split by key over 2, 4, 8
-                      ... GPUs (``subset_row_wise``), small ones replicated, by its own cost of
+                      ... GPUs (``subset_row_wise``; ``hierarchical_row_wise`` over whole
+                      nodes under ``hier_auto``), small ones replicated, by its own cost of
                       hotness, shards held and memory (``--planner-set KEY=VALUE``)
 ``torchrec``          TorchRec's own ``EmbeddingShardingPlanner``, run for real (needs
                       ``make setup-torchrec``); its plan converted back and costed by our model

@@ -1,5 +1,5 @@
-"""HugeCTR's ``auto`` / ``hier_auto`` plan, its ``subset_row_wise`` layout in the cost model and
-the step, and ``export --to hugectr``."""
+"""HugeCTR's ``auto`` / ``hier_auto`` plan, its ``subset_row_wise`` and
+``hierarchical_row_wise`` layouts in the cost model and the step, and ``export --to hugectr``."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from simulator.errors import SpecError
 from planner.cli.planner_choice import planner_settings
 from planner.export.hugectr import export_hugectr_plan
 from planner.measure.tables.plan_work import comm_ops, rank_work
-from planner.model.tables.features import F_IDS, F_OUT
+from planner.model.tables.features import F_HRS, F_IDS, F_OUT, K
 from planner.model.tables.ids import model_ids
-from planner.model.tables.shards import (ShardingType, parse_sharding_types, subset_row_wise,
+from planner.model.tables.shards import (ShardingType, hierarchical_row_wise,
+                                         parse_sharding_types, subset_row_wise, table_row_wise,
                                          table_wise, validate_sharding)
 from planner.model.tables.spec import ModelSpec, TableSpec
 from planner.model.tables.spec_file import load_model_spec
@@ -29,6 +30,7 @@ from planner.sharding.planners import get_planner
 from planner.workloads.dlrm.step import simulate_step
 
 SRW = ShardingType.SUBSET_ROW_WISE
+HRW = ShardingType.HIERARCHICAL_ROW_WISE
 
 
 def _cli(*args, cwd=None):
@@ -92,6 +94,18 @@ def test_subset_row_wise_layout_rules():
         subset_row_wise(0, "t", 10, 4, [1, 1])
     with pytest.raises(SpecError) as e:
         parse_sharding_types("table_wise,srw")
+    assert "hugectr_auto" in e.value.fix
+
+
+def test_hierarchical_row_wise_layout_rules():
+    hosts = [tuple(range(8, 16)), tuple(range(8))]
+    ts = hierarchical_row_wise(0, "t", 1601, 32, hosts)
+    assert [s.rank for s in ts.shards] == list(range(16)) and sum(s.rows for s in ts.shards) == 1601
+    assert validate_sharding(ts, 1601, 32, 16, hosts) == []
+    part = hierarchical_row_wise(0, "t", 1601, 32, [range(4)])
+    assert any("part of a host" in p for p in validate_sharding(part, 1601, 32, 16, hosts))
+    with pytest.raises(SpecError) as e:
+        parse_sharding_types("hrw")
     assert "hugectr_auto" in e.value.fix
 
 
@@ -183,7 +197,52 @@ def test_hier_auto_keeps_a_nodes_tables_on_all_its_gpus():
     for ts in plan.shardings:
         if ts.sharding_type == ShardingType.DATA_PARALLEL:
             continue
-        assert ts.sharding_type == SRW
+        assert ts.sharding_type == HRW
         nodes = {r // 8 for r in ts.ranks}
         assert sorted(ts.ranks) == [r for h in sorted(nodes) for r in range(8 * h, 8 * h + 8)]
-    assert any("not modelled" in n for n in plan.stats.notes)
+    out = export_hugectr_plan(plan.to_dict())
+    assert out["comm_strategy"] == "hierarchical"
+
+
+def test_hierarchical_row_wise_on_one_host_costs_what_table_row_wise_costs():
+    model = _model()
+    problem = prepare(ShardingTask(model=model, topology="dgx-a100:nodes=2"), 16)
+    cm = problem.cost
+    hrw = hierarchical_row_wise(0, "hot", 40_000, 64, [problem.hosts[1]])
+    twrw = table_row_wise(0, "hot", 40_000, 64, 1, problem.hosts[1])
+    # the same features but the fused lookup group (one kernel call per type)
+    assert np.array_equal(cm.sharding_features(hrw)[:, :K], cm.sharding_features(twrw)[:, :K])
+
+
+def test_hierarchical_row_wise_sends_one_reduced_vector_per_host_across_hosts():
+    """A table over 2 hosts × 8 GPUs: each host reduce-scatters B · dim · o of partial sums
+    inside itself, and each rank sends (n-1) · b · dim · o / 8 in the pooled all-to-all, 1/8 of
+    what the same shards send as subset_row_wise (every rank's own partial sum): at a large
+    batch, a faster step, the reduction riding NVLink."""
+    model = _model(batch=65_536)
+    n, g = 16, 8
+    problem = prepare(ShardingTask(model=model, topology="dgx-a100:nodes=2"), n)
+    cm = problem.cost
+    o, B = cm.out_bytes, model.batch_size
+    rest = (table_wise(1, "a", 10_000, 32, 0), table_wise(2, "b", 20_000, 64, 9))
+    hier = (hierarchical_row_wise(0, "hot", 40_000, 64, problem.hosts),) + rest
+    flat = (subset_row_wise(0, "hot", 40_000, 64, range(n)),) + rest
+    F = cm.plan_features(hier)
+    assert F[3, F_OUT] == pytest.approx(64 * o / g)
+    assert F[3, F_HRS] == pytest.approx(B * 64 * o)
+    h, s = simulate_step(problem, hier), simulate_step(problem, flat)
+    tw = (n - 1) / n * B * o * (32 + 64)
+    assert h.a2a_bytes["output_fwd"] - tw == pytest.approx(
+        (s.a2a_bytes["output_fwd"] - tw) / g)
+    rs = [op for op in h.result.per_device().itertuples() if op.name.startswith("twrw_rs")]
+    assert {op.rank for op in rs} == set(range(n))
+    assert h.step_time_s < s.step_time_s
+
+
+def test_export_refuses_a_plan_mixing_the_communication_strategies():
+    doc = {"format": "clusterplan.sharding-plan", "devices": 2, "valid": True, "shards": [
+        {"table": "a", "sharding_type": "subset_row_wise", "ranks": [0, 1]},
+        {"table": "b", "sharding_type": "hierarchical_row_wise", "ranks": [0, 1]}]}
+    with pytest.raises(SpecError) as e:
+        export_hugectr_plan(doc, source="plan.json")
+    assert e.value.field == "shards" and "hugectr_auto" in e.value.fix

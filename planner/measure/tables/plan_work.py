@@ -15,15 +15,14 @@ import numpy as np
 
 from planner.measure.tables.tbe import KernelTable
 from planner.model.tables.ids import TableIds, local_batches
-from planner.model.tables.shards import ShardingType, TableSharding
+from planner.model.tables.shards import (HOST_REDUCED_TYPES, ROW_SPLIT_TYPES, ShardingType,
+                                          TableSharding)
 from planner.model.tables.spec import PRECISION_BYTES, ModelSpec
 
 __all__ = ["rank_work", "comm_ops", "ID_BYTES", "LENGTH_BYTES"]
 
 ID_BYTES = 8
 LENGTH_BYTES = 4
-#: the types whose shards serve the ids of their own rows only
-_ROW_SPLIT = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.SUBSET_ROW_WISE)
 
 
 def _slice_bags(ids: TableIds, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
@@ -55,7 +54,7 @@ def rank_work(model: ModelSpec, shardings: Sequence[TableSharding], ids: Sequenc
                 idx, off = _slice_bags(tid, int(bounds[s.rank]), int(bounds[s.rank + 1]))
                 out[s.rank].append(KernelTable(s.rows, s.cols, t.precision, idx, off, dense=True,
                                                name=t.name))
-            elif st in _ROW_SPLIT:
+            elif st in ROW_SPLIT_TYPES:
                 idx, off = _row_block(tid, s.row_offset, s.row_offset + s.rows)
                 out[s.rank].append(KernelTable(s.rows, s.cols, t.precision, idx, off,
                                                name=t.name))
@@ -87,7 +86,7 @@ def comm_ops(model: ModelSpec, shardings: Sequence[TableSharding], ids: Sequence
             dp_bytes += t.num_embeddings * t.embedding_dim * 4.0
             continue
         for s in ts.shards:
-            if st in _ROW_SPLIT:
+            if st in ROW_SPLIT_TYPES:
                 if s.rows == 0:
                     continue
                 keep = (tid.indices >= s.row_offset) & (tid.indices < s.row_offset + s.rows)
@@ -101,7 +100,7 @@ def comm_ops(model: ModelSpec, shardings: Sequence[TableSharding], ids: Sequence
             ids_m[:, s.rank] += per_src * ID_BYTES + b * LENGTH_BYTES
         if st == ShardingType.ROW_WISE:
             rw_bytes += model.batch_size * t.embedding_dim * o
-        elif st == ShardingType.TABLE_ROW_WISE:
+        elif st in HOST_REDUCED_TYPES:         # one host here: reduce-scattered over it
             twrw_bytes += model.batch_size * t.embedding_dim * o
     ops: list[tuple] = []
     if n < 2:

@@ -23,7 +23,7 @@ __all__ = ["CodecCosts", "codec_costs"]
 
 #: sharding types whose pooled outputs cross ranks through the all-to-all
 _A2A_TYPES = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_ROW_WISE,
-              ShardingType.SUBSET_ROW_WISE)
+              ShardingType.SUBSET_ROW_WISE, ShardingType.HIERARCHICAL_ROW_WISE)
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,8 @@ class CodecCosts:
                 group: int = 1) -> tuple[float, float]:
         """(forward, backward) codec seconds one shard of ``cols`` columns adds on its rank
         for a global batch of ``batch`` samples; ``group``: the ranks of its host, for a
-        table-row-wise shard (which sends ``1/group`` of its outputs across hosts)."""
+        table-row-wise or hierarchical-row-wise shard (which sends ``1/group`` of its outputs
+        across hosts)."""
         if not self.enabled or st not in _A2A_TYPES:
             return 0.0, 0.0
         raw = batch * cols * out_bytes / group * self.sent_share

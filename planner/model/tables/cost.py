@@ -81,7 +81,7 @@ from planner.model.tables.gpu_lookup import FitRange, gpu_lookup_file, load_gpu_
 from planner.model.tables.lookup_cost import (shard_lookup_s, shard_traffic,
                                               table_accesses_per_row)
 from planner.model.tables.memory import shard_memory_bytes
-from planner.model.tables.shards import Shard, ShardingType, TableSharding
+from planner.model.tables.shards import HOST_REDUCED_TYPES, Shard, ShardingType, TableSharding
 from planner.model.tables.spec import PRECISION_BYTES, ModelSpec
 
 __all__ = ["CostModel"]
@@ -172,8 +172,7 @@ class CostModel:
     def shard_codec_s(self, ti: int, shard: Shard, st: ShardingType) -> tuple[float, float]:
         """(forward, backward) codec seconds one shard adds on its rank
         (:meth:`.codec_cost.CodecCosts.shard_s`)."""
-        group = len(self.hosts[self.host_of[shard.rank]]) \
-            if st == ShardingType.TABLE_ROW_WISE else 1
+        group = len(self.hosts[self.host_of[shard.rank]]) if st in HOST_REDUCED_TYPES else 1
         return self.codec.shard_s(self.batch, shard.cols, self.out_bytes, st, group)
 
     def plan_codec_s(self, shardings) -> tuple[np.ndarray, np.ndarray]:
@@ -215,7 +214,7 @@ class CostModel:
         elif st == ShardingType.SUBSET_ROW_WISE:         # partial sums to every sample's rank
             f[F_IDS] = L * cfg.id_bytes * rows / t.num_embeddings + cfg.length_bytes
             f[F_OUT] = cols * o / r
-        elif st == ShardingType.TABLE_ROW_WISE:
+        elif st in HOST_REDUCED_TYPES:       # reduce-scattered in the host, then all-to-all
             g = len(self.hosts[self.host_of[shard.rank]])
             f[F_IDS] = L * cfg.id_bytes * rows / t.num_embeddings + cfg.length_bytes / g
             f[F_OUT] = cols * o / g / r
@@ -229,7 +228,7 @@ class CostModel:
         seen: dict[tuple, np.ndarray] = {}
         for s in ts.shards:
             key = (s.rows, s.cols, len(self.hosts[self.host_of[s.rank]])
-                   if ts.sharding_type == ShardingType.TABLE_ROW_WISE else 0)
+                   if ts.sharding_type in HOST_REDUCED_TYPES else 0)
             if key not in seen:       # a shard's features follow its size (and host's size)
                 seen[key] = self.shard_features(ts.table, s, ts.sharding_type)
             out[s.rank] += seen[key]

@@ -21,7 +21,8 @@ __all__ = ["InfeasibleError", "check_feasible"]
 _TYPE_WORDS = {ShardingType.TABLE_WISE: "table-wise", ShardingType.COLUMN_WISE: "column-wise",
                ShardingType.ROW_WISE: "row-wise", ShardingType.TABLE_ROW_WISE: "table-row-wise",
                ShardingType.DATA_PARALLEL: "data-parallel",
-               ShardingType.SUBSET_ROW_WISE: "subset-row-wise"}
+               ShardingType.SUBSET_ROW_WISE: "subset-row-wise",
+               ShardingType.HIERARCHICAL_ROW_WISE: "hierarchical-row-wise"}
 
 
 class InfeasibleError(SpecError):

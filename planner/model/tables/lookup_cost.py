@@ -44,7 +44,7 @@ import math
 
 from planner.model.tables.access import accesses_per_row, default_reuse_bins, zipf_reuse
 from planner.model.tables.cost_config import CostConfig
-from planner.model.tables.shards import ShardingType
+from planner.model.tables.shards import ROW_SPLIT_TYPES, ShardingType
 from planner.model.tables.spec import TableSpec
 
 __all__ = ["table_accesses_per_row", "miss_ratio", "shard_traffic", "shard_lookup_s",
@@ -77,7 +77,7 @@ def shard_traffic(t: TableSpec, rows: int, st: ShardingType, batch: float,
     """(ids looked up, pooled outputs) of one shard of ``rows`` rows per step."""
     if st == ShardingType.DATA_PARALLEL:
         return local_batch * t.pooling_factor, local_batch
-    if st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.SUBSET_ROW_WISE):
+    if st in ROW_SPLIT_TYPES:
         return batch * t.pooling_factor * rows / t.num_embeddings, batch
     return batch * t.pooling_factor, batch
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from planner.model.tables.shards import ShardingType, row_blocks
+from planner.model.tables.shards import HUGECTR_TYPES, ShardingType, row_blocks
 from planner.model.tables.spec import ModelSpec, TableSpec
 
 __all__ = ["optimizer_state_bytes", "shard_memory_bytes", "device_capacity_bytes",
@@ -71,7 +71,7 @@ def min_device_bytes(table: TableSpec, t: ShardingType, optimizer: str, world: i
 
     Column-wise spreads blocks of 4 columns as evenly as possible over all ``world`` ranks;
     row-wise and table-row-wise use TorchRec's even blocks over ``world`` / ``host_size`` ranks,
-    subset-row-wise its widest subset, all ``world`` ranks.
+    HugeCTR's subset- and hierarchical-row-wise their widest subset, all ``world`` ranks.
     """
     rows, dim = table.num_embeddings, table.embedding_dim
     if t == ShardingType.TABLE_WISE:
@@ -82,7 +82,7 @@ def min_device_bytes(table: TableSpec, t: ShardingType, optimizer: str, world: i
         units = dim // 4
         cols = 4 * math.ceil(units / min(world, units))
         return shard_memory_bytes(table, rows, cols, t, optimizer)
-    if t in (ShardingType.ROW_WISE, ShardingType.SUBSET_ROW_WISE):
+    if t in (ShardingType.ROW_WISE,) + HUGECTR_TYPES:
         return shard_memory_bytes(table, row_blocks(rows, world)[0], dim, t, optimizer)
     if t == ShardingType.TABLE_ROW_WISE:
         if host_size < 2:

@@ -115,7 +115,8 @@ def evaluate_shardings(problem: Problem, shardings: Sequence[TableSharding]) -> 
     for ts in shardings:
         t = problem.model.tables[ts.table]
         seen[ts.table] += 1
-        for p in validate_sharding(ts, t.num_embeddings, t.embedding_dim, problem.devices):
+        for p in validate_sharding(ts, t.num_embeddings, t.embedding_dim, problem.devices,
+                                   problem.hosts):
             problems.append(f"table {t.name!r}: {p}")
         if not problem.allowed(ts.table, ts.sharding_type):
             problems.append(f"table {t.name!r}: sharding type {ts.sharding_type.value} is not "

@@ -26,6 +26,17 @@ col_offset : col_offset + cols]`` on one rank:
 
   >>> [(s.rank, s.rows) for s in subset_row_wise(0, "t", 10, 16, [5, 2]).shards]
   [(2, 5), (5, 5)]
+
+- ``hierarchical_row_wise``: the rows split over every GPU of one or more whole hosts
+  (HugeCTR's layout under its ``Hierarchical`` communication, the ``hier_auto`` plan of a
+  multi-node run). Each shard pools its share of every sample's ids, as ``subset_row_wise``;
+  but the partial sums are first reduced inside each host (a reduce-scatter over the host's
+  GPUs, as ``table_row_wise``), so one reduced vector per host and sample crosses hosts in the
+  pooled all-to-all, where the sample's rank adds the hosts' vectors up. On one host it costs
+  what ``table_row_wise`` costs. Only ``--planner hugectr_auto`` makes it.
+
+  >>> [(s.rank, s.rows) for s in hierarchical_row_wise(0, "t", 10, 16, [[2, 3], [0, 1]]).shards]
+  [(0, 3), (1, 3), (2, 3), (3, 1)]
 """
 
 from __future__ import annotations
@@ -39,7 +50,8 @@ from simulator.errors import SpecError
 
 __all__ = ["ShardingType", "Shard", "TableSharding", "row_blocks", "column_widths",
            "table_wise", "column_wise", "column_wise_counts", "row_wise", "table_row_wise",
-           "subset_row_wise", "data_parallel", "validate_sharding", "ALL_SHARDING_TYPES",
+           "subset_row_wise", "hierarchical_row_wise", "data_parallel", "validate_sharding",
+           "ALL_SHARDING_TYPES", "HUGECTR_TYPES", "ROW_SPLIT_TYPES", "HOST_REDUCED_TYPES",
            "parse_sharding_types"]
 
 
@@ -52,24 +64,38 @@ class ShardingType(enum.StrEnum):
     TABLE_ROW_WISE = "table_row_wise"
     DATA_PARALLEL = "data_parallel"
     SUBSET_ROW_WISE = "subset_row_wise"
+    HIERARCHICAL_ROW_WISE = "hierarchical_row_wise"
 
     @property
     def short(self) -> str:
         return {"table_wise": "TW", "column_wise": "CW", "row_wise": "RW",
                 "table_row_wise": "TWRW", "data_parallel": "DP",
-                "subset_row_wise": "SRW"}[self.value]
+                "subset_row_wise": "SRW", "hierarchical_row_wise": "HRW"}[self.value]
 
 
-#: TorchRec's sharding types, what the planners choose from unless told otherwise (HugeCTR's
-#: ``subset_row_wise`` is not among them: only its own planner makes it)
+#: HugeCTR's layouts that TorchRec has no form of: only ``--planner hugectr_auto`` makes them
+HUGECTR_TYPES: tuple[ShardingType, ...] = (ShardingType.SUBSET_ROW_WISE,
+                                           ShardingType.HIERARCHICAL_ROW_WISE)
+
+#: TorchRec's sharding types, what the planners choose from unless told otherwise
 ALL_SHARDING_TYPES: tuple[ShardingType, ...] = tuple(
-    t for t in ShardingType if t != ShardingType.SUBSET_ROW_WISE)
+    t for t in ShardingType if t not in HUGECTR_TYPES)
+
+#: the types whose shards hold a block of rows and serve only the ids that fall in it
+ROW_SPLIT_TYPES: tuple[ShardingType, ...] = (
+    ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.SUBSET_ROW_WISE,
+    ShardingType.HIERARCHICAL_ROW_WISE)
+
+#: the types whose partial sums are reduce-scattered inside each host before the all-to-all
+HOST_REDUCED_TYPES: tuple[ShardingType, ...] = (ShardingType.TABLE_ROW_WISE,
+                                                ShardingType.HIERARCHICAL_ROW_WISE)
 
 _ALIASES = {"tw": "table_wise", "cw": "column_wise", "rw": "row_wise", "twrw": "table_row_wise",
             "dp": "data_parallel", "row-wise": "row_wise", "column-wise": "column_wise",
             "table-wise": "table_wise", "table-row-wise": "table_row_wise",
             "data-parallel": "data_parallel", "srw": "subset_row_wise",
-            "subset-row-wise": "subset_row_wise"}
+            "subset-row-wise": "subset_row_wise", "hrw": "hierarchical_row_wise",
+            "hierarchical-row-wise": "hierarchical_row_wise"}
 
 
 def parse_sharding_types(value, *, source: str = "--sharding-types",
@@ -91,7 +117,7 @@ def parse_sharding_types(value, *, source: str = "--sharding-types",
     chosen = set()
     for it in items:
         key = _ALIASES.get(it.lower(), it.lower())
-        if key == ShardingType.SUBSET_ROW_WISE.value:
+        if key in HUGECTR_TYPES:
             raise SpecError(f"{it!r} is HugeCTR's layout, which only its own planner makes",
                             source=source, field=field,
                             fix="plan with --planner hugectr_auto, or choose among "
@@ -254,14 +280,27 @@ def subset_row_wise(table: int, name: str, rows: int, dim: int,
     return TableSharding(table, name, ShardingType.SUBSET_ROW_WISE, _row_shards(rows, dim, ranks))
 
 
+def hierarchical_row_wise(table: int, name: str, rows: int, dim: int,
+                          hosts: Sequence[Sequence[int]]) -> TableSharding:
+    """The rows over every rank of ``hosts`` (each a host's ranks; shards in rank order), each
+    host's partial sums reduced inside it before they cross hosts (module docstring)."""
+    ranks = sorted(int(r) for h in hosts for r in h)
+    if not ranks or len(set(ranks)) != len(ranks):
+        raise ValueError(f"hierarchical_row_wise needs distinct ranks, got {ranks}")
+    return TableSharding(table, name, ShardingType.HIERARCHICAL_ROW_WISE,
+                         _row_shards(rows, dim, ranks))
+
+
 def data_parallel(table: int, name: str, rows: int, dim: int, world: int) -> TableSharding:
     """A full replica on every rank."""
     return TableSharding(table, name, ShardingType.DATA_PARALLEL,
                          tuple(Shard(r, 0, 0, rows, dim) for r in range(world)))
 
 
-def validate_sharding(ts: TableSharding, rows: int, dim: int, world: int) -> list[str]:
-    """Problems with a layout (empty list when it is well formed)."""
+def validate_sharding(ts: TableSharding, rows: int, dim: int, world: int,
+                      hosts: Sequence[Sequence[int]] | None = None) -> list[str]:
+    """Problems with a layout (empty list when it is well formed); ``hosts`` (each host's
+    ranks) checks that a ``hierarchical_row_wise`` layout covers whole hosts."""
     problems = []
     for s in ts.shards:
         if not 0 <= s.rank < world:
@@ -298,6 +337,12 @@ def validate_sharding(ts: TableSharding, rows: int, dim: int, world: int) -> lis
     if t == ShardingType.ROW_WISE and [s.rank for s in ts.shards] != list(range(world)):
         problems.append("row_wise spans ranks 0..world-1 in order")
     ranks = [s.rank for s in ts.shards]
-    if t == ShardingType.SUBSET_ROW_WISE and ranks != sorted(set(ranks)):
-        problems.append("subset_row_wise shards sit on distinct ranks in rank order")
+    if t in HUGECTR_TYPES and ranks != sorted(set(ranks)):
+        problems.append(f"{t.value} shards sit on distinct ranks in rank order")
+    if t == ShardingType.HIERARCHICAL_ROW_WISE and hosts is not None:
+        held = set(ranks)
+        partial = [list(h) for h in hosts if held & set(h) and not set(h) <= held]
+        if partial:
+            problems.append(f"hierarchical_row_wise holds part of a host ({partial[0]}): its "
+                            "shards cover every rank of each host they use")
     return problems

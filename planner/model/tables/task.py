@@ -15,7 +15,7 @@ from planner.model.tables.comm_model import calibrate_cached
 from planner.model.tables.cost import CostModel
 from planner.model.tables.cost_config import CostConfig
 from planner.model.tables.memory import device_capacity_bytes
-from planner.model.tables.shards import ALL_SHARDING_TYPES, ShardingType
+from planner.model.tables.shards import ALL_SHARDING_TYPES, HUGECTR_TYPES, ShardingType
 from planner.model.tables.spec import ModelSpec
 
 __all__ = ["ShardingTask", "Problem", "prepare", "default_topology_ref"]
@@ -98,9 +98,10 @@ class Problem:
 
     def allowed(self, table: int, t: ShardingType) -> bool:
         """Whether table ``table`` may use type ``t`` (task and table constraints). HugeCTR's
-        ``subset_row_wise``, which no TorchRec planner chooses, is allowed wherever the task
-        leaves the types open and the table does not restrict them."""
-        if t == ShardingType.SUBSET_ROW_WISE:
+        layouts (``subset_row_wise``, ``hierarchical_row_wise``), which no TorchRec planner
+        chooses, are allowed wherever the task leaves the types open and the table does not
+        restrict them."""
+        if t in HUGECTR_TYPES:
             return self.task.sharding_types is None and self.model.tables[table].allows(t)
         return t in self._allowed[table]
 

@@ -41,7 +41,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.model.tables.ids import table_ids
-from planner.model.tables.shards import ShardingType, TableSharding
+from planner.model.tables.shards import HUGECTR_TYPES, ShardingType, TableSharding
 
 __all__ = ["CommOp", "torchrec_comm_ops", "torchrec_step_ops", "rank_events", "ddp_buckets",
            "INPUT_DIST_ORDER", "KJT_SPLITS", "FLOAT_BYTES"]
@@ -125,8 +125,9 @@ def torchrec_comm_ops(shardings: Sequence[TableSharding], dims: Sequence[int],
     ``dense_param_sizes``: bytes of each dense parameter in registration order (the DDP of
     ``DistributedModelParallel``)."""
     n, lws = world, local_world
-    if any(ts.sharding_type == ShardingType.SUBSET_ROW_WISE for ts in shardings):
-        raise ValueError("subset_row_wise is HugeCTR's layout: TorchRec issues no collectives "
+    hugectr = [ts.sharding_type.value for ts in shardings if ts.sharding_type in HUGECTR_TYPES]
+    if hugectr:
+        raise ValueError(f"{hugectr[0]} is HugeCTR's layout: TorchRec issues no collectives "
                          "for it")
     batch = len(lengths[0]) if len(lengths) else 0
     if batch % n:
