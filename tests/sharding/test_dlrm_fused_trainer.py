@@ -140,15 +140,16 @@ def test_dense_gradients_set_what_the_dense_all_reduce_moves():
 
 def test_dle_tf2_differs_from_hugectr_only_in_the_embedding_and_gradient_bytes():
     """Same dense kernels (graphs, pure, fused): on ``mlperf-dcnv2``'s bf16 dense part the
-    DLE preset differs from HugeCTR's by its fp32 all-to-alls and gradients alone, so its
-    step is slower."""
+    DLE preset differs from HugeCTR's by its fp32 all-to-alls and gradients (and its loader's
+    ids, which no all-to-all carries), so its step is slower."""
     def step(trainer):
         p = _problem(trainer)
         task = ShardingTask(model=p.model, topology=p.topology_ref)
         plan = get_planner("greedy").plan(task, p.devices, seed=0)
         return simulate_plan(plan, task).step_time_s
     hug, dle = DLRM_PRESETS["hugectr"], DLRM_PRESETS["dle-tf2"]
-    assert replace(hug, embedding_output="fp32", dense_gradients="fp32") == dle
+    assert replace(hug, embedding_output="fp32", dense_gradients="fp32",
+                   input_dist="loader") == dle
     assert step(dle) > step(hug)
 
 
@@ -221,3 +222,29 @@ def test_cli_trainer_preset_on_a_table_spec(tmp_path):
     assert r.returncode == 0, r.stderr
     trainer = json.loads(r.stdout)["simulation"]["trainer"]
     assert trainer == replace(DLRM_PRESETS["hugectr"], dispatch="eager").to_dict()
+
+
+def test_a_loader_that_reads_its_tables_ids_sends_no_ids():
+    """``input_dist: loader`` (DLE's model-parallel input): no ids all-to-all in the step, none
+    in the cost model, the pooled all-to-alls unchanged; the same plan is never slower."""
+    base = DLRM_PRESETS["dle-tf2"]
+    steps = {}
+    for how in ("alltoall", "loader"):
+        p = _problem(replace(base, input_dist=how))
+        task = ShardingTask(model=p.model, topology=p.topology_ref)
+        plan = get_planner("greedy").plan(task, p.devices, seed=0)
+        w, mats = build_step_workload(p, plan.shardings)
+        names = {op.name for op in w.ops}
+        comp = p.cost.components(p.cost.plan_features(plan.shardings))
+        steps[how] = (plan, simulate_plan(plan, task), "input_a2a" in names,
+                      float(comp["input_a2a_s"].max()), float(mats["output_fwd"].sum()))
+    a, loader = steps["alltoall"], steps["loader"]
+    assert a[2] and a[3] > 0 and a[1].a2a_bytes["input"] > 0
+    assert not loader[2] and loader[3] == 0.0 and loader[1].a2a_bytes["input"] == 0.0
+    if a[0].shardings == loader[0].shardings:
+        assert loader[4] == a[4]
+        assert loader[1].step_time_s <= a[1].step_time_s * (1 + 1e-9)
+    with pytest.raises(SpecError) as e:
+        dlrm_trainer_from_mapping({"input_dist": "files"}, source="s.yaml")
+    assert e.value.field == "trainer.input_dist" and "alltoall" in e.value.fix
+

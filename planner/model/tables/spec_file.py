@@ -29,7 +29,7 @@ the defaults below (no dense part). ::
       dtype: fp32                # compute precision of the MLPs
     trainer: {preset: torchrec, dispatch: eager}   # planner/model/tables/trainer.py (also:
                                    # pipeline, mixed_precision, fusion, embedding_output,
-                                   # dense_gradients; presets: hugectr, dle-tf2 ...)
+                                   # dense_gradients, input_dist; presets: hugectr, dle-tf2 ...)
     a2a_compression: {error_bound: 0.01}   # planner/model/tables/compression.py (optional)
     tables:                      # a list of mappings, or the path of a CSV beside the file
       - {name: t0, num_embeddings: 1000000, pooling_factor: 3.2, zipf_exponent: 1.05}

@@ -10,6 +10,7 @@ A table spec states it in a ``trainer:`` section (every key optional)::
       fusion: none            # none | compiled | fused
       embedding_output: fp32  # fp32 | dense
       dense_gradients: auto   # auto | fp32 | dense
+      input_dist: alltoall    # alltoall | loader
 
 ``pipeline``: ``sparse_dist`` is TorchRec's ``TrainPipelineSparseDist`` (the default of its
 training loops and examples): the next batch's input dist (the ids all-to-alls) runs on its own
@@ -61,6 +62,13 @@ HugeCTR's half-precision weight gradients), fp32 under ``autocast``; ``fp32``: f
 activations (Keras' ``mixed_float16`` policy keeps fp32 variables, so their gradients are fp32);
 ``dense``: the dense dtype.
 
+``input_dist``: how a rank gets the ids of the tables it holds. ``alltoall``: every rank's data
+loader reads its own samples of every feature and the ids all-to-all sends each table's ids to
+its shards' ranks (TorchRec's input dist, HugeCTR's data distributor); ``loader``: every rank's
+data loader reads the ids of the tables it holds for the whole global batch, so no ids cross
+ranks (DeepLearningExamples' TF2 DLRM: its ``DistributedEmbedding`` takes model-parallel input,
+``dp_input=False``, from a dataset split by feature).
+
 ``preset`` names a trainer by what it does (:data:`DLRM_PRESETS`): ``torchrec`` (the defaults:
 TorchRec's pipelined training loop, eager PyTorch under autocast), ``torchrec-compiled`` (the
 same loop with the dense part compiled into CUDA graphs:
@@ -71,8 +79,7 @@ DLRM and DCNv2 with ``--xla --amp``, read from its code: a ``tf.function`` graph
 per op; Keras ``mixed_float16``, so activations in half precision with fp32 variables and
 gradients; XLA's elementwise fusions, TF's GEMMs with bias and ReLU fused and a custom CUDA dot
 interaction; the lookups' outputs fp32, cast after the all-to-all, since its embeddings do not
-run in fp16; the ids come straight from the per-table data loader, so no lookup waits for an
-ids all-to-all; its tables placed by ``--planner memory_balanced``). ``--trainer NAME`` on
+run in fp16; ``input_dist: loader``; its tables placed by ``--planner memory_balanced``). ``--trainer NAME`` on
 ``clusterplan plan`` picks a preset in place of the spec's section; ``--trainer-set KEY=VALUE``
 overrides a key.
 
@@ -102,7 +109,8 @@ __all__ = ["DlrmTrainer", "dlrm_trainer_from_mapping", "override_dlrm_trainer",
 
 _CHOICES = {"pipeline": ("sparse_dist", "none"), "dispatch": ("eager", "graphs"),
             "mixed_precision": ("autocast", "pure"), "fusion": ("none", "fused", "compiled"),
-            "embedding_output": ("fp32", "dense"), "dense_gradients": ("auto", "fp32", "dense")}
+            "embedding_output": ("fp32", "dense"), "dense_gradients": ("auto", "fp32", "dense"),
+            "input_dist": ("alltoall", "loader")}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,6 +123,12 @@ class DlrmTrainer:
     fusion: str = "none"
     embedding_output: str = "fp32"
     dense_gradients: str = "auto"
+    input_dist: str = "alltoall"
+
+    @property
+    def ids_alltoall(self) -> bool:
+        """True when the ids reach the tables' ranks through an all-to-all (``input_dist``)."""
+        return self.input_dist == "alltoall"
 
     @property
     def pipelined(self) -> bool:
@@ -175,7 +189,7 @@ DLRM_PRESETS = {
     "hugectr": DlrmTrainer(dispatch="graphs", mixed_precision="pure", fusion="fused",
                            embedding_output="dense"),
     "dle-tf2": DlrmTrainer(dispatch="graphs", mixed_precision="pure", fusion="fused",
-                           embedding_output="fp32", dense_gradients="fp32"),
+                           embedding_output="fp32", dense_gradients="fp32", input_dist="loader"),
 }
 
 

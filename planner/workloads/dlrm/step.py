@@ -12,7 +12,8 @@ The step as a DAG on every rank (streams ``compute``, ``comm``, ``comm:dp``)::
 
 With the trainer's ``pipeline: sparse_dist`` (TorchRec's ``TrainPipelineSparseDist``, the
 default) the ids all-to-all is the *next* batch's input dist: it shares the links with this
-step's collectives but the lookups do not wait for it; ``pipeline: none`` makes them wait.
+step's collectives but the lookups do not wait for it; ``pipeline: none`` makes them wait;
+``input_dist: loader`` (each rank's loader reads its tables' ids) leaves it out.
 
 All-to-alls carry the plan's uneven byte matrices (``splits``), so ranks with more pooled
 output send more and every rank waits for the slowest, as in NCCL. Lookups are compute ops with
@@ -117,7 +118,7 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
 
     # pipelined (TorchRec's TrainPipelineSparseDist): this all-to-all carries the next batch's
     # ids while this batch computes; it still loads the links, but no lookup waits for it
-    ids = a2a("input_a2a", mats["input"], None)
+    ids = a2a("input_a2a", mats["input"], None) if mats["input"].any() else None
     look_deps = None if problem.model.trainer.pipelined or ids is None else [ids]
     bottom = [dense(r, "bottom_mlp_fwd", "bottom", "fwd", fl["bottom"]) if fl["bottom"] else None
               for r in ranks]
