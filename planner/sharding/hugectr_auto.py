@@ -47,8 +47,9 @@ from simulator.errors import SpecError
 
 from planner.model.tables.memory import table_bytes
 from planner.model.tables.plan import Plan, PlannerStats, make_plan
-from planner.model.tables.shards import (data_parallel, hierarchical_row_wise, subset_row_wise,
-                                          table_wise)
+from planner.model.tables.shards import (TableSharding, data_parallel, hierarchical_row_wise,
+                                          subset_row_wise, table_wise)
+from planner.model.tables.spec import TableSpec
 from planner.model.tables.task import ShardingTask, prepare
 
 __all__ = ["HugeCtrAutoPlanner", "HugeCtrSettings", "hotness_cost", "search", "MODES"]
@@ -214,7 +215,7 @@ class HugeCtrAutoPlanner:
         return make_plan(problem, tuple(layouts), self.name, stats)
 
 
-def _layout(i: int, t, held: list[tuple[int, ...]], mode: str):
+def _layout(i: int, t: TableSpec, held: list[tuple[int, ...]], mode: str) -> TableSharding:
     """Table ``i``'s layout on the GPUs of the buckets ``held`` (each a bucket's ranks)."""
     rows, dim = t.num_embeddings, t.embedding_dim
     if mode == "hier_auto":

@@ -155,8 +155,8 @@ class CostModel:
             model.dense.dtype if model.dense is not None else None)
         self.batch = model.batch_size
         self.local_batch = model.batch_size / n
-        #: 1 when the ids cross ranks in the ids all-to-all, 0 when the loader reads them
-        self.ids_sent = 1.0 if model.trainer.ids_alltoall else 0.0
+        #: whether the ids cross ranks in the ids all-to-all (not when each loader reads them)
+        self.ids_alltoall = model.trainer.ids_alltoall
         self.codec = codec_costs(model, n, self.out_bytes,
                                  "cpu" if topo.gpu.name == "cpu" else "gpu")
         self.out_ratio = self.codec.out_ratio
@@ -262,7 +262,7 @@ class CostModel:
         out = {"lookup_fwd_s": F[..., F_FWD] + fixed_fwd + self.decompress_fwd_s,
                "lookup_bwd_s": F[..., F_BWD] + fixed_bwd + self.compress_bwd_s}
         if self.n > 1:
-            out["input_a2a_s"] = c.a2a_times(b * F[..., F_IDS]) if self.ids_sent \
+            out["input_a2a_s"] = c.a2a_times(b * F[..., F_IDS]) if self.ids_alltoall \
                 else np.zeros(F.shape[:-1])
             a2a = c.a2a_times(b * F[..., F_OUT])
             out["output_a2a_fwd_s"] = a2a
@@ -366,6 +366,8 @@ class CostModel:
         b = self.local_batch
         n = self.n
         off = 1.0 - np.eye(n)
-        ids = (b * np.asarray(F)[:, F_IDS] * self.ids_sent)[None, :] * off  # i: ids for j's shards
+        ids = (b * np.asarray(F)[:, F_IDS])[None, :] * off        # i sends ids for j's shards
+        if not self.ids_alltoall:
+            ids = np.zeros((n, n))
         out = (b * np.asarray(F)[:, F_OUT])[:, None] * off        # i sends its pooled outputs
         return {"input": ids, "output_fwd": out, "output_bwd": out.T * self.grad_scale}

@@ -79,9 +79,9 @@ DLRM and DCNv2 with ``--xla --amp``, read from its code: a ``tf.function`` graph
 per op; Keras ``mixed_float16``, so activations in half precision with fp32 variables and
 gradients; XLA's elementwise fusions, TF's GEMMs with bias and ReLU fused and a custom CUDA dot
 interaction; the lookups' outputs fp32, cast after the all-to-all, since its embeddings do not
-run in fp16; ``input_dist: loader``; its tables placed by ``--planner memory_balanced``). ``--trainer NAME`` on
-``clusterplan plan`` picks a preset in place of the spec's section; ``--trainer-set KEY=VALUE``
-overrides a key.
+run in fp16; ``input_dist: loader``; its tables placed by ``--planner memory_balanced``).
+``--trainer NAME`` on ``clusterplan plan`` picks a preset in place of the spec's section;
+``--trainer-set KEY=VALUE`` overrides a key.
 
 >>> dlrm_trainer_from_mapping({"pipeline": "none"}, source="tables.yaml")  # doctest: +ELLIPSIS
 DlrmTrainer(pipeline='none', dispatch='eager', mixed_precision='autocast', fusion='none', ...)
