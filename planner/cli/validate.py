@@ -95,6 +95,9 @@ def register(p: argparse.ArgumentParser) -> None:
     u.add_argument("--sets", type=int, default=12, metavar="N",
                    help="random table sets, up to 4 plans each (12)")
     u.add_argument("--seed", type=int, default=0, help="seed of the family (0)")
+    u.add_argument("--only-sets", metavar="I,J", default=None,
+                   help="run only these sets of the family (indices from 0, as in the set "
+                        "names unseen-I): measure a set again that a disturbed run measured")
     u.add_argument("--rounds", type=int, default=1, metavar="K",
                    help="run the family K times, one after the other (1; a shared host's "
                         "speed drifts)")

@@ -23,7 +23,7 @@ from planner.measure.validate.unseen_family import unseen_cases
 from planner.measure.validate.unseen_report import format_rows, summarise
 from planner.model.tables.cpu_profile import load_cpu_profile
 
-__all__ = ["run_unseen", "calibrations_for"]
+__all__ = ["run_unseen", "calibrations_for", "only_sets"]
 
 MAX_SETS = 200
 
@@ -88,7 +88,8 @@ def run_unseen(args) -> int:
         check_writable(args.out)
     if getattr(args, "repredict", None):
         return _repredict(args)
-    cases = unseen_cases(args.sets, seed=args.seed)
+    only = only_sets(getattr(args, "only_sets", None), args.sets)
+    cases = unseen_cases(args.sets, seed=args.seed, only=only)
     cals = calibrations_for([c.ranks for c in cases], args.calibration, args.heap)
 
     def progress(i, n, row):
@@ -113,8 +114,26 @@ def run_unseen(args) -> int:
            "min_seconds": min_seconds, "heap": args.heap, "rounds": rounds,
            "measured": measured, "order": order,
            **({"block_seconds": block_s} if order == "interleaved" else {}),
-           "host_probe": getattr(args, "host_probe", True)}
+           "host_probe": getattr(args, "host_probe", True),
+           **({"only_sets": sorted(only)} if only is not None else {})}
     return _finish(args, doc, rows, cals)
+
+
+def only_sets(text: str | None, sets: int) -> frozenset | None:
+    """``--only-sets`` as set indices (None without the flag), each checked against ``--sets``."""
+    if text is None:
+        return None
+    fix = f"pass indices from 0 to {sets - 1}, comma-separated, e.g. --only-sets 0,{sets - 1}"
+    try:
+        got = frozenset(int(t) for t in text.split(","))
+    except ValueError:
+        raise SpecError(f"{text!r} is not a list of set indices", field="--only-sets",
+                        fix=fix) from None
+    bad = sorted(k for k in got if not 0 <= k < sets)
+    if bad:
+        raise SpecError(f"set {bad[0]} is not among the family's {sets} sets",
+                        field="--only-sets", fix=fix)
+    return got
 
 
 def _finish(args, doc: dict, rows: list, cals: dict, header: str = "") -> int:

@@ -6,7 +6,7 @@ sets nothing was fitted to (issue 22's first goal).
                                        [--heap retain|system] [--rounds K]
                                        [--min-seconds S] [--measured steps|round]
                                        [--plan-order interleaved|alternate|fixed]
-                                       [--block-seconds S]
+                                       [--block-seconds S] [--only-sets I,J]
 
 Runs ``clusterplan validate unseen`` (``planner/measure/validate/unseen.py``): ``--sets`` seeded
 random table sets (2 or 4 ranks, 4-40 tables, dims 16-256, pooling 1-60, rows 10³-10⁷ within
@@ -58,6 +58,9 @@ def main(argv=None) -> int:
                          "(default), in turn reversed every other round, or fixed")
     ap.add_argument("--block-seconds", type=float, default=1.0,
                     help="interleaved: predicted seconds of a plan's turn (0: one step)")
+    ap.add_argument("--only-sets", default=None, metavar="I,J",
+                    help="only these sets of the family (indices from 0): measure again a set "
+                         "that a disturbed run measured")
     ap.add_argument("--heap", default="retain", choices=("retain", "system"),
                     help="the ranks' heap policy (planner/measure/heap.py)")
     a = ap.parse_args(argv)
@@ -71,6 +74,8 @@ def main(argv=None) -> int:
             "--block-seconds", str(a.block_seconds)]
     if a.calibration:
         argv += ["--calibration", a.calibration]
+    if a.only_sets:
+        argv += ["--only-sets", a.only_sets]
     t0 = time.time()
     rc = clusterplan(argv)
     wrote = f"; wrote {out}" if Path(out).is_file() else "; nothing written"

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from planner.measure.validate.dlrm_ops import expected_ops
-from planner.measure.validate.dlrm_probes import PROBE_TYPES, host_costs, probe_config, size_measure
+from planner.measure.validate.dlrm_probes import (PROBE_TYPES, SHARED_SLOPE_TYPES, host_costs,
+                                                  probe_config, size_measure)
 from planner.measure.validate.dlrm_report import _HOST_COSTS, predicted
 from planner.model.tables.spec import DenseSpec
 from planner.model.tables.dense import dense_op_list
@@ -38,7 +39,9 @@ def test_dense_ops_count_the_spec_flops():
     assert dense_op_list(None, dims, 1024) == []
 
 
-def test_probe_host_costs_reproduce_the_probes():
+def _probe_calibration(extra_s):
+    """A 2-process calibration whose probes measure the bare model's probe step plus
+    ``extra_s[kind, size]`` seconds of host work, and the probe simulator the host fit uses."""
     from simulator.gloo_profile import gloo_profile_from_dict
     sim = {}
     bare = gloo_profile_from_dict(BASE)
@@ -46,11 +49,9 @@ def test_probe_host_costs_reproduce_the_probes():
         for size in ("small", "large"):
             cfg = probe_config(kind, size, 2)
             sim[(kind, size)] = predicted(cfg, cfg.warmup, bare)["step_time_s"]
-    # measured = simulated + 2 ms (small) / + 6 ms (large): a host line the model must recover
-    probes = [{"sharding_type": k, "size": s, "step_s": t + (0.002 if s == "small" else 0.006),
-               "spread": 0.1} for (k, s), t in sim.items()]
+    probes = [{"sharding_type": k, "size": s, "step_s": t + extra_s[k, s], "spread": 0.1}
+              for (k, s), t in sim.items()]
     cal = gloo_profile_from_dict({**BASE, "torchrec": {"world": 2, "probes": probes}})
-    assert cal.torchrec["world"] == 2
 
     def run(cfg, host):
         from simulator.engine import simulate
@@ -63,19 +64,59 @@ def test_probe_host_costs_reproduce_the_probes():
                                          compute=cal.compute, host_s=host)
         return simulate(problem.topology, w, compute=cal.compute,
                         measured_comm=cal).step_time_s
+    return cal, sim, run
+
+
+def _sizes(kind, size):
+    cfg = probe_config(kind, size, 2)
+    return cfg, [size_measure(kind, cfg, expected_ops(cfg, cfg.warmup), r) for r in range(2)]
+
+
+def test_probe_host_costs_reproduce_the_probes():
+    # measured = simulated + 2 ms (small) / + 6 ms (large): a host line the model must recover
+    extra = {(k, s): 0.002 if s == "small" else 0.006 for k in PROBE_TYPES
+             for s in ("small", "large")}
+    cal, sim, run = _probe_calibration(extra)
+    assert cal.torchrec["world"] == 2
     hc = host_costs(cal, 2, run)
     assert set(hc) == set(PROBE_TYPES)
     for kind, (a, b) in hc.items():
         assert a >= 0 and b >= 0
-        for size, meas in (("small", 0.002), ("large", 0.006)):
-            cfg = probe_config(kind, size, 2)
-            xs = [size_measure(kind, cfg, expected_ops(cfg, cfg.warmup), r) for r in range(2)]
+        for size in ("small", "large"):
+            cfg, xs = _sizes(kind, size)
             got = run(cfg, [a + b * x for x in xs])
-            assert got == pytest.approx(sim[(kind, size)] + meas, rel=0.1, abs=5e-4)
+            assert got == pytest.approx(sim[(kind, size)] + extra[kind, size], rel=0.1,
+                                        abs=5e-4)
     assert host_costs(cal, 4, run) == {}            # probes of another world size: unused
     _HOST_COSTS.clear()
     p = predicted(probe_config("table_wise", "large", 2), 5, cal)
     assert p["per_kind"]["torchrec_host"] > 0
+
+
+def test_the_all_to_all_types_share_one_host_slope():
+    """Table-, column- and row-wise probes whose residuals grow differently (6, 2 and 4 ms
+    from small to large) get one slope and an intercept each: every small probe is met, the
+    large probes' step errors are the least-squares ones (they cancel weighted by each pair's
+    size difference, the fastest-growing type under-predicted, the slowest over-predicted),
+    and data-parallel keeps its own line through both its probes."""
+    grow = {"table_wise": 0.006, "column_wise": 0.002, "row_wise": 0.004, "data_parallel": 0.01}
+    extra = {(k, s): 0.002 + (grow[k] if s == "large" else 0.0) for k in PROBE_TYPES
+             for s in ("small", "large")}
+    cal, sim, run = _probe_calibration(extra)
+    hc = host_costs(cal, 2, run)
+    assert len({hc[k][1] for k in SHARED_SLOPE_TYPES}) == 1
+    err = {}
+    for kind, (a, slope) in hc.items():
+        for size in ("small", "large"):
+            cfg, xs = _sizes(kind, size)
+            err[kind, size] = run(cfg, [a + slope * x for x in xs]) - sim[kind, size] \
+                - extra[kind, size]
+        assert err[kind, "small"] == pytest.approx(0.0, abs=5e-4)
+    assert err["data_parallel", "large"] == pytest.approx(0.0, abs=5e-4)
+    dx = {k: max(_sizes(k, "large")[1]) - max(_sizes(k, "small")[1]) for k in SHARED_SLOPE_TYPES}
+    weighted = [dx[k] * err[k, "large"] for k in SHARED_SLOPE_TYPES]
+    assert abs(sum(weighted)) < 0.05 * sum(abs(w) for w in weighted)
+    assert err["table_wise", "large"] < -1e-3 and err["column_wise", "large"] > 1e-3
 
 
 def test_without_a_dense_part_the_step_runs_the_workers_loss():

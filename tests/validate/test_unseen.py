@@ -60,6 +60,14 @@ def test_family_is_seeded_and_spans_the_issue_ranges(family):
     assert unseen_cases(2, seed=1)[0].model != family[0].model
 
 
+def test_only_sets_keeps_those_sets_as_the_whole_family_draws_them(family):
+    """``--only-sets`` measures some sets again: the cases are the whole family's, set by set."""
+    picked = unseen_cases(12, seed=0, only={3, 11})
+    want = [c for c in family if c.set_name.split()[0] in ("unseen-3", "unseen-11")]
+    assert {c.set_name.split()[0] for c in want} == {"unseen-3", "unseen-11"}
+    assert picked == want
+
+
 def test_tau_within_sets_counts_only_pairs_of_one_set():
     rows = [{"set": "a", "predicted_s": 1, "measured_s": 2},
             {"set": "a", "predicted_s": 2, "measured_s": 3},
@@ -143,6 +151,8 @@ def test_cli_refuses_bad_family_arguments(tmp_path):
     for args, field in ((["--sets", "0"], "--sets"), (["--steps", "0"], "--steps"),
                         (["--rounds", "0"], "--rounds"),
                         (["--min-seconds", "-1"], "--min-seconds"),
+                        (["--sets", "3", "--only-sets", "3"], "--only-sets"),
+                        (["--only-sets", "1,x"], "--only-sets"),
                         (["--out", str(tmp_path / "missing" / "x.json")], "--out")):
         r = subprocess.run([sys.executable, "-m", "planner.cli", "validate", "unseen", *args],
                            capture_output=True, text=True, cwd=repo, timeout=120)

@@ -149,14 +149,17 @@ def _empty_row_shard(shardings) -> bool:
 
 
 def unseen_cases(sets: int, *, seed: int = 0, max_lookups: int = MAX_LOOKUPS,
-                 max_bytes: int = MAX_SET_BYTES) -> list[UnseenCase]:
+                 max_bytes: int = MAX_SET_BYTES, only=None) -> list[UnseenCase]:
     """The family's cases (see the module docstring), same seed same cases; ``max_lookups``
     and ``max_bytes`` lower the caps on ids per step and weights per set (shorter runs: the
-    tests' reduced set)."""
+    tests' reduced set); ``only`` (set indices from 0) keeps those sets' cases, each the same
+    as in the whole family (every set is still drawn, in order)."""
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x0E5EE7]))
     out = []
     for k in range(sets):
         model, ranks = _table_set(rng, k, max_lookups, max_bytes)
+        if only is not None and k not in only:
+            continue
         for kind, shardings in _plans(model, ranks, seed):
             out.append(UnseenCase(model.description, kind, model, ranks, shardings))
     return out
