@@ -112,31 +112,28 @@ def host_costs(calibration, world: int, simulate_probe, *, iterations: int = 4) 
     host work lengthens the compute gap before the next call, whose wake-up cost the model
     then charges too, so one subtraction would count that twice). Each type has its own
     intercept (the fixed host work of its sharding in a step); the types of
-    :data:`SHARED_SLOPE_TYPES` share one slope, least squares over their probe pairs, and
-    data-parallel has its own. Per type, before 2026-12-02: on this project's Intel VM one
-    probe pair gave table-wise 11 ns per id and column-wise 0 (clamped), so a table-wise plan
-    of 3.6 M ids paid 40 ms more host time than the column-wise plan of the same tables."""
+    :data:`SHARED_SLOPE_TYPES` share one slope, least squares over their probe pairs (one
+    pair's own slope would carry the model's error on that pair to a plan of millions of
+    ids), and data-parallel has its own."""
     tr = getattr(calibration, "torchrec", None) or {}
     if int(tr.get("world", -1)) != world:
         return {}
-    probes: dict[str, list] = {}
-    for p in sorted(tr.get("probes", []), key=lambda p: p["size"] != "small"):
+    by_size: dict[str, dict] = {}
+    for p in tr.get("probes", []):
         cfg = probe_config(p["sharding_type"], p["size"], world)
         ops = expected_ops(cfg, cfg.warmup)
         xs = [size_measure(p["sharding_type"], cfg, ops, r) for r in range(world)]
-        probes.setdefault(p["sharding_type"], []).append((cfg, xs, float(p["step_s"])))
-    kinds = sorted(k for k, pts in probes.items()
-                   if any(cfg.model.name.endswith("-small") for cfg, _, _ in pts))
-    lines = {k: (0.0, 0.0) for k in kinds}
+        by_size.setdefault(p["sharding_type"], {})[p["size"]] = (cfg, xs, float(p["step_s"]))
+    probes = {k: [got[s] for s in ("small", "large") if s in got]
+              for k, got in sorted(by_size.items()) if "small" in got}
+    shared = [k for k in probes if k in SHARED_SLOPE_TYPES]
+    lines = {k: (0.0, 0.0) for k in probes}
     for _ in range(iterations):
-        targets = {k: _targets(probes[k], lines[k], simulate_probe) for k in kinds}
-        for group in ([k for k in kinds if k in SHARED_SLOPE_TYPES],
-                      [k for k in kinds if k not in SHARED_SLOPE_TYPES]):
-            shared = len(group) > 1 and group[0] in SHARED_SLOPE_TYPES
-            for k in group:
-                b = _slope([targets[q] for q in (group if shared else [k])])
-                x0, t0 = targets[k][0]
-                lines[k] = (max(0.0, t0 - b * x0), b)
+        targets = {k: _targets(pts, lines[k], simulate_probe) for k, pts in probes.items()}
+        for k in probes:
+            b = _slope([targets[q] for q in (shared if k in shared else [k])])
+            x0, t0 = targets[k][0]
+            lines[k] = (max(0.0, t0 - b * x0), b)
     return lines
 
 
