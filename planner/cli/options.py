@@ -13,11 +13,15 @@ from simulator.topology import Topology, load_topology
 
 from planner.model.llm.spec import LLMSpec, builtin_model_names
 from planner.model.llm.trainer import PRESETS, TRAINER_KEYS, trainer_from_args
+from planner.model.tables.dense import ACTIVATION_BYTES
 from planner.model.tables.spec_file import builtin_spec_names
 from planner.model.tables.trainer import DLRM_PRESETS, DLRM_TRAINER_CHOICES, dlrm_trainer_from_args
 
 __all__ = ["topology_arguments", "topology_from_args", "is_model", "is_llm_plan", "is_table_spec",
-           "trainer_arguments", "with_trainer", "with_dlrm_trainer"]
+           "trainer_arguments", "with_trainer", "with_dlrm_trainer", "DENSE_DTYPES"]
+
+#: the dense part's compute dtypes a table spec may name (``dense.dtype``, ``--dense-dtype``)
+DENSE_DTYPES = tuple(ACTIVATION_BYTES)
 
 
 def topology_arguments(p: argparse.ArgumentParser, *, default: str | None = None) -> None:
@@ -43,10 +47,18 @@ def trainer_arguments(p: argparse.ArgumentParser) -> None:
                    help="override one trainer setting (repeatable); model specs' keys: "
                         f"{', '.join(k for k in TRAINER_KEYS if k != 'preset')}; table specs': "
                         + ", ".join(f"{k}={'|'.join(v)}" for k, v in DLRM_TRAINER_CHOICES.items()))
+    p.add_argument("--dense-dtype", default=None, choices=DENSE_DTYPES,
+                   help="table specs: the dense part's compute dtype, replacing the spec's "
+                        "dense.dtype (fp16 or bf16 for a run under mixed precision, tf32 for "
+                        "TF32 GEMMs)")
 
 
 def with_trainer(spec: LLMSpec, args: argparse.Namespace) -> LLMSpec:
     """``spec`` with ``--trainer`` and ``--trainer-set`` applied to its ``trainer:``."""
+    if getattr(args, "dense_dtype", None):
+        raise SpecError("--dense-dtype applies to table specs, not model specs",
+                        source="--dense-dtype", fix="drop the flag; a model spec's precision "
+                        "is its training: section's")
     name, sets = getattr(args, "trainer", None), getattr(args, "trainer_set", None)
     if not name and not sets:
         return spec
@@ -55,7 +67,15 @@ def with_trainer(spec: LLMSpec, args: argparse.Namespace) -> LLMSpec:
 
 def with_dlrm_trainer(model, args: argparse.Namespace):
     """A table spec's ``model`` (:class:`planner.model.tables.spec.ModelSpec`) with
-    ``--trainer`` and ``--trainer-set`` applied to its ``trainer:``."""
+    ``--trainer`` and ``--trainer-set`` applied to its ``trainer:`` and ``--dense-dtype`` to
+    its dense part."""
+    dtype = getattr(args, "dense_dtype", None)
+    if dtype:
+        if model.dense is None:
+            raise SpecError(f"{model.name} has no dense part for --dense-dtype to set",
+                            source="--dense-dtype", field="dense",
+                            fix="drop the flag, or give the spec a dense: section")
+        model = replace(model, dense=replace(model.dense, dtype=dtype))
     return replace(model, trainer=dlrm_trainer_from_args(
         model.trainer, getattr(args, "trainer", None), getattr(args, "trainer_set", None)))
 

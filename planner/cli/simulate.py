@@ -110,8 +110,9 @@ def run(args) -> int:
         return simulate_het(args, topo, emit)
     if is_model(args.workload):
         return simulate_model(args, with_trainer(load_llm_spec(args.workload), args), topo, emit)
-    if args.trainer or args.trainer_set:
-        raise SpecError("--trainer and --trainer-set apply to model specs, not op graphs",
+    if args.trainer or args.trainer_set or args.dense_dtype:
+        raise SpecError("--trainer, --trainer-set and --dense-dtype apply to model and table "
+                        "specs, not op graphs",
                         source=args.workload, field="--trainer",
                         fix="drop the flag, or simulate a model spec (model: section)")
     w = load_workload(args.workload, num_gpus=topo.num_gpus)

@@ -19,6 +19,9 @@ name                  what it does
 ``memory_balanced``   NVIDIA distributed-embeddings' placement (DeepLearningExamples' TF2 DLRM):
                       tables over 10¹⁰ elements cut into column slices, all dealt largest
                       first in a snake over the ranks (even counts, no cost model)
+``dle_pytorch``       DeepLearningExamples' PyTorch DLRM placement: rank 0 keeps the bottom MLP
+                      (and no table above 4 ranks), the tables whole in buckets of at most
+                      ⌈T / k⌉, largest first into the bucket with the fewest rows
 ``hugectr_auto``      HugeCTR's ``auto`` / ``hier_auto`` plan (the MLPerf DLRM-DCNv2
                       submissions' ``SHARDING_PLAN``): hot tables split by key over 2, 4, 8
                       ... GPUs (``subset_row_wise``; ``hierarchical_row_wise`` over whole
@@ -45,6 +48,7 @@ from simulator.errors import SpecError
 
 from planner.costmodel.planner import NeuroShardPlanner
 from planner.sharding.baselines import KeyGreedyPlanner
+from planner.sharding.dle_pytorch import DlePyTorchPlanner
 from planner.sharding.greedy import GreedyPlanner
 from planner.sharding.hugectr_auto import HugeCtrAutoPlanner
 from planner.sharding.local_search import LocalSearchPlanner
@@ -57,7 +61,7 @@ from planner.sharding.torchrec_planner import TorchRecPlanner
 __all__ = ["PLANNER_NAMES", "get_planner"]
 
 PLANNER_NAMES = ("random", "size", "dim", "lookup", "size_lookup", "greedy", "local_search", "mip",
-                 "memory_balanced", "hugectr_auto", "torchrec", "neuroshard")
+                 "memory_balanced", "dle_pytorch", "hugectr_auto", "torchrec", "neuroshard")
 
 
 def get_planner(name: str, **options) -> Planner:
@@ -74,6 +78,8 @@ def get_planner(name: str, **options) -> Planner:
         return MipPlanner(**options)
     if name == "memory_balanced":
         return MemoryBalancedPlanner(**options)
+    if name == "dle_pytorch":
+        return DlePyTorchPlanner(**options)
     if name == "hugectr_auto":
         return HugeCtrAutoPlanner(**options)
     if name == "torchrec":

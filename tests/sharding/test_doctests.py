@@ -9,7 +9,8 @@ import pytest
 
 
 @pytest.mark.parametrize("name", ["planner.sharding", "planner.model.tables.shards",
-                                  "planner.model.tables.access"])
+                                  "planner.model.tables.access", "planner.sharding.dle_pytorch",
+                                  "planner.model.tables.trainer"])
 def test_doctests(name):
     mod = importlib.import_module(name)
     res = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)

@@ -56,7 +56,10 @@ every all-to-all and collective waits for all its ranks, so each of these phases
 own slowest rank, and a plan whose ranks are even in total but not phase by phase (one rank
 heavy in lookups, another in outputs) pays both. :meth:`CostModel.step_cost` is that sum of
 per-phase maxima, what the planners minimise. The dense part (MLPs and their all-reduce) is
-the same on every rank and is reported separately (:meth:`CostModel.dense_costs`).
+the same on every rank and is reported separately (:meth:`CostModel.dense_costs`), except a
+bottom MLP that rank 0 alone runs on the global batch (the trainer's ``bottom_mlp: rank0``,
+DeepLearningExamples' PyTorch DLRM): its time joins rank 0's lookup phases and its output
+rank 0's pooled all-to-all, so the planners see the rank it loads.
 """
 
 from __future__ import annotations
@@ -166,6 +169,10 @@ class CostModel:
         self.accesses_per_row = np.array([table_accesses_per_row(t, self.batch)
                                           for t in model.tables])
         self._dense_times: DenseTimes | None = None
+        #: rank 0 alone runs the bottom MLP on the global batch (the trainer's ``bottom_mlp``)
+        self.bottom_on_rank0 = (model.trainer.bottom_on_rank0 and n > 1
+                                and model.dense is not None and bool(model.dense.bottom_mlp))
+        self._bottom_rank0: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self.host_of = np.empty(n, dtype=int)
         for k, hr in enumerate(self.hosts):
             self.host_of[list(hr)] = k
@@ -259,15 +266,17 @@ class CostModel:
         b = self.local_batch
         c = self.comm
         fixed_fwd, fixed_bwd = self.call_s(F)
-        out = {"lookup_fwd_s": F[..., F_FWD] + fixed_fwd + self.decompress_fwd_s,
-               "lookup_bwd_s": F[..., F_BWD] + fixed_bwd + self.compress_bwd_s}
+        bottom_fwd, bottom_bwd, bottom_out = self.bottom_rank0_terms()
+        out = {"lookup_fwd_s": F[..., F_FWD] + fixed_fwd + self.decompress_fwd_s + bottom_fwd,
+               "lookup_bwd_s": F[..., F_BWD] + fixed_bwd + self.compress_bwd_s + bottom_bwd}
         if self.n > 1:
             out["input_a2a_s"] = c.a2a_times(b * F[..., F_IDS]) if self.ids_alltoall \
                 else np.zeros(F.shape[:-1])
-            a2a = c.a2a_times(b * F[..., F_OUT])
+            sent = F[..., F_OUT] + bottom_out
+            a2a = c.a2a_times(b * sent)
             out["output_a2a_fwd_s"] = a2a
             out["output_a2a_bwd_s"] = a2a if self.grad_scale == 1.0 else \
-                c.a2a_times(b * F[..., F_OUT] * self.grad_scale)
+                c.a2a_times(b * (F[..., F_OUT] * self.grad_scale + bottom_out))
         else:
             z = np.zeros(F.shape[:-1])
             out["input_a2a_s"] = out["output_a2a_fwd_s"] = out["output_a2a_bwd_s"] = z
@@ -330,13 +339,44 @@ class CostModel:
             self._dense_times = self.dense_times_for([t.embedding_dim for t in self.model.tables])
         return self._dense_times
 
-    def dense_times_for(self, dims: Sequence[int]) -> DenseTimes:
+    def bottom_rank0_terms(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per rank, what running the bottom MLP on rank 0 alone adds (trainer ``bottom_mlp:
+        rank0``; zeros otherwise): its forward and backward seconds on the whole global batch
+        (rank 0's lookup phases: it runs where the lookups run, before the pooled all-to-all
+        and after the gradients' return) and the bytes per sample it sends each peer in the
+        pooled all-to-all (its output, ``bottom width × o``)."""
+        if self._bottom_rank0 is None:
+            z = np.zeros(self.n)
+            fwd, bwd, sent = z.copy(), z.copy(), z.copy()
+            if self.bottom_on_rank0:
+                dt = self.dense_times_for([t.embedding_dim for t in self.model.tables],
+                                          batch=self.batch)
+                fwd[0] = dt.passes.get(("bottom", "fwd"), 0.0)
+                bwd[0] = dt.passes.get(("bottom", "bwd"), 0.0)
+                sent[0] = self.model.dense.bottom_mlp[-1] * self.out_bytes
+            self._bottom_rank0 = (fwd, bwd, sent)
+        return self._bottom_rank0
+
+    def allreduced_dense_params(self) -> int:
+        """Dense parameters whose gradients the data-parallel all-reduce moves: all of them,
+        or without the bottom MLP's when rank 0 alone runs it."""
+        d = self.model.dense
+        if d is None:
+            return 0
+        dims = [t.embedding_dim for t in self.model.tables]
+        n = d.param_count(dims)
+        if self.bottom_on_rank0:
+            n -= sum(i * o + o for i, o in d.layers(dims)["bottom"])
+        return n
+
+    def dense_times_for(self, dims: Sequence[int], batch: float | None = None) -> DenseTimes:
         """:meth:`dense_times` with the interaction fed by pooled widths ``dims`` (a tower
-        layout's outputs instead of the tables')."""
+        layout's outputs instead of the tables'), for ``batch`` samples (default: a rank's)."""
         gpu = self.topo.gpu.name
         eager = self.model.trainer.dispatch == "eager" and gpu != "cpu"
         ew = self.model.trainer.elementwise_bytes if gpu != "cpu" else None
-        return dense_pass_times(self.model.dense, list(dims), self.local_batch,
+        return dense_pass_times(self.model.dense, list(dims),
+                                self.local_batch if batch is None else batch,
                                 optimizer=self.model.optimizer, profile=self.profile,
                                 host=host_overhead_for(gpu) if eager else None,
                                 elementwise_bytes=ew,
@@ -346,17 +386,19 @@ class CostModel:
 
     def dense_costs(self) -> dict[str, float]:
         """Rank-independent dense part of a step, seconds: ``mlp_fwd_s``, ``mlp_bwd_s`` (op by
-        op, :meth:`dense_times`), ``optimizer_s`` and ``dense_allreduce_s`` (the gradients at
-        the trainer's :meth:`~.trainer.DlrmTrainer.gradient_bytes`)."""
+        op, :meth:`dense_times`; without a bottom MLP that rank 0 alone runs, which
+        :meth:`bottom_rank0_terms` prices), ``optimizer_s`` and ``dense_allreduce_s`` (the
+        all-reduced gradients at the trainer's :meth:`~.trainer.DlrmTrainer.gradient_bytes`)."""
         d = self.model.dense
         if d is None:
             return {"mlp_fwd_s": 0.0, "mlp_bwd_s": 0.0, "optimizer_s": 0.0,
                     "dense_allreduce_s": 0.0}
         dt = self.dense_times()
-        fwd = sum(v for (_, ph), v in dt.passes.items() if ph == "fwd")
-        bwd = sum(v for (_, ph), v in dt.passes.items() if ph == "bwd")
-        dims = [t.embedding_dim for t in self.model.tables]
-        grad = d.param_count(dims) * self.model.trainer.gradient_bytes(d.dtype)
+        on_every_rank = {k: v for k, v in dt.passes.items()
+                         if not (self.bottom_on_rank0 and k[0] == "bottom")}
+        fwd = sum(v for (_, ph), v in on_every_rank.items() if ph == "fwd")
+        bwd = sum(v for (_, ph), v in on_every_rank.items() if ph == "bwd")
+        grad = self.allreduced_dense_params() * self.model.trainer.gradient_bytes(d.dtype)
         ar = float(self.comm.time("allreduce", grad)) if self.n > 1 else 0.0
         return {"mlp_fwd_s": fwd, "mlp_bwd_s": bwd, "optimizer_s": dt.optimizer_s,
                 "dense_allreduce_s": ar}
@@ -370,4 +412,6 @@ class CostModel:
         if not self.ids_alltoall:
             ids = np.zeros((n, n))
         out = (b * np.asarray(F)[:, F_OUT])[:, None] * off        # i sends its pooled outputs
-        return {"input": ids, "output_fwd": out, "output_bwd": out.T * self.grad_scale}
+        bottom = (b * self.bottom_rank0_terms()[2])[:, None] * off  # rank 0's bottom outputs
+        return {"input": ids, "output_fwd": out + bottom,
+                "output_bwd": out.T * self.grad_scale + bottom.T}

@@ -3,7 +3,7 @@
 A table spec states it in a ``trainer:`` section (every key optional)::
 
     trainer:
-      preset: torchrec        # torchrec | torchrec-compiled | hugectr | dle-tf2 (keys override it)
+      preset: torchrec        # torchrec | torchrec-compiled | hugectr | dle-tf2 | dle-pytorch
       pipeline: sparse_dist   # sparse_dist | none
       dispatch: eager         # eager | graphs
       mixed_precision: autocast   # autocast | pure
@@ -11,6 +11,7 @@ A table spec states it in a ``trainer:`` section (every key optional)::
       embedding_output: fp32  # fp32 | dense
       dense_gradients: auto   # auto | fp32 | dense
       input_dist: alltoall    # alltoall | loader
+      bottom_mlp: data_parallel   # data_parallel | rank0
 
 ``pipeline``: ``sparse_dist`` is TorchRec's ``TrainPipelineSparseDist`` (the default of its
 training loops and examples): the next batch's input dist (the ids all-to-alls) runs on its own
@@ -69,6 +70,15 @@ data loader reads the ids of the tables it holds for the whole global batch, so 
 ranks (DeepLearningExamples' TF2 DLRM: its ``DistributedEmbedding`` takes model-parallel input,
 ``dp_input=False``, from a dataset split by feature).
 
+``bottom_mlp``: where the bottom MLP runs. ``data_parallel``: every rank runs it on its own
+samples and its gradients join the dense all-reduce (TorchRec, HugeCTR, DLE's TF2 DLRM);
+``rank0``: rank 0 runs it alone on the whole global batch and sends each rank its samples'
+outputs in the pooled all-to-all, as one more embedding vector, and takes their gradients back
+in the backward one; its parameters are in no all-reduce (DeepLearningExamples' PyTorch DLRM:
+``get_device_mapping`` puts the bottom MLP on device 0, ``DistributedDlrm`` sends its output
+through the same ``all_to_all`` as the embeddings, and only the top model is wrapped in
+``DistributedDataParallel``).
+
 ``preset`` names a trainer by what it does (:data:`DLRM_PRESETS`): ``torchrec`` (the defaults:
 TorchRec's pipelined training loop, eager PyTorch under autocast), ``torchrec-compiled`` (the
 same loop with the dense part compiled into CUDA graphs:
@@ -79,7 +89,14 @@ DLRM and DCNv2 with ``--xla --amp``, read from its code: a ``tf.function`` graph
 per op; Keras ``mixed_float16``, so activations in half precision with fp32 variables and
 gradients; XLA's elementwise fusions, TF's GEMMs with bias and ReLU fused and a custom CUDA dot
 interaction; the lookups' outputs fp32, cast after the all-to-all, since its embeddings do not
-run in fp16; ``input_dist: loader``; its tables placed by ``--planner memory_balanced``).
+run in fp16; ``input_dist: loader``; its tables placed by ``--planner memory_balanced``) and
+``dle-pytorch`` (NVIDIA DeepLearningExamples' PyTorch DLRM with ``--amp``, read from its code:
+eager PyTorch under ``torch.cuda.amp.autocast`` (``--cuda_graphs`` is off by default: write
+``dispatch=graphs`` for a run that sets it), apex's fused MLP (bias and ReLU in one kernel per
+layer) and a custom CUDA dot interaction, so ``fused``; the pooled embeddings cast to half
+before the all-to-all under ``--amp`` (``embedding_output: dense``); every rank's loader reads
+its own tables' ids for the whole batch (``input_dist: loader``); ``bottom_mlp: rank0``; its
+tables placed by ``--planner dle_pytorch``).
 ``--trainer NAME`` on ``clusterplan plan`` picks a preset in place of the spec's section;
 ``--trainer-set KEY=VALUE`` overrides a key.
 
@@ -110,7 +127,7 @@ __all__ = ["DlrmTrainer", "dlrm_trainer_from_mapping", "override_dlrm_trainer",
 _CHOICES = {"pipeline": ("sparse_dist", "none"), "dispatch": ("eager", "graphs"),
             "mixed_precision": ("autocast", "pure"), "fusion": ("none", "fused", "compiled"),
             "embedding_output": ("fp32", "dense"), "dense_gradients": ("auto", "fp32", "dense"),
-            "input_dist": ("alltoall", "loader")}
+            "input_dist": ("alltoall", "loader"), "bottom_mlp": ("data_parallel", "rank0")}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,11 +141,17 @@ class DlrmTrainer:
     embedding_output: str = "fp32"
     dense_gradients: str = "auto"
     input_dist: str = "alltoall"
+    bottom_mlp: str = "data_parallel"
 
     @property
     def ids_alltoall(self) -> bool:
         """True when the ids reach the tables' ranks through an all-to-all (``input_dist``)."""
         return self.input_dist == "alltoall"
+
+    @property
+    def bottom_on_rank0(self) -> bool:
+        """True when rank 0 alone runs the bottom MLP on the global batch (``bottom_mlp``)."""
+        return self.bottom_mlp == "rank0"
 
     @property
     def pipelined(self) -> bool:
@@ -190,6 +213,8 @@ DLRM_PRESETS = {
                            embedding_output="dense"),
     "dle-tf2": DlrmTrainer(dispatch="graphs", mixed_precision="pure", fusion="fused",
                            embedding_output="fp32", dense_gradients="fp32", input_dist="loader"),
+    "dle-pytorch": DlrmTrainer(fusion="fused", embedding_output="dense", input_dist="loader",
+                               bottom_mlp="rank0"),
 }
 
 

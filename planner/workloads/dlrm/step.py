@@ -13,7 +13,11 @@ The step as a DAG on every rank (streams ``compute``, ``comm``, ``comm:dp``)::
 With the trainer's ``pipeline: sparse_dist`` (TorchRec's ``TrainPipelineSparseDist``, the
 default) the ids all-to-all is the *next* batch's input dist: it shares the links with this
 step's collectives but the lookups do not wait for it; ``pipeline: none`` makes them wait;
-``input_dist: loader`` (each rank's loader reads its tables' ids) leaves it out.
+``input_dist: loader`` (each rank's loader reads its tables' ids) leaves it out. With
+``bottom_mlp: rank0`` (DeepLearningExamples' PyTorch DLRM) rank 0 alone runs the bottom MLP on
+the global batch before its lookups, its output joins rank 0's pooled all-to-all and comes
+back as gradients before rank 0's bottom backward, and the dense all-reduce carries the top
+part's gradients only, starting once the top backward is done.
 
 All-to-alls carry the plan's uneven byte matrices (``splits``), so ranks with more pooled
 output send more and every rank waits for the slowest, as in NCCL. Lookups are compute ops with
@@ -116,15 +120,35 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
                          duration_s=dt.passes.get((block, phase), 0.0),
                          category=f"mlp_{phase}")
 
+    # bottom_mlp: rank0 (DLE's PyTorch DLRM): rank 0 alone runs it on the global batch
+    alone_fwd, alone_bwd, _ = cm.bottom_rank0_terms()
+    alone = cm.bottom_on_rank0
+
+    def bottom_op(r: int, phase: str, deps=None) -> int | None:
+        if not fl["bottom"] or (alone and r != 0):
+            return None
+        if not alone:
+            return dense(r, f"bottom_mlp_{phase}", "bottom", phase,
+                         fl["bottom"] * (1 if phase == "fwd" else 2), deps)
+        return w.compute(r, f"bottom_mlp_{phase}", deps=deps,
+                         flops=fl["bottom"] * n * (1 if phase == "fwd" else 2), dtype=dtype,
+                         duration_s=float((alone_fwd if phase == "fwd" else alone_bwd)[r]),
+                         category=f"mlp_{phase}")
+
     # pipelined (TorchRec's TrainPipelineSparseDist): this all-to-all carries the next batch's
     # ids while this batch computes; it still loads the links, but no lookup waits for it
     ids = a2a("input_a2a", mats["input"], None) if mats["input"].any() else None
     look_deps = None if problem.model.trainer.pipelined or ids is None else [ids]
-    bottom = [dense(r, "bottom_mlp_fwd", "bottom", "fwd", fl["bottom"]) if fl["bottom"] else None
-              for r in ranks]
+    bottom = [bottom_op(r, "fwd") for r in ranks]
+
+    def lookups_after(r: int) -> list[int] | None:
+        """The ids, and rank 0's lone bottom MLP, whose output leaves after its lookups."""
+        deps = list(look_deps or []) + ([bottom[r]] if alone and bottom[r] is not None else [])
+        return deps or None
+
     fwd = [w.compute(r, "lookups_fwd",
                      duration_s=float(F[r, F_FWD] - codec_f[r] + fixed_fwd[r]),
-                     bytes_moved=float((F[r, F_FWD] - codec_f[r]) * hbm), deps=look_deps,
+                     bytes_moved=float((F[r, F_FWD] - codec_f[r]) * hbm), deps=lookups_after(r),
                      category="emb_fwd") for r in ranks]
     # compressed: each sender compresses its pooled outputs, each receiver decompresses
     sent = codec("compress output_a2a_fwd", codec_f, fwd) if comp is not None else fwd
@@ -148,9 +172,11 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
     if packed and grad is not None:
         grad = codec("decompress output_a2a_bwd", codec_b, grad)
     rw_ag, host_ag = _row_wise_collectives(w, problem, F, "allgather", top_bwd)
-    for r in ranks:
-        bottom_bwd.append(dense(r, "bottom_mlp_bwd", "bottom", "bwd", 2 * fl["bottom"],
-                                [top_bwd[r]]) if fl["bottom"] else top_bwd[r])
+    for r in ranks:              # rank 0's alone waits for its output's gradients to return
+        back = grad[r] if isinstance(grad, list) else grad
+        after = [top_bwd[r]] + ([back] if alone and back is not None else [])
+        op = bottom_op(r, "bwd", after)
+        bottom_bwd.append(top_bwd[r] if op is None else op)
     for r in ranks:
         back = grad[r] if isinstance(grad, list) else grad
         deps = [bottom_bwd[r]] + [x for x in (back, rw_ag, host_ag.get(problem.cost.host_of[r]))
@@ -160,10 +186,12 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
                              bytes_moved=float((F[r, F_BWD] - codec_b[r]) * hbm), deps=deps,
                              category="emb_bwd"))
     dense_ar = None
-    if fl["params"] > 0 and n > 1:
-        grad_bytes = fl["params"] * problem.model.trainer.gradient_bytes(problem.model.dense.dtype)
+    if cm.allreduced_dense_params() > 0 and n > 1:
+        grad_bytes = (cm.allreduced_dense_params()
+                      * problem.model.trainer.gradient_bytes(problem.model.dense.dtype))
         dense_ar = w.collective("allreduce", ranks, grad_bytes, name="dense_allreduce",
-                                deps=bottom_bwd, stream="comm:dp", category="dense_allreduce")
+                                deps=top_bwd if alone else bottom_bwd, stream="comm:dp",
+                                category="dense_allreduce")
     if F[0, F_DP] > 0 and n > 1:
         w.collective("allreduce", ranks, float(F[0, F_DP]), name="dp_tables_allreduce",
                      deps=bwd, stream="comm:dp", category="dp_allreduce")
@@ -205,6 +233,10 @@ def simulate_step(problem: Problem, shardings: Sequence[TableSharding], *,
     TorchRec 1.8.0 issues for one seeded batch (:mod:`planner.workloads.dlrm.torchrec_comms`,
     checked call for call against real runs by ``clusterplan validate``)."""
     if comm == "torchrec":
+        if problem.cost.bottom_on_rank0:
+            raise ValueError("comm='torchrec' replays TorchRec's collectives, whose bottom MLP "
+                             "is data-parallel; the trainer's bottom_mlp: rank0 needs "
+                             "comm='model'")
         ops = torchrec_step_ops(problem, shardings)
         w = build_torchrec_step_workload(problem, shardings, ops)
         def sent(sel) -> np.ndarray:       # bytes between different ranks
