@@ -214,7 +214,8 @@ def test_cli_trainer_set_and_throughput(tmp_path):
     assert sim["trainer"] == {"pipeline": "sparse_dist", "dispatch": "graphs",
                               "mixed_precision": "autocast", "fusion": "none",
                               "embedding_output": "fp32", "dense_gradients": "auto",
-                              "input_dist": "alltoall", "bottom_mlp": "data_parallel"}
+                              "input_dist": "alltoall", "bottom_mlp": "data_parallel",
+                              "embedding_update": "fused", "output_dist": "flat"}
     assert sim["samples_per_s"] == pytest.approx(65536 / sim["step_time_s"])
     assert any("pooling_factor" in x for x in doc["extrapolated"])
     bad = _cli("plan", "mlperf-dcnv2", "--devices", "8", "--topology", "dgx-h100",

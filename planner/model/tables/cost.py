@@ -81,7 +81,7 @@ from planner.model.tables.dense import DenseTimes, dense_pass_times
 from planner.model.tables.features import (BREAKDOWN_KEYS, F_BWD, F_DP, F_FWD, F_HRS, F_IDS,
                                            F_MEM, F_OUT, F_RW, K, kernel_groups, step_cost_of)
 from planner.model.tables.gpu_lookup import FitRange, gpu_lookup_file, load_gpu_lookup
-from planner.model.tables.lookup_cost import (shard_lookup_s, shard_traffic,
+from planner.model.tables.lookup_cost import (SparseGradPath, shard_lookup_s, shard_traffic,
                                               table_accesses_per_row)
 from planner.model.tables.memory import shard_memory_bytes
 from planner.model.tables.shards import HOST_REDUCED_TYPES, Shard, ShardingType, TableSharding
@@ -143,9 +143,12 @@ class CostModel:
             self.config = cfg = replace(
                 cfg, shard_overhead_s=cfg.shard_overhead_s * scale,
                 backward=None if cfg.backward is None else cfg.backward.scaled(scale))
-        #: fixed seconds of one backward kernel call
+        #: fixed seconds of one forward and one backward lookup call
+        self.fwd_call_s = self.launch_s
         self.bwd_call_s = (2 * self.launch_s if cfg.backward is None
                            else cfg.backward.call_s)
+        #: the trainer's sparse-gradient path (None: the fused backward)
+        self.sparse_grad = self._sparse_grad_path()
         #: the lookup groups (one fused call each on a rank that holds any of its shards) and
         #: their feature columns; a feature row is ``width`` long
         self.groups = kernel_groups(model)
@@ -156,6 +159,8 @@ class CostModel:
         self.out_bytes = model.trainer.pooled_bytes(
             PRECISION_BYTES[model.comm_precision],
             model.dense.dtype if model.dense is not None else None)
+        if self.sparse_grad is not None:
+            self._price_sparse_grad_calls()
         self.batch = model.batch_size
         self.local_batch = model.batch_size / n
         #: whether the ids cross ranks in the ids all-to-all (not when each loader reads them)
@@ -176,6 +181,29 @@ class CostModel:
         self.host_of = np.empty(n, dtype=int)
         for k, hr in enumerate(self.hosts):
             self.host_of[list(hr)] = k
+
+    # -- the sparse-gradient path -------------------------------------------------------
+    def _sparse_grad_path(self) -> SparseGradPath | None:
+        """The trainer's ``embedding_update: sparse_grad`` on this device: its streamed passes
+        at the memory curve's large-op bandwidth; an fp16 dense part's GradScaler unscales."""
+        if not self.model.trainer.sparse_grad:
+            return None
+        d = self.model.dense
+        stream = float(self.topo.gpu.hbm_bandwidth_Bps) * self.profile.memory.points[-1][1]
+        return SparseGradPath(stream_Bps=stream, unscale=d is not None and d.dtype == "fp16")
+
+    def _price_sparse_grad_calls(self) -> None:
+        """Fixed seconds of a lookup call on the sparse-gradient path: one op per pass (the
+        lookup, a cast to the embedding output's dtype when narrower, forward; the cast back,
+        the unscale, ``index_add_``, backward), each at least the host's dispatch under eager
+        PyTorch."""
+        host = (host_overhead_for(self.topo.gpu.name)
+                if self.model.trainer.dispatch == "eager" else None)
+        fwd_op = max(self.launch_s, host.forward_op_s if host else 0.0)
+        bwd_op = max(self.launch_s, host.backward_op_s if host else 0.0)
+        cast = int(self.out_bytes < 4.0)
+        self.fwd_call_s = fwd_op * (1 + cast)
+        self.bwd_call_s = bwd_op * (1 + cast + int(self.sparse_grad.unscale))
 
     # -- all-to-all compression ---------------------------------------------------------
     def shard_codec_s(self, ti: int, shard: Shard, st: ShardingType) -> tuple[float, float]:
@@ -207,7 +235,8 @@ class CostModel:
         f[F_FWD], f[F_BWD] = shard_lookup_s(
             t, rows, cols, st, ids=ids, outputs=outputs, apr=self.accesses_per_row[ti],
             cfg=cfg, Bps=self.hbm_Bps, out_bytes=o, optimizer=self.model.optimizer,
-            element_bytes=self.lookup_element_bytes.get(t.precision, t.bytes_per_element))
+            element_bytes=self.lookup_element_bytes.get(t.precision, t.bytes_per_element),
+            sparse=self.sparse_grad)
         if st == ShardingType.DATA_PARALLEL:
             f[F_DP] = rows * cols * 4
         r = self.out_ratio[ti]                   # the all-to-all's compression of this table
@@ -258,7 +287,7 @@ class CostModel:
     def call_s(self, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per rank, the fixed seconds of its lookup calls: (forward, backward)."""
         calls = self.calls(F)
-        return self.launch_s * calls, self.bwd_call_s * calls
+        return self.fwd_call_s * calls, self.bwd_call_s * calls
 
     def components(self, F: np.ndarray) -> dict[str, np.ndarray]:
         """Per-rank cost components (:data:`BREAKDOWN_KEYS`), seconds, shape ``F.shape[:-1]``."""
@@ -306,7 +335,16 @@ class CostModel:
         """Where the lookup model is used outside what it was fitted to: one line per input
         (dim, pooling, batch) outside the measured range, a line when the CPU profile was
         measured on another kind of host, or a line saying the constants are priors because
-        this device kind was never measured."""
+        this device kind was never measured; and a line when the trainer's sparse-gradient
+        path, timed from its bytes alone, prices the lookups."""
+        lines = self._lookup_extrapolated()
+        if self.sparse_grad is not None:
+            lines.append("the sparse-gradient embedding path (trainer embedding_update: "
+                         "sparse_grad) is priced from its bytes at the measured gather and "
+                         "streaming bandwidths: its kernels were never timed")
+        return lines
+
+    def _lookup_extrapolated(self) -> list[str]:
         if self.device_profile is not None and self.device_profile.other_host:
             return [f"the CPU profile {self.device_profile.source} was measured on another "
                     f"host: {self.device_profile.other_host}; `clusterplan calibrate embedding` "
@@ -318,7 +356,7 @@ class CostModel:
                     f"fractions of {gl.gpu}'s HBM bandwidth: no lookup measurement of {gl.gpu} "
                     "(measure one with python -m planner.measure.tables.gpu_dlrm and run "
                     "`clusterplan calibrate gpu-embedding`)"] + self.fit_range.outside(self.model)
-        if gl is not None and gl.backward_from:
+        if gl is not None and gl.backward_from and self.sparse_grad is None:
             return [f"lookup backward constants measured on {gl.backward_from}, applied to "
                     f"{gl.gpu}: its own backward was measured with a kernel that waits for the "
                     "host, which FBGEMM's does not (traces/calibration/"
@@ -382,7 +420,16 @@ class CostModel:
                                 elementwise_bytes=ew,
                                 fused=self.model.trainer.fused and gpu != "cpu",
                                 gemm_interaction=self.model.trainer.gemm_interaction,
-                                sorted_index_put=gpu != "cpu")
+                                sorted_index_put=gpu != "cpu",
+                                a2a_copy_bytes=self._a2a_copy_bytes(dims))
+
+    def _a2a_copy_bytes(self, dims: Sequence[int]) -> float:
+        """Bytes per sample that the trainer's ``output_dist: per_peer`` copies each way: the
+        pooled widths ``dims`` and a bottom output that rides the all-to-all, at ``o``."""
+        if self.model.trainer.output_dist != "per_peer" or self.n == 1:
+            return 0.0
+        bottom = self.model.dense.bottom_mlp[-1] if self.bottom_on_rank0 else 0
+        return (sum(dims) + bottom) * self.out_bytes
 
     def dense_costs(self) -> dict[str, float]:
         """Rank-independent dense part of a step, seconds: ``mlp_fwd_s``, ``mlp_bwd_s`` (op by

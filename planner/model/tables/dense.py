@@ -71,20 +71,23 @@ def dense_pass_times(d, dims: Sequence[int], batch: float, *, optimizer: str,
                      fresh: tuple[float, float] | None = None,
                      elementwise_bytes: float | None = None, fused: bool = False,
                      gemm_interaction: bool = False,
-                     sorted_index_put: bool = False) -> DenseTimes:
+                     sorted_index_put: bool = False,
+                     a2a_copy_bytes: float = 0.0) -> DenseTimes:
     """Time the dense part ``d`` (a :class:`~planner.model.tables.spec.DenseSpec` or None) on
     one rank of ``batch`` samples, op by op (see the module docstring): each op
     ``max(kernel, host dispatch)`` with the kernel from ``profile``'s curves at the dense
     dtype's element size (``elementwise_bytes`` for the ops without FLOPs when given: 4 under
     autocast); ``host=None``: no host floor (CUDA graphs, compiled); ``fused``: the fused
     trainer's ops (``gemm_interaction``: a compiled one's, whose dot interaction keeps its
-    batched GEMMs); ``sorted_index_put``: a GPU's sort-based gather backward
-    (:func:`dense_op_list`)."""
+    batched GEMMs); ``sorted_index_put``: a GPU's sort-based gather backward;
+    ``a2a_copy_bytes``: bytes per sample of the pooled all-to-all's pieces that are copied
+    into one tensor forward and out of the gradient backward (:func:`dense_op_list`)."""
     if d is None:
         return DenseTimes({}, 0.0, 0, 0)
     ops = dense_op_list(d, dims, batch, elem_bytes=ACTIVATION_BYTES.get(d.dtype, 4.0),
                         elementwise_bytes=elementwise_bytes, fused=fused,
-                        gemm_interaction=gemm_interaction, sorted_index_put=sorted_index_put)
+                        gemm_interaction=gemm_interaction, sorted_index_put=sorted_index_put,
+                        a2a_copy_bytes=a2a_copy_bytes)
     passes: dict = {}
     bound = 0
     for op in ops:
@@ -140,7 +143,8 @@ def weighted_sum_loss_ops(dims: Sequence[int], batch: float) -> list[DenseOp]:
 def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float = 4.0,
                   elementwise_bytes: float | None = None, fused: bool = False,
                   gemm_interaction: bool = False,
-                  sorted_index_put: bool = False) -> list[DenseOp]:
+                  sorted_index_put: bool = False,
+                  a2a_copy_bytes: float = 0.0) -> list[DenseOp]:
     """The dense part's ops on ``batch`` samples per rank (:class:`DenseOp`): every GEMM with its
     real shape, and the elementwise ops around them, bytes read and written at ``elem_bytes``
     per element (4: fp32, as the CPU validation model runs; 2 for bf16/fp16 activations on a
@@ -159,7 +163,11 @@ def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float
     interaction's products stay batched GEMMs around one gather kernel each way.
     ``sorted_index_put``: the dot interaction's gather backward as PyTorch runs it on a GPU, a
     sort of its indices (:data:`INDEX_PUT_BYTES`); else one pass over the pairs (as priced on
-    the CPU, where it was never measured apart)."""
+    the CPU, where it was never measured apart).
+    ``a2a_copy_bytes`` (bytes per sample, the trainer's ``output_dist: per_peer``): the pooled
+    all-to-all's received pieces concatenated into the interaction's input forward, and the
+    gradient's per-peer slices copied contiguous before the backward all-to-all, one copy each
+    way (read and write)."""
     if dense is None:
         return []
     B = float(batch)
@@ -207,6 +215,10 @@ def dense_op_list(dense, dims: Sequence[int], batch: float, *, elem_bytes: float
                 op(block, "bwd", 2 * B * i * o, B * o + i * o + B * i, B * i, ("dx", B, i, o),
                    (i, o))
     mlp("bottom", ls["bottom"], False)
+    if a2a_copy_bytes > 0:
+        x = B * float(a2a_copy_bytes)
+        out.append(DenseOp("top", "fwd", 0.0, 2 * x, x))                            # cat pieces
+        out.append(DenseOp("top", "bwd", 0.0, 2 * x, x))                            # contiguous
     top_in = ls["top"][0][0]
     if dense.interaction == "dot":
         mode = ("gemm" if gemm_interaction else "kernel") if fused else "eager"

@@ -36,11 +36,24 @@ and column (each bag's gradient row read once) (:class:`.cpu_profile.BackwardTer
 + the optimizer's state traffic (read and write the state of each distinct row touched:
 :func:`state_bytes_per_row`) + ``shard_overhead_s``. A data-parallel table instead gets a
 dense gradient and updates the whole table (weights, gradient and state streamed once).
+
+**Sparse gradients** (the trainer's ``embedding_update: sparse_grad``, :class:`SparseGradPath`:
+PyTorch's own embedding backward, as DeepLearningExamples' PyTorch DLRM runs it). The lookup
+writes its rows in the weights' precision ``p``, and a narrower embedding output is a cast
+kernel of its own (``outputs · c · (p + o)`` streamed, forward, and the same for its gradient's
+cast back). The backward builds a COO gradient with one row per id (``embedding_sparse_backward``
+does not merge repeated ids; with pooling above 1 each bag's gradient row is copied to its ids,
+``(ids + outputs) · c · p``); an fp16 GradScaler unscales its values in place (``2 · ids · c · p``);
+``torch.optim.SGD`` adds the uncoalesced gradient into the table with ``index_add_``: the values
+streamed once (``ids · c · p``) and every id's row read as the forward reads it, each distinct
+row written back (``unique · c · p``), at the lookup bandwidth. Streamed passes run at
+``stream_Bps``, the device's memory bandwidth for large elementwise ops.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from planner.model.tables.access import accesses_per_row, default_reuse_bins, zipf_reuse
 from planner.model.tables.cost_config import CostConfig
@@ -48,7 +61,17 @@ from planner.model.tables.shards import ROW_SPLIT_TYPES, ShardingType
 from planner.model.tables.spec import TableSpec
 
 __all__ = ["table_accesses_per_row", "miss_ratio", "shard_traffic", "shard_lookup_s",
-           "state_bytes_per_row"]
+           "state_bytes_per_row", "SparseGradPath"]
+
+
+@dataclass(frozen=True, slots=True)
+class SparseGradPath:
+    """PyTorch's sparse-gradient embedding path (module docstring): ``stream_Bps`` the
+    device's bandwidth for large streamed elementwise passes, bytes/s; ``unscale`` whether an
+    fp16 GradScaler unscales the gradient's values before the optimizer."""
+
+    stream_Bps: float
+    unscale: bool
 
 
 def table_accesses_per_row(t: TableSpec, batch: float) -> float:
@@ -96,11 +119,13 @@ def state_bytes_per_row(optimizer: str, t: TableSpec, cols: int) -> float:
 
 def shard_lookup_s(t: TableSpec, rows: int, cols: int, st: ShardingType, *, ids: float,
                    outputs: float, apr: float, cfg: CostConfig, Bps: float, out_bytes: float,
-                   element_bytes: float, optimizer: str) -> tuple[float, float]:
+                   element_bytes: float, optimizer: str,
+                   sparse: SparseGradPath | None = None) -> tuple[float, float]:
     """(forward, backward) seconds of one shard's lookups on its rank (module docstring):
     ``apr`` its table's accesses per distinct row, ``Bps`` the lookup bandwidth (bytes/s),
     ``out_bytes`` the pooled-output precision and ``element_bytes`` a weight element's cost
-    in the lookup terms (bytes)."""
+    in the lookup terms (bytes); ``sparse``: the trainer's sparse-gradient path (a
+    data-parallel replica keeps its dense gradient)."""
     p = t.bytes_per_element
     unique = min(ids / apr, rows)
     walk = math.log2(max(1.0, rows * cols * p / cfg.page_reach_bytes)) if rows else 0.0
@@ -115,8 +140,28 @@ def shard_lookup_s(t: TableSpec, rows: int, cols: int, st: ShardingType, *, ids:
     else:
         bwd = cfg.backward_multiplier * (fwd - cfg.shard_overhead_s) + cfg.shard_overhead_s
     state = state_bytes_per_row(optimizer, t, cols)
+    if sparse is not None and st != ShardingType.DATA_PARALLEL:
+        fwd, bwd = _sparse_grad_s(t, cols, ids=ids, outputs=outputs, unique=unique,
+                                  gather=gather, cfg=cfg, Bps=Bps, out_bytes=out_bytes,
+                                  path=sparse)
     if st == ShardingType.DATA_PARALLEL:
         bwd += (rows * cols * (2 * p + 2 * 4) + 2 * state * rows) / Bps
     else:
         bwd += 2 * unique * state / Bps
     return fwd, bwd
+
+
+def _sparse_grad_s(t: TableSpec, cols: int, *, ids: float, outputs: float, unique: float,
+                   gather: float, cfg: CostConfig, Bps: float, out_bytes: float,
+                   path: SparseGradPath) -> tuple[float, float]:
+    """(forward, backward) seconds of one shard on PyTorch's sparse-gradient path, before the
+    optimizer state's traffic (module docstring); ``gather`` the bytes of reading every id's
+    row as the forward does."""
+    p = t.bytes_per_element
+    S = path.stream_Bps
+    cast = outputs * cols * (p + out_bytes) / S if out_bytes < p else 0.0
+    fwd = (gather + outputs * (cols * p + cfg.bag_bytes)) / Bps + cast + cfg.shard_overhead_s
+    expand = (ids + outputs) * cols * p / S if ids > outputs else 0.0
+    unscale = 2 * ids * cols * p / S if path.unscale else 0.0
+    index_add = ids * cols * p / S + (gather + unique * cols * p) / Bps
+    return fwd, cast + expand + unscale + index_add + cfg.shard_overhead_s

@@ -12,6 +12,8 @@ A table spec states it in a ``trainer:`` section (every key optional)::
       dense_gradients: auto   # auto | fp32 | dense
       input_dist: alltoall    # alltoall | loader
       bottom_mlp: data_parallel   # data_parallel | rank0
+      embedding_update: fused     # fused | sparse_grad
+      output_dist: flat           # flat | per_peer
 
 ``pipeline``: ``sparse_dist`` is TorchRec's ``TrainPipelineSparseDist`` (the default of its
 training loops and examples): the next batch's input dist (the ids all-to-alls) runs on its own
@@ -79,6 +81,23 @@ in the backward one; its parameters are in no all-reduce (DeepLearningExamples' 
 through the same ``all_to_all`` as the embeddings, and only the top model is wrapped in
 ``DistributedDataParallel``).
 
+``embedding_update``: how the tables' gradients reach their weights. ``fused``: the lookup's
+backward kernel computes each row's gradient and applies the optimizer in place (FBGEMM's
+table-batched embeddings under TorchRec, HugeCTR's embedding collections); ``sparse_grad``:
+PyTorch's own sparse-gradient path, as DeepLearningExamples' PyTorch DLRM runs it (its
+``joint_sparse`` embedding: a gather kernel forward that writes fp32 rows, cast to half by a
+kernel of its own under ``--amp``; ``at::embedding_sparse_backward``, a COO gradient with one
+row per id; ``GradScaler.unscale_`` over its values under fp16; ``torch.optim.SGD``, which adds
+the uncoalesced gradient into the table with ``index_add_``), priced pass by pass in
+:mod:`planner.model.tables.lookup_cost`.
+
+``output_dist``: how the pooled all-to-all's buffers meet the dense part. ``flat``: it reads
+and writes one tensor each way (TorchRec's pooled all-to-all, HugeCTR); ``per_peer``:
+``torch.distributed.all_to_all`` over one tensor per peer, whose received pieces are
+concatenated into the interaction's input (one copy of the local batch's pooled rows), and
+whose gradient is sliced per peer and each slice copied contiguous before the backward one
+(DeepLearningExamples' PyTorch DLRM, ``BottomToTop``); the copies are dense-part ops.
+
 ``preset`` names a trainer by what it does (:data:`DLRM_PRESETS`): ``torchrec`` (the defaults:
 TorchRec's pipelined training loop, eager PyTorch under autocast), ``torchrec-compiled`` (the
 same loop with the dense part compiled into CUDA graphs:
@@ -95,8 +114,10 @@ eager PyTorch under ``torch.cuda.amp.autocast`` (``--cuda_graphs`` is off by def
 ``dispatch=graphs`` for a run that sets it), apex's fused MLP (bias and ReLU in one kernel per
 layer) and a custom CUDA dot interaction, so ``fused``; the pooled embeddings cast to half
 before the all-to-all under ``--amp`` (``embedding_output: dense``); every rank's loader reads
-its own tables' ids for the whole batch (``input_dist: loader``); ``bottom_mlp: rank0``; its
-tables placed by ``--planner dle_pytorch``).
+its own tables' ids for the whole batch (``input_dist: loader``); ``bottom_mlp: rank0``;
+``embedding_update: sparse_grad`` (the distributed path: on one GPU DLE picks its
+``joint_fused`` kernels instead, not modelled apart); ``output_dist: per_peer``; its tables
+placed by ``--planner dle_pytorch``).
 ``--trainer NAME`` on ``clusterplan plan`` picks a preset in place of the spec's section;
 ``--trainer-set KEY=VALUE`` overrides a key.
 
@@ -127,7 +148,8 @@ __all__ = ["DlrmTrainer", "dlrm_trainer_from_mapping", "override_dlrm_trainer",
 _CHOICES = {"pipeline": ("sparse_dist", "none"), "dispatch": ("eager", "graphs"),
             "mixed_precision": ("autocast", "pure"), "fusion": ("none", "fused", "compiled"),
             "embedding_output": ("fp32", "dense"), "dense_gradients": ("auto", "fp32", "dense"),
-            "input_dist": ("alltoall", "loader"), "bottom_mlp": ("data_parallel", "rank0")}
+            "input_dist": ("alltoall", "loader"), "bottom_mlp": ("data_parallel", "rank0"),
+            "embedding_update": ("fused", "sparse_grad"), "output_dist": ("flat", "per_peer")}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,6 +164,8 @@ class DlrmTrainer:
     dense_gradients: str = "auto"
     input_dist: str = "alltoall"
     bottom_mlp: str = "data_parallel"
+    embedding_update: str = "fused"
+    output_dist: str = "flat"
 
     @property
     def ids_alltoall(self) -> bool:
@@ -152,6 +176,12 @@ class DlrmTrainer:
     def bottom_on_rank0(self) -> bool:
         """True when rank 0 alone runs the bottom MLP on the global batch (``bottom_mlp``)."""
         return self.bottom_mlp == "rank0"
+
+    @property
+    def sparse_grad(self) -> bool:
+        """True when the tables' gradients are PyTorch sparse tensors that an optimizer adds
+        into the weights after the backward (``embedding_update``)."""
+        return self.embedding_update == "sparse_grad"
 
     @property
     def pipelined(self) -> bool:
@@ -214,7 +244,8 @@ DLRM_PRESETS = {
     "dle-tf2": DlrmTrainer(dispatch="graphs", mixed_precision="pure", fusion="fused",
                            embedding_output="fp32", dense_gradients="fp32", input_dist="loader"),
     "dle-pytorch": DlrmTrainer(fusion="fused", embedding_output="dense", input_dist="loader",
-                               bottom_mlp="rank0"),
+                               bottom_mlp="rank0", embedding_update="sparse_grad",
+                               output_dist="per_peer"),
 }
 
 
