@@ -1,9 +1,9 @@
 """Unseen DLRM plans on gloo: predicted against measured step time of sharding plans of table
 sets nothing was fitted to (issue 22's first goal).
 
-    python tests/bench/bench_unseen.py [--sets 12] [--seed 0] [--steps 10] [--warmup 3]
+    python tests/bench/bench_unseen.py [--sets 8] [--seed 0] [--steps 10] [--warmup 3]
                                        [--calibration FILE] [--out FILE.json]
-                                       [--heap retain|system] [--rounds K]
+                                       [--heap retain|system] [--rounds 2]
                                        [--min-seconds S] [--measured steps|round]
                                        [--plan-order interleaved|alternate|fixed]
                                        [--block-seconds S] [--only-sets I,J]
@@ -22,8 +22,9 @@ predicted with this host's gloo calibration (cached per host and world size,
 measured on first use; never fitted to these runs). Prints one row per plan, the MAPE, the
 worst error, the plans within 25% and Kendall's tau between plans of the same set, against the
 goals (MAPE ≤ 15%, every plan within 25%, tau ≥ 0.8), and writes everything to
-``traces/validate/unseen-<time>.json``. 10-45 minutes for 12 sets on 2 cores (the 2026-11-26
-Intel Xeon host's steps were up to twice the AMD EPYC host's), plus the first calibrations.
+``traces/validate/unseen-<time>.json``. The defaults are the protocol of the families the
+README quotes (8 sets, 2 rounds, interleaved turns): 30-50 minutes on 2 cores, plus about 10
+for the first calibrations.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sets", type=int, default=12)
+    ap.add_argument("--sets", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, metavar="FILE.json")
     ap.add_argument("--min-seconds", type=float, default=3.0,
                     help="measured seconds of steps per plan at least (more steps when short)")
-    ap.add_argument("--rounds", type=int, default=1,
+    ap.add_argument("--rounds", type=int, default=2,
                     help="whole runs of the family, each plan measured over all of them")
     ap.add_argument("--measured", default="steps", choices=("steps", "round"),
                     help="a plan's measured step over its rounds: all steps' median or the "

@@ -45,13 +45,13 @@ def test_each_pass_costs_its_bytes():
       index_add's values (512,000 streamed), its row reads (584,000) and write-backs
       (512,000) at the lookup bandwidth; and each call's 2 µs shard overhead."""
     t = TableSpec(name="t", num_embeddings=10**6, embedding_dim=128)
-    path = SparseGradPath(stream_Bps=2e12, unscale=True)
+    path = SparseGradPath(stream_Bps=2e12, scale_pass=True)
     fwd, bwd = _lookup(t, ids=1000, outputs=1000, out_bytes=2.0, sparse=path)
     assert fwd == pytest.approx((584_000 + 512_000) / 1e12 + 768_000 / 2e12 + 2e-6)
     assert bwd == pytest.approx((768_000 + 1_024_000 + 512_000) / 2e12
                                 + (584_000 + 512_000) / 1e12 + 2e-6)
     f32, b32 = _lookup(t, ids=1000, outputs=1000, out_bytes=4.0,
-                       sparse=replace(path, unscale=False))
+                       sparse=replace(path, scale_pass=False))
     assert fwd - f32 == pytest.approx(768_000 / 2e12)       # no cast at fp32
     assert bwd - b32 == pytest.approx((768_000 + 1_024_000) / 2e12)
 
@@ -62,7 +62,7 @@ def test_pooled_ids_are_expanded_and_repeats_read_the_cache():
     first touches and the repeats hit L2 at 0.8: misses 0.25 + 0.75 × 0.2 = 0.4 of the ids,
     and 1,000 distinct rows are written back."""
     t = TableSpec(name="t", num_embeddings=10**6, embedding_dim=128, pooling_factor=4.0)
-    path = SparseGradPath(stream_Bps=2e12, unscale=False)
+    path = SparseGradPath(stream_Bps=2e12, scale_pass=False)
     fwd, bwd = _lookup(t, ids=4000, outputs=1000, out_bytes=4.0, sparse=path, apr=4.0)
     reads = 4000 * (0.4 * 512 + 64 + 8)
     assert fwd == pytest.approx((reads + 1000 * 512) / 1e12 + 2e-6)
@@ -85,11 +85,11 @@ def test_cost_model_prices_the_path_per_rank():
     streaming bandwidth of the A100's memory curve prices them."""
     sparse, fused = prepare(_task("sparse_grad"), 8), prepare(_task("fused"), 8)
     cs, cf = sparse.cost, fused.cost
-    assert cs.sparse_grad.unscale and cf.sparse_grad is None
+    assert cs.sparse_grad.scale_pass and cf.sparse_grad is None
     assert any("sparse_grad" in x for x in cs.extrapolated())
     assert not any("sparse_grad" in x for x in cf.extrapolated())
     assert cs.fwd_call_s >= 2 * cs.launch_s and cs.bwd_call_s >= 3 * cs.launch_s
-    assert prepare(_task("sparse_grad", "tf32"), 8).cost.sparse_grad.unscale is False
+    assert prepare(_task("sparse_grad", "tf32"), 8).cost.sparse_grad.scale_pass is False
     plan = get_planner("dle_pytorch").plan(_task("sparse_grad"), 8).shardings
     Fs, Ff = cs.plan_features(plan), cf.plan_features(plan)
     S = cs.sparse_grad.stream_Bps
@@ -156,3 +156,36 @@ def test_per_peer_output_dist_copies_the_pieces_each_way():
     without = prepare(flat_task, 8).cost.dense_times().passes
     assert with_copies[("top", "fwd")] > without[("top", "fwd")]
     assert with_copies[("top", "bwd")] > without[("top", "bwd")]
+
+
+def test_tensorflow_scatter_add_path():
+    """``scatter_add`` (DLE's TF2 DLRM): a multi-hot table's gradient op merges its ids into
+    one row per distinct id: 4,000 ids of 1,000 bags into 1,000 distinct rows cost the sort
+    (4,000 × 629 B-equivalents, PyTorch's measured sort-based index_put_), each id's bag
+    gradient read and the merged rows written ((4,000 + 1,000) × 512 B); SGD's ``−lr · g``
+    rewrites those rows (2 × 1,000 × 512 B); the scatter streams them and reads and writes each
+    distinct row in memory (1,000 × (2 × 512 + 64 + 8) B at the lookup bandwidth)."""
+    t = TableSpec(name="t", num_embeddings=10**6, embedding_dim=128, pooling_factor=4.0)
+    path = SparseGradPath(stream_Bps=2e12, scale_pass=True, merged_bags=True)
+    fwd, bwd = _lookup(t, ids=4000, outputs=1000, out_bytes=4.0, sparse=path, apr=4.0)
+    assert bwd == pytest.approx((4000 * 629 + 5000 * 512 + 1000 * 1024 + 1000 * 512) / 2e12
+                                + 1000 * 1096 / 1e12 + 2e-6)
+    one_hot = TableSpec(name="t", num_embeddings=10**6, embedding_dim=128)
+    merged = SparseGradPath(stream_Bps=2e12, scale_pass=False, dedup=True)
+    _, b = _lookup(one_hot, ids=1000, outputs=1000, out_bytes=4.0, sparse=merged, apr=2.0)
+    # Adam's merge of 1,000 ids into 500 rows: the sort, each id's row in, merged rows out
+    assert b == pytest.approx((1000 * 629 + 1500 * 512 + 500 * 512) / 2e12 + 500 * 1096 / 1e12
+                              + 2e-6)
+
+
+def test_dle_tf2_preset_scatters_with_sgd_and_merges_with_adam():
+    m = load_model_spec("criteo-dlrm")
+    tf2 = DLRM_PRESETS["dle-tf2"]
+    assert tf2.embedding_update == "scatter_add" and tf2.sparse_grad
+    for opt, dtype, scale, dedup in (("sgd", "tf32", True, False), ("adam", "tf32", False, True),
+                                     ("adam", "fp16", True, True)):
+        task = ShardingTask(model=replace(m, trainer=tf2, optimizer=opt,
+                                          dense=replace(m.dense, dtype=dtype)),
+                            topology="dgx-a100")
+        path = prepare(task, 8).cost.sparse_grad
+        assert (path.scale_pass, path.dedup, path.merged_bags) == (scale, dedup, True)

@@ -184,26 +184,33 @@ class CostModel:
 
     # -- the sparse-gradient path -------------------------------------------------------
     def _sparse_grad_path(self) -> SparseGradPath | None:
-        """The trainer's ``embedding_update: sparse_grad`` on this device: its streamed passes
-        at the memory curve's large-op bandwidth; an fp16 dense part's GradScaler unscales."""
+        """The trainer's sparse-gradient path on this device (``embedding_update``
+        ``sparse_grad`` or ``scatter_add``): its streamed passes at the memory curve's large-op
+        bandwidth; a scaling pass under an fp16 dense part's loss scale, and always under
+        ``scatter_add`` with SGD; repeated ids merged for an optimizer with state."""
         if not self.model.trainer.sparse_grad:
             return None
         d = self.model.dense
+        sgd = self.model.optimizer == "sgd"
+        scale = (d is not None and d.dtype == "fp16") or (
+            self.model.trainer.embedding_update == "scatter_add" and sgd)
         stream = float(self.topo.gpu.hbm_bandwidth_Bps) * self.profile.memory.points[-1][1]
-        return SparseGradPath(stream_Bps=stream, unscale=d is not None and d.dtype == "fp16")
+        return SparseGradPath(stream_Bps=stream, scale_pass=scale, dedup=not sgd,
+                              merged_bags=self.model.trainer.embedding_update == "scatter_add")
 
     def _price_sparse_grad_calls(self) -> None:
         """Fixed seconds of a lookup call on the sparse-gradient path: one op per pass (the
         lookup, a cast to the embedding output's dtype when narrower, forward; the cast back,
-        the unscale, ``index_add_``, backward), each at least the host's dispatch under eager
-        PyTorch."""
+        the scaling pass, the merge of repeated ids, the add, backward), each at least the
+        host's dispatch under eager PyTorch."""
         host = (host_overhead_for(self.topo.gpu.name)
                 if self.model.trainer.dispatch == "eager" else None)
         fwd_op = max(self.launch_s, host.forward_op_s if host else 0.0)
         bwd_op = max(self.launch_s, host.backward_op_s if host else 0.0)
         cast = int(self.out_bytes < 4.0)
         self.fwd_call_s = fwd_op * (1 + cast)
-        self.bwd_call_s = bwd_op * (1 + cast + int(self.sparse_grad.unscale))
+        path = self.sparse_grad
+        self.bwd_call_s = bwd_op * (1 + cast + int(path.scale_pass) + 2 * int(path.dedup))
 
     # -- all-to-all compression ---------------------------------------------------------
     def shard_codec_s(self, ti: int, shard: Shard, st: ShardingType) -> tuple[float, float]:
@@ -340,8 +347,9 @@ class CostModel:
         lines = self._lookup_extrapolated()
         if self.sparse_grad is not None:
             lines.append("the sparse-gradient embedding path (trainer embedding_update: "
-                         "sparse_grad) is priced from its bytes at the measured gather and "
-                         "streaming bandwidths: its kernels were never timed")
+                         f"{self.model.trainer.embedding_update}) is priced from its bytes at "
+                         "the measured gather and streaming bandwidths: its kernels were never "
+                         "timed")
         return lines
 
     def _lookup_extrapolated(self) -> list[str]:

@@ -37,17 +37,28 @@ and column (each bag's gradient row read once) (:class:`.cpu_profile.BackwardTer
 :func:`state_bytes_per_row`) + ``shard_overhead_s``. A data-parallel table instead gets a
 dense gradient and updates the whole table (weights, gradient and state streamed once).
 
-**Sparse gradients** (the trainer's ``embedding_update: sparse_grad``, :class:`SparseGradPath`:
-PyTorch's own embedding backward, as DeepLearningExamples' PyTorch DLRM runs it). The lookup
-writes its rows in the weights' precision ``p``, and a narrower embedding output is a cast
-kernel of its own (``outputs · c · (p + o)`` streamed, forward, and the same for its gradient's
-cast back). The backward builds a COO gradient with one row per id (``embedding_sparse_backward``
-does not merge repeated ids; with pooling above 1 each bag's gradient row is copied to its ids,
-``(ids + outputs) · c · p``); an fp16 GradScaler unscales its values in place (``2 · ids · c · p``);
-``torch.optim.SGD`` adds the uncoalesced gradient into the table with ``index_add_``: the values
-streamed once (``ids · c · p``) and every id's row read as the forward reads it, each distinct
-row written back (``unique · c · p``), at the lookup bandwidth. Streamed passes run at
-``stream_Bps``, the device's memory bandwidth for large elementwise ops.
+**Sparse gradients** (the trainer's ``embedding_update: sparse_grad`` or ``scatter_add``,
+:class:`SparseGradPath`: the framework's own embedding backward, as DeepLearningExamples'
+PyTorch and TensorFlow 2 DLRMs run it). The lookup writes its rows in the weights' precision
+``p``, and a narrower embedding output is a cast kernel of its own (``outputs · c · (p + o)``
+streamed, forward, and the same for its gradient's cast back). The backward builds a gradient
+with one row per id (PyTorch's ``embedding_sparse_backward`` COO tensor, TensorFlow's
+``IndexedSlices``; neither merges repeated ids; with pooling above 1 each bag's gradient row is
+copied to its ids, ``(ids + outputs) · c · p``, except under ``scatter_add``, where
+distributed-embeddings' variable-hotness gradient op merges them into one row per distinct id
+as below). A scaling pass rewrites its values
+(``2 · ids · c · p``): an fp16 loss scale's unscale (PyTorch's GradScaler, Keras'
+LossScaleOptimizer), and under ``scatter_add`` also TensorFlow's SGD, which scatters ``−lr · g``
+(the unscale and that product one XLA fusion). An optimizer with state first merges repeated
+ids (PyTorch's ``coalesce``, TensorFlow's ``_deduplicate_indexed_slices``): the ids sorted,
+``ids · s`` with ``s`` the byte-equivalents per int64 index of PyTorch's sort-based
+``index_put_`` measured on an H200 (:data:`.dense.INDEX_PUT_BYTES`), and each id's gradient
+row summed into its distinct row, ``(ids + unique) · c · p``, streamed; SGD adds the unmerged gradient as it is
+(``index_add_``, ``resource_scatter_add``). The add streams the values once and reads and
+writes back the rows it updates, at the lookup bandwidth: every id's row read as the forward
+reads it and each distinct row written, or with merged ids each distinct row read from memory
+and written. Streamed passes run at ``stream_Bps``, the device's memory bandwidth for large
+elementwise ops.
 """
 
 from __future__ import annotations
@@ -57,6 +68,7 @@ from dataclasses import dataclass
 
 from planner.model.tables.access import accesses_per_row, default_reuse_bins, zipf_reuse
 from planner.model.tables.cost_config import CostConfig
+from planner.model.tables.dense import INDEX_PUT_BYTES
 from planner.model.tables.shards import ROW_SPLIT_TYPES, ShardingType
 from planner.model.tables.spec import TableSpec
 
@@ -66,12 +78,18 @@ __all__ = ["table_accesses_per_row", "miss_ratio", "shard_traffic", "shard_looku
 
 @dataclass(frozen=True, slots=True)
 class SparseGradPath:
-    """PyTorch's sparse-gradient embedding path (module docstring): ``stream_Bps`` the
-    device's bandwidth for large streamed elementwise passes, bytes/s; ``unscale`` whether an
-    fp16 GradScaler unscales the gradient's values before the optimizer."""
+    """A framework's sparse-gradient embedding path (module docstring): ``stream_Bps`` the
+    device's bandwidth for large streamed elementwise passes, bytes/s; ``scale_pass`` whether
+    a pass rewrites the gradient's values before the optimizer (a loss scale's unscale, or
+    TensorFlow's ``−lr · g``); ``dedup`` whether the optimizer merges repeated ids first (an
+    optimizer with state); ``merged_bags`` whether a multi-hot table's backward writes one
+    row per distinct id (distributed-embeddings' variable-hotness gradient op under
+    TensorFlow) rather than one per id."""
 
     stream_Bps: float
-    unscale: bool
+    scale_pass: bool
+    dedup: bool = False
+    merged_bags: bool = False
 
 
 def table_accesses_per_row(t: TableSpec, batch: float) -> float:
@@ -161,7 +179,17 @@ def _sparse_grad_s(t: TableSpec, cols: int, *, ids: float, outputs: float, uniqu
     S = path.stream_Bps
     cast = outputs * cols * (p + out_bytes) / S if out_bytes < p else 0.0
     fwd = (gather + outputs * (cols * p + cfg.bag_bytes)) / Bps + cast + cfg.shard_overhead_s
-    expand = (ids + outputs) * cols * p / S if ids > outputs else 0.0
-    unscale = 2 * ids * cols * p / S if path.unscale else 0.0
-    index_add = ids * cols * p / S + (gather + unique * cols * p) / Bps
-    return fwd, cast + expand + unscale + index_add + cfg.shard_overhead_s
+    sort = INDEX_PUT_BYTES[0]
+    n, expand = ids, 0.0                          # gradient rows after the backward
+    if ids > outputs and path.merged_bags:
+        n, expand = unique, (ids * sort + (ids + unique) * cols * p) / S
+    elif ids > outputs:
+        expand = (ids + outputs) * cols * p / S
+    scale = 2 * n * cols * p / S if path.scale_pass else 0.0
+    merge = (n * sort + (n + unique) * cols * p) / S if path.dedup else 0.0
+    if path.dedup or n < ids:                     # one row per distinct id: read, written
+        add = unique * cols * p / S + unique * (2 * cols * p + cfg.lookup_overhead_bytes
+                                                + cfg.id_bytes) / Bps
+    else:
+        add = ids * cols * p / S + (gather + unique * cols * p) / Bps
+    return fwd, cast + expand + scale + merge + add + cfg.shard_overhead_s

@@ -12,7 +12,7 @@ A table spec states it in a ``trainer:`` section (every key optional)::
       dense_gradients: auto   # auto | fp32 | dense
       input_dist: alltoall    # alltoall | loader
       bottom_mlp: data_parallel   # data_parallel | rank0
-      embedding_update: fused     # fused | sparse_grad
+      embedding_update: fused     # fused | sparse_grad | scatter_add
       output_dist: flat           # flat | per_peer
 
 ``pipeline``: ``sparse_dist`` is TorchRec's ``TrainPipelineSparseDist`` (the default of its
@@ -88,7 +88,12 @@ PyTorch's own sparse-gradient path, as DeepLearningExamples' PyTorch DLRM runs i
 ``joint_sparse`` embedding: a gather kernel forward that writes fp32 rows, cast to half by a
 kernel of its own under ``--amp``; ``at::embedding_sparse_backward``, a COO gradient with one
 row per id; ``GradScaler.unscale_`` over its values under fp16; ``torch.optim.SGD``, which adds
-the uncoalesced gradient into the table with ``index_add_``), priced pass by pass in
+the uncoalesced gradient into the table with ``index_add_``); ``scatter_add``: TensorFlow's
+``IndexedSlices`` path, as DeepLearningExamples' TF2 DLRM runs it (``tf.nn.embedding_lookup``'s
+gradient holds one row per id; ``LossScaleOptimizer.get_unscaled_gradients`` scales them under
+``--amp``; the legacy Keras SGD scatters ``−lr · g`` with ``resource_scatter_add``, so a
+scaling pass runs with or without the loss scale). Either way an optimizer with state (Adagrad,
+Adam, LazyAdam) merges repeated ids first. Priced pass by pass in
 :mod:`planner.model.tables.lookup_cost`.
 
 ``output_dist``: how the pooled all-to-all's buffers meet the dense part. ``flat``: it reads
@@ -108,7 +113,8 @@ DLRM and DCNv2 with ``--xla --amp``, read from its code: a ``tf.function`` graph
 per op; Keras ``mixed_float16``, so activations in half precision with fp32 variables and
 gradients; XLA's elementwise fusions, TF's GEMMs with bias and ReLU fused and a custom CUDA dot
 interaction; the lookups' outputs fp32, cast after the all-to-all, since its embeddings do not
-run in fp16; ``input_dist: loader``; its tables placed by ``--planner memory_balanced``) and
+run in fp16; ``input_dist: loader``; ``embedding_update: scatter_add``; its tables placed by
+``--planner memory_balanced``) and
 ``dle-pytorch`` (NVIDIA DeepLearningExamples' PyTorch DLRM with ``--amp``, read from its code:
 eager PyTorch under ``torch.cuda.amp.autocast`` (``--cuda_graphs`` is off by default: write
 ``dispatch=graphs`` for a run that sets it), apex's fused MLP (bias and ReLU in one kernel per
@@ -149,7 +155,8 @@ _CHOICES = {"pipeline": ("sparse_dist", "none"), "dispatch": ("eager", "graphs")
             "mixed_precision": ("autocast", "pure"), "fusion": ("none", "fused", "compiled"),
             "embedding_output": ("fp32", "dense"), "dense_gradients": ("auto", "fp32", "dense"),
             "input_dist": ("alltoall", "loader"), "bottom_mlp": ("data_parallel", "rank0"),
-            "embedding_update": ("fused", "sparse_grad"), "output_dist": ("flat", "per_peer")}
+            "embedding_update": ("fused", "sparse_grad", "scatter_add"),
+            "output_dist": ("flat", "per_peer")}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -179,9 +186,10 @@ class DlrmTrainer:
 
     @property
     def sparse_grad(self) -> bool:
-        """True when the tables' gradients are PyTorch sparse tensors that an optimizer adds
-        into the weights after the backward (``embedding_update``)."""
-        return self.embedding_update == "sparse_grad"
+        """True when the tables' gradients are sparse tensors (PyTorch's COO, TensorFlow's
+        IndexedSlices) that an optimizer adds into the weights after the backward
+        (``embedding_update``)."""
+        return self.embedding_update in ("sparse_grad", "scatter_add")
 
     @property
     def pipelined(self) -> bool:
@@ -242,7 +250,8 @@ DLRM_PRESETS = {
     "hugectr": DlrmTrainer(dispatch="graphs", mixed_precision="pure", fusion="fused",
                            embedding_output="dense"),
     "dle-tf2": DlrmTrainer(dispatch="graphs", mixed_precision="pure", fusion="fused",
-                           embedding_output="fp32", dense_gradients="fp32", input_dist="loader"),
+                           embedding_output="fp32", dense_gradients="fp32", input_dist="loader",
+                           embedding_update="scatter_add"),
     "dle-pytorch": DlrmTrainer(fusion="fused", embedding_output="dense", input_dist="loader",
                                bottom_mlp="rank0", embedding_update="sparse_grad",
                                output_dist="per_peer"),
