@@ -90,7 +90,8 @@ kernel of its own under ``--amp``; ``at::embedding_sparse_backward``, a COO grad
 row per id; ``GradScaler.unscale_`` over its values under fp16; ``torch.optim.SGD``, which adds
 the uncoalesced gradient into the table with ``index_add_``); ``scatter_add``: TensorFlow's
 ``IndexedSlices`` path, as DeepLearningExamples' TF2 DLRM runs it (``tf.nn.embedding_lookup``'s
-gradient holds one row per id; ``LossScaleOptimizer.get_unscaled_gradients`` scales them under
+gradient holds one row per id, distributed-embeddings' multi-hot gradient op one per distinct
+id; ``LossScaleOptimizer.get_unscaled_gradients`` scales them under
 ``--amp``; the legacy Keras SGD scatters ``−lr · g`` with ``resource_scatter_add``, so a
 scaling pass runs with or without the loss scale). Either way an optimizer with state (Adagrad,
 Adam, LazyAdam) merges repeated ids first. Priced pass by pass in
