@@ -80,7 +80,8 @@ from planner.model.tables.cpu_profile import BackwardTerms
 from planner.model.tables.dense import DenseTimes, dense_pass_times
 from planner.model.tables.features import (BREAKDOWN_KEYS, F_BWD, F_DP, F_FWD, F_HRS, F_IDS,
                                            F_MEM, F_OUT, F_RW, K, kernel_groups, step_cost_of)
-from planner.model.tables.gpu_lookup import FitRange, gpu_lookup_file, load_gpu_lookup
+from planner.model.tables.extrapolation import lookup_extrapolated
+from planner.model.tables.gpu_lookup import FitRange, load_gpu_lookup
 from planner.model.tables.lookup_cost import (SparseGradPath, shard_lookup_s, shard_traffic,
                                               table_accesses_per_row)
 from planner.model.tables.memory import shard_memory_bytes
@@ -339,44 +340,9 @@ class CostModel:
         return step_cost_of(self.components(F))
 
     def extrapolated(self) -> list[str]:
-        """Where the lookup model is used outside what it was fitted to: one line per input
-        (dim, pooling, batch) outside the measured range, a line when the CPU profile was
-        measured on another kind of host, or a line saying the constants are priors because
-        this device kind was never measured; and a line when the trainer's sparse-gradient
-        path, timed from its bytes alone, prices the lookups."""
-        lines = self._lookup_extrapolated()
-        if self.sparse_grad is not None:
-            lines.append("the sparse-gradient embedding path (trainer embedding_update: "
-                         f"{self.model.trainer.embedding_update}) is priced from its bytes at "
-                         "the measured gather and streaming bandwidths: its kernels were never "
-                         "timed")
-        return lines
-
-    def _lookup_extrapolated(self) -> list[str]:
-        if self.device_profile is not None and self.device_profile.other_host:
-            return [f"the CPU profile {self.device_profile.source} was measured on another "
-                    f"host: {self.device_profile.other_host}; `clusterplan calibrate embedding` "
-                    "measures this one (a few minutes)"] + (
-                self.fit_range.outside(self.model) if self.fit_range is not None else [])
-        gl = self.gpu_lookup
-        if gl is not None and gl.transferred:
-            return [f"lookup constants measured on {gl.measured_on} ({gl.kernel}), applied as "
-                    f"fractions of {gl.gpu}'s HBM bandwidth: no lookup measurement of {gl.gpu} "
-                    "(measure one with python -m planner.measure.tables.gpu_dlrm and run "
-                    "`clusterplan calibrate gpu-embedding`)"] + self.fit_range.outside(self.model)
-        if gl is not None and gl.backward_from and self.sparse_grad is None:
-            return [f"lookup backward constants measured on {gl.backward_from}, applied to "
-                    f"{gl.gpu}: its own backward was measured with a kernel that waits for the "
-                    "host, which FBGEMM's does not (traces/calibration/"
-                    f"{gpu_lookup_file(gl.gpu)})"] + self.fit_range.outside(self.model)
-        if self.fit_range is not None:
-            return self.fit_range.outside(self.model)
-        if self.config.device_profile is None:
-            return []
-        return [f"lookup constants are priors (HBM efficiency {self.config.hbm_efficiency:g}, "
-                f"{self.config.lookup_overhead_bytes:g} B per lookup): no embedding measurement "
-                f"of {self.topo.gpu.name} (measure one and run `clusterplan calibrate "
-                "gpu-embedding`)"]
+        """Where the lookup model is used outside what it was fitted to
+        (:func:`.extrapolation.lookup_extrapolated`)."""
+        return lookup_extrapolated(self)
 
     def dense_times(self) -> DenseTimes:
         """The dense part on one rank, op by op (:func:`~.dense.dense_pass_times`), with the

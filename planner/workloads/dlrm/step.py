@@ -172,13 +172,13 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
     if packed and grad is not None:
         grad = codec("decompress output_a2a_bwd", codec_b, grad)
     rw_ag, host_ag = _row_wise_collectives(w, problem, F, "allgather", top_bwd)
+    backs = [grad[r] if isinstance(grad, list) else grad for r in ranks]
     for r in ranks:              # rank 0's alone waits for its output's gradients to return
-        back = grad[r] if isinstance(grad, list) else grad
-        after = [top_bwd[r]] + ([back] if alone and back is not None else [])
+        after = [top_bwd[r]] + ([backs[r]] if alone and backs[r] is not None else [])
         op = bottom_op(r, "bwd", after)
         bottom_bwd.append(top_bwd[r] if op is None else op)
     for r in ranks:
-        back = grad[r] if isinstance(grad, list) else grad
+        back = backs[r]
         deps = [bottom_bwd[r]] + [x for x in (back, rw_ag, host_ag.get(problem.cost.host_of[r]))
                                   if x is not None]
         bwd.append(w.compute(r, "lookups_bwd",
@@ -186,9 +186,9 @@ def build_step_workload(problem: Problem, shardings: Sequence[TableSharding]
                              bytes_moved=float((F[r, F_BWD] - codec_b[r]) * hbm), deps=deps,
                              category="emb_bwd"))
     dense_ar = None
-    if cm.allreduced_dense_params() > 0 and n > 1:
-        grad_bytes = (cm.allreduced_dense_params()
-                      * problem.model.trainer.gradient_bytes(problem.model.dense.dtype))
+    params = cm.allreduced_dense_params()
+    if params > 0 and n > 1:
+        grad_bytes = params * problem.model.trainer.gradient_bytes(problem.model.dense.dtype)
         dense_ar = w.collective("allreduce", ranks, grad_bytes, name="dense_allreduce",
                                 deps=top_bwd if alone else bottom_bwd, stream="comm:dp",
                                 category="dense_allreduce")
