@@ -12,7 +12,9 @@ name                  what it does
 ``greedy``            LPT on the analytic step cost (each synchronised phase's slowest rank,
                       summed): heavy tables cut into column parts or spread over a host, each
                       unit onto the rank that keeps the step cost lowest
-``local_search``      ``greedy``, then moves, swaps, splits and merges that lower the step cost
+``local_search``      ``greedy``, then moves, swaps, splits and merges that lower the step cost;
+                      ``--planner-set start=NAME`` starts from another planner's plan instead
+                      (``start=torchrec``: TorchRec's plan, never left worse by our cost)
 ``mip``               PuLP/CBC: minimise the step cost under memory caps over
                       table-wise, column-wise (2/4/8 parts), row-wise, data-parallel (and
                       table-row-wise across hosts); warm-started from ``local_search``
@@ -73,6 +75,8 @@ def get_planner(name: str, **options) -> Planner:
     if name == "greedy":
         return GreedyPlanner(**options)
     if name == "local_search":
+        if isinstance(options.get("start"), str):
+            options["start"] = _start_planner(options["start"])
         return LocalSearchPlanner(**options)
     if name == "mip":
         return MipPlanner(**options)
@@ -89,3 +93,12 @@ def get_planner(name: str, **options) -> Planner:
         return NeuroShardPlanner(**options)
     raise SpecError(f"unknown planner {name!r}", source="--planner",
                     fix=f"use one of: {', '.join(PLANNER_NAMES)}")
+
+
+def _start_planner(name: str) -> Planner:
+    """The planner whose plan ``local_search`` starts from (its ``start`` setting)."""
+    if name not in PLANNER_NAMES or name == "local_search":
+        raise SpecError(f"local_search cannot start from {name!r}", source="--planner-set",
+                        field="start", fix="name another planner, e.g. start=torchrec: "
+                        + ", ".join(n for n in PLANNER_NAMES if n != "local_search"))
+    return get_planner(name)

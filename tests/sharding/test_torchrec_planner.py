@@ -174,3 +174,42 @@ def test_data_parallel_tables_raise_no_torchrec_notice(torchrec, caplog):
     assert plan.type_counts().get("data_parallel", 0) > 0
     assert not [r for r in caplog.records if "Sharding spec not found" in r.getMessage()]
     assert not logging.getLogger().filters
+
+
+def test_local_search_from_torchrec_plan_is_never_worse_by_our_cost(torchrec, make_task):
+    """``local_search`` with ``start=torchrec`` refines TorchRec's plan: valid, within every
+    memory cap, and its step cost under our model at most that of TorchRec's plan."""
+    for seed, devices in ((3, 4), (5, 8)):
+        task = make_task(24, seed=seed, devices=devices)
+        task = type(task)(model=task.model, topology=cpu_topology_ref(devices),
+                          memory_bytes=task.memory_bytes)
+        theirs = get_planner("torchrec").plan(task, devices, seed=0)
+        ours = get_planner("local_search", start="torchrec").plan(task, devices, seed=0)
+        assert ours.valid and ours.planner == "local_search", ours.problems
+        assert ours.step_cost_s <= theirs.step_cost_s * (1 + 1e-12)
+        assert any(n.startswith("start torchrec: step cost") for n in ours.stats.notes)
+        problem = prepare(task, devices)
+        assert all(m <= c for m, c in zip(ours.memory_per_rank_bytes, problem.capacity_bytes))
+
+
+def test_cli_local_search_start_setting(torchrec, tmp_path, capsys):
+    from planner.cli.main import main
+    csv = tmp_path / "t.csv"
+    csv.write_text("name,num_embeddings,embedding_dim,pooling_factor\n"
+                   + "".join(f"t{i},{3000 * (i + 1)},{[8, 16, 64][i % 3]},{1 + i % 7}\n"
+                             for i in range(12)))
+    code = main(["plan", str(csv), "--devices", "4", "--planner", "local_search",
+                 "--planner-set", "start=torchrec", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["planner"] == "local_search" and doc["valid"]
+    assert any("start torchrec" in n for n in doc["planner_stats"]["notes"])
+    code = main(["plan", str(csv), "--devices", "4", "--planner", "local_search",
+                 "--planner-set", "start=local_search"])
+    err = capsys.readouterr().err
+    assert code == 2 and "start" in err and "torchrec" in err and "Traceback" not in err
+
+
+def test_local_search_start_names_a_planner():
+    with pytest.raises(SpecError, match="cannot start from 'nope'") as exc:
+        get_planner("local_search", start="nope")
+    assert exc.value.field == "start"
