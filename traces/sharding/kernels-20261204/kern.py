@@ -1,6 +1,8 @@
 """Kernel-only diagnostic: per plan, per rank, measured vs predicted lookups; fused vs singles."""
-import sys, json, statistics
-sys.path.insert(0, '/work/main/tests/bench'); sys.path.insert(0, '/work/main')
+import sys, json
+from pathlib import Path
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / 'tests' / 'bench')); sys.path.insert(0, str(REPO))
 from bench_sharding_measured import make_tasks
 from planner.sharding.planners import get_planner
 from planner.model.tables.task import prepare
@@ -42,4 +44,6 @@ for name in ("torchrec", "greedy", "local_search", "mip"):
               + (f"  singles {row['sf']:6.2f}+{row['sb']:6.2f}" if singles else "")
               + f"  ratio {(row['mf']+row['mb'])/(row['pf']+row['pb']):.2f}  cols {row['cols']} ids {row['ids']} {kinds}", flush=True)
     out[name] = rows
-json.dump(out, open(f"/tmp/diag/{want}-{seed}.json", "w"), indent=1)
+if "--out" in sys.argv:
+    with open(sys.argv[sys.argv.index("--out") + 1], "w") as f:
+        json.dump(out, f, indent=1)
