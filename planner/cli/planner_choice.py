@@ -23,7 +23,7 @@ PLANNER_SETTINGS: dict[str, dict[str, type]] = {
     "hugectr_auto": {"mode": str, "mem_comm_bw_ratio": float, "mem_comm_work_ratio": float,
                      "memory_cap_gb": float, "dp_threshold_gb": float, "max_iterations": int},
     "memory_balanced": {"column_slice_threshold": float},
-    "local_search": {"start": str, "objective": str, "sigma": float},
+    "local_search": {"start": str},
 }
 
 _EXAMPLE = {float: "9", int: "20", str: "auto"}

@@ -21,7 +21,6 @@ from typing import Sequence
 import numpy as np
 
 from planner.model.tables.features import BREAKDOWN_KEYS, F_MEM
-from planner.model.tables.robust import expected_step_cost
 from planner.model.tables.shards import (
     Shard,
     ShardingType,
@@ -200,16 +199,13 @@ class Catalog:
         return tuple(self.layout(t, ch) for t, ch in enumerate(choices))
 
 
-def step_scores(cm, F: np.ndarray, sigma: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+def step_scores(cm, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The planners' key for plans ``F`` (..., ranks, width): the step cost (each phase's slowest
-    rank, summed, seconds; with ``sigma`` > 0 its expectation under that lookup error,
-    :func:`~planner.model.tables.robust.expected_step_cost`) and Σ over phases and ranks of the
-    phase's cost² (s²), which breaks the step cost's plateaus: among equal step costs it
-    prefers the plan whose ranks are even phase by phase (a lookup-heavy table to a rank light
-    in lookups)."""
+    rank, summed, seconds) and Σ over phases and ranks of the phase's cost² (s²), which
+    breaks the step cost's plateaus: among equal step costs it prefers the plan whose ranks
+    are even phase by phase (a lookup-heavy table to a rank light in lookups)."""
     comp = cm.components(F)
-    step = expected_step_cost(comp, sigma) if sigma > 0 else \
-        sum(comp[k].max(axis=-1) for k in BREAKDOWN_KEYS)
+    step = sum(comp[k].max(axis=-1) for k in BREAKDOWN_KEYS)
     sq = sum((comp[k] ** 2).sum(axis=-1) for k in BREAKDOWN_KEYS)
     return np.asarray(step, dtype=float), np.asarray(sq, dtype=float)
 

@@ -25,13 +25,10 @@ best plan over ``rounds`` rounds wins. The work done depends only on the inputs 
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Sequence
 
 import numpy as np
-
-from simulator.errors import SpecError
 
 from planner.model.tables.features import BREAKDOWN_KEYS, F_MEM
 from planner.model.tables.feasible import check_feasible
@@ -54,11 +51,9 @@ SPREAD_DESTS = 16
 
 
 class _Search:
-    def __init__(self, cat: Catalog, rng: np.random.Generator, deadline: float,
-                 sigma: float = 0.0) -> None:
+    def __init__(self, cat: Catalog, rng: np.random.Generator, deadline: float) -> None:
         self.cat = cat
         self.cm = cat.cost
-        self.sigma = sigma
         self.n = cat.n
         self.rng = rng
         self.deadline = deadline
@@ -93,7 +88,7 @@ class _Search:
         return d
 
     def key(self, F: np.ndarray) -> tuple[float, float]:
-        step, sq = step_scores(self.cm, F, self.sigma)
+        step, sq = step_scores(self.cm, F)
         return float(step), float(sq)
 
     def bottlenecks(self, F: np.ndarray) -> list[int]:
@@ -222,7 +217,7 @@ class _Search:
             idx = np.flatnonzero((cand[:, :, F_MEM] <= cap[None, :] + 0.5).all(axis=1))
             if idx.size == 0:
                 continue
-            mx, sq = step_scores(self.cm, cand[idx], self.sigma)
+            mx, sq = step_scores(self.cm, cand[idx])
             self.evaluated += idx.size
             best = np.lexsort((idx, sq, mx))[0]
             k = (float(mx[best]), float(sq[best]))
@@ -275,11 +270,8 @@ class _Search:
 def improve_choices(cat: Catalog, choices: Sequence, *, seed: int = 0, rounds: int = 6,
                     max_iters: int = 400, perturb_steps: int = 3,
                     time_limit_s: float | None = None,
-                    work_budget: float | None = None, sigma: float = 0.0) -> tuple[list, dict]:
+                    work_budget: float | None = None) -> tuple[list, dict]:
     """Improve ``choices`` (one per table); returns the best choices and search statistics.
-
-    ``sigma`` > 0 descends on the expected step cost under that lookup error
-    (:mod:`planner.model.tables.robust`) instead of the step cost.
 
     ``work_budget`` bounds the work in rank-evaluations (candidate plans scored × ranks): a
     stop that depends only on the inputs, so a budgeted search gives the same plan on any
@@ -288,7 +280,7 @@ def improve_choices(cat: Catalog, choices: Sequence, *, seed: int = 0, rounds: i
     t0 = time.perf_counter()
     deadline = t0 + (time_limit_s if time_limit_s is not None else float("inf"))
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x4C53]))
-    s = _Search(cat, rng, deadline, sigma)
+    s = _Search(cat, rng, deadline)
     if work_budget is not None:
         s.work_budget = float(work_budget)
     choices = list(choices)
@@ -321,32 +313,13 @@ def improve(problem, shardings: Sequence[TableSharding], *, seed: int = 0,
     return cat.layouts(best)
 
 
-#: what :class:`LocalSearchPlanner` minimises (its ``objective`` setting)
-OBJECTIVES = ("step", "expected")
-
-
 class LocalSearchPlanner:
-    """``greedy`` (or another planner's plan) improved by local search.
-
-    ``objective``: ``step`` (the predicted step cost) or ``expected`` (its expectation when each
-    rank's lookups are off by the lookup fit's own error, :mod:`planner.model.tables.robust`:
-    a plan that keeps fewer ranks near the slowest one is preferred to one that ties them all
-    at the same predicted maximum). ``sigma`` overrides that error (default: from the fit)."""
+    """``greedy`` (or another planner's plan) improved by local search."""
 
     name = "local_search"
 
     def __init__(self, *, start: Planner | None = None, rounds: int = 6, max_iters: int = 400,
-                 default_time_limit_s: float = 60.0, objective: str = "step",
-                 sigma: float | None = None) -> None:
-        if objective not in OBJECTIVES:
-            raise SpecError(f"unknown local_search objective {objective!r}",
-                            source="--planner-set", field="objective",
-                            fix=f"use one of: {', '.join(OBJECTIVES)}")
-        if sigma is not None and not (math.isfinite(sigma) and 0 <= sigma <= 2):
-            raise SpecError(f"sigma must be a number in [0, 2], got {sigma!r}",
-                            source="--planner-set", field="sigma",
-                            fix="give the lookup model's error as a log-normal σ, e.g. 0.12")
-        self.objective, self.sigma = objective, sigma
+                 default_time_limit_s: float = 60.0) -> None:
         self.start = start if start is not None else GreedyPlanner()
         self.rounds = rounds
         self.max_iters = max_iters
@@ -361,17 +334,10 @@ class LocalSearchPlanner:
                                  ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL))
         start = self.start.plan(task, devices, seed=seed)
         cat = catalog(problem)
-        sigma = 0.0
-        if self.objective == "expected":
-            sigma = cat.cost.lookup_sigma if self.sigma is None else self.sigma
         choices, info = improve_choices(cat, cat.choices_of(start.shardings), seed=seed,
                                         rounds=self.rounds, max_iters=self.max_iters,
-                                        time_limit_s=max(0.0, limit - (time.perf_counter() - t0)),
-                                        sigma=sigma)
+                                        time_limit_s=max(0.0, limit - (time.perf_counter() - t0)))
         notes = list(start.stats.notes)
-        if sigma > 0:
-            notes.append(f"objective: the expected step cost under a lookup error of "
-                         f"sigma {sigma:.3g}")
         notes.append(f"start {self.start.name}: step cost {start.step_cost_s:.6g} s")
         if info["timed_out"]:
             notes.append("stopped at the time limit: the result may depend on machine speed")

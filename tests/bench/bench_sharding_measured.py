@@ -68,9 +68,6 @@ from planner.sharding.planners import get_planner  # noqa: E402
 from sharding_summary import NOISE, print_summary, summarise  # noqa: E402  (beside this file)
 
 PLANNERS = ("torchrec", "size_lookup", "greedy", "local_search", "mip")
-#: planners named in ``--planners`` by a label of their own: (planner, settings)
-VARIANTS = {"robust": ("local_search", {"objective": "expected"}),
-            "robust_tr": ("local_search", {"objective": "expected", "start": "torchrec"})}
 #: our planners; ``best`` is the one of their plans with the lowest predicted step cost
 OURS = ("greedy", "local_search", "mip")
 BEST = "best"
@@ -137,12 +134,12 @@ def _plan_task(info: dict, order: Sequence[str], args) -> tuple[dict, dict]:
     task, n = info["task"], info["devices"]
     task_rows, plans = {}, {}
     for name in order:
-        kind, opts = VARIANTS.get(name, (name, {"solver": "cbc"} if name == "mip" else {}))
+        opts = {"solver": "cbc"} if name == "mip" else {}
         t0 = time.perf_counter()
         try:
-            plan = get_planner(kind, **dict(opts)).plan(
+            plan = get_planner(name, **opts).plan(
                 task, n, seed=args.seed,
-                time_limit_s=args.mip_limit if kind in ("mip", "local_search") else None)
+                time_limit_s=args.mip_limit if name in ("mip", "local_search") else None)
             err = ""
         except Exception as exc:              # an infeasible plan is a result, not a crash
             plan, err = None, f"{type(exc).__name__}: {str(exc)[:160]}"

@@ -85,7 +85,6 @@ from planner.model.tables.gpu_lookup import FitRange, load_gpu_lookup
 from planner.model.tables.lookup_cost import (SparseGradPath, shard_lookup_s, shard_traffic,
                                               table_accesses_per_row)
 from planner.model.tables.memory import shard_memory_bytes
-from planner.model.tables.robust import DEFAULT_SIGMA, expected_step_cost, sigma_from_mape
 from planner.model.tables.shards import HOST_REDUCED_TYPES, Shard, ShardingType, TableSharding
 from planner.model.tables.spec import PRECISION_BYTES, ModelSpec
 
@@ -126,7 +125,6 @@ class CostModel:
                     self.config = replace(self.config, backward=BackwardTerms(
                         shard_s=0.0, walk_bytes=0.0, **gl.backward))
                 self.fit_range = gl.range
-        self.lookup_sigma = self._lookup_sigma()
         cfg = self.config
         self.hbm_Bps = float(topo.gpu.hbm_bandwidth_Bps) * cfg.hbm_efficiency
         #: byte-equivalents per weight element in the lookup terms (the CPU profile's fitted
@@ -333,26 +331,6 @@ class CostModel:
         for k in BREAKDOWN_KEYS:
             total = total + comp[k]
         return total
-
-    def _lookup_sigma(self) -> float:
-        """The lookup model's error as a log-normal σ (:mod:`.robust`): from the MAPE of the
-        fit in use, at least the priors' :data:`~.robust.DEFAULT_SIGMA` for constants
-        transferred from another GPU kind or host, that when there is no fit."""
-        if self.device_profile is not None:
-            fit, moved = self.device_profile.fit_mape, self.device_profile.other_host is not None
-        elif self.gpu_lookup is not None:
-            fit, moved = self.gpu_lookup.fit_mape, self.gpu_lookup.transferred
-        else:
-            fit, moved = None, False
-        sigma = sigma_from_mape(fit)
-        return max(sigma, DEFAULT_SIGMA) if moved else sigma
-
-    def expected_step_cost(self, F: np.ndarray, sigma: float | None = None
-                           ) -> np.ndarray | float:
-        """The step cost expected when each rank's lookups are off by the model's error
-        ``sigma`` (default :attr:`lookup_sigma`), seconds (:func:`.robust.expected_step_cost`)."""
-        return expected_step_cost(self.components(F),
-                                  self.lookup_sigma if sigma is None else sigma)
 
     def step_cost(self, F: np.ndarray) -> np.ndarray | float:
         """The embedding part of one step, seconds: each component's slowest rank, summed

@@ -143,8 +143,6 @@ class CpuProfile:
     backward: BackwardTerms | None = None
     #: how the machine it was measured on differs from this host (None: this kind of host)
     other_host: str | None = None
-    #: the lookup fit's MAPE (forward + backward) on its own kernel sweep (None: not recorded)
-    fit_mape: float | None = None
 
     def cost_overrides(self) -> dict:
         """The :class:`CostConfig` fields this profile sets."""
@@ -301,9 +299,6 @@ def load_cpu_profile(path: str | None = None) -> CpuProfile | None:
     vals["fit_range"] = _points_range(doc.get("points"), p.name)
     machine = meas.get("machine") if isinstance(meas.get("machine"), dict) else {}
     vals["other_host"] = other_host(machine)
-    mape = (doc.get("lookup_fit") or {}).get("total_mape")
-    vals["fit_mape"] = float(mape) if isinstance(mape, (int, float)) and not isinstance(
-        mape, bool) and math.isfinite(mape) and mape >= 0 else None
     fitted = doc.get("fitted") if isinstance(doc.get("fitted"), dict) else {}
     refit = f", refitted {fitted['date']}" if fitted.get("date") else ""
     src = f"{p.name} (measured {meas.get('date', '?')} on {machine.get('cpu_model', '?')}{refit})"

@@ -104,8 +104,6 @@ class GpuLookup:
     call_overhead_s: float | None = None
     backward: Mapping[str, float] | None = None
     backward_from: str = ""
-    #: the mean of the forward and backward fits' MAPE on their rows (None: not recorded)
-    fit_mape: float | None = None
 
     @property
     def transferred(self) -> bool:
@@ -167,16 +165,7 @@ def _read_file(gpu: str, follow: bool = True) -> GpuLookup | None:
     return GpuLookup(gpu=gpu, hbm_efficiency=eff, lookup_overhead_bytes=ovh, range=rng,
                      source=f"{where}: {doc.get('method', '')}".strip(),
                      kernel=str(doc.get("kernel", "")), measured_on=gpu, backward=bwd,
-                     backward_from=frm, fit_mape=_fit_mape(doc), **opt)
-
-
-def _fit_mape(doc: Mapping) -> float | None:
-    """The mean MAPE of the file's ``fit`` and ``fit_backward`` blocks, or None."""
-    vals = [b.get("mape") for b in (doc.get("fit"), doc.get("fit_backward"))
-            if isinstance(b, Mapping)]
-    vals = [float(v) for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)
-            and math.isfinite(v) and v >= 0]
-    return sum(vals) / len(vals) if vals else None
+                     backward_from=frm, **opt)
 
 
 def _backward(doc: Mapping, where: str, follow: bool) -> tuple[dict | None, str]:
