@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["FusedTables", "draw_ids", "lookup_kernels", "check_triton"]
+__all__ = ["FusedTables", "draw_ids", "table_bags", "lookup_kernels", "check_triton"]
 
 _DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -37,6 +37,22 @@ def draw_ids(rows: int, n: int, dist: str, dev, gen):
     return (rank * 2_654_435_761 + 97) % rows
 
 
+def table_bags(tables: list[tuple[int, int]], batch: int, dist: str, dev, gen) -> tuple:
+    """``(ids, lengths, offsets)`` of ``batch`` bags per table, table-major, as one fused lookup
+    takes them: each ``(rows, pooling)`` table's ids offset by the rows before it in the joint
+    weight, ``pooling`` ids a bag, drawn by :func:`draw_ids` from ``gen``."""
+    torch = _torch()
+    ids, lengths, base = [], [], 0
+    for rows, pool in tables:
+        ids.append(draw_ids(rows, batch * pool, dist, dev, gen) + base)
+        lengths.append(torch.full((batch,), pool, device=dev, dtype=torch.int64))
+        base += rows
+    lengths = torch.cat(lengths)
+    offsets = torch.zeros(lengths.numel(), device=dev, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(lengths, 0)[:-1]
+    return torch.cat(ids), lengths, offsets
+
+
 class FusedTables:
     """All tables in one weight (row offset per table), bags table-major, one ``embedding_bag``
     call; backward and row-wise Adagrad by hand (see the module docstring)."""
@@ -51,15 +67,7 @@ class FusedTables:
         self.weight = torch.empty(total, dim, device=dev, dtype=getattr(torch, _DTYPES[dtype]))
         self.weight.uniform_(-0.01, 0.01, generator=gen)
         self.state = torch.zeros(total, device=dev, dtype=torch.float32)
-        ids, lengths, base = [], [], 0
-        for rows, pool in tables:
-            ids.append(draw_ids(rows, batch * pool, dist, dev, gen) + base)
-            lengths.append(torch.full((batch,), pool, device=dev, dtype=torch.int64))
-            base += rows
-        self.ids = torch.cat(ids)
-        lengths = torch.cat(lengths)
-        self.offsets = torch.zeros(lengths.numel(), device=dev, dtype=torch.int64)
-        self.offsets[1:] = torch.cumsum(lengths, 0)[:-1]
+        self.ids, lengths, self.offsets = table_bags(tables, batch, dist, dev, gen)
         self.bag_of_id = torch.repeat_interleave(torch.arange(lengths.numel(), device=dev),
                                                  lengths)
         self.bags = lengths.numel()

@@ -17,8 +17,8 @@ It writes, in ``DIR`` (each row as soon as it is measured):
 ``ranks.csv``
     One rank, path and id distribution per row: ``path`` ``fused`` (every table in one weight,
     the host-free fused Triton kernels of :mod:`.gpu_tbe_nosync`, replayed from a CUDA graph:
-    ``forward_s`` and ``backward_s`` with row-wise Adagrad) or ``sparse_grad`` (DeepLearningExamples'
-    distributed PyTorch DLRM under ``--amp``: an fp32 joint table, ``F.embedding`` /
+    ``forward_s`` and ``backward_s`` with row-wise Adagrad) or ``sparse_grad``
+    (DeepLearningExamples' distributed PyTorch DLRM under ``--amp``: an fp32 joint table, ``F.embedding`` /
     ``F.embedding_bag`` with ``sparse=True``, its output cast to fp16; ``forward_s`` the lookup and
     the cast, ``backward_s`` autograd's backward to a COO gradient of one row per id,
     ``unscale_s`` GradScaler's unscale of its values, ``optimizer_s`` ``torch.optim.SGD``'s step,
@@ -42,7 +42,7 @@ from pathlib import Path
 
 from planner.measure.compute.driver import check_driver_args, driver_parser, start_driver
 from planner.measure.compute.gpu_timing import CsvRows, auto_time
-from planner.measure.tables.gpu_fused import FusedTables, draw_ids, lookup_kernels
+from planner.measure.tables.gpu_fused import FusedTables, lookup_kernels, table_bags
 
 __all__ = ["main", "SparseGradRank"]
 
@@ -67,16 +67,8 @@ class SparseGradRank:
         w = torch.empty(total, dim, device=dev, dtype=torch.float32)
         w.uniform_(-0.01, 0.01, generator=gen)
         self.weight = torch.nn.Parameter(w)
-        ids, lengths, base = [], [], 0
-        for rows, pool in tables:
-            ids.append(draw_ids(rows, batch * pool, dist, dev, gen) + base)
-            lengths.append(torch.full((batch,), pool, device=dev, dtype=torch.int64))
-            base += rows
-        self.ids = torch.cat(ids)
-        lengths = torch.cat(lengths)
+        self.ids, lengths, self.offsets = table_bags(tables, batch, dist, dev, gen)
         self.one_hot = bool((lengths == 1).all())
-        self.offsets = torch.zeros(lengths.numel(), device=dev, dtype=torch.int64)
-        self.offsets[1:] = torch.cumsum(lengths, 0)[:-1]
         self.bags = lengths.numel()
         self.distinct = int(torch.unique(self.ids).numel())
         self.opt = torch.optim.SGD([self.weight], lr=0.01)

@@ -1,6 +1,8 @@
 """Write ``cases.json`` for :mod:`planner.measure.tables.gpu_rank_lookups`: the ranks of two
 8-GPU plans, their table-wise shards, each as ``[rows, pooling]`` per table at the
-global batch. Run from the repository root: ``python traces/measured/h200/rank-lookups/make_cases.py``.
+global batch. Run from the repository root::
+
+    python traces/measured/h200/rank-lookups/make_cases.py
 
 - ``criteo-dlrm``, ``--planner dle_pytorch`` (DeepLearningExamples' PyTorch placement), 8 GPUs;
 - ``mlperf-dcnv2``, ``--planner greedy``, 8 GPUs: each rank's table-wise shards only (its row- or
