@@ -64,3 +64,18 @@ def test_quick_run_writes_its_files_and_bad_flags_exit_2(tmp_path):
                           "--cases", str(tmp_path / "none.json"), "--out", str(tmp_path)],
                          capture_output=True, text=True, cwd=REPO, timeout=60)
     assert bad.returncode == 2 and "--cases" in bad.stderr and "Traceback" not in bad.stderr
+    broken = tmp_path / "broken.json"
+    for doc, flags, names in (
+            ({"case": "x"}, [], "--cases"),
+            ([{"case": "x", "rank": 0, "batch": 8, "dim": 4}], [], "broken.json [0].tables"),
+            ([{"case": "x", "rank": 0, "batch": 8, "dim": 4, "tables": [[10, "a"]]}], [],
+             "broken.json [0].tables"),
+            (cases[:1], ["--ids", "normal"], "--ids"),
+            (cases[:1], ["--paths", "dense"], "--paths"),
+            (cases[:1], ["--bottom-batches", "8k"], "--bottom-batches")):
+        broken.write_text(json.dumps(doc))
+        bad = subprocess.run([sys.executable, "-m", "planner.measure.tables.gpu_rank_lookups",
+                              "--cases", str(broken), "--out", str(tmp_path / "o"), *flags],
+                             capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert bad.returncode == 2 and names in bad.stderr and "fix:" in bad.stderr, bad.stderr
+        assert "Traceback" not in bad.stderr and not (tmp_path / "o").exists()

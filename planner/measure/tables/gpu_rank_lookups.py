@@ -18,8 +18,9 @@ It writes, in ``DIR`` (each row as soon as it is measured):
     One rank, path and id distribution per row: ``path`` ``fused`` (every table in one weight,
     the host-free fused Triton kernels of :mod:`.gpu_tbe_nosync`, replayed from a CUDA graph:
     ``forward_s`` and ``backward_s`` with row-wise Adagrad) or ``sparse_grad``
-    (DeepLearningExamples' distributed PyTorch DLRM under ``--amp``: an fp32 joint table, ``F.embedding`` /
-    ``F.embedding_bag`` with ``sparse=True``, its output cast to fp16; ``forward_s`` the lookup and
+    (DeepLearningExamples' distributed PyTorch DLRM under ``--amp``: an fp32 joint table,
+    ``F.embedding`` / ``F.embedding_bag`` with ``sparse=True``, its output cast to fp16;
+    ``forward_s`` the lookup and
     the cast, ``backward_s`` autograd's backward to a COO gradient of one row per id,
     ``unscale_s`` GradScaler's unscale of its values, ``optimizer_s`` ``torch.optim.SGD``'s step,
     ``step_s`` all four in one call, eager); ``ids_total``, ``distinct`` rows, ``nnz`` of the
@@ -197,6 +198,54 @@ def measure_bottom(dev, *, batches: list[int], samples: int, out: Path, deadline
     return n
 
 
+_FIX_CASES = "write it with traces/measured/h200/rank-lookups/make_cases.py"
+
+
+def _positive_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _case_problem(cases, path: str) -> tuple[str, str, str] | None:
+    """(where, what, fix) of the first malformed entry of the cases list read from ``path``,
+    or None."""
+    if not isinstance(cases, list) or not cases:
+        return f"--cases {path}", "expected a non-empty JSON list of ranks", _FIX_CASES
+    for i, c in enumerate(cases):
+        where = f"--cases {path} [{i}]"
+        if not isinstance(c, dict):
+            return where, "expected an object {case, rank, batch, dim, tables}", _FIX_CASES
+        for key in ("case", "rank", "batch", "dim", "tables"):
+            if key not in c:
+                return f"{where}.{key}", "missing", _FIX_CASES
+        for key in ("batch", "dim"):
+            if not _positive_int(c[key]):
+                return f"{where}.{key}", f"{c[key]!r} is not a positive integer", _FIX_CASES
+        t = c["tables"]
+        if not isinstance(t, list) or not t or not all(
+                isinstance(x, list) and len(x) == 2 and all(map(_positive_int, x)) for x in t):
+            return f"{where}.tables", "expected [[rows, pooling], ...] of positive integers", \
+                _FIX_CASES
+    return None
+
+
+def _list_problem(args) -> tuple[str, str, str] | None:
+    """(flag, what, fix) of a malformed ``--ids``, ``--paths`` or ``--bottom-batches``."""
+    for d in args.ids.split(","):
+        try:
+            ok = d == "uniform" or (d.startswith("zipf") and float(d[4:]) > 0)
+        except ValueError:
+            ok = False
+        if not ok:
+            return "--ids", f"unknown distribution {d!r}", "use uniform or zipfA, e.g. zipf1.05"
+    bad = [p for p in args.paths.split(",") if p not in ("fused", "sparse_grad")]
+    if bad:
+        return "--paths", f"unknown path {bad[0]!r}", "use fused and/or sparse_grad"
+    if not all(b.isdigit() and int(b) > 0 for b in args.bottom_batches.split(",")):
+        return ("--bottom-batches", f"{args.bottom_batches!r} is not a list of batches",
+                "give positive integers, e.g. 65536,8192")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = driver_parser(_MODULE, __doc__, samples=5, budget_s=300.0)
     ap.add_argument("--cases", required=True, type=Path, help="JSON list of ranks (docstring)")
@@ -205,11 +254,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bottom-batches", default="65536,8192", help="bottom MLP batches")
     args = ap.parse_args(argv)
     args.attention_backend = "n/a"
-    check_driver_args(ap, args)
     try:
         cases = json.loads(args.cases.read_text())
     except (OSError, ValueError) as e:
-        ap.error(f"--cases {args.cases}: cannot read a JSON list of ranks ({e})")
+        ap.error(f"--cases {args.cases}: cannot read a JSON list of ranks ({e}); "
+                 f"fix: {_FIX_CASES}")
+    problem = _case_problem(cases, str(args.cases)) or _list_problem(args)
+    if problem:
+        ap.error(f"{problem[0]}: {problem[1]}; fix: {problem[2]}")
+    check_driver_args(ap, args)                     # creates --out: after every other check
     dev, meta = start_driver(_MODULE, args, argv)
     meta["cases"] = cases
     start = time.monotonic()
