@@ -24,6 +24,7 @@ PLANNER_SETTINGS: dict[str, dict[str, type]] = {
                      "memory_cap_gb": float, "dp_threshold_gb": float, "max_iterations": int},
     "memory_balanced": {"column_slice_threshold": float},
     "local_search": {"start": str},
+    "best": {"incumbent": str, "confidence": float},
 }
 
 _EXAMPLE = {float: "9", int: "20", str: "auto"}

@@ -31,6 +31,10 @@ name                  what it does
                       hotness, shards held and memory (``--planner-set KEY=VALUE``)
 ``torchrec``          TorchRec's own ``EmbeddingShardingPlanner``, run for real (needs
                       ``make setup-torchrec``); its plan converted back and costed by our model
+``best``              the lowest predicted of ``greedy``'s, ``local_search``'s and ``mip``'s
+                      plans, unless it is faster than TorchRec's plan (``incumbent``;
+                      ``none`` for no incumbent) with probability below ``confidence`` (0.9)
+                      under the lookup fit's own error: then TorchRec's (:mod:`.best`)
 ``neuroshard``        NeuroShard's grid search (table-wise) and column-halving beam search over
                       the learned cost model shipped in ``planner/costmodel``, then a local
                       search on the full learned objective (moves, swaps, non-halving column
@@ -50,6 +54,7 @@ from simulator.errors import SpecError
 
 from planner.costmodel.planner import NeuroShardPlanner
 from planner.sharding.baselines import KeyGreedyPlanner
+from planner.sharding.best import CONFIDENCE, BestPlanner
 from planner.sharding.dle_pytorch import DlePyTorchPlanner
 from planner.sharding.greedy import GreedyPlanner
 from planner.sharding.hugectr_auto import HugeCtrAutoPlanner
@@ -60,10 +65,13 @@ from planner.sharding.protocols import Planner
 from planner.sharding.random_placement import RandomPlanner
 from planner.sharding.torchrec_planner import TorchRecPlanner
 
-__all__ = ["PLANNER_NAMES", "get_planner"]
+__all__ = ["PLANNER_NAMES", "BEST_CANDIDATES", "get_planner"]
 
 PLANNER_NAMES = ("random", "size", "dim", "lookup", "size_lookup", "greedy", "local_search", "mip",
-                 "memory_balanced", "dle_pytorch", "hugectr_auto", "torchrec", "neuroshard")
+                 "memory_balanced", "dle_pytorch", "hugectr_auto", "torchrec", "neuroshard",
+                 "best")
+#: the planners ``best`` runs and picks the lowest predicted plan of
+BEST_CANDIDATES = ("greedy", "local_search", "mip")
 
 
 def get_planner(name: str, **options) -> Planner:
@@ -91,8 +99,21 @@ def get_planner(name: str, **options) -> Planner:
     if name == "neuroshard":
         options.setdefault("fallback", LocalSearchPlanner())
         return NeuroShardPlanner(**options)
+    if name == "best":
+        return _best_planner(**options)
     raise SpecError(f"unknown planner {name!r}", source="--planner",
                     fix=f"use one of: {', '.join(PLANNER_NAMES)}")
+
+
+def _best_planner(incumbent: str = "torchrec", confidence: float = CONFIDENCE) -> Planner:
+    """``best`` over :data:`BEST_CANDIDATES`, keeping ``incumbent``'s plan (``none``: no
+    incumbent) unless ours beats it with probability ``confidence``."""
+    if incumbent != "none" and (incumbent not in PLANNER_NAMES or incumbent == "best"):
+        raise SpecError(f"best cannot keep the plan of {incumbent!r}", source="--planner-set",
+                        field="incumbent", fix="name a planner, e.g. incumbent=torchrec, or "
+                                               "incumbent=none")
+    inc = None if incumbent == "none" else (incumbent, get_planner(incumbent))
+    return BestPlanner({n: get_planner(n) for n in BEST_CANDIDATES}, inc, confidence)
 
 
 def _start_planner(name: str) -> Planner:

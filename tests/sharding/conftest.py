@@ -46,3 +46,16 @@ def cli():
         mod.add_arguments(p)
         return mod.run(p.parse_args(list(argv)))
     return call
+
+
+@pytest.fixture
+def tables_csv(tmp_path):
+    """Write a small tables CSV (``n`` tables, rows 3,000·(i+1), dims cycling ``dims``, pooling
+    1 + i mod ``pool``) and return its path."""
+    def write(n: int = 12, dims=(8, 16, 64), pool: int = 7) -> Path:
+        path = tmp_path / "t.csv"
+        path.write_text("name,num_embeddings,embedding_dim,pooling_factor\n"
+                        + "".join(f"t{i},{3000 * (i + 1)},{dims[i % len(dims)]},{1 + i % pool}\n"
+                                  for i in range(n)))
+        return path
+    return write

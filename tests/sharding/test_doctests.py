@@ -10,7 +10,8 @@ import pytest
 
 @pytest.mark.parametrize("name", ["planner.sharding", "planner.model.tables.shards",
                                   "planner.model.tables.access", "planner.sharding.dle_pytorch",
-                                  "planner.model.tables.trainer"])
+                                  "planner.model.tables.trainer",
+                                  "planner.sharding.best"])
 def test_doctests(name):
     mod = importlib.import_module(name)
     res = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)

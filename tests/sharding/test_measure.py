@@ -200,15 +200,12 @@ def test_measure_many_in_turn_when_plans_do_not_fit_together(gloo2, monkeypatch)
     assert 0.5 < sum(a.lookup_s) / sum(b.lookup_s) < 2.0
 
 
-def test_plan_measure_and_measure_commands(tmp_path, capsys):
+def test_plan_measure_and_measure_commands(tmp_path, capsys, tables_csv):
     """``plan --measure`` and ``measure`` run and report; ``--heap system`` keeps this test
     process's C heap as it is (``retain``, the default, would hold it for the whole run)."""
     pytest.importorskip("torch")
     from planner.cli.main import main
-    csv = tmp_path / "t.csv"
-    csv.write_text("name,num_embeddings,embedding_dim,pooling_factor\n"
-                   + "".join(f"t{i},{3000 * (i + 1)},{[8, 16, 32][i % 3]},{1 + i % 4}\n"
-                             for i in range(6)))
+    csv = tables_csv(6, dims=(8, 16, 32), pool=4)
     plan = tmp_path / "plan.json"
     code = main(["plan", str(csv), "--devices", "2", "--batch-size", "1024", "--measure",
                  "--repeats", "2", "--heap", "system", "--json", "--out", str(plan)])

@@ -192,12 +192,9 @@ def test_local_search_from_torchrec_plan_is_never_worse_by_our_cost(torchrec, ma
         assert all(m <= c for m, c in zip(ours.memory_per_rank_bytes, problem.capacity_bytes))
 
 
-def test_cli_local_search_start_setting(torchrec, tmp_path, capsys):
+def test_cli_local_search_start_setting(torchrec, tmp_path, capsys, tables_csv):
     from planner.cli.main import main
-    csv = tmp_path / "t.csv"
-    csv.write_text("name,num_embeddings,embedding_dim,pooling_factor\n"
-                   + "".join(f"t{i},{3000 * (i + 1)},{[8, 16, 64][i % 3]},{1 + i % 7}\n"
-                             for i in range(12)))
+    csv = tables_csv()
     code = main(["plan", str(csv), "--devices", "4", "--planner", "local_search",
                  "--planner-set", "start=torchrec", "--json"])
     doc = json.loads(capsys.readouterr().out)

@@ -143,6 +143,9 @@ class CpuProfile:
     backward: BackwardTerms | None = None
     #: how the machine it was measured on differs from this host (None: this kind of host)
     other_host: str | None = None
+    #: the lookup fit's mean relative error, forward + backward, on its own kernel points
+    #: (``lookup_fit.total_mape``; None: the file does not say)
+    fit_error: float | None = None
 
     def cost_overrides(self) -> dict:
         """The :class:`CostConfig` fields this profile sets."""
@@ -187,6 +190,18 @@ class CpuProfile:
                          inter_Bps=math.inf, fits=fits,
                          uneven_weight=float(e.get("a2a_uneven_weight", 1.0)),
                          source=f"gloo fits from {self.source}{note}")
+
+
+def _fit_error(fit: Any, where: str) -> float | None:
+    """``lookup_fit.total_mape`` as a fraction in [0, 10], or None when absent."""
+    v = fit.get("total_mape") if isinstance(fit, dict) else None
+    if v is None:
+        return None
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.0 <= v <= 10.0:
+        raise SpecError(f"total_mape must be a fraction between 0 and 10, got {v!r}",
+                        source=where, field="lookup_fit.total_mape",
+                        fix="rewrite it with `clusterplan calibrate embedding`")
+    return float(v)
 
 
 def _points_range(points: Any, name: str) -> FitRange | None:
@@ -297,6 +312,7 @@ def load_cpu_profile(path: str | None = None) -> CpuProfile | None:
     vals["backward"] = _backward_terms(look.get("backward"), str(p))
     meas = doc.get("measured") or {}
     vals["fit_range"] = _points_range(doc.get("points"), p.name)
+    vals["fit_error"] = _fit_error(doc.get("lookup_fit"), str(p))
     machine = meas.get("machine") if isinstance(meas.get("machine"), dict) else {}
     vals["other_host"] = other_host(machine)
     fitted = doc.get("fitted") if isinstance(doc.get("fitted"), dict) else {}

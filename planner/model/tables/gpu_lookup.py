@@ -104,6 +104,9 @@ class GpuLookup:
     call_overhead_s: float | None = None
     backward: Mapping[str, float] | None = None
     backward_from: str = ""
+    #: the fit's mean relative error on its own microbenchmarks: the mean of the file's
+    #: forward and backward ``mape`` (None: the file records neither)
+    fit_error: float | None = None
 
     @property
     def transferred(self) -> bool:
@@ -165,7 +168,17 @@ def _read_file(gpu: str, follow: bool = True) -> GpuLookup | None:
     return GpuLookup(gpu=gpu, hbm_efficiency=eff, lookup_overhead_bytes=ovh, range=rng,
                      source=f"{where}: {doc.get('method', '')}".strip(),
                      kernel=str(doc.get("kernel", "")), measured_on=gpu, backward=bwd,
-                     backward_from=frm, **opt)
+                     backward_from=frm, fit_error=_fit_error(doc, where), **opt)
+
+
+def _fit_error(doc: Mapping, where: str) -> float | None:
+    """The mean of ``fit.mape`` and ``fit_backward.mape`` where the file has them."""
+    vals = []
+    for key in ("fit", "fit_backward"):
+        sec = doc.get(key)
+        if isinstance(sec, dict) and "mape" in sec:
+            vals.append(_number(sec, "mape", f"{where}: {key}", hi=10.0, zero_ok=True))
+    return sum(vals) / len(vals) if vals else None
 
 
 def _backward(doc: Mapping, where: str, follow: bool) -> tuple[dict | None, str]:
