@@ -16,7 +16,7 @@ benchmark (``tests/bench/bench_sharding_measured.py --families any --tasks 24``)
 and 1. There, ranking by the prediction alone put our plan above TorchRec's measured step on 3-4
 of 23-24 tasks a run, all but one predicted within 14% of it; one factor per *table* (shared by
 both plans wherever the table sits) was too sure (probability ≥ 0.95 for plans that measured
-1.05-1.09×); per rank set at 0.95 none was above. Seed 2 is the validation run
+1.05-1.09×); per rank set at 0.95 none was above. Seeds 2-4 are the validation runs
 (``traces/sharding/README.md``).
 
 >>> from planner.sharding.best import choose
