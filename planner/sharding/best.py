@@ -44,8 +44,8 @@ from planner.model.tables.shards import TableSharding
 from planner.model.tables.task import ShardingTask, prepare
 from planner.sharding.protocols import Planner
 
-__all__ = ["BestPlanner", "choose", "pick_plan", "model_resolution", "win_probability", "DRAWS",
-           "CONFIDENCE"]
+__all__ = ["BestPlanner", "choose", "lowest", "pick_plan", "model_resolution", "win_probability",
+           "DRAWS", "CONFIDENCE"]
 
 #: error draws per comparison (seeded: the same inputs give the same choice)
 DRAWS = 2000
@@ -110,6 +110,11 @@ def win_probability(cost: CostModel, ours: Sequence[TableSharding],
     return float(np.mean(_drawn_steps(cost, ours, f, keys) < _drawn_steps(cost, theirs, f, keys)))
 
 
+def lowest(step_costs: Mapping[str, float]) -> str:
+    """The name with the lowest step cost (ties: the first name in sort order)."""
+    return min(step_costs, key=lambda k: (step_costs[k], k))
+
+
 def choose(step_costs: Mapping[str, float], incumbent: str | None,
            p_win: Callable[[str], float], confidence: float) -> tuple[str, str]:
     """(name, why) of the plan to use: the lowest of ``step_costs`` (seconds by planner name),
@@ -119,7 +124,7 @@ def choose(step_costs: Mapping[str, float], incumbent: str | None,
         if incumbent is None:
             raise ValueError("no plan to choose from")
         return incumbent, f"kept {incumbent}'s plan: no other plan"
-    low = min(step_costs, key=lambda k: (step_costs[k], k))
+    low = lowest(step_costs)
     if incumbent is None or low == incumbent:
         return low, f"{low}'s plan: the lowest predicted step cost"
     p = p_win(low)

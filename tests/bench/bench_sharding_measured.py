@@ -67,7 +67,7 @@ from planner.measure.tables.plans import cpu_topology_ref, measure_many, scale_m
 from planner.model.tables.generate import dreamshard_tasks, neuroshard_tasks  # noqa: E402
 from planner.model.tables.ids import model_ids  # noqa: E402
 from planner.model.tables.task import prepare  # noqa: E402
-from planner.sharding.best import pick_plan  # noqa: E402
+from planner.sharding.best import lowest, pick_plan  # noqa: E402
 from planner.sharding.planners import BEST_CANDIDATES, get_planner  # noqa: E402
 from sharding_summary import NOISE, print_summary, summarise  # noqa: E402  (beside this file)
 
@@ -155,7 +155,7 @@ def _plan_task(info: dict, order: Sequence[str], args) -> tuple[dict, dict]:
             plans[name] = plan
     ours = {p: plans[p].step_cost_s for p in OURS if p in plans}
     if ours:
-        low = min(ours, key=lambda k: (ours[k], k))
+        low = lowest(ours)
         task_rows[LOWEST] = dict(task_rows[low], planner=LOWEST, chosen=low)
         pick, _ = pick_plan(plans, OURS, "torchrec", prepare(task, n).cost, seed=args.seed)
         task_rows[BEST] = dict(task_rows[pick], planner=BEST, chosen=pick)

@@ -46,7 +46,7 @@ if str(REPO) not in sys.path:
 from planner.model.tables.generate import neuroshard_tasks  # noqa: E402
 from planner.model.tables.plan import PlannerStats, make_plan, read_plan_json  # noqa: E402
 from planner.model.tables.task import prepare  # noqa: E402
-from planner.sharding.best import pick_plan  # noqa: E402
+from planner.sharding.best import lowest, pick_plan  # noqa: E402
 from planner.sharding.planners import BEST_CANDIDATES, get_planner  # noqa: E402
 from planner.workloads.dlrm.step import simulate_plan  # noqa: E402
 
@@ -105,7 +105,7 @@ def plan_task(bt, gpus: int, topology: str, seed: int, mip_limit: float,
             if n != "torchrec" and p.get("valid")}
     trx = row["plans"].get("torchrec", {})
     if ours and trx.get("valid"):
-        low = min(ours, key=lambda k: (ours[k], k))
+        low = lowest(ours)
         best, why = pick_plan(valid, OURS, "torchrec", prepare(task, gpus).cost, seed=seed)
         row.update(best=best, lowest=low, why=why,
                    lowest_ratio=row["plans"][low]["step_s"] / trx["step_s"])

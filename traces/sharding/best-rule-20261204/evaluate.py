@@ -87,9 +87,19 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if len(a.runs) % 2:
         ap.error("give RESULTS.csv SEED pairs")
-    levels = [float(x) for x in a.levels.split(",")]
+    try:
+        levels = [float(x) for x in a.levels.split(",")]
+    except ValueError:
+        ap.error(f"--levels {a.levels!r}: write probabilities, e.g. 0.5,0.9,0.95")
+    pairs = list(zip(a.runs[::2], a.runs[1::2]))
+    for path, seed in pairs:
+        if not Path(path).is_file():
+            ap.error(f"{path}: no such results.csv; give a bench_sharding_measured.py --out "
+                     "DIR's results.csv")
+        if not seed.isdigit():
+            ap.error(f"{path}: seed {seed!r} is not a whole number; give the run's --seed")
     doc = {}
-    for path, seed in zip(a.runs[::2], a.runs[1::2]):
+    for path, seed in pairs:
         rows = evaluate(Path(path), int(seed))
         doc[path] = {"seed": int(seed), "rows": rows,
                      "levels": [summary(rows, lv) for lv in levels]}
